@@ -1,0 +1,403 @@
+"""Tests for vllm_mlx_trio.config: defaults, layers, precedence, friendly errors, docs in step."""
+
+import re
+import tomllib
+from pathlib import Path
+
+import attrs
+import pytest
+
+from vllm_mlx_trio.config import (
+    SECTIONS,
+    EngineConfig,
+    EngineSection,
+    LimitsConfig,
+    LoggingConfig,
+    ModelConfig,
+    ServerConfig,
+    config_from_dict,
+    config_to_dict,
+    config_to_toml,
+    load_config,
+)
+from vllm_mlx_trio.errors import ConfigError, VllmMlxTrioError
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_TOML = ROOT / "config" / "demo.toml"
+PROD_TOML = ROOT / "config" / "prod.toml"
+DOCS = ROOT / "docs" / "configuration.md"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    """A TOML file in tmp_path holding ``text``."""
+    path = tmp_path / "cfg.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def config_error(**kwargs) -> str:
+    """load_config(**kwargs) must fail; the one-line message."""
+    kwargs.setdefault("environ", {})
+    with pytest.raises(ConfigError) as info:
+        load_config(**kwargs)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+# --- defaults and shipped files -------------------------------------------------------------
+
+
+def test_defaults():
+    cfg = load_config(environ={})
+    assert cfg == EngineConfig()
+    assert cfg.server == ServerConfig(host="127.0.0.1", port=8000, drain_timeout_s=30.0)
+    assert cfg.server.served_model_name is None
+    assert cfg.model.path == "demo:tiny"
+    assert cfg.model.revision is None and cfg.model.chat_template is None
+    assert cfg.model.trust_remote_code is False and cfg.model.demo_cache_dir is None
+    assert cfg.engine == EngineSection(mode="simple", prefill_step_size=512)
+    assert cfg.engine.default_max_tokens is None
+    assert cfg.limits == LimitsConfig(
+        max_waiting=64, max_body_bytes=4 * 1024 * 1024, max_stop_sequences=16
+    )
+    assert cfg.logging == LoggingConfig(level="info")
+    assert cfg.model_name == "demo:tiny"
+
+
+def test_config_is_frozen():
+    cfg = EngineConfig()
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        cfg.server.port = 1  # type: ignore[misc]
+
+
+def test_direct_construction_is_validated():
+    with pytest.raises(ValueError, match="port"):
+        ServerConfig(port=-5)
+    with pytest.raises(ValueError, match="expected int"):
+        LimitsConfig(max_waiting=True)
+    assert ServerConfig(drain_timeout_s=5).drain_timeout_s == 5.0
+
+
+def test_empty_file_gives_defaults(tmp_path):
+    assert load_config(write(tmp_path, ""), environ={}) == EngineConfig()
+
+
+def test_load_demo_toml():
+    cfg = load_config(DEMO_TOML, environ={})
+    assert cfg.model.path == "demo:tiny"
+    assert (cfg.server.host, cfg.server.port) == ("127.0.0.1", 8000)
+
+
+def test_load_prod_toml():
+    cfg = load_config(str(PROD_TOML), environ={})
+    assert cfg.model.path == "mlx-community/Qwen3-0.6B-8bit"
+    assert cfg.model_name == "mlx-community/Qwen3-0.6B-8bit"
+    assert cfg.engine.mode == "simple"
+
+
+# --- precedence -----------------------------------------------------------------------------
+
+ENV_KEY = "VLLM_MLX_TRIO_LIMITS_MAX_WAITING"
+
+
+def test_file_beats_defaults(tmp_path):
+    path = write(tmp_path, "[limits]\nmax_waiting = 32\n")
+    assert load_config(path, environ={}).limits.max_waiting == 32
+
+
+def test_environment_beats_file(tmp_path):
+    path = write(tmp_path, "[limits]\nmax_waiting = 32\n")
+    assert load_config(path, environ={ENV_KEY: "16"}).limits.max_waiting == 16
+
+
+def test_override_beats_environment_and_file(tmp_path):
+    path = write(tmp_path, "[limits]\nmax_waiting = 32\n")
+    cfg = load_config(path, environ={ENV_KEY: "16"}, overrides=["limits.max_waiting=8"])
+    assert cfg.limits.max_waiting == 8
+
+
+def test_last_override_wins():
+    cfg = load_config(environ={}, overrides=["server.port=1", "server.port=2"])
+    assert cfg.server.port == 2
+
+
+def test_environ_defaults_to_os_environ(monkeypatch):
+    monkeypatch.setenv(ENV_KEY, "3")
+    assert load_config().limits.max_waiting == 3
+
+
+def test_layers_merge_per_key(tmp_path):
+    path = write(tmp_path, "[server]\nport = 9000\n[limits]\nmax_waiting = 32\n")
+    cfg = load_config(path, environ={"VLLM_MLX_TRIO_SERVER_HOST": "0.0.0.0"})
+    assert (cfg.server.host, cfg.server.port, cfg.limits.max_waiting) == ("0.0.0.0", 9000, 32)
+
+
+def test_reserved_and_unrelated_env_vars_are_skipped():
+    environ = {"VLLM_MLX_TRIO_CACHE_DIR": "/tmp/x", "HOME": "/root", "VLLM_OTHER": "1"}
+    assert load_config(environ=environ) == EngineConfig()
+
+
+# --- text values from --set and the environment ---------------------------------------------
+
+
+def test_override_values_are_parsed_as_toml():
+    cfg = load_config(
+        environ={},
+        overrides=[
+            "server.port=9001",
+            "server.drain_timeout_s=1.5",
+            "model.trust_remote_code=true",
+            'model.revision="v1"',
+            "model.path=mlx-community/Qwen3-0.6B-8bit",  # not TOML: the raw string
+            "server.host=0.0.0.0",
+        ],
+    )
+    assert cfg.server.port == 9001 and cfg.server.drain_timeout_s == 1.5
+    assert cfg.model.trust_remote_code is True and cfg.model.revision == "v1"
+    assert cfg.model.path == "mlx-community/Qwen3-0.6B-8bit" and cfg.server.host == "0.0.0.0"
+
+
+def test_int_for_float_and_text_for_string_keys():
+    environ = {"VLLM_MLX_TRIO_SERVER_DRAIN_TIMEOUT_S": "5"}
+    cfg = load_config(environ=environ, overrides=["model.revision=1234"])
+    assert cfg.server.drain_timeout_s == 5.0 and isinstance(cfg.server.drain_timeout_s, float)
+    assert cfg.model.revision == "1234"
+
+
+def test_none_literal_unsets_optional_fields(tmp_path):
+    text = '[server]\nserved_model_name = "qwen"\n[engine]\ndefault_max_tokens = 100\n'
+    path = write(tmp_path, text)
+    assert load_config(path, environ={}).model_name == "qwen"
+    cfg = load_config(
+        path,
+        environ={"VLLM_MLX_TRIO_ENGINE_DEFAULT_MAX_TOKENS": "none"},
+        overrides=["server.served_model_name=none"],
+    )
+    assert cfg.server.served_model_name is None and cfg.engine.default_max_tokens is None
+    assert cfg.model_name == "demo:tiny"
+
+
+def test_quoted_none_is_a_string_and_none_is_not_special_for_required_fields():
+    cfg = load_config(environ={}, overrides=['server.served_model_name="none"'])
+    assert cfg.server.served_model_name == "none"
+    message = config_error(overrides=["server.port=none"])
+    assert "server.port: expected int, got str ('none')" in message
+
+
+def test_malformed_override():
+    for item in ["server.port", "port=8", "server.port.x=1", "=1"]:
+        assert "expected SECTION.KEY=VALUE" in config_error(overrides=[item])
+
+
+def test_env_var_without_key():
+    message = config_error(environ={"VLLM_MLX_TRIO_VERBOSE": "1"})
+    assert "VLLM_MLX_TRIO_VERBOSE" in message and "<SECTION>_<KEY>" in message
+
+
+# --- unknown keys and sections --------------------------------------------------------------
+
+TYPO = "unknown key 'engine.prefil_step_size' (did you mean 'engine.prefill_step_size'?)"
+
+
+def test_unknown_key_in_file(tmp_path):
+    path = write(tmp_path, "[engine]\nprefil_step_size = 256\n")
+    message = config_error(path=path)
+    assert message.startswith(TYPO) and str(path) in message
+
+
+def test_unknown_key_in_environment():
+    message = config_error(environ={"VLLM_MLX_TRIO_ENGINE_PREFIL_STEP_SIZE": "256"})
+    assert message.startswith(TYPO) and "VLLM_MLX_TRIO_ENGINE_PREFIL_STEP_SIZE" in message
+
+
+def test_unknown_key_in_override():
+    message = config_error(overrides=["engine.prefil_step_size=256"])
+    assert message.startswith(TYPO) and "--set engine.prefil_step_size=256" in message
+
+
+def test_unknown_key_suggests_other_section():
+    message = config_error(overrides=["server.max_waiting=3"])
+    assert "did you mean 'limits.max_waiting'?" in message
+    message = config_error(environ={"VLLM_MLX_TRIO_LIMIT_MAX_WAITING": "3"})
+    assert "did you mean 'limits.max_waiting'?" in message
+
+
+def test_unknown_key_without_close_match_lists_the_keys():
+    message = config_error(overrides=["server.zzzzzz=1"])
+    assert "valid keys: host, port, drain_timeout_s, served_model_name" in message
+
+
+def test_unknown_section(tmp_path):
+    message = config_error(path=write(tmp_path, "[servr]\nport = 1\n"))
+    assert message.startswith("unknown section 'servr' (did you mean 'server'?)")
+    message = config_error(path=write(tmp_path, "[nonsense]\n"))
+    assert "valid sections: server, model, engine, limits, logging" in message
+
+
+def test_bare_key_at_top_level(tmp_path):
+    message = config_error(path=write(tmp_path, "port = 8000\n"))
+    assert message.startswith("unknown key 'port' (did you mean 'server.port'?)")
+
+
+def test_section_must_be_a_table():
+    with pytest.raises(ConfigError, match=r"^server: expected a table, got int \(5\)$"):
+        config_from_dict({"server": 5})
+
+
+# --- types and ranges -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("toml", "expected"),
+    [
+        ('[engine]\nprefill_step_size = "abc"', "engine.prefill_step_size: expected int, got str ('abc')"),
+        ('[server]\nport = "8000"', "server.port: expected int, got str ('8000')"),
+        ("[limits]\nmax_waiting = true", "limits.max_waiting: expected int, got bool (True)"),
+        ('[model]\npath = ["a", "b"]', "model.path: expected str, got list (['a', 'b'])"),
+        ("[model]\ntrust_remote_code = 1", "model.trust_remote_code: expected bool, got int (1)"),
+        ('[server]\ndrain_timeout_s = "5"', "server.drain_timeout_s: expected float, got str ('5')"),
+        ("[engine]\ndefault_max_tokens = 1.5", "engine.default_max_tokens: expected int or none, got float (1.5)"),
+    ],
+)
+def test_wrong_types(tmp_path, toml, expected):
+    path = write(tmp_path, toml + "\n")
+    message = config_error(path=path)
+    assert message.startswith(expected) and str(path) in message
+
+
+def test_wrong_type_from_override():
+    message = config_error(overrides=["engine.prefill_step_size=abc"])
+    assert message == (
+        "engine.prefill_step_size: expected int, got str ('abc') (from --set engine.prefill_step_size=abc)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("limits.max_waiting=-1", "limits.max_waiting: must be >= 0, got -1"),
+        ("limits.max_body_bytes=100", "limits.max_body_bytes: must be >= 1024, got 100"),
+        ("limits.max_stop_sequences=-2", "limits.max_stop_sequences: must be >= 0, got -2"),
+        ("engine.prefill_step_size=0", "engine.prefill_step_size: must be >= 1, got 0"),
+        ("engine.default_max_tokens=0", "engine.default_max_tokens: must be >= 1, got 0"),
+        ("server.port=65536", "server.port: must be between 0 and 65535, got 65536"),
+        ("server.drain_timeout_s=-0.5", "server.drain_timeout_s: must be >= 0, got -0.5"),
+        ("server.drain_timeout_s=nan", "server.drain_timeout_s: must be >= 0, got nan"),
+        ("engine.mode=batched", "engine.mode: must be 'simple' (batched mode is not available yet)"),
+        ("logging.level=verbose", "logging.level: must be one of debug, info, warning, error"),
+        ("model.path=demo:huge", "model.path: must be one of demo:tiny, demo:small"),
+        ('server.host=""', "server.host: must not be empty"),
+    ],
+)
+def test_range_errors(override, expected):
+    message = config_error(overrides=[override])
+    assert message.startswith(expected) and f"(from --set {override})" in message
+
+
+def test_range_error_from_file_names_the_file(tmp_path):
+    path = write(tmp_path, "[limits]\nmax_waiting = -1\n")
+    expected = f"limits.max_waiting: must be >= 0, got -1 (from config file {path})"
+    assert config_error(path=path) == expected
+
+
+def test_edge_values_are_accepted():
+    cfg = load_config(
+        environ={},
+        overrides=[
+            "server.port=0",
+            "server.port=65535",
+            "limits.max_waiting=0",
+            "server.drain_timeout_s=0",
+        ],
+    )
+    assert (cfg.server.port, cfg.limits.max_waiting, cfg.server.drain_timeout_s) == (65535, 0, 0.0)
+    assert load_config(environ={}, overrides=["model.path=demo:small"]).model.path == "demo:small"
+
+
+# --- files ----------------------------------------------------------------------------------
+
+
+def test_toml_syntax_error(tmp_path):
+    path = write(tmp_path, "[server]\nport 8000\n")
+    message = config_error(path=path)
+    assert message.startswith(f"config file {path}: invalid TOML: ")
+    assert "line 2" in message
+
+
+def test_missing_file(tmp_path):
+    assert config_error(path=tmp_path / "nope.toml").startswith("config file not found: ")
+
+
+def test_config_error_is_a_package_error():
+    assert issubclass(ConfigError, VllmMlxTrioError)
+
+
+# --- dumping --------------------------------------------------------------------------------
+
+
+def test_round_trip_prod(tmp_path):
+    cfg = load_config(PROD_TOML, environ={}, overrides=["server.served_model_name=qwen"])
+    text = config_to_toml(cfg)
+    assert config_from_dict(tomllib.loads(text)) == cfg
+    assert load_config(write(tmp_path, text), environ={}) == cfg
+
+
+def test_round_trip_with_every_option_set():
+    template = '{% for m in messages %}{{ m.role }}: "{{ m.content }}"\n{% endfor %}'
+    data = {
+        "server": {"host": "0.0.0.0", "port": 0, "drain_timeout_s": 2.5, "served_model_name": "m"},
+        "model": {"path": "demo:small", "revision": "abc", "trust_remote_code": True,
+                  "chat_template": template, "demo_cache_dir": "/tmp/demo"},
+        "engine": {"mode": "simple", "prefill_step_size": 64, "default_max_tokens": 10},
+        "limits": {"max_waiting": 0, "max_body_bytes": 2048, "max_stop_sequences": 0},
+        "logging": {"level": "debug"},
+    }  # fmt: skip
+    cfg = config_from_dict(data)
+    assert config_to_dict(cfg) == data
+    assert config_from_dict(tomllib.loads(config_to_toml(cfg))) == cfg
+
+
+def test_to_toml_omits_none():
+    text = config_to_toml(EngineConfig())
+    assert "served_model_name" not in text and "revision" not in text
+    assert config_to_dict(EngineConfig())["model"]["revision"] is None
+    assert config_from_dict(config_to_dict(EngineConfig())) == EngineConfig()
+
+
+# --- every option is documented -------------------------------------------------------------
+
+
+def all_options() -> list[tuple[str, str]]:
+    """(section, key) for every field of every section class."""
+    classes = {ServerConfig, ModelConfig, EngineSection, LimitsConfig, LoggingConfig}
+    assert set(SECTIONS.values()) == classes
+    return [(section, f.name) for section, cls in SECTIONS.items() for f in attrs.fields(cls)]
+
+
+def test_every_option_is_in_the_docs():
+    text = DOCS.read_text(encoding="utf-8")
+    documented: dict[str, set[str]] = {}
+    section = None
+    for line in text.splitlines():
+        if heading := re.match(r"^###\s+`\[(\w+)\]`", line):
+            section = heading.group(1)
+        elif section and (row := re.match(r"^\|\s*`(\w+)`\s*\|", line)):
+            documented.setdefault(section, set()).add(row.group(1))
+    missing = [f"{s}.{k}" for s, k in all_options() if k not in documented.get(s, set())]
+    assert not missing, f"options missing from docs/configuration.md: {missing}"
+    known = {f"{s}.{k}" for s, k in all_options()}
+    extra = {f"{s}.{k}" for s, keys in documented.items() for k in keys} - known
+    assert not extra, f"docs/configuration.md documents options that do not exist: {extra}"
+
+
+def test_every_option_is_in_prod_toml():
+    present: set[tuple[str, str]] = set()
+    section = None
+    for line in PROD_TOML.read_text(encoding="utf-8").splitlines():
+        if header := re.match(r"^\[(\w+)\]", line):
+            section = header.group(1)
+        elif section and (kv := re.match(r"^#?\s*(\w+)\s*=", line)):  # set, or shown commented out
+            present.add((section, kv.group(1)))
+    missing = [f"{s}.{k}" for s, k in all_options() if (s, k) not in present]
+    assert not missing, f"options missing from config/prod.toml: {missing}"

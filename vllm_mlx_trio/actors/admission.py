@@ -1,0 +1,141 @@
+"""AdmissionActor: template, tokenize and check each request against the model's limits.
+
+A request that can never be served is refused here, before it takes a queue slot; one that
+passes gets :class:`Accepted` on its outbox and moves on to the scheduler.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from ..core.params import SamplingParams
+from ..errors import InvalidRequestError, PromptTooLongError, VllmMlxTrioError
+from ..messages import Accepted, Admit, ChatMessage, RequestFailed, Submit
+
+logger = logging.getLogger(__name__)
+
+
+class Tokenizer(Protocol):
+    """What admission and detokenization need from a tokenizer (mlx-lm's TokenizerWrapper)."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str: ...
+
+    def apply_chat_template(self, messages: list[dict], **kwargs: Any) -> Any: ...
+
+
+@attrs.frozen(kw_only=True)
+class AdmissionLimits:
+    """The numbers admission checks a request against."""
+
+    max_context_tokens: int
+    default_max_tokens: int | None
+    max_stop_sequences: int
+
+
+class AdmissionActor:
+    """Turns :class:`Submit` into :class:`Admit`, or into a :class:`RequestFailed` reply."""
+
+    def __init__(
+        self,
+        *,
+        submit_recv: trio.MemoryReceiveChannel[Submit],
+        admit_send: trio.MemorySendChannel[Admit],
+        tokenizer: Tokenizer,
+        limits: AdmissionLimits,
+    ):
+        self._submit_recv = submit_recv
+        self._admit_send = admit_send
+        self._tokenizer = tokenizer
+        self._limits = limits
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Admit until the engine facade closes the submit channel."""
+        with self._submit_recv, self._admit_send:
+            task_status.started()
+            async for submit in self._submit_recv:
+                await self._admit(submit)
+
+    async def _admit(self, submit: Submit) -> None:
+        outbox = submit.outbox
+        try:
+            prompt_token_ids = self.tokenize(submit.prompt)
+            params = self.resolve_params(submit.params, len(prompt_token_ids))
+        except VllmMlxTrioError as exc:
+            with outbox:
+                try:
+                    outbox.send_nowait(RequestFailed(error=exc))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass  # the client left before its answer: nobody to tell
+            return
+        try:
+            outbox.send_nowait(
+                Accepted(num_prompt_tokens=len(prompt_token_ids), max_tokens=params.max_tokens)
+            )
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            outbox.close()  # the client left while we tokenized: never reaches the queue
+            return
+        await self._admit_send.send(
+            Admit(
+                request_id=submit.request_id,
+                prompt_token_ids=tuple(prompt_token_ids),
+                params=params,
+                outbox=outbox,
+                arrival_time=submit.arrival_time,
+            )
+        )
+
+    def tokenize(self, prompt: str | tuple[ChatMessage, ...]) -> list[int]:
+        """Apply the chat template (for chat turns) and tokenize; errors become 400s."""
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("The prompt must not be empty.", param="prompt")
+            return self._call_tokenizer(lambda: self._tokenizer.encode(prompt), "prompt")
+        if not prompt:
+            raise InvalidRequestError("messages must not be empty.", param="messages")
+        turns = [{"role": m.role, "content": m.content} for m in prompt]
+        text = self._call_tokenizer(
+            lambda: self._tokenizer.apply_chat_template(
+                turns, add_generation_prompt=True, tokenize=False
+            ),
+            "messages",
+        )
+        return self._call_tokenizer(
+            lambda: self._tokenizer.encode(text, add_special_tokens=False), "messages"
+        )
+
+    @staticmethod
+    def _call_tokenizer(fn: Any, param: str) -> Any:
+        try:
+            return fn()
+        except Exception as exc:  # boundary: tokenizer / Jinja errors are the request's fault
+            raise InvalidRequestError(
+                f"Could not process {param}: {type(exc).__name__}: {exc}", param=param
+            ) from exc
+
+    def resolve_params(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
+        """Check the prompt fits and settle ``max_tokens`` (default: the room left)."""
+        params.check(max_stop_sequences=self._limits.max_stop_sequences)
+        limit = self._limits.max_context_tokens
+        room = limit - num_prompt_tokens
+        if room < 1:
+            raise PromptTooLongError(
+                f"This model's maximum context length is {limit} tokens. However, your "
+                f"prompt has {num_prompt_tokens} tokens, which leaves no room for a completion."
+            )
+        if params.max_tokens is None:
+            default = self._limits.default_max_tokens
+            return attrs.evolve(params, max_tokens=min(default, room) if default else room)
+        if params.max_tokens > room:
+            raise PromptTooLongError(
+                f"This model's maximum context length is {limit} tokens. However, you "
+                f"requested {num_prompt_tokens + params.max_tokens} tokens "
+                f"({num_prompt_tokens} in the prompt, {params.max_tokens} for the completion).",
+                param="max_tokens",
+            )
+        return params

@@ -1,0 +1,111 @@
+"""ExecutorActor: the one dedicated thread that runs MLX, bridged to Trio by channels.
+
+The thread lives as long as the actor: it loads the model, creates the MLX stream and runs
+every step. Plans reach it through a thread-safe queue; results come back with
+``trio.from_thread.run_sync(result_send.send_nowait, ...)``, which never blocks the thread
+because the scheduler keeps at most ``MAX_PLANS_IN_FLIGHT`` plans outstanding.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable
+from typing import Protocol
+
+import trio
+
+from ..errors import ExecutorCrashedError, VllmMlxTrioError
+from ..messages import ModelInfo, StepPlan, StepResult
+
+#: The scheduler <-> executor edge is lock-step; the result channel holds this many results.
+MAX_PLANS_IN_FLIGHT = 1
+
+_STOP = object()
+
+
+class StepRunner(Protocol):
+    """What the executor thread drives: built, loaded, stepped and closed on that thread."""
+
+    def load(self) -> ModelInfo: ...
+
+    def execute(self, plan: StepPlan) -> StepResult: ...
+
+    def close(self) -> None: ...
+
+
+class ExecutorActor:
+    """Owns the MLX thread. ``started`` reports the loaded model's :class:`ModelInfo`.
+
+    Cancelling the actor lets the current step finish (MLX work cannot be interrupted), then
+    the thread stops and ``run`` returns. An exception on the thread ends the actor with an
+    :class:`ExecutorCrashedError` (or the thread's own typed error), failing the engine.
+    """
+
+    def __init__(
+        self,
+        *,
+        plan_recv: trio.MemoryReceiveChannel[StepPlan],
+        result_send: trio.MemorySendChannel[StepResult],
+        runner_factory: Callable[[], StepRunner],
+    ):
+        self._plan_recv = plan_recv
+        self._result_send = result_send
+        self._runner_factory = runner_factory
+        self.thread_name = "mlx-executor"
+
+    async def run(self, *, task_status: trio.TaskStatus[ModelInfo] = trio.TASK_STATUS_IGNORED) -> None:
+        inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
+        with self._plan_recv, self._result_send:
+            async with trio.open_nursery() as nursery:
+                model_info = await nursery.start(self._run_thread, inbox)
+                task_status.started(model_info)
+                async for plan in self._plan_recv:
+                    inbox.put(plan)
+                inbox.put(_STOP)
+
+    async def _run_thread(
+        self, inbox: queue.SimpleQueue[object], *, task_status: trio.TaskStatus[ModelInfo]
+    ) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_thread_on_cancel, inbox)
+            await trio.to_thread.run_sync(
+                self._thread_main,
+                inbox,
+                task_status.started,
+                thread_name=self.thread_name,
+                abandon_on_cancel=False,
+            )
+            nursery.cancel_scope.cancel()
+
+    def _thread_main(
+        self, inbox: queue.SimpleQueue[object], report_started: Callable[[ModelInfo], None]
+    ) -> None:
+        runner = self._runner_factory()
+        try:
+            model_info = runner.load()
+            trio.from_thread.run_sync(report_started, model_info)
+            while (plan := inbox.get()) is not _STOP:
+                assert isinstance(plan, StepPlan)
+                result = _execute(runner, plan)
+                trio.from_thread.run_sync(self._result_send.send_nowait, result)
+        finally:
+            runner.close()
+
+
+async def _stop_thread_on_cancel(inbox: queue.SimpleQueue[object]) -> None:
+    """Wait; when cancelled, tell the thread to stop after its current step."""
+    try:
+        await trio.sleep_forever()
+    finally:
+        inbox.put(_STOP)
+
+
+def _execute(runner: StepRunner, plan: StepPlan) -> StepResult:
+    try:
+        return runner.execute(plan)
+    except VllmMlxTrioError:
+        raise
+    except Exception as exc:  # boundary: an MLX failure kills the engine, with a clear cause
+        raise ExecutorCrashedError(
+            f"step {plan.step_id} failed: {type(exc).__name__}: {exc}"
+        ) from exc

@@ -1,0 +1,220 @@
+"""SchedulerActor: owns the waiting queue and the running set, drives the executor step by
+step, and fans each step's tokens out to the requests' outboxes without ever awaiting one."""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+import trio
+
+from ..core.request import Request, RequestStatus
+from ..core.scheduler import Scheduler
+from ..errors import ExecutorCrashedError, VllmMlxTrioError
+from ..messages import (
+    Admit,
+    CacheCommand,
+    PrefixCommit,
+    PrefixLookup,
+    PrefixMatch,
+    PrefixRelease,
+    RequestFailed,
+    RequestOutput,
+    StepPlan,
+    StepResult,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class SchedulerStatistics:
+    """A snapshot of the scheduler, for tests, ``/health`` and metrics."""
+
+    num_waiting: int
+    num_running: int
+    num_steps: int
+    num_finished: int
+    num_aborted: int
+    running_ids: tuple[str, ...]
+    waiting_ids: tuple[str, ...]
+
+
+class SchedulerActor:
+    """Decides who runs and delivers what they produce.
+
+    Inputs: ``admit_recv`` (from admission), ``result_recv`` (from the executor) and
+    ``match_recv`` (from the cache manager). Outputs: ``plan_send``, ``cache_send`` and each
+    request's own outbox. The scheduler ⇄ executor edge is lock-step: one plan in flight, so
+    neither side can fill the other's buffer.
+
+    Delivery never blocks: a full outbox means the tokens stay in ``Request.undelivered`` and
+    are coalesced into the next send; one slot of every outbox is kept free for the final
+    output. A closed outbox (client gone) aborts the request before the next step.
+    """
+
+    def __init__(
+        self,
+        *,
+        admit_recv: trio.MemoryReceiveChannel[Admit],
+        plan_send: trio.MemorySendChannel[StepPlan],
+        result_recv: trio.MemoryReceiveChannel[StepResult],
+        cache_send: trio.MemorySendChannel[CacheCommand],
+        match_recv: trio.MemoryReceiveChannel[PrefixMatch],
+        eos_token_ids: tuple[int, ...],
+        max_running: int = 1,
+    ):
+        self._admit_recv = admit_recv
+        self._plan_send = plan_send
+        self._result_recv = result_recv
+        self._cache_send = cache_send
+        self._match_recv = match_recv
+        self._eos_token_ids = eos_token_ids
+        self._scheduler = Scheduler(max_running=max_running)
+        self._num_steps = 0
+        self._num_finished = 0
+        self._num_aborted = 0
+
+    def statistics(self) -> SchedulerStatistics:
+        s = self._scheduler
+        return SchedulerStatistics(
+            num_waiting=s.num_waiting,
+            num_running=s.num_running,
+            num_steps=self._num_steps,
+            num_finished=self._num_finished,
+            num_aborted=self._num_aborted,
+            running_ids=tuple(s.running),
+            waiting_ids=tuple(r.request_id for r in s.waiting),
+        )
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until admission closes its channel and every request has finished.
+
+        Cancellation (engine shutdown) closes every outstanding outbox without a final
+        output; the client reads that as "the engine stopped".
+        """
+        with self._admit_recv, self._plan_send, self._result_recv, self._cache_send, self._match_recv:
+            try:
+                task_status.started()
+                await self._loop()
+            finally:
+                self._close_all_outboxes()
+
+    async def _loop(self) -> None:
+        admissions_open = True
+        while admissions_open or self._scheduler.has_work:
+            if not self._scheduler.has_work:
+                try:
+                    self._add(await self._admit_recv.receive())
+                except trio.EndOfChannel:
+                    admissions_open = False
+                    continue
+            admissions_open = self._drain_admissions() and admissions_open
+            await self._start_waiting()
+            plan = self._scheduler.build_plan()
+            if plan is not None:
+                await self._run_step(plan)
+
+    def _add(self, admit: Admit) -> None:
+        self._scheduler.add(Request(admit, self._eos_token_ids))
+
+    def _drain_admissions(self) -> bool:
+        """Take every admission already waiting; False once admission has closed."""
+        while True:
+            try:
+                self._add(self._admit_recv.receive_nowait())
+            except trio.WouldBlock:
+                return True
+            except trio.EndOfChannel:
+                return False
+
+    async def _start_waiting(self) -> None:
+        for request in self._scheduler.pop_startable():
+            if request.client_gone:
+                self._finish_aborted(request)
+                continue
+            await self._cache_send.send(
+                PrefixLookup(request_id=request.request_id, prompt_token_ids=request.prompt_token_ids)
+            )
+            match = await self._match_recv.receive()
+            assert match.request_id == request.request_id, "cache replies arrive in order"
+            self._scheduler.start(
+                request, num_cached_tokens=match.num_cached_tokens, block_ids=match.block_ids
+            )
+
+    async def _run_step(self, plan: StepPlan) -> None:
+        await self._plan_send.send(plan)
+        try:
+            result = await self._result_recv.receive()
+        except trio.EndOfChannel:
+            raise ExecutorCrashedError("the executor stopped in the middle of a step") from None
+        assert result.step_id == plan.step_id, "lock-step: one plan in flight"
+        self._num_steps += 1
+        await self._commit_new_prompts(plan)
+        for request in self._scheduler.apply(result):
+            self._deliver(request)
+        for request_id, message in result.failed:
+            request = self._scheduler.abort(request_id, RequestStatus.FINISHED_ERROR)
+            if request is not None:
+                self._fail(request, ExecutorCrashedError(message))
+        await self._release_finished()
+
+    async def _commit_new_prompts(self, plan: StepPlan) -> None:
+        for seq in plan.new_seqs:
+            await self._cache_send.send(
+                PrefixCommit(request_id=seq.request_id, token_ids=seq.prompt_token_ids)
+            )
+
+    def _deliver(self, request: Request) -> None:
+        """Hand undelivered tokens to the client without waiting; see the class docstring."""
+        finished = request.status.is_finished
+        outbox = request.outbox
+        stats = outbox.statistics()
+        if not finished and stats.current_buffer_used >= stats.max_buffer_size - 1:
+            return  # keep coalescing; the last slot is reserved for the final output
+        output = RequestOutput(
+            token_ids=request.take_undelivered(),
+            finish_reason=request.finish_reason,
+            num_cached_tokens=request.num_cached_tokens,
+        )
+        try:
+            outbox.send_nowait(output)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            if not finished:
+                self._scheduler.abort(request.request_id, RequestStatus.FINISHED_ABORTED)
+            self._finish_aborted(request)
+            return
+        if finished:
+            self._num_finished += 1
+            outbox.close()
+
+    def _fail(self, request: Request, error: VllmMlxTrioError) -> None:
+        try:
+            request.outbox.send_nowait(RequestFailed(error=error))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the client is gone: there is nobody left to tell
+        request.outbox.close()
+
+    def _finish_aborted(self, request: Request) -> None:
+        request.status = RequestStatus.FINISHED_ABORTED
+        self._num_aborted += 1
+        request.outbox.close()
+
+    def _abort_departed(self) -> None:
+        """Abort every request whose client has gone, queued or running."""
+        departed = [
+            r for r in (*self._scheduler.waiting, *self._scheduler.running.values()) if r.client_gone
+        ]
+        for request in departed:
+            self._scheduler.abort(request.request_id, RequestStatus.FINISHED_ABORTED)
+            self._finish_aborted(request)
+
+    async def _release_finished(self) -> None:
+        self._abort_departed()
+        dropped = self._scheduler.pending_drops()
+        if dropped:
+            await self._cache_send.send(PrefixRelease(request_ids=dropped))
+
+    def _close_all_outboxes(self) -> None:
+        for request in [*self._scheduler.waiting, *self._scheduler.running.values()]:
+            request.outbox.close()

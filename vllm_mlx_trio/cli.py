@@ -1,0 +1,103 @@
+"""``vllm-mlx-trio``: serve, config show|check, demo build."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from .errors import ConfigError, VllmMlxTrioError
+
+logger = logging.getLogger("vllm_mlx_trio")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vllm-mlx-trio", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="start the OpenAI-compatible server")
+    _config_args(serve)
+
+    config = commands.add_parser("config", help="show or check a configuration")
+    config_commands = config.add_subparsers(dest="config_command", required=True)
+    for name, text in (("show", "print the effective configuration as TOML"), ("check", "validate")):
+        _config_args(config_commands.add_parser(name, help=text))
+
+    demo = commands.add_parser("demo", help="the built-in demo models")
+    demo_commands = demo.add_subparsers(dest="demo_command", required=True)
+    build = demo_commands.add_parser("build", help="build a demo model into a directory")
+    build.add_argument("out_dir", help="directory to create (Hugging Face layout)")
+    build.add_argument("--size", default="tiny", help="tiny or small (default: tiny)")
+    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--dtype", default=None, help="stored dtype (default: the measured best)")
+    return parser
+
+
+def _config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", nargs="?", default=None, help="TOML file (default: built-in defaults)")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+        help="override one option (repeatable); beats the environment and the file",
+    )  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except ConfigError as exc:
+        print(f"vllm-mlx-trio: config error: {exc}", file=sys.stderr)
+        return 2
+    except (VllmMlxTrioError, ExceptionGroup) as exc:
+        ours = _our_errors(exc)
+        if not ours:
+            raise
+        for error in ours:
+            print(f"vllm-mlx-trio: {error}", file=sys.stderr)
+        return 1
+
+
+def _our_errors(exc: BaseException) -> list[VllmMlxTrioError]:
+    """Our typed errors inside ``exc`` (Trio wraps task failures in exception groups)."""
+    if isinstance(exc, VllmMlxTrioError):
+        return [exc]
+    if isinstance(exc, BaseExceptionGroup):
+        return [e for sub in exc.exceptions for e in _our_errors(sub)]
+    return []
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .config import config_to_toml, load_config
+
+    if args.command == "demo":
+        return _demo_build(args)
+    cfg = load_config(args.config, overrides=args.overrides)
+    if args.command == "config":
+        if args.config_command == "show":
+            sys.stdout.write(config_to_toml(cfg))
+        else:
+            print(f"{args.config or 'defaults'}: ok")
+        return 0
+    import trio
+
+    from .serve import serve_until_signalled
+
+    logging.basicConfig(
+        level=cfg.logging.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    trio.run(serve_until_signalled, cfg)
+    return 0
+
+
+def _demo_build(args: argparse.Namespace) -> int:
+    from .worker.demo_model import build_demo_model
+
+    kwargs = {"dtype": args.dtype} if args.dtype else {}
+    path = build_demo_model(args.out_dir, size=args.size, seed=args.seed, **kwargs)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""Per-request sampling parameters: one frozen record, validated once at the boundary."""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from ..errors import InvalidRequestError
+
+#: Largest ``n``-free limits we accept; beyond these a request is refused, never clamped.
+MAX_TOP_K = 1_000_000
+MAX_SEED = 2**63 - 1
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class SamplingParams:
+    """What a request asks of the sampler and of the stop logic.
+
+    ``max_tokens`` is ``None`` until admission resolves it against the model's context; every
+    value the executor sees is an int. ``temperature == 0`` means greedy.
+    """
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def check(self, *, max_stop_sequences: int) -> None:
+        """Raise :class:`InvalidRequestError` naming the first out-of-range field."""
+        _check_range("temperature", self.temperature, 0.0, 2.0)
+        _check_range("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _check_range("top_k", self.top_k, 0, MAX_TOP_K)
+        _check_range("min_p", self.min_p, 0.0, 1.0)
+        _check_range("repetition_penalty", self.repetition_penalty, 0.0, 10.0, low_open=True)
+        if self.seed is not None:
+            _check_range("seed", self.seed, -MAX_SEED - 1, MAX_SEED)
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise InvalidRequestError(
+                f"max_tokens must be at least 1, got {self.max_tokens}.", param="max_tokens"
+            )
+        if len(self.stop) > max_stop_sequences:
+            raise InvalidRequestError(
+                f"At most {max_stop_sequences} stop sequences are allowed, got {len(self.stop)}.",
+                param="stop",
+            )
+        if any(s == "" for s in self.stop):
+            raise InvalidRequestError("Stop sequences must not be empty.", param="stop")
+        if any(t < 0 for t in self.stop_token_ids):
+            raise InvalidRequestError("stop_token_ids must be non-negative.", param="stop_token_ids")
+
+
+def _check_range(
+    name: str, value: float, low: float, high: float, *, low_open: bool = False
+) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidRequestError(f"{name} must be a finite number, got {value}.", param=name)
+    too_low = value <= low if low_open else value < low
+    if too_low or value > high:
+        bracket = "(" if low_open else "["
+        raise InvalidRequestError(
+            f"{name} must be in {bracket}{low}, {high}], got {value}.", param=name
+        )

@@ -1,0 +1,95 @@
+"""A request's life inside the scheduler: status, tokens so far, what is not yet delivered."""
+
+from __future__ import annotations
+
+import enum
+
+from ..messages import Admit, Outbox, RequestId
+from .params import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    """Ordered: every status >= FINISHED_STOPPED is final."""
+
+    WAITING = 0
+    RUNNING = 1
+    FINISHED_STOPPED = 2
+    FINISHED_LENGTH = 3
+    FINISHED_ABORTED = 4
+    FINISHED_ERROR = 5
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+
+#: OpenAI finish_reason for each final status that has one.
+FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+}
+
+
+class Request:
+    """Mutable per-request state, owned by the scheduler alone."""
+
+    __slots__ = (
+        "request_id",
+        "prompt_token_ids",
+        "params",
+        "outbox",
+        "arrival_time",
+        "status",
+        "num_output_tokens",
+        "num_cached_tokens",
+        "undelivered",
+        "_stop_ids",
+    )
+
+    def __init__(self, admit: Admit, eos_token_ids: tuple[int, ...]):
+        self.request_id: RequestId = admit.request_id
+        self.prompt_token_ids = admit.prompt_token_ids
+        self.params: SamplingParams = admit.params
+        self.outbox: Outbox = admit.outbox
+        self.arrival_time = admit.arrival_time
+        self.status = RequestStatus.WAITING
+        self.num_output_tokens = 0
+        self.num_cached_tokens = 0
+        #: Sampled tokens not yet handed to the client (coalesced while its outbox is full).
+        self.undelivered: list[int] = []
+        self._stop_ids = frozenset(eos_token_ids) | frozenset(admit.params.stop_token_ids)
+
+    @property
+    def max_tokens(self) -> int:
+        assert self.params.max_tokens is not None, "admission resolves max_tokens"
+        return self.params.max_tokens
+
+    @property
+    def finish_reason(self) -> str | None:
+        return FINISH_REASONS.get(self.status)
+
+    @property
+    def client_gone(self) -> bool:
+        """True once the client closed its end of the outbox (disconnect, break, cancel)."""
+        return self.outbox.statistics().open_receive_channels == 0
+
+    def append_tokens(self, token_ids: tuple[int, ...]) -> None:
+        """Record sampled tokens, stopping at EOS / a stop token id / ``max_tokens``.
+
+        Tokens after a stop are dropped. A stop token is delivered (the detokenizer skips
+        special tokens) so the client's token count matches the model's.
+        """
+        for token_id in token_ids:
+            self.undelivered.append(token_id)
+            self.num_output_tokens += 1
+            if token_id in self._stop_ids:
+                self.status = RequestStatus.FINISHED_STOPPED
+                return
+            if self.num_output_tokens >= self.max_tokens:
+                self.status = RequestStatus.FINISHED_LENGTH
+                return
+
+    def take_undelivered(self) -> tuple[int, ...]:
+        taken = tuple(self.undelivered)
+        self.undelivered.clear()
+        return taken

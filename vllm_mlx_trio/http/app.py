@@ -1,0 +1,52 @@
+"""The Quart-Trio application: routes, health, and errors mapped to OpenAI's shape."""
+
+from __future__ import annotations
+
+import logging
+
+import quart
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from ..config import EngineConfig
+from ..engine import Engine
+from ..errors import VllmMlxTrioError
+from .errors import describe, error_body
+from .routes import register_routes
+
+logger = logging.getLogger(__name__)
+
+_HTTP_ERROR_TYPES = {413: "request_too_large", 404: "not_found_error", 405: "invalid_request_error"}
+
+
+def create_app(engine: Engine, cfg: EngineConfig) -> QuartTrio:
+    """An app serving ``engine``; it shares the engine's lifetime, it does not own it."""
+    app = QuartTrio("vllm_mlx_trio")
+    app.config["MAX_CONTENT_LENGTH"] = cfg.limits.max_body_bytes
+    app.config["RESPONSE_TIMEOUT"] = None  # long streams are normal here
+    app.config["JSON_SORT_KEYS"] = False
+    app.json.sort_keys = False
+    app.json.ensure_ascii = False
+    register_routes(app, engine)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.errorhandler(VllmMlxTrioError)
+    async def our_error(exc: VllmMlxTrioError):
+        status, body, headers = describe(exc)
+        return body, status, headers
+
+    @app.errorhandler(HTTPException)
+    async def http_error(exc: HTTPException):
+        status = exc.code or 500
+        kind = _HTTP_ERROR_TYPES.get(status, "invalid_request_error")
+        return error_body(exc.description or exc.name, type=kind, code=exc.name.lower().replace(" ", "_")), status
+
+    @app.errorhandler(Exception)
+    async def unexpected(exc: Exception):
+        logger.exception("unhandled error in a request handler")
+        return error_body("Internal server error.", type="server_error"), 500
+
+    return app

@@ -1,0 +1,175 @@
+"""Every message that crosses a channel, grouped by edge.
+
+Messages are frozen, hold tuples (never lists), and never hold an ``mx.array``: plans and
+results carry token ids, block ids and numbers only. An outbox (``MemorySendChannel``)
+travels inside a message; whoever holds the message owns the outbox and must close it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NewType, TypeAlias
+
+import attrs
+import trio
+
+from .core.params import SamplingParams
+from .errors import VllmMlxTrioError
+
+RequestId = NewType("RequestId", str)
+BlockId = NewType("BlockId", int)
+
+_frozen = attrs.frozen(slots=True, kw_only=True)
+
+
+@_frozen
+class ChatMessage:
+    """One chat turn, already reduced to plain text."""
+
+    role: str
+    content: str
+
+
+# -- engine facade -> client (through the request's outbox) -------------------------------
+
+
+@_frozen
+class Accepted:
+    """Admission passed: the request is queued. Always the first output of a request."""
+
+    num_prompt_tokens: int
+    max_tokens: int
+
+
+@_frozen
+class RequestOutput:
+    """New tokens for one request; ``finish_reason`` is set on the last output only."""
+
+    token_ids: tuple[int, ...]
+    finish_reason: str | None = None
+    num_cached_tokens: int = 0
+
+
+@_frozen
+class RequestFailed:
+    """The request ended with an error; the last output it gets."""
+
+    error: VllmMlxTrioError
+
+
+Output: TypeAlias = Accepted | RequestOutput | RequestFailed
+Outbox: TypeAlias = trio.MemorySendChannel[Output]
+
+
+# -- engine facade -> AdmissionActor -----------------------------------------------------
+
+
+@_frozen
+class Submit:
+    """A new request. ``prompt`` is raw text (completions) or chat turns (chat)."""
+
+    request_id: RequestId
+    prompt: str | tuple[ChatMessage, ...]
+    params: SamplingParams
+    outbox: Outbox
+    arrival_time: float
+
+
+# -- AdmissionActor -> SchedulerActor ----------------------------------------------------
+
+
+@_frozen
+class Admit:
+    """A validated, tokenized request with ``params.max_tokens`` resolved to an int."""
+
+    request_id: RequestId
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    outbox: Outbox
+    arrival_time: float
+
+
+# -- SchedulerActor <-> CacheManagerActor ------------------------------------------------
+
+
+@_frozen
+class PrefixLookup:
+    """Find (and lease) the longest cached prefix of a prompt. Answered by PrefixMatch."""
+
+    request_id: RequestId
+    prompt_token_ids: tuple[int, ...]
+
+
+@_frozen
+class PrefixMatch:
+    """The leased cached prefix: ``num_cached_tokens`` tokens held in ``block_ids``."""
+
+    request_id: RequestId
+    num_cached_tokens: int
+    block_ids: tuple[BlockId, ...]
+
+
+@_frozen
+class PrefixCommit:
+    """A request's prompt KV is computed: its full blocks may be shared from now on."""
+
+    request_id: RequestId
+    token_ids: tuple[int, ...]
+
+
+@_frozen
+class PrefixRelease:
+    """These requests are done (finished, aborted or failed): drop their leases."""
+
+    request_ids: tuple[RequestId, ...]
+
+
+CacheCommand: TypeAlias = PrefixLookup | PrefixCommit | PrefixRelease
+
+
+# -- SchedulerActor <-> ExecutorActor ----------------------------------------------------
+
+
+@_frozen
+class NewSequence:
+    """A sequence entering the model: prefill ``prompt_token_ids[num_cached_tokens:]``."""
+
+    request_id: RequestId
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    num_cached_tokens: int = 0
+    cached_block_ids: tuple[BlockId, ...] = ()
+
+
+@_frozen
+class StepPlan:
+    """One model step: drop ``finished_ids``, start ``new_seqs``, decode ``decode_ids``."""
+
+    step_id: int
+    new_seqs: tuple[NewSequence, ...] = ()
+    decode_ids: tuple[RequestId, ...] = ()
+    finished_ids: tuple[RequestId, ...] = ()
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.new_seqs or self.decode_ids or self.finished_ids)
+
+
+@_frozen
+class StepResult:
+    """What one step produced: sampled tokens per request, and per-request failures."""
+
+    step_id: int
+    sampled: tuple[tuple[RequestId, tuple[int, ...]], ...] = ()
+    failed: tuple[tuple[RequestId, str], ...] = ()
+    elapsed_s: float = 0.0
+
+
+@_frozen
+class ModelInfo:
+    """What the executor reports once the model is loaded (its ``started`` value)."""
+
+    model_path: str
+    max_context_tokens: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    tokenizer: Any = attrs.field(eq=False, repr=False)

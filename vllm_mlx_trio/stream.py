@@ -1,0 +1,136 @@
+"""A request's output as the client sees it: text deltas, stop strings, usage."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+import trio
+
+from .core.text import Decoder, IncrementalDetokenizer, StopStringMatcher
+from .errors import EngineClosedError
+from .messages import Accepted, Output, RequestFailed, RequestId, RequestOutput
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Usage:
+    """Token counts, as OpenAI's ``usage`` reports them."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class Delta:
+    """New text (and the tokens behind it); ``finish_reason`` is set on the last delta."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None = None
+
+
+class RequestStream:
+    """Async iterator of :class:`Delta` over one request's outbox.
+
+    Closing it (sync, cancel-safe) is how a client aborts: the scheduler sees the closed
+    outbox and drops the request before its next step. A stop string ends the stream with
+    ``finish_reason == "stop"`` and closes it the same way.
+    """
+
+    def __init__(
+        self,
+        request_id: RequestId,
+        outbox_recv: trio.MemoryReceiveChannel[Output],
+        decoder: Decoder,
+        stop: tuple[str, ...],
+        *,
+        on_close: Callable[[], None] | None = None,
+    ):
+        self.request_id = request_id
+        self._on_close = on_close
+        self._outbox_recv = outbox_recv
+        self._detokenizer = IncrementalDetokenizer(decoder)
+        self._stop = StopStringMatcher(stop)
+        self._finished = False
+        self.num_prompt_tokens = 0
+        self.max_tokens = 0
+        self.num_completion_tokens = 0
+        self.num_cached_tokens = 0
+        self.finish_reason: str | None = None
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(
+            prompt_tokens=self.num_prompt_tokens,
+            completion_tokens=self.num_completion_tokens,
+            cached_tokens=self.num_cached_tokens,
+        )
+
+    async def wait_accepted(self) -> None:
+        """Wait for admission's verdict; raise its error if the request was refused."""
+        output = await self._receive()
+        if not isinstance(output, Accepted):
+            raise AssertionError(f"first output must be Accepted, got {output!r}")
+        self.num_prompt_tokens = output.num_prompt_tokens
+        self.max_tokens = output.max_tokens
+
+    def close(self) -> None:
+        """Abort (if still running) and release the request's engine slot. Idempotent."""
+        self._outbox_recv.close()
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close()
+
+    def __del__(self) -> None:
+        # Safety net for a stream dropped unclosed (e.g. a response never sent): sync close.
+        self.close()
+
+    def __enter__(self) -> RequestStream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> Delta:
+        if self._finished:
+            raise StopAsyncIteration
+        output = await self._receive()
+        if not isinstance(output, RequestOutput):
+            raise AssertionError(f"unexpected output {output!r}")
+        return self._to_delta(output)
+
+    async def _receive(self) -> Output:
+        try:
+            output = await self._outbox_recv.receive()
+        except trio.EndOfChannel:
+            self._finished = True
+            raise EngineClosedError("The engine stopped before the request finished.") from None
+        if isinstance(output, RequestFailed):
+            self._finished = True
+            raise output.error
+        return output
+
+    def _to_delta(self, output: RequestOutput) -> Delta:
+        self.num_completion_tokens += len(output.token_ids)
+        self.num_cached_tokens = output.num_cached_tokens
+        text, stopped = self._stop.feed(self._detokenizer.add(output.token_ids))
+        finish_reason = "stop" if stopped else output.finish_reason
+        if finish_reason is not None:
+            self._finished = True
+            self.finish_reason = finish_reason
+            if not stopped:
+                tail, stopped = self._stop.feed(self._detokenizer.flush())
+                text += tail if stopped else tail + self._stop.flush()
+                finish_reason = "stop" if stopped else finish_reason
+                self.finish_reason = finish_reason
+            self.close()
+        return Delta(text=text, token_ids=output.token_ids, finish_reason=finish_reason)
+

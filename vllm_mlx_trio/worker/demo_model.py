@@ -1,0 +1,410 @@
+"""The built-in demo model: a real Qwen3-architecture model with random weights.
+
+``build_demo_model`` writes a directory in Hugging Face layout (``config.json``,
+``model.safetensors``, ``tokenizer.json``, ``tokenizer_config.json``, ...) that
+``mlx_lm.load`` reads exactly like a downloaded checkpoint.  The tokenizer is a
+byte-level BPE trained on the bundled ``data/corpus.txt``; the weights are
+drawn from ``numpy.random.default_rng(seed)``.  The same size, seed and dtype
+always give byte-identical files.
+
+Paths such as ``"demo:tiny"`` name a demo model; ``resolve_demo_model`` builds
+it once into a cache directory and reuses it afterwards.
+
+On Linux CPU float32 decodes faster than bfloat16 (MLX's CPU backend has no
+BLAS path for bf16 matmuls), so float32 is the default stored dtype.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+import uuid
+from typing import Any
+
+import attrs
+import numpy as np
+
+DEMO_PREFIX = "demo:"
+#: Bump when the corpus, the tokenizer recipe or the weight recipe changes, so
+#: that cached builds of an older format are not reused.
+DEMO_FORMAT_VERSION = 1
+#: Written last into a build; its presence marks the build as complete.
+DEMO_MARKER = "demo_model.json"
+DEFAULT_DTYPE = "float32"
+DTYPES = {"float32": "F32", "bfloat16": "BF16"}
+
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
+EMBED = "model.embed_tokens.weight"
+
+#: Standard deviation of the random weights (norm weights are 1.0).
+WEIGHT_STD = 0.02
+#: Scale of the embedding (= tied lm-head) rows of special tokens (and of
+#: unprintable byte tokens), so that greedy decoding does not emit
+#: ``<|im_end|>`` straight away.
+SPECIAL_ROW_SCALE = 0.01
+RMS_NORM_EPS = 1e-6
+ROPE_THETA = 1_000_000.0
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['content'] is string %}{{- message['content'] }}"
+    "{%- else %}{%- for part in message['content'] %}"
+    "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}"
+    "{%- endfor %}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+@attrs.frozen
+class DemoSize:
+    """The shape of one demo model preset."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    max_position_embeddings: int
+
+    @property
+    def num_parameters(self) -> int:
+        """Total parameter count (tied embeddings counted once)."""
+        h, d = self.hidden_size, self.head_dim
+        attn = h * d * (2 * self.num_attention_heads + 2 * self.num_key_value_heads)
+        layer = attn + 3 * h * self.intermediate_size + 2 * h + 2 * d
+        return self.vocab_size * h + self.num_hidden_layers * layer + h
+
+
+DEMO_SIZES: dict[str, DemoSize] = {
+    "tiny": DemoSize(
+        vocab_size=512,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        max_position_embeddings=2048,
+    ),
+    "small": DemoSize(
+        vocab_size=4096,
+        hidden_size=512,
+        num_hidden_layers=10,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        intermediate_size=1536,
+        max_position_embeddings=4096,
+    ),
+}
+
+
+def is_demo_path(path: str) -> bool:
+    """Whether ``path`` names a built-in demo model (``"demo:<size>"``)."""
+    return isinstance(path, str) and path.startswith(DEMO_PREFIX)
+
+
+def default_demo_cache_dir() -> pathlib.Path:
+    """Where ``resolve_demo_model`` keeps its builds.
+
+    ``$VLLM_MLX_TRIO_CACHE_DIR/demo``, else ``$XDG_CACHE_HOME/vllm-mlx-trio/demo``,
+    else ``~/.cache/vllm-mlx-trio/demo``.  Empty variables count as unset.
+    """
+    if base := os.environ.get("VLLM_MLX_TRIO_CACHE_DIR"):
+        return pathlib.Path(base).expanduser() / "demo"
+    if xdg := os.environ.get("XDG_CACHE_HOME"):
+        return pathlib.Path(xdg).expanduser() / "vllm-mlx-trio" / "demo"
+    return pathlib.Path.home() / ".cache" / "vllm-mlx-trio" / "demo"
+
+
+def resolve_demo_model(
+    path: str, cache_dir: str | os.PathLike | None = None
+) -> pathlib.Path:
+    """Return the directory of the demo model ``path`` (``"demo:<size>"``).
+
+    The model is built (seed 0, default dtype) into
+    ``<cache_dir>/<size>-seed0-v<DEMO_FORMAT_VERSION>`` on first use; later
+    calls find the completion marker and return the existing build.
+    Raises ``ValueError`` for a path that is not a demo path or an unknown size.
+    """
+    if not is_demo_path(path):
+        raise ValueError(f"not a demo model path: {path!r} (expected {DEMO_PREFIX}<size>)")
+    size = path[len(DEMO_PREFIX) :]
+    _lookup_size(size)
+    root = pathlib.Path(cache_dir) if cache_dir is not None else default_demo_cache_dir()
+    target = root / f"{size}-seed0-v{DEMO_FORMAT_VERSION}"
+    if (target / DEMO_MARKER).is_file():
+        return target
+    return build_demo_model(target, size=size, seed=0, dtype=DEFAULT_DTYPE)
+
+
+def build_demo_model(
+    out_dir: str | os.PathLike,
+    *,
+    size: str = "tiny",
+    seed: int = 0,
+    dtype: str = DEFAULT_DTYPE,
+) -> pathlib.Path:
+    """Build the demo model ``size`` into ``out_dir`` and return its path.
+
+    The files are written into a temporary sibling directory that is renamed
+    onto ``out_dir`` at the end, so ``out_dir`` never holds a partial build.
+    An existing empty ``out_dir`` or a previous complete demo build is
+    replaced; any other non-empty directory raises ``FileExistsError``.
+    """
+    spec = _lookup_size(size)
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; valid dtypes: {', '.join(DTYPES)}")
+    out = pathlib.Path(out_dir).absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        tmp.chmod(0o755)
+        _write_model_files(tmp, spec, size=size, seed=seed, dtype=dtype)
+        _install(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _lookup_size(size: str) -> DemoSize:
+    """The preset named ``size``, or ``ValueError`` naming the valid ones."""
+    try:
+        return DEMO_SIZES[size]
+    except KeyError:
+        valid = ", ".join(DEMO_SIZES)
+        raise ValueError(f"unknown demo model size {size!r}; valid sizes: {valid}") from None
+
+
+def _install(tmp: pathlib.Path, out: pathlib.Path) -> None:
+    """Rename the finished build ``tmp`` onto ``out``."""
+    try:
+        os.rename(tmp, out)
+        return
+    except OSError:
+        if not out.is_dir() or not (out / DEMO_MARKER).is_file():
+            raise FileExistsError(f"{out} exists and is not a demo model build") from None
+    # Swap out an older complete build: move it aside, then rename ours in.
+    old = out.with_name(f".{out.name}.{uuid.uuid4().hex}.old")
+    os.rename(out, old)
+    try:
+        os.rename(tmp, out)
+    except OSError:
+        if not (out / DEMO_MARKER).is_file():  # nobody else installed one
+            os.rename(old, out)
+            raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_model_files(
+    directory: pathlib.Path, spec: DemoSize, *, size: str, seed: int, dtype: str
+) -> None:
+    """Write every file of the model into ``directory``, the marker last."""
+    tokenizer = _train_tokenizer(spec.vocab_size)
+    ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+    damped = _damped_ids(tokenizer)
+    tokenizer.save(str(directory / "tokenizer.json"), pretty=True)
+
+    config = _model_config(spec, dtype, ids)
+    weights = _random_weights(config, seed, damped)
+    _write_safetensors(directory / "model.safetensors", weights, dtype)
+    _write_json(directory / "config.json", config)
+    _write_json(directory / "generation_config.json", _generation_config(ids))
+    _write_json(directory / "tokenizer_config.json", _tokenizer_config(spec))
+    _write_json(directory / "special_tokens_map.json", _special_tokens_map())
+    marker = {"format_version": DEMO_FORMAT_VERSION, "size": size, "seed": seed}
+    _write_json(directory / DEMO_MARKER, {**marker, "dtype": dtype, "shape": attrs.asdict(spec)})
+
+
+def _read_corpus() -> str:
+    """The bundled training text for the tokenizer."""
+    resource = importlib.resources.files("vllm_mlx_trio") / "data" / "corpus.txt"
+    return resource.read_text(encoding="utf-8")
+
+
+def _train_tokenizer(vocab_size: int):
+    """Train a byte-level BPE with exactly ``vocab_size`` tokens on the corpus.
+
+    The special tokens get ids 0, 1, 2.  Should the corpus allow fewer merges
+    than needed, the vocabulary is padded with ``<|reserved_N|>`` special
+    tokens so that the tokenizer and the model always agree on its size.
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.normalizer = normalizers.NFC()
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        show_progress=False,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator([_read_corpus()], trainer=trainer)
+    missing = vocab_size - tokenizer.get_vocab_size()
+    if missing > 0:
+        tokenizer.add_special_tokens([f"<|reserved_{i}|>" for i in range(missing)])
+    if tokenizer.get_vocab_size() != vocab_size:
+        raise RuntimeError(f"tokenizer has {tokenizer.get_vocab_size()} tokens, wanted {vocab_size}")
+    return tokenizer
+
+
+def _damped_ids(tokenizer) -> list[int]:
+    """Ids whose embedding rows get damped: special tokens, and byte tokens
+    that on their own decode to no printable text (control characters, partial
+    UTF-8 sequences), so that greedy output reads as (random) words."""
+    damped = []
+    for token_id in range(tokenizer.get_vocab_size()):
+        text = tokenizer.decode([token_id])  # special tokens decode to ""
+        printable = all(c.isprintable() or c in "\n\t" for c in text)
+        if not text or not printable or "\ufffd" in text:
+            damped.append(token_id)
+    return damped
+
+
+def _model_config(spec: DemoSize, dtype: str, ids: dict[str, int]) -> dict[str, Any]:
+    """The ``config.json`` of a Qwen3 model of shape ``spec``."""
+    return {
+        "architectures": ["Qwen3ForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": ids[ENDOFTEXT],
+        "eos_token_id": ids[IM_END],
+        "head_dim": spec.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": spec.hidden_size,
+        "initializer_range": WEIGHT_STD,
+        "intermediate_size": spec.intermediate_size,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "model_type": "qwen3",
+        "num_attention_heads": spec.num_attention_heads,
+        "num_hidden_layers": spec.num_hidden_layers,
+        "num_key_value_heads": spec.num_key_value_heads,
+        "pad_token_id": ids[ENDOFTEXT],
+        "rms_norm_eps": RMS_NORM_EPS,
+        "rope_scaling": None,
+        "rope_theta": ROPE_THETA,
+        "tie_word_embeddings": True,
+        "torch_dtype": dtype,
+        "use_cache": True,
+        "vocab_size": spec.vocab_size,
+    }
+
+
+def _generation_config(ids: dict[str, int]) -> dict[str, Any]:
+    """The ``generation_config.json``: both end tokens stop generation."""
+    return {
+        "bos_token_id": ids[ENDOFTEXT],
+        "eos_token_id": [ids[IM_END], ids[ENDOFTEXT]],
+        "pad_token_id": ids[ENDOFTEXT],
+    }
+
+
+def _tokenizer_config(spec: DemoSize) -> dict[str, Any]:
+    """The ``tokenizer_config.json`` with the ChatML template."""
+    return {
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "bos_token": None,
+        "chat_template": CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": IM_END,
+        "errors": "replace",
+        "model_max_length": spec.max_position_embeddings,
+        "pad_token": ENDOFTEXT,
+        "split_special_tokens": False,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": None,
+    }
+
+
+def _special_tokens_map() -> dict[str, Any]:
+    """The ``special_tokens_map.json``."""
+    return {"eos_token": IM_END, "pad_token": ENDOFTEXT}
+
+
+def _parameter_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Names and shapes of the parameters of mlx-lm's Qwen3 model for ``config``.
+
+    Building the module only creates lazy arrays (it does advance MLX's global
+    random key, as ``mlx_lm.load`` itself does).
+    """
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import qwen3
+
+    model = qwen3.Model(qwen3.ModelArgs.from_dict(config))
+    return {name: tuple(p.shape) for name, p in tree_flatten(model.parameters())}
+
+
+def _random_weights(
+    config: dict[str, Any], seed: int, damped_ids: list[int]
+) -> dict[str, np.ndarray]:
+    """Float32 weights: N(0, WEIGHT_STD) matrices, ones for norms.
+
+    Drawn in sorted-name order from one ``default_rng(seed)`` stream.  The
+    embedding rows of ``damped_ids`` (the special tokens) are scaled by
+    ``SPECIAL_ROW_SCALE``; the embedding is tied, so this also shrinks their
+    logits.
+    """
+    rng = np.random.default_rng(seed)
+    weights: dict[str, np.ndarray] = {}
+    for name, shape in sorted(_parameter_shapes(config).items()):
+        if name.endswith("norm.weight"):
+            weights[name] = np.ones(shape, dtype=np.float32)
+            continue
+        std = WEIGHT_STD if name == EMBED else shape[-1] ** -0.5
+        weights[name] = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
+    weights[EMBED][damped_ids] *= np.float32(SPECIAL_ROW_SCALE)
+    return weights
+
+
+def _to_bfloat16_bytes(array: np.ndarray) -> bytes:
+    """Round float32 ``array`` to bfloat16 (nearest-even), little-endian bytes."""
+    bits = np.ascontiguousarray(array, dtype="<f4").view("<u4").astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype("<u2").tobytes()
+
+
+def _write_safetensors(path: pathlib.Path, tensors: dict[str, np.ndarray], dtype: str) -> None:
+    """Write ``tensors`` as safetensors by hand: sorted keys, no timestamps."""
+    blobs = []
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name in sorted(tensors):
+        array = tensors[name]
+        if dtype == "bfloat16":
+            blob = _to_bfloat16_bytes(array)
+        else:
+            blob = np.ascontiguousarray(array, dtype="<f4").tobytes()
+        header[name] = {
+            "data_offsets": [offset, offset + len(blob)],
+            "dtype": DTYPES[dtype],
+            "shape": list(array.shape),
+        }
+        offset += len(blob)
+        blobs.append(blob)
+    encoded = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    with open(path, "wb") as f:
+        f.write(len(encoded).to_bytes(8, "little"))
+        f.write(encoded)
+        for blob in blobs:
+            f.write(blob)
+
+
+def _write_json(path: pathlib.Path, obj: Any) -> None:
+    """Write ``obj`` as indented, key-sorted JSON with a trailing newline."""
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -1,0 +1,57 @@
+"""Model loading on the MLX thread: demo models are built first, everything goes through
+``mlx_lm.load`` exactly as a downloaded model does (hub id or local directory)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import mlx_lm
+
+from ..config import ModelConfig
+from ..errors import ModelLoadError
+from .demo_model import is_demo_path, resolve_demo_model
+
+logger = logging.getLogger(__name__)
+
+#: Context length assumed when a model's config.json names none.
+FALLBACK_CONTEXT_TOKENS = 4096
+_CONTEXT_KEYS = ("max_position_embeddings", "max_seq_len", "n_positions", "seq_length")
+
+
+def resolve_model_path(model_cfg: ModelConfig) -> str:
+    """A local directory for ``demo:<size>`` (built once, cached), else the path unchanged."""
+    if is_demo_path(model_cfg.path):
+        return str(resolve_demo_model(model_cfg.path, model_cfg.demo_cache_dir))
+    return model_cfg.path
+
+
+def load_model(model_cfg: ModelConfig) -> tuple[Any, Any, dict]:
+    """Load (model, tokenizer, config dict); any failure becomes a one-line ModelLoadError."""
+    try:
+        path = resolve_model_path(model_cfg)
+        tokenizer_config = {"trust_remote_code": True} if model_cfg.trust_remote_code else None
+        model, tokenizer, config = mlx_lm.load(
+            path,
+            tokenizer_config=tokenizer_config,
+            revision=model_cfg.revision,
+            trust_remote_code=model_cfg.trust_remote_code,
+            return_config=True,
+        )
+    except Exception as exc:  # boundary: hub, filesystem, safetensors and mlx-lm errors
+        raise ModelLoadError(
+            f"could not load model {model_cfg.path!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if model_cfg.chat_template is not None:
+        tokenizer._tokenizer.chat_template = model_cfg.chat_template
+    return model, tokenizer, config
+
+
+def context_length(config: dict) -> int:
+    """The model's maximum context in tokens, from its config.json."""
+    for key in _CONTEXT_KEYS:
+        value = config.get(key) or config.get("text_config", {}).get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    logger.warning("model config names no context length; assuming %d", FALLBACK_CONTEXT_TOKENS)
+    return FALLBACK_CONTEXT_TOKENS
