@@ -11,7 +11,7 @@ import hypercorn.trio
 import trio
 
 from .config import EngineConfig
-from .engine import ExecutorFactory, open_engine
+from .engine import Engine, ExecutorFactory, open_engine
 from .http.app import create_app
 
 logger = logging.getLogger(__name__)
@@ -39,17 +39,26 @@ async def serve(
     in-flight responses ``server.drain_timeout_s`` to finish; then the engine stops.
     """
     async with open_engine(cfg, executor_factory=executor_factory) as engine:
-        app = create_app(engine, cfg)
-        async with trio.open_nursery() as nursery:
-            binds = await nursery.start(
-                lambda task_status: hypercorn.trio.serve(
-                    app, hypercorn_config(cfg), shutdown_trigger=shutdown_trigger, task_status=task_status
-                )
+        await serve_engine(engine, shutdown_trigger=shutdown_trigger, task_status=task_status)
+
+
+async def serve_engine(
+    engine: Engine,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve an already open engine over HTTP (the engine's lifetime stays the caller's)."""
+    cfg = engine.cfg
+    app = create_app(engine, cfg)
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            lambda task_status: hypercorn.trio.serve(
+                app, hypercorn_config(cfg), shutdown_trigger=shutdown_trigger, task_status=task_status
             )
-            logger.info(
-                "serving %s (%s mode) on %s", cfg.model_name, cfg.engine.mode, ", ".join(binds)
-            )
-            task_status.started(binds)
+        )
+        logger.info("serving %s (%s mode) on %s", cfg.model_name, cfg.engine.mode, ", ".join(binds))
+        task_status.started(binds)
 
 
 async def serve_until_signalled(cfg: EngineConfig) -> None:

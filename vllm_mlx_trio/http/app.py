@@ -42,7 +42,10 @@ def create_app(engine: Engine, cfg: EngineConfig) -> QuartTrio:
     async def http_error(exc: HTTPException):
         status = exc.code or 500
         kind = _HTTP_ERROR_TYPES.get(status, "invalid_request_error")
-        return error_body(exc.description or exc.name, type=kind, code=exc.name.lower().replace(" ", "_")), status
+        body = error_body(exc.description or exc.name, type=kind, code=exc.name.lower().replace(" ", "_"))
+        # An unread body is still on the wire: the connection cannot carry another request.
+        headers = {"Connection": "close"} if status == 413 else {}
+        return body, status, headers
 
     @app.errorhandler(Exception)
     async def unexpected(exc: Exception):

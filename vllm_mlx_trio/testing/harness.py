@@ -35,3 +35,42 @@ async def open_fake_engine(
 
     async with open_engine(cfg, executor_factory=factory) as engine:
         yield FakeEngine(engine=engine, executor=holder[0])
+
+
+@attrs.define
+class TestServer:
+    """A running server: its base URL and the engine behind it."""
+
+    url: str
+    engine: Engine
+
+
+@contextlib.asynccontextmanager
+async def open_server(cfg: EngineConfig, *, executor_factory: Any = None) -> AsyncIterator[TestServer]:
+    """Serve ``cfg`` (use ``server.port = 0`` for a free port) until the block is left.
+
+    Leaving the block triggers the graceful shutdown and waits for it.
+    """
+    import trio
+
+    from ..serve import serve_engine
+
+    stop = trio.Event()
+    async with open_engine(cfg, executor_factory=executor_factory) as engine:
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(
+                lambda task_status: serve_engine(engine, shutdown_trigger=stop.wait, task_status=task_status)
+            )
+            try:
+                yield TestServer(url=binds[0], engine=engine)
+            finally:
+                stop.set()
+
+
+def fake_executor_factory(**fake_kwargs: Any):
+    """An executor factory for :func:`open_engine` / :func:`serve` building a FakeExecutor."""
+
+    def factory(plan_recv, result_send):
+        return FakeExecutor(plan_recv, result_send, **fake_kwargs)
+
+    return factory

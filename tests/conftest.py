@@ -1,0 +1,35 @@
+"""Shared fixtures: configs for the fake and the real demo model."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import pytest
+
+from vllm_mlx_trio.config import load_config
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def demo_cache_dir(tmp_path_factory) -> str:
+    """Where the demo model is built: shared across runs when VLLM_MLX_TRIO_CACHE_DIR is set."""
+    env = os.environ.get("VLLM_MLX_TRIO_CACHE_DIR")
+    if env:
+        return str(pathlib.Path(env) / "demo")
+    return str(tmp_path_factory.mktemp("demo-cache"))
+
+
+@pytest.fixture
+def fake_cfg():
+    return load_config(None, overrides=["server.port=0", "server.drain_timeout_s=5"], environ={})
+
+
+@pytest.fixture
+def demo_cfg(demo_cache_dir):
+    return load_config(
+        REPO / "config" / "demo.toml",
+        overrides=["server.port=0", "server.drain_timeout_s=5", f"model.demo_cache_dir={demo_cache_dir}"],
+        environ={},
+    )
