@@ -1,0 +1,28 @@
+# One command to install and serve, one to install and test. Works on Linux (MLX on the CPU)
+# and macOS (MLX on Metal); the virtual environment lives in .venv.
+PYTHON ?= python3
+VENV ?= .venv
+# macOS: plain mlx brings Metal. Linux: the CPU build of mlx.
+EXTRAS := $(shell if [ "$$(uname -s)" = Darwin ]; then echo metal,test; else echo cpu,test; fi)
+
+.PHONY: install serve test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VENV)/bin/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	touch $@
+
+install: $(VENV)/.installed
+
+serve: install
+	$(VENV)/bin/vllm-mlx-trio serve config/demo.toml
+
+test: install
+	$(VENV)/bin/python -m pytest -q
+
+bench: install
+	$(VENV)/bin/vllm-mlx-trio bench single --model demo:small
+
+clean:
+	rm -rf $(VENV)
