@@ -1,0 +1,91 @@
+"""The scheduling policy alone: exact plans for a scripted sequence of events."""
+
+from __future__ import annotations
+
+import trio
+
+from vllm_mlx_trio.core.params import SamplingParams
+from vllm_mlx_trio.core.request import Request, RequestStatus
+from vllm_mlx_trio.core.scheduler import Scheduler
+from vllm_mlx_trio.messages import Admit, RequestId, StepResult
+
+EOS = 2
+
+
+def make_request(name: str, max_tokens: int = 3) -> Request:
+    send, _recv = trio.open_memory_channel(4)
+    admit = Admit(
+        request_id=RequestId(name),
+        prompt_token_ids=(10, 11),
+        params=SamplingParams(max_tokens=max_tokens, stop_token_ids=(7,)),
+        outbox=send,
+        arrival_time=0.0,
+    )
+    return Request(admit, (EOS,))
+
+
+def start_all(scheduler: Scheduler) -> list[str]:
+    started = []
+    for request in scheduler.pop_startable():
+        scheduler.start(request, num_cached_tokens=0)
+        started.append(request.request_id)
+    return started
+
+
+def test_one_runs_at_a_time_in_arrival_order():
+    s = Scheduler(max_running=1)
+    a, b = make_request("a"), make_request("b")
+    s.add(a)
+    s.add(b)
+    assert start_all(s) == ["a"]
+    plan = s.build_plan()
+    assert [n.request_id for n in plan.new_seqs] == ["a"] and plan.decode_ids == ()
+    assert s.apply(StepResult(step_id=plan.step_id, sampled=(("a", (5,)),))) == [a]
+    assert start_all(s) == []
+    assert s.build_plan().decode_ids == ("a",)
+
+
+def test_finish_reasons_and_drop_in_next_plan():
+    s = Scheduler(max_running=1)
+    a = make_request("a", max_tokens=2)
+    s.add(a)
+    start_all(s)
+    s.build_plan()
+    s.apply(StepResult(step_id=0, sampled=(("a", (5,)),)))
+    assert a.status == RequestStatus.RUNNING
+    s.apply(StepResult(step_id=1, sampled=(("a", (6,)),)))
+    assert (a.status, a.finish_reason, a.take_undelivered()) == (RequestStatus.FINISHED_LENGTH, "length", (5, 6))
+    assert s.pending_drops() == ("a",)
+    plan = s.build_plan()
+    assert plan.finished_ids == ("a",) and plan.decode_ids == () and not s.has_work
+
+
+def test_eos_and_stop_token_ids_stop():
+    for token in (EOS, 7):
+        request = make_request("a", max_tokens=10)
+        request.status = RequestStatus.RUNNING
+        request.append_tokens((4, token, 9))
+        assert request.finish_reason == "stop"
+        assert request.take_undelivered() == (4, token)  # nothing after the stop
+
+
+def test_abort_is_a_noop_for_unknown_or_finished():
+    s = Scheduler(max_running=1)
+    assert s.abort(RequestId("nope"), RequestStatus.FINISHED_ABORTED) is None
+    a = make_request("a")
+    s.add(a)
+    start_all(s)
+    assert s.abort(RequestId("a"), RequestStatus.FINISHED_ABORTED) is a
+    assert s.abort(RequestId("a"), RequestStatus.FINISHED_ABORTED) is None
+    plan = s.build_plan()
+    assert plan.new_seqs == () and plan.finished_ids == ("a",)  # never started, still dropped once
+    assert s.build_plan() is None
+
+
+def test_tokens_for_an_aborted_request_are_dropped():
+    s = Scheduler(max_running=1)
+    s.add(make_request("a"))
+    start_all(s)
+    s.build_plan()
+    s.abort(RequestId("a"), RequestStatus.FINISHED_ABORTED)
+    assert s.apply(StepResult(step_id=0, sampled=(("a", (5,)),))) == []
