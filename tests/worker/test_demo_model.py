@@ -181,3 +181,13 @@ def test_default_cache_dir_follows_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "h"))
     assert default_demo_cache_dir() == tmp_path / "h" / ".cache" / "vllm-mlx-trio" / "demo"
+
+
+def test_sampling_rarely_ends_at_once(tiny):
+    model, tokenizer = tiny
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+    ids = mx.array([tokenizer.apply_chat_template(messages, add_generation_prompt=True)])
+    probs = mx.softmax(model(ids)[0, -1].astype(mx.float32))
+    p_eos = sum(probs[i].item() for i in tokenizer.eos_token_ids)
+    assert p_eos < 1e-3  # at temperature 1
+    assert probs.max().item() > 0.05  # peaked like a trained model, not uniform

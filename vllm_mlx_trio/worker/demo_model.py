@@ -49,6 +49,10 @@ EMBED = "model.embed_tokens.weight"
 #: 1/sqrt(fan_in) so that the layers, not the tied embedding's self-similarity
 #: (which makes greedy decoding repeat its input token), drive the output.
 EMBED_STD = 0.02
+#: Standard deviation of the logits, set through the final norm's weight: it
+#: leaves greedy decoding alone but makes temperature-1 sampling about as
+#: peaked as a trained model's, with the damped tokens (logit ~0) rarely drawn.
+LOGIT_STD = 3.0
 #: Scale of the embedding (= tied lm-head) rows of special tokens (and of
 #: unprintable byte tokens), so that greedy decoding does not emit
 #: ``<|im_end|>`` straight away.
@@ -318,18 +322,22 @@ def _parameter_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 def _random_weights(
     config: dict[str, Any], seed: int, damped_ids: list[int]
 ) -> dict[str, np.ndarray]:
-    """Float32 weights: normal matrices, ones for the norms.
+    """Float32 weights: normal matrices, constant norms.
 
     Drawn in sorted-name order from one ``default_rng(seed)`` stream: the
     embedding with std ``EMBED_STD``, other matrices with 1/sqrt(fan_in).
     The embedding rows of ``damped_ids`` are scaled by ``SPECIAL_ROW_SCALE``;
     the embedding is tied, so this also shrinks their logits towards 0.
+    Norm weights are 1, except the final norm's, which scales the logits to
+    a standard deviation of about ``LOGIT_STD``.
     """
     rng = np.random.default_rng(seed)
     weights: dict[str, np.ndarray] = {}
     for name, shape in sorted(_parameter_shapes(config).items()):
         if name.endswith("norm.weight"):
-            weights[name] = np.ones(shape, dtype=np.float32)
+            final = name == "model.norm.weight"
+            scale = LOGIT_STD / (EMBED_STD * config["hidden_size"] ** 0.5) if final else 1.0
+            weights[name] = np.full(shape, scale, dtype=np.float32)
             continue
         std = EMBED_STD if name == EMBED else shape[-1] ** -0.5
         weights[name] = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
