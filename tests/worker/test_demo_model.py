@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pathlib
+import threading
 
 import attrs
 import mlx.core as mx
@@ -18,6 +19,7 @@ from vllm_mlx_trio.worker.demo_model import (
     DEMO_MARKER,
     DEMO_PREFIX,
     DEMO_SIZES,
+    _build,
     build_demo_model,
     default_demo_cache_dir,
     is_demo_path,
@@ -143,6 +145,23 @@ def test_resolve_builds_once_then_reuses(tmp_path):
     assert marker.stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left over
     mlx_lm.load(str(path))
+
+
+def test_concurrent_resolvers_share_one_build(tmp_path):
+    results = []
+    threads = [
+        threading.Thread(target=lambda: results.append(resolve_demo_model("demo:tiny", tmp_path)))
+        for _ in range(3)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 3 and len(set(results)) == 1
+    assert [p.name for p in tmp_path.iterdir()] == [results[0].name]
+    kept = _digests(results[0])
+    _build(results[0], size="tiny", seed=1, dtype="float32", replace=False)  # a late resolver
+    assert _digests(results[0]) == kept
 
 
 def test_unknown_size_names_the_valid_ones(tmp_path):

@@ -146,7 +146,7 @@ def resolve_demo_model(
     target = root / f"{size}-seed0-v{DEMO_FORMAT_VERSION}"
     if (target / DEMO_MARKER).is_file():
         return target
-    return build_demo_model(target, size=size, seed=0, dtype=DEFAULT_DTYPE)
+    return _build(target, size=size, seed=0, dtype=DEFAULT_DTYPE, replace=False)
 
 
 def build_demo_model(
@@ -159,6 +159,17 @@ def build_demo_model(
     An existing empty ``out_dir`` or a previous complete demo build is
     replaced; any other non-empty directory raises ``FileExistsError``.
     """
+    return _build(out_dir, size=size, seed=seed, dtype=dtype, replace=True)
+
+
+def _build(
+    out_dir: str | os.PathLike, *, size: str, seed: int, dtype: str, replace: bool
+) -> pathlib.Path:
+    """Build into a temporary sibling of ``out_dir``, then install it there.
+
+    With ``replace=False`` a complete build already at ``out_dir`` (say, from
+    a concurrent resolver) is kept and the new one discarded.
+    """
     spec = _lookup_size(size)
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; valid dtypes: {', '.join(DTYPES)}")
@@ -168,7 +179,7 @@ def build_demo_model(
     try:
         tmp.chmod(0o755)
         _write_model_files(tmp, spec, size=size, seed=seed, dtype=dtype)
-        _install(tmp, out)
+        _install(tmp, out, replace=replace)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
@@ -183,14 +194,16 @@ def _lookup_size(size: str) -> DemoSize:
         raise ValueError(f"unknown demo model size {size!r}; valid sizes: {valid}") from None
 
 
-def _install(tmp: pathlib.Path, out: pathlib.Path) -> None:
-    """Rename the finished build ``tmp`` onto ``out``."""
+def _install(tmp: pathlib.Path, out: pathlib.Path, *, replace: bool) -> None:
+    """Rename the finished build ``tmp`` onto ``out`` (see ``_build``)."""
     try:
-        os.rename(tmp, out)
+        os.rename(tmp, out)  # also replaces an empty directory
         return
     except OSError:
         if not out.is_dir() or not (out / DEMO_MARKER).is_file():
             raise FileExistsError(f"{out} exists and is not a demo model build") from None
+    if not replace:
+        return
     # Swap out an older complete build: move it aside, then rename ours in.
     old = out.with_name(f".{out.name}.{uuid.uuid4().hex}.old")
     os.rename(out, old)
@@ -217,7 +230,9 @@ def _write_model_files(
     weights = _random_weights(config, seed, damped)
     _write_safetensors(directory / "model.safetensors", weights, dtype)
     _write_json(directory / "config.json", config)
-    _write_json(directory / "generation_config.json", _generation_config(ids))
+    stop = {"eos_token_id": [ids[IM_END], ids[ENDOFTEXT]]}  # both end tokens stop
+    generation = {"bos_token_id": ids[ENDOFTEXT], "pad_token_id": ids[ENDOFTEXT], **stop}
+    _write_json(directory / "generation_config.json", generation)
     _write_json(directory / "tokenizer_config.json", _tokenizer_config(spec))
     special = {"eos_token": IM_END, "pad_token": ENDOFTEXT}
     _write_json(directory / "special_tokens_map.json", special)
@@ -244,19 +259,14 @@ def _train_tokenizer(vocab_size: int):
     tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()  # all 256 bytes: nothing is unknown
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        show_progress=False,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
+        vocab_size=vocab_size, show_progress=False,
+        special_tokens=list(SPECIAL_TOKENS), initial_alphabet=alphabet,
+    )  # fmt: skip
     tokenizer.train_from_iterator([_read_corpus()], trainer=trainer)
-    missing = vocab_size - tokenizer.get_vocab_size()
-    if missing > 0:
-        tokenizer.add_special_tokens([f"<|reserved_{i}|>" for i in range(missing)])
-    if tokenizer.get_vocab_size() != vocab_size:
-        got = tokenizer.get_vocab_size()
-        raise RuntimeError(f"tokenizer has {got} tokens, wanted {vocab_size}")
+    missing = vocab_size - tokenizer.get_vocab_size()  # the trainer never overshoots
+    tokenizer.add_special_tokens([f"<|reserved_{i}|>" for i in range(missing)])
     return tokenizer
 
 
@@ -286,12 +296,6 @@ def _model_config(spec: DemoSize, dtype: str, ids: dict[str, int]) -> dict[str, 
         "bos_token_id": ids[ENDOFTEXT], "pad_token_id": ids[ENDOFTEXT],
         "eos_token_id": ids[IM_END],
     }  # fmt: skip
-
-
-def _generation_config(ids: dict[str, int]) -> dict[str, Any]:
-    """The ``generation_config.json``: both end tokens stop generation."""
-    eos = [ids[IM_END], ids[ENDOFTEXT]]
-    return {"bos_token_id": ids[ENDOFTEXT], "eos_token_id": eos, "pad_token_id": ids[ENDOFTEXT]}
 
 
 def _tokenizer_config(spec: DemoSize) -> dict[str, Any]:
