@@ -56,7 +56,8 @@ def test_defaults():
     assert cfg.model.path == "demo:tiny"
     assert cfg.model.revision is None and cfg.model.chat_template is None
     assert cfg.model.trust_remote_code is False and cfg.model.demo_cache_dir is None
-    assert cfg.engine == EngineSection(mode="simple", prefill_step_size=512)
+    assert cfg.engine == EngineSection(mode="batched", prefill_step_size=512, max_num_seqs=32)
+    assert cfg.engine.stream_interval == 1 and cfg.engine.prefill_batch_size == 8
     assert cfg.engine.default_max_tokens is None
     assert cfg.limits == LimitsConfig(
         max_waiting=64, max_body_bytes=4 * 1024 * 1024, max_stop_sequences=16
@@ -93,7 +94,7 @@ def test_load_prod_toml():
     cfg = load_config(str(PROD_TOML), environ={})
     assert cfg.model.path == "mlx-community/Qwen3-0.6B-8bit"
     assert cfg.model_name == "mlx-community/Qwen3-0.6B-8bit"
-    assert cfg.engine.mode == "simple"
+    assert cfg.engine.mode == "batched"
 
 
 # --- precedence -----------------------------------------------------------------------------
@@ -284,7 +285,7 @@ def test_wrong_type_from_override():
         ("server.port=65536", "server.port: must be between 0 and 65535, got 65536"),
         ("server.drain_timeout_s=-0.5", "server.drain_timeout_s: must be >= 0, got -0.5"),
         ("server.drain_timeout_s=nan", "server.drain_timeout_s: must be >= 0, got nan"),
-        ("engine.mode=batched", "engine.mode: must be 'simple' (batched mode is not available yet)"),
+        ("engine.mode=paged", "engine.mode: must be one of simple, batched, got 'paged'"),
         ("logging.level=verbose", "logging.level: must be one of debug, info, warning, error"),
         ("model.path=demo:huge", "model.path: must be one of demo:tiny, demo:small"),
         ('server.host=""', "server.host: must not be empty"),
@@ -349,8 +350,10 @@ def test_round_trip_with_every_option_set():
         "server": {"host": "0.0.0.0", "port": 0, "drain_timeout_s": 2.5, "served_model_name": "m"},
         "model": {"path": "demo:small", "revision": "abc", "trust_remote_code": True,
                   "chat_template": template, "demo_cache_dir": "/tmp/demo"},
-        "engine": {"mode": "simple", "prefill_step_size": 64, "default_max_tokens": 10},
-        "limits": {"max_waiting": 0, "max_body_bytes": 2048, "max_stop_sequences": 0},
+        "engine": {"mode": "simple", "prefill_step_size": 64, "max_num_seqs": 3,
+                   "prefill_batch_size": 2, "completion_batch_size": 4, "stream_interval": 5,
+                   "default_max_tokens": 10},
+        "limits": {"max_waiting": 0, "max_body_bytes": 2048, "max_stop_sequences": 0, "max_n": 2},
         "logging": {"level": "debug"},
     }  # fmt: skip
     cfg = config_from_dict(data)

@@ -31,7 +31,7 @@ ENV_PREFIX = "VLLM_MLX_TRIO_"
 #: Variables with the prefix that are not config keys (read elsewhere); they are skipped.
 RESERVED_ENV_VARS = frozenset({"VLLM_MLX_TRIO_CACHE_DIR"})
 DEMO_SIZES = ("tiny", "small")
-ENGINE_MODES = ("simple",)
+ENGINE_MODES = ("simple", "batched")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 #: The literal that sets an optional (``X | None``) key to None from ``--set`` or the environment.
 NONE_LITERAL = "none"
@@ -160,10 +160,22 @@ class ModelConfig:
 class EngineSection:
     """``[engine]``: how requests are run."""
 
-    #: Scheduling mode; only "simple" (one request at a time) exists for now.
-    mode: str = _option("simple", _one_of(ENGINE_MODES, " (batched mode is not available yet)"))
-    #: Prompt tokens per forward pass during prefill (>= 1).
+    #: "batched" (continuous batching: requests join and leave a shared batch between steps)
+    #: or "simple" (one request at a time through mlx-lm's generate_step).
+    mode: str = _option("batched", _one_of(ENGINE_MODES))
+    #: Prompt tokens per forward pass during prefill (>= 1); in batched mode a long prompt is
+    #: prefilled in chunks of this size between decode steps.
     prefill_step_size: int = _option(512, _in_range(1))
+    #: Batched mode: most sequences in the model at once (>= 1); the rest wait in the queue.
+    max_num_seqs: int = _option(32, _in_range(1))
+    #: Batched mode: most prompts prefilled together in one forward pass (>= 1).
+    prefill_batch_size: int = _option(8, _in_range(1))
+    #: Batched mode: most sequences decoded together; while this many decode, new prompts
+    #: wait (>= 1; raised to prefill_batch_size if lower).
+    completion_batch_size: int = _option(32, _in_range(1))
+    #: Tokens per streamed chunk after the first (>= 1); a request may override it with the
+    #: ``stream_interval`` extension field. The first token is always sent at once.
+    stream_interval: int = _option(1, _in_range(1))
     #: max_tokens for requests that do not say; None means the room left in the context.
     default_max_tokens: int | None = _option(None, _in_range(1))
 
@@ -178,6 +190,8 @@ class LimitsConfig:
     max_body_bytes: int = _option(4 * 1024 * 1024, _in_range(1024))
     #: Most stop sequences one request may give (>= 0).
     max_stop_sequences: int = _option(16, _in_range(0))
+    #: Largest ``n`` (choices per request) accepted (>= 1); each choice takes an engine slot.
+    max_n: int = _option(8, _in_range(1))
 
 
 @attrs.frozen(kw_only=True)

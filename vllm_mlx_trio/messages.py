@@ -41,12 +41,25 @@ class Accepted:
 
 
 @_frozen
+class TokenLogprob:
+    """A sampled token's log-probability and the ``top`` most likely (id, logprob) pairs."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@_frozen
 class RequestOutput:
-    """New tokens for one request; ``finish_reason`` is set on the last output only."""
+    """New tokens for one request; ``finish_reason`` is set on the last output only.
+
+    ``logprobs`` has one entry per token when the request asked for logprobs, else none.
+    """
 
     token_ids: tuple[int, ...]
     finish_reason: str | None = None
     num_cached_tokens: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @_frozen
@@ -156,10 +169,14 @@ class StepPlan:
 
 @_frozen
 class StepResult:
-    """What one step produced: sampled tokens per request, and per-request failures."""
+    """What one step produced: sampled tokens per request, and per-request failures.
+
+    ``logprobs`` holds entries only for requests that asked, aligned with their ``sampled``.
+    """
 
     step_id: int
     sampled: tuple[tuple[RequestId, tuple[int, ...]], ...] = ()
+    logprobs: tuple[tuple[RequestId, tuple[TokenLogprob, ...]], ...] = ()
     failed: tuple[tuple[RequestId, str], ...] = ()
     elapsed_s: float = 0.0
 

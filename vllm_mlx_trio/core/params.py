@@ -11,6 +11,10 @@ from ..errors import InvalidRequestError
 #: Largest ``n``-free limits we accept; beyond these a request is refused, never clamped.
 MAX_TOP_K = 1_000_000
 MAX_SEED = 2**63 - 1
+#: OpenAI's limits: penalties in [-2, 2], logit_bias values in [-100, 100], top_logprobs <= 20.
+MAX_PENALTY = 2.0
+MAX_LOGIT_BIAS = 100.0
+MAX_TOP_LOGPROBS = 20
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -30,6 +34,19 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    #: OpenAI penalties over the tokens generated so far (not the prompt).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    #: (token id, bias) pairs added to the logits before sampling.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    #: EOS and stop token ids cannot be sampled before this many tokens.
+    min_tokens: int = 0
+    #: Keep generating past EOS (stop_token_ids still stop).
+    ignore_eos: bool = False
+    #: None: no logprobs; k >= 0: the sampled token's logprob and the k most likely.
+    logprobs: int | None = None
+    #: Tokens per streamed chunk after the first; None means ``engine.stream_interval``.
+    stream_interval: int | None = None
 
     @property
     def is_greedy(self) -> bool:
@@ -57,6 +74,41 @@ class SamplingParams:
             raise InvalidRequestError("Stop sequences must not be empty.", param="stop")
         if any(t < 0 for t in self.stop_token_ids):
             raise InvalidRequestError("stop_token_ids must be non-negative.", param="stop_token_ids")
+        _check_range("presence_penalty", self.presence_penalty, -MAX_PENALTY, MAX_PENALTY)
+        _check_range("frequency_penalty", self.frequency_penalty, -MAX_PENALTY, MAX_PENALTY)
+        for token_id, bias in self.logit_bias:
+            if token_id < 0:
+                raise InvalidRequestError("logit_bias keys must be token ids >= 0.", param="logit_bias")
+            _check_range("logit_bias", bias, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+        _check_range("min_tokens", self.min_tokens, 0, self.max_tokens or MAX_SEED)
+        if self.logprobs is not None:
+            _check_range("top_logprobs", self.logprobs, 0, MAX_TOP_LOGPROBS)
+        if self.stream_interval is not None:
+            _check_range("stream_interval", self.stream_interval, 1, MAX_TOP_K)
+
+    def check_token_ids(self, vocab_size: int) -> None:
+        """Token ids the request names must exist in the model's vocabulary."""
+        for name, ids in (
+            ("stop_token_ids", self.stop_token_ids),
+            ("logit_bias", tuple(t for t, _ in self.logit_bias)),
+        ):
+            bad = next((t for t in ids if t >= vocab_size), None)
+            if bad is not None:
+                raise InvalidRequestError(
+                    f"{name} names token id {bad}, outside the vocabulary (size {vocab_size}).",
+                    param=name,
+                )
+
+    @property
+    def needs_processors(self) -> bool:
+        """Whether any logits processor applies (penalties, bias, min_tokens)."""
+        return bool(
+            self.repetition_penalty != 1.0
+            or self.presence_penalty
+            or self.frequency_penalty
+            or self.logit_bias
+            or self.min_tokens
+        )
 
 
 def _check_range(
