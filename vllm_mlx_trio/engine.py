@@ -19,6 +19,7 @@ import trio
 
 from .actors.admission import AdmissionActor, AdmissionLimits
 from .actors.cache_manager import CacheManagerActor, CacheStatistics
+from .actors.executor import PLANS_IN_FLIGHT
 from .actors.scheduler import SchedulerActor, SchedulerStatistics
 from .config import EngineConfig
 from .core.params import SamplingParams
@@ -62,17 +63,26 @@ class EngineStatistics:
 
 
 def mlx_executor_factory(cfg: EngineConfig) -> ExecutorFactory:
-    """The real executor: a dedicated MLX thread running simple mode."""
+    """The real executor: a dedicated MLX thread running the configured mode's runner."""
 
     def build(plan_recv, result_send):
         from .actors.executor import ExecutorActor
-        from .worker.simple_runner import SimpleRunner
+
+        if cfg.engine.mode == "batched":
+            from .worker.batch_runner import BatchRunner as Runner
+        else:
+            from .worker.simple_runner import SimpleRunner as Runner
 
         return ExecutorActor(
-            plan_recv=plan_recv, result_send=result_send, runner_factory=lambda: SimpleRunner(cfg)
+            plan_recv=plan_recv, result_send=result_send, runner_factory=lambda: Runner(cfg)
         )
 
     return build
+
+
+def max_running(cfg: EngineConfig) -> int:
+    """Sequences in the model at once: 1 in simple mode, ``engine.max_num_seqs`` batched."""
+    return cfg.engine.max_num_seqs if cfg.engine.mode == "batched" else 1
 
 
 @contextlib.asynccontextmanager
@@ -102,7 +112,7 @@ class Engine:
         self._submit_send: trio.MemorySendChannel[Submit] = submit_send
         self._scheduler: SchedulerActor = actors[0]
         self._cache: CacheManagerActor = actors[1]
-        self.capacity = cfg.limits.max_waiting + 1  # simple mode: one running
+        self.capacity = cfg.limits.max_waiting + max_running(cfg)
         self._slots = trio.Semaphore(self.capacity, max_value=self.capacity)
         self._ids = itertools.count()
 
@@ -110,8 +120,9 @@ class Engine:
     async def _start(cls, cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFactory):
         submit_send, submit_recv = trio.open_memory_channel[Submit](SUBMIT_BUFFER)
         admit_send, admit_recv = trio.open_memory_channel(ADMIT_BUFFER)
+        in_flight = PLANS_IN_FLIGHT[cfg.engine.mode]
         plan_send, plan_recv = trio.open_memory_channel(0)
-        result_send, result_recv = trio.open_memory_channel(1)
+        result_send, result_recv = trio.open_memory_channel(in_flight)
         cache_send, cache_recv = trio.open_memory_channel(CACHE_BUFFER)
         match_send, match_recv = trio.open_memory_channel(1)
         model_info: ModelInfo = await nursery.start(factory(plan_recv, result_send).run)
@@ -123,6 +134,9 @@ class Engine:
             cache_send=cache_send,
             match_recv=match_recv,
             eos_token_ids=model_info.eos_token_ids,
+            max_running=max_running(cfg),
+            plans_in_flight=in_flight,
+            stream_interval=cfg.engine.stream_interval,
         )
         admission = AdmissionActor(
             submit_recv=submit_recv,
@@ -132,6 +146,7 @@ class Engine:
                 max_context_tokens=model_info.max_context_tokens,
                 default_max_tokens=cfg.engine.default_max_tokens,
                 max_stop_sequences=cfg.limits.max_stop_sequences,
+                vocab_size=model_info.vocab_size,
             ),
         )
         await nursery.start(cache.run)

@@ -68,7 +68,9 @@ async def test_simple_mode_runs_one_and_queues_the_rest(autojump_clock):
     gate = StepGate()
     results = {}
     with trio.fail_after(10):
-        async with open_fake_engine(script=text_script("xyz"), gate=gate, step_s=0) as fake:
+        async with open_fake_engine(
+            overrides=("engine.mode=simple",), script=text_script("xyz"), gate=gate, step_s=0
+        ) as fake:
             async with trio.open_nursery() as nursery:
                 for i in range(3):
 
@@ -87,7 +89,9 @@ async def test_simple_mode_runs_one_and_queues_the_rest(autojump_clock):
 async def test_full_engine_refuses_at_once(autojump_clock):
     gate = StepGate()
     with trio.fail_after(10):
-        async with open_fake_engine(overrides=("limits.max_waiting=1",), gate=gate, step_s=0) as fake:
+        async with open_fake_engine(
+            overrides=("limits.max_waiting=1", "engine.max_num_seqs=1"), gate=gate, step_s=0
+        ) as fake:
             first = await fake.engine.submit(CHAT)
             second = await fake.engine.submit(CHAT)
             with pytest.raises(QueueFullError):
@@ -112,7 +116,7 @@ async def test_prompt_longer_than_context_is_refused(autojump_clock):
 async def test_break_aborts_within_one_step(autojump_clock):
     gate = StepGate()
     with trio.fail_after(10):
-        async with open_fake_engine(gate=gate, step_s=0) as fake:
+        async with open_fake_engine(overrides=("engine.mode=simple",), gate=gate, step_s=0) as fake:
             gate.allow(1)
             async for delta in fake.engine.generate(CHAT, SamplingParams(max_tokens=100)):
                 break

@@ -54,7 +54,7 @@ def test_finish_reasons_and_drop_in_next_plan():
     s.apply(StepResult(step_id=0, sampled=(("a", (5,)),)))
     assert a.status == RequestStatus.RUNNING
     s.apply(StepResult(step_id=1, sampled=(("a", (6,)),)))
-    assert (a.status, a.finish_reason, a.take_undelivered()) == (RequestStatus.FINISHED_LENGTH, "length", (5, 6))
+    assert (a.status, a.finish_reason, a.take_undelivered()[0]) == (RequestStatus.FINISHED_LENGTH, "length", (5, 6))
     assert s.pending_drops() == ("a",)
     plan = s.build_plan()
     assert plan.finished_ids == ("a",) and plan.decode_ids == () and not s.has_work
@@ -66,7 +66,7 @@ def test_eos_and_stop_token_ids_stop():
         request.status = RequestStatus.RUNNING
         request.append_tokens((4, token, 9))
         assert request.finish_reason == "stop"
-        assert request.take_undelivered() == (4, token)  # nothing after the stop
+        assert request.take_undelivered()[0] == (4, token)  # nothing after the stop
 
 
 def test_abort_is_a_noop_for_unknown_or_finished():

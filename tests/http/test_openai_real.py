@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import attrs
 import httpx
 import openai
 import pytest
@@ -93,19 +94,27 @@ async def test_disconnect_mid_stream_leaves_no_state(demo_cfg):
     assert after.usage.completion_tokens == 5
 
 
-async def test_every_mlx_call_runs_on_the_executor_thread(demo_cfg, monkeypatch):
-    from vllm_mlx_trio.worker import simple_runner
+@pytest.mark.parametrize("mode", ["simple", "batched"])
+async def test_every_mlx_call_runs_on_the_executor_thread(demo_cfg, monkeypatch, mode):
+    from vllm_mlx_trio.worker import batch_runner, simple_runner
 
+    runner = simple_runner.SimpleRunner if mode == "simple" else batch_runner.BatchRunner
     threads = set()
-    original = simple_runner.SimpleRunner.execute
+    original_load, original_execute = runner.load, runner.execute
+
+    def recording_load(self):
+        threads.add(threading.current_thread().name)
+        return original_load(self)
 
     def recording_execute(self, plan):
         threads.add(threading.current_thread().name)
-        return original(self, plan)
+        return original_execute(self, plan)
 
-    monkeypatch.setattr(simple_runner.SimpleRunner, "execute", recording_execute)
+    monkeypatch.setattr(runner, "load", recording_load)
+    monkeypatch.setattr(runner, "execute", recording_execute)
+    cfg = attrs.evolve(demo_cfg, engine=attrs.evolve(demo_cfg.engine, mode=mode))
     with trio.fail_after(TIMEOUT_S):
-        async with open_engine(demo_cfg) as engine:
+        async with open_engine(cfg) as engine:
             async with trio.open_nursery() as nursery:
                 for _ in range(3):
                     nursery.start_soon(_drain, engine)

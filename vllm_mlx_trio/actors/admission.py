@@ -36,6 +36,8 @@ class AdmissionLimits:
     max_context_tokens: int
     default_max_tokens: int | None
     max_stop_sequences: int
+    #: Token ids a request names (stop_token_ids, logit_bias) must be below this.
+    vocab_size: int
 
 
 class AdmissionActor:
@@ -121,6 +123,17 @@ class AdmissionActor:
     def resolve_params(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
         """Check the prompt fits and settle ``max_tokens`` (default: the room left)."""
         params.check(max_stop_sequences=self._limits.max_stop_sequences)
+        params.check_token_ids(self._limits.vocab_size)
+        resolved = self._resolve_max_tokens(params, num_prompt_tokens)
+        if resolved.min_tokens > resolved.max_tokens:
+            raise InvalidRequestError(
+                f"min_tokens ({resolved.min_tokens}) must not exceed max_tokens "
+                f"({resolved.max_tokens}).",
+                param="min_tokens",
+            )
+        return resolved
+
+    def _resolve_max_tokens(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
         limit = self._limits.max_context_tokens
         room = limit - num_prompt_tokens
         if room < 1:

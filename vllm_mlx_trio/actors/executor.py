@@ -3,7 +3,8 @@
 The thread lives as long as the actor: it loads the model, creates the MLX stream and runs
 every step. Plans reach it through a thread-safe queue; results come back with
 ``trio.from_thread.run_sync(result_send.send_nowait, ...)``, which never blocks the thread
-because the scheduler keeps at most ``MAX_PLANS_IN_FLIGHT`` plans outstanding.
+because the scheduler keeps at most ``PLANS_IN_FLIGHT[mode]`` plans outstanding and the
+result channel holds that many.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import trio
 from ..errors import ExecutorCrashedError, VllmMlxTrioError
 from ..messages import ModelInfo, StepPlan, StepResult
 
-#: The scheduler <-> executor edge is lock-step; the result channel holds this many results.
-MAX_PLANS_IN_FLIGHT = 1
+#: Plans outstanding on the scheduler -> executor edge, per mode. Simple mode is lock-step
+#: (generate_step already overlaps compute with host work). Batched mode keeps one plan
+#: queued so the MLX thread starts the next step without waiting for the event loop.
+PLANS_IN_FLIGHT = {"simple": 1, "batched": 2}
 
 _STOP = object()
 

@@ -3,6 +3,7 @@ step, and fans each step's tokens out to the requests' outboxes without ever awa
 
 from __future__ import annotations
 
+import collections
 import logging
 
 import attrs
@@ -45,12 +46,17 @@ class SchedulerActor:
 
     Inputs: ``admit_recv`` (from admission), ``result_recv`` (from the executor) and
     ``match_recv`` (from the cache manager). Outputs: ``plan_send``, ``cache_send`` and each
-    request's own outbox. The scheduler ⇄ executor edge is lock-step: one plan in flight, so
-    neither side can fill the other's buffer.
+    request's own outbox. At most ``plans_in_flight`` plans are outstanding on the executor
+    edge (1 is lock-step; 2 lets the executor start the next step while this actor handles
+    the last result), and the result channel holds that many, so neither side can fill the
+    other's buffer. A plan built while an earlier one is in flight may still name a request
+    that the earlier step finishes; that step's token for it is dropped.
 
     Delivery never blocks: a full outbox means the tokens stay in ``Request.undelivered`` and
     are coalesced into the next send; one slot of every outbox is kept free for the final
-    output. A closed outbox (client gone) aborts the request before the next step.
+    output. Tokens also wait until ``stream_interval`` of them are ready (the first token
+    and the finish go at once). A closed outbox (client gone) aborts the request before the
+    next step.
     """
 
     def __init__(
@@ -63,6 +69,8 @@ class SchedulerActor:
         match_recv: trio.MemoryReceiveChannel[PrefixMatch],
         eos_token_ids: tuple[int, ...],
         max_running: int = 1,
+        plans_in_flight: int = 1,
+        stream_interval: int = 1,
     ):
         self._admit_recv = admit_recv
         self._plan_send = plan_send
@@ -71,6 +79,9 @@ class SchedulerActor:
         self._match_recv = match_recv
         self._eos_token_ids = eos_token_ids
         self._scheduler = Scheduler(max_running=max_running)
+        self._plans_in_flight = plans_in_flight
+        self._in_flight: collections.deque[StepPlan] = collections.deque()
+        self._stream_interval = stream_interval
         self._num_steps = 0
         self._num_finished = 0
         self._num_aborted = 0
@@ -102,8 +113,8 @@ class SchedulerActor:
 
     async def _loop(self) -> None:
         admissions_open = True
-        while admissions_open or self._scheduler.has_work:
-            if not self._scheduler.has_work:
+        while admissions_open or self._scheduler.has_work or self._in_flight:
+            if not (self._scheduler.has_work or self._in_flight):
                 try:
                     self._add(await self._admit_recv.receive())
                 except trio.EndOfChannel:
@@ -111,9 +122,18 @@ class SchedulerActor:
                     continue
             admissions_open = self._drain_admissions() and admissions_open
             await self._start_waiting()
+            await self._send_plans()
+            if self._in_flight:
+                await self._finish_step()
+
+    async def _send_plans(self) -> None:
+        """Top the executor up to ``plans_in_flight`` outstanding plans."""
+        while len(self._in_flight) < self._plans_in_flight:
             plan = self._scheduler.build_plan()
-            if plan is not None:
-                await self._run_step(plan)
+            if plan is None:
+                return
+            await self._plan_send.send(plan)
+            self._in_flight.append(plan)
 
     def _add(self, admit: Admit) -> None:
         self._scheduler.add(Request(admit, self._eos_token_ids))
@@ -142,13 +162,14 @@ class SchedulerActor:
                 request, num_cached_tokens=match.num_cached_tokens, block_ids=match.block_ids
             )
 
-    async def _run_step(self, plan: StepPlan) -> None:
-        await self._plan_send.send(plan)
+    async def _finish_step(self) -> None:
+        """Wait for the oldest plan's result and hand its tokens out."""
         try:
             result = await self._result_recv.receive()
         except trio.EndOfChannel:
             raise ExecutorCrashedError("the executor stopped in the middle of a step") from None
-        assert result.step_id == plan.step_id, "lock-step: one plan in flight"
+        plan = self._in_flight.popleft()
+        assert result.step_id == plan.step_id, "results arrive in plan order"
         self._num_steps += 1
         await self._commit_new_prompts(plan)
         for request in self._scheduler.apply(result):
@@ -168,14 +189,18 @@ class SchedulerActor:
     def _deliver(self, request: Request) -> None:
         """Hand undelivered tokens to the client without waiting; see the class docstring."""
         finished = request.status.is_finished
+        if not request.ready_to_deliver(request.params.stream_interval or self._stream_interval):
+            return
         outbox = request.outbox
         stats = outbox.statistics()
         if not finished and stats.current_buffer_used >= stats.max_buffer_size - 1:
             return  # keep coalescing; the last slot is reserved for the final output
+        token_ids, logprobs = request.take_undelivered()
         output = RequestOutput(
-            token_ids=request.take_undelivered(),
+            token_ids=token_ids,
             finish_reason=request.finish_reason,
             num_cached_tokens=request.num_cached_tokens,
+            logprobs=logprobs,
         )
         try:
             outbox.send_nowait(output)

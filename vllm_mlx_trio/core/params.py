@@ -99,6 +99,11 @@ class SamplingParams:
                     param=name,
                 )
 
+    def stop_ids(self, eos_token_ids: tuple[int, ...]) -> tuple[int, ...]:
+        """Token ids that end this request: EOS (unless ``ignore_eos``) and stop_token_ids."""
+        eos = () if self.ignore_eos else eos_token_ids
+        return tuple(sorted(set(eos) | set(self.stop_token_ids)))
+
     @property
     def needs_processors(self) -> bool:
         """Whether any logits processor applies (penalties, bias, min_tokens)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from ..messages import Admit, Outbox, RequestId
+from ..messages import Admit, Outbox, RequestId, TokenLogprob
 from .params import SamplingParams
 
 
@@ -42,7 +42,9 @@ class Request:
         "status",
         "num_output_tokens",
         "num_cached_tokens",
+        "num_delivered",
         "undelivered",
+        "undelivered_logprobs",
         "_stop_ids",
     )
 
@@ -55,9 +57,12 @@ class Request:
         self.status = RequestStatus.WAITING
         self.num_output_tokens = 0
         self.num_cached_tokens = 0
-        #: Sampled tokens not yet handed to the client (coalesced while its outbox is full).
+        self.num_delivered = 0
+        #: Sampled tokens not yet handed to the client (coalesced while its outbox is full
+        #: or until ``stream_interval`` tokens are ready), and their logprobs if asked for.
         self.undelivered: list[int] = []
-        self._stop_ids = frozenset(eos_token_ids) | frozenset(admit.params.stop_token_ids)
+        self.undelivered_logprobs: list[TokenLogprob] = []
+        self._stop_ids = frozenset(admit.params.stop_ids(eos_token_ids))
 
     @property
     def max_tokens(self) -> int:
@@ -73,23 +78,38 @@ class Request:
         """True once the client closed its end of the outbox (disconnect, break, cancel)."""
         return self.outbox.statistics().open_receive_channels == 0
 
-    def append_tokens(self, token_ids: tuple[int, ...]) -> None:
+    def append_tokens(
+        self, token_ids: tuple[int, ...], logprobs: tuple[TokenLogprob, ...] = ()
+    ) -> None:
         """Record sampled tokens, stopping at EOS / a stop token id / ``max_tokens``.
 
-        Tokens after a stop are dropped. A stop token is delivered (the detokenizer skips
-        special tokens) so the client's token count matches the model's.
+        Tokens after a stop are dropped (and their logprobs). A stop token is delivered (the
+        detokenizer skips special tokens) so the client's token count matches the model's.
+        EOS is ignored with ``ignore_eos``; no stop id counts before ``min_tokens``.
         """
-        for token_id in token_ids:
+        for index, token_id in enumerate(token_ids):
             self.undelivered.append(token_id)
+            if index < len(logprobs):
+                self.undelivered_logprobs.append(logprobs[index])
             self.num_output_tokens += 1
-            if token_id in self._stop_ids:
+            if token_id in self._stop_ids and self.num_output_tokens > self.params.min_tokens:
                 self.status = RequestStatus.FINISHED_STOPPED
                 return
             if self.num_output_tokens >= self.max_tokens:
                 self.status = RequestStatus.FINISHED_LENGTH
                 return
 
-    def take_undelivered(self) -> tuple[int, ...]:
-        taken = tuple(self.undelivered)
+    def ready_to_deliver(self, stream_interval: int) -> bool:
+        """The first token goes at once, then every ``stream_interval``, and the finish."""
+        if self.status.is_finished:
+            return True
+        if not self.undelivered:
+            return False
+        return self.num_delivered == 0 or len(self.undelivered) >= stream_interval
+
+    def take_undelivered(self) -> tuple[tuple[int, ...], tuple[TokenLogprob, ...]]:
+        taken = tuple(self.undelivered), tuple(self.undelivered_logprobs)
+        self.num_delivered += len(self.undelivered)
         self.undelivered.clear()
+        self.undelivered_logprobs.clear()
         return taken

@@ -15,7 +15,7 @@ from .request import Request, RequestStatus
 class Scheduler:
     """First come, first served, with at most ``max_running`` sequences in the model.
 
-    Simple mode is ``max_running == 1``. Finished and aborted requests leave ``running`` at
+    Simple mode is ``max_running == 1``; batched mode is ``engine.max_num_seqs``. Finished and aborted requests leave ``running`` at
     once and are named in the next plan's ``finished_ids`` so the executor drops them before
     it computes anything else.
     """
@@ -108,11 +108,12 @@ class Scheduler:
         ``result.failed`` is the caller's to handle (it carries the error text).
         """
         touched = []
+        logprobs = dict(result.logprobs)
         for request_id, token_ids in result.sampled:
             request = self.running.get(request_id)
-            if request is None:  # aborted while the step ran: its tokens are dropped
+            if request is None:  # aborted or finished while the step ran: tokens dropped
                 continue
-            request.append_tokens(token_ids)
+            request.append_tokens(token_ids, logprobs.get(request_id, ()))
             touched.append(request)
             if request.status.is_finished:
                 self.abort(request_id, request.status)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import trio
 
-from ..messages import ModelInfo, NewSequence, RequestId, StepPlan, StepResult
+from ..messages import ModelInfo, NewSequence, RequestId, StepPlan, StepResult, TokenLogprob
 
 #: The fake tokenizer's special tokens; every other id is a byte value + NUM_SPECIAL.
 ENDOFTEXT, IM_START, IM_END = 0, 1, 2
@@ -142,9 +142,27 @@ class FakeExecutor:
             self.sequences.pop(request_id, None)
         for seq in plan.new_seqs:
             self.sequences[seq.request_id] = (seq, 0)
-        sampled = []
+        sampled, logprobs = [], []
         for request_id in (*(s.request_id for s in plan.new_seqs), *plan.decode_ids):
             seq, index = self.sequences[request_id]
-            sampled.append((request_id, (self._script(seq, index),)))
+            token = self._script(seq, index)
+            sampled.append((request_id, (token,)))
+            if seq.params.logprobs is not None:
+                logprobs.append((request_id, (fake_logprob(token, seq.params.logprobs),)))
             self.sequences[request_id] = (seq, index + 1)
-        return StepResult(step_id=plan.step_id, sampled=tuple(sampled), elapsed_s=self._step_s)
+        return StepResult(
+            step_id=plan.step_id,
+            sampled=tuple(sampled),
+            logprobs=tuple(logprobs),
+            elapsed_s=self._step_s,
+        )
+
+
+def fake_logprob(token_id: int, num_top: int) -> TokenLogprob:
+    """A made-up but well-formed logprob: the sampled token is the most likely one at -0.25,
+    followed by the next ids at -1.25, -2.25, ..."""
+    top = tuple(
+        (NUM_SPECIAL + (token_id - NUM_SPECIAL + i) % 256 if token_id >= NUM_SPECIAL else token_id + i, -0.25 - i)
+        for i in range(num_top)
+    )
+    return TokenLogprob(token_id=token_id, logprob=-0.25, top=top)

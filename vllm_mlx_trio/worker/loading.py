@@ -10,6 +10,7 @@ import mlx_lm
 
 from ..config import ModelConfig
 from ..errors import ModelLoadError
+from ..messages import ModelInfo
 from .demo_model import is_demo_path, resolve_demo_model
 
 logger = logging.getLogger(__name__)
@@ -55,3 +56,17 @@ def context_length(config: dict) -> int:
             return value
     logger.warning("model config names no context length; assuming %d", FALLBACK_CONTEXT_TOKENS)
     return FALLBACK_CONTEXT_TOKENS
+
+
+def load_for_serving(model_cfg: ModelConfig) -> tuple[Any, ModelInfo]:
+    """Load the model and describe it: (model, the :class:`ModelInfo` the executor reports)."""
+    model, tokenizer, config = load_model(model_cfg)
+    vocab_size = int(config.get("vocab_size") or len(tokenizer.get_vocab()))
+    info = ModelInfo(
+        model_path=resolve_model_path(model_cfg),
+        max_context_tokens=context_length(config),
+        vocab_size=vocab_size,
+        eos_token_ids=tuple(sorted(tokenizer.eos_token_ids)),
+        tokenizer=tokenizer,
+    )
+    return model, info

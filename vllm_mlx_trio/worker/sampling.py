@@ -1,7 +1,12 @@
-"""Per-request samplers and logits processors, built on the MLX thread.
+"""Per-request samplers, logits processors and logprobs, built and run on the MLX thread.
 
 Each sampled request owns its PRNG key: a seeded request draws the same tokens whatever
 else runs, and one request's draws never shift another's. mlx-lm's filters do the math.
+
+Processors have mlx-lm's signature ``(context, logits) -> logits`` and are called once per
+generated token, in both modes: on the i-th call (from 0) the context ends with the i
+tokens generated so far (for i > 0, ``context[-1]`` is the newest one). Processors that need
+the generated tokens alone count their calls rather than trusting the context's length.
 """
 
 from __future__ import annotations
@@ -10,11 +15,13 @@ import os
 from collections.abc import Callable
 
 import mlx.core as mx
-from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_repetition_penalty
 
 from ..core.params import SamplingParams
+from ..messages import TokenLogprob
 
 Sampler = Callable[[mx.array], mx.array]
+LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
 #: Tokens of recent context the repetition penalty looks at (mlx-lm's default).
 REPETITION_CONTEXT_SIZE = 20
@@ -25,7 +32,11 @@ def greedy(logprobs: mx.array) -> mx.array:
 
 
 def make_request_sampler(params: SamplingParams, vocab_size: int) -> Sampler:
-    """Greedy for temperature 0; otherwise filtered categorical sampling with its own key."""
+    """Greedy for temperature 0; otherwise filtered categorical sampling with its own key.
+
+    Every greedy request shares the one :func:`greedy` function, so a batch of greedy rows
+    is sampled in one call.
+    """
     if params.is_greedy:
         return greedy
     seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
@@ -54,11 +65,79 @@ def _filters(params: SamplingParams, vocab_size: int) -> list[Callable[[mx.array
     return filters
 
 
-def make_request_processors(params: SamplingParams) -> list:
-    """Logits processors (repetition penalty) for one request; empty when none apply."""
-    if params.repetition_penalty == 1.0:
-        return []
-    return make_logits_processors(
-        repetition_penalty=params.repetition_penalty,
-        repetition_context_size=REPETITION_CONTEXT_SIZE,
-    )
+def make_request_processors(
+    params: SamplingParams, *, stop_ids: tuple[int, ...]
+) -> list[LogitsProcessor]:
+    """Every logits processor one request needs, in vLLM's order; empty when none apply.
+
+    ``stop_ids`` are the ids that end the request (EOS unless ignored, stop_token_ids):
+    ``min_tokens`` keeps them from being sampled early.
+    """
+    processors: list[LogitsProcessor] = []
+    if params.logit_bias:
+        processors.append(_logit_bias(params.logit_bias))
+    if params.min_tokens and stop_ids:
+        processors.append(_min_tokens(params.min_tokens, stop_ids))
+    if params.presence_penalty or params.frequency_penalty:
+        processors.append(
+            _output_penalties(params.presence_penalty, params.frequency_penalty)
+        )
+    if params.repetition_penalty != 1.0:
+        processors.append(
+            make_repetition_penalty(params.repetition_penalty, REPETITION_CONTEXT_SIZE)
+        )
+    return processors
+
+
+def _logit_bias(bias: tuple[tuple[int, float], ...]) -> LogitsProcessor:
+    token_ids = mx.array([t for t, _ in bias], dtype=mx.int32)
+    values = mx.array([b for _, b in bias], dtype=mx.float32)
+
+    def add_bias(context: mx.array, logits: mx.array) -> mx.array:
+        return logits.at[:, token_ids].add(values.astype(logits.dtype))
+
+    return add_bias
+
+
+def _min_tokens(min_tokens: int, stop_ids: tuple[int, ...]) -> LogitsProcessor:
+    banned = mx.array(stop_ids, dtype=mx.int32)
+    num_generated = 0
+
+    def ban_stops(context: mx.array, logits: mx.array) -> mx.array:
+        nonlocal num_generated
+        if num_generated < min_tokens:
+            logits[:, banned] = -float("inf")
+        num_generated += 1
+        return logits
+
+    return ban_stops
+
+
+def _output_penalties(presence: float, frequency: float) -> LogitsProcessor:
+    """OpenAI's penalties over the generated tokens only (the prompt is not penalised)."""
+    counts: mx.array | None = None
+
+    def penalise(context: mx.array, logits: mx.array) -> mx.array:
+        nonlocal counts
+        if counts is None:  # first call: nothing generated yet
+            counts = mx.zeros((logits.shape[-1],), dtype=mx.float32)
+        else:
+            counts = counts.at[context[-1:]].add(1.0)
+        penalty = presence * (counts > 0) + frequency * counts
+        return logits - penalty.astype(logits.dtype)
+
+    return penalise
+
+
+def token_logprob(logprobs: mx.array, token_id: int, num_top: int) -> TokenLogprob:
+    """The sampled token's logprob and the ``num_top`` most likely (id, logprob) pairs."""
+    row = logprobs.reshape(-1).astype(mx.float32)
+    top: tuple[tuple[int, float], ...] = ()
+    if num_top > 0:
+        k = min(num_top, row.shape[0])
+        top_ids = mx.argpartition(-row, kth=k - 1)[:k]
+        top_values = row[top_ids]
+        order = mx.argsort(-top_values)
+        pairs = zip(top_ids[order].tolist(), top_values[order].tolist())
+        top = tuple((int(i), float(v)) for i, v in pairs)
+    return TokenLogprob(token_id=token_id, logprob=float(row[token_id].item()), top=top)

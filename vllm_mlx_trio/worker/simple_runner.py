@@ -13,9 +13,9 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 
 from ..config import EngineConfig
-from ..messages import ModelInfo, NewSequence, RequestId, StepPlan, StepResult
-from .loading import context_length, load_model, resolve_model_path
-from .sampling import make_request_processors, make_request_sampler
+from ..messages import ModelInfo, NewSequence, RequestId, StepPlan, StepResult, TokenLogprob
+from .loading import load_for_serving
+from .sampling import make_request_processors, make_request_sampler, token_logprob
 
 
 class SimpleRunner:
@@ -25,48 +25,64 @@ class SimpleRunner:
         self._cfg = cfg
         self._model = None
         self._stream = None
-        self._vocab_size = 0
+        self._info: ModelInfo | None = None
         self._sequences: dict[RequestId, Iterator[tuple[int, mx.array]]] = {}
+        self._num_logprobs: dict[RequestId, int] = {}
 
     def load(self) -> ModelInfo:
-        model, tokenizer, config = load_model(self._cfg.model)
-        self._model = model
+        self._model, self._info = load_for_serving(self._cfg.model)
         self._stream = mx.new_stream(mx.default_device())
-        self._vocab_size = int(config.get("vocab_size") or len(tokenizer.get_vocab()))
-        return ModelInfo(
-            model_path=resolve_model_path(self._cfg.model),
-            max_context_tokens=context_length(config),
-            vocab_size=self._vocab_size,
-            eos_token_ids=tuple(sorted(tokenizer.eos_token_ids)),
-            tokenizer=tokenizer,
-        )
+        return self._info
 
     def execute(self, plan: StepPlan) -> StepResult:
         started = time.perf_counter()
         for request_id in plan.finished_ids:
-            generator = self._sequences.pop(request_id, None)
-            if generator is not None:
-                generator.close()
+            self._drop(request_id)
         for seq in plan.new_seqs:
             self._sequences[seq.request_id] = self._start(seq)
-        step_ids = (*(s.request_id for s in plan.new_seqs), *plan.decode_ids)
-        sampled = tuple((rid, (next(self._sequences[rid])[0],)) for rid in step_ids)
+            if seq.params.logprobs is not None:
+                self._num_logprobs[seq.request_id] = seq.params.logprobs
+        sampled, logprobs = [], []
+        for rid in (*(s.request_id for s in plan.new_seqs), *plan.decode_ids):
+            step = next(self._sequences[rid], None)
+            if step is None:  # reached max_tokens; the scheduler has seen the last token
+                continue
+            token, row = int(step[0]), step[1]
+            sampled.append((rid, (token,)))
+            if rid in self._num_logprobs:
+                logprobs.append((rid, (self._logprob(row, token, self._num_logprobs[rid]),)))
         return StepResult(
-            step_id=plan.step_id, sampled=sampled, elapsed_s=time.perf_counter() - started
+            step_id=plan.step_id,
+            sampled=tuple(sampled),
+            logprobs=tuple(logprobs),
+            elapsed_s=time.perf_counter() - started,
         )
+
+    def _logprob(self, row: mx.array, token: int, num_top: int) -> TokenLogprob:
+        with mx.stream(self._stream):
+            return token_logprob(row, token, num_top)
 
     def _start(self, seq: NewSequence) -> Iterator[tuple[int, mx.array]]:
         assert seq.num_cached_tokens == 0, "the prefix store hands out no blocks yet"
+        assert self._info is not None
         params = seq.params
         return generate_step(
             mx.array(seq.prompt_token_ids, dtype=mx.uint32),
             self._model,
             stream=self._stream,
             max_tokens=params.max_tokens,
-            sampler=make_request_sampler(params, self._vocab_size),
-            logits_processors=make_request_processors(params),
+            sampler=make_request_sampler(params, self._info.vocab_size),
+            logits_processors=make_request_processors(
+                params, stop_ids=params.stop_ids(self._info.eos_token_ids)
+            ),
             prefill_step_size=self._cfg.engine.prefill_step_size,
         )
+
+    def _drop(self, request_id: RequestId) -> None:
+        generator = self._sequences.pop(request_id, None)
+        if generator is not None:
+            generator.close()
+        self._num_logprobs.pop(request_id, None)
 
     @property
     def num_sequences(self) -> int:

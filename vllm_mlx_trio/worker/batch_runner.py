@@ -1,0 +1,127 @@
+"""Batched mode on the MLX thread: continuous batching through mlx-lm's ``BatchGenerator``.
+
+Each step removes the sequences the scheduler dropped, inserts the new ones, and calls
+``BatchGenerator.next()`` once: one decode step for every generating row (the next one is
+already queued with ``mx.async_eval``) plus one ``prefill_step_size`` chunk of the prompts
+being prefilled, so a long prompt never freezes the other streams for long.
+
+Every row carries its own sampler (its own PRNG key), logits processors, stop token ids and
+max_tokens; the generator ends a row itself at max_tokens or a stop token, exactly where
+the scheduler's :class:`~vllm_mlx_trio.core.request.Request` does.
+"""
+
+from __future__ import annotations
+
+import time
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, StopSequences
+
+from ..config import EngineConfig
+from ..messages import ModelInfo, NewSequence, RequestId, StepPlan, StepResult
+from .loading import load_for_serving
+from .sampling import greedy, make_request_processors, make_request_sampler, token_logprob
+
+
+class BatchRunner:
+    """Executes step plans on one shared batch; created and used only on the MLX thread."""
+
+    def __init__(self, cfg: EngineConfig):
+        self._cfg = cfg
+        self._info: ModelInfo | None = None
+        self._generator: BatchGenerator | None = None
+        self._request_ids: dict[int, RequestId] = {}  # BatchGenerator uid -> request
+        self._uids: dict[RequestId, int] = {}
+        self._num_logprobs: dict[RequestId, int] = {}
+
+    def load(self) -> ModelInfo:
+        model, self._info = load_for_serving(self._cfg.model)
+        engine = self._cfg.engine
+        self._generator = BatchGenerator(
+            model,
+            sampler=greedy,
+            completion_batch_size=engine.completion_batch_size,
+            prefill_batch_size=engine.prefill_batch_size,
+            prefill_step_size=engine.prefill_step_size,
+            stream=mx.new_stream(mx.default_device()),
+        )
+        return self._info
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        started = time.perf_counter()
+        self._remove(plan.finished_ids)
+        self._insert(plan.new_seqs)
+        assert self._generator is not None
+        _prompt_progress, generated = self._generator.next()
+        sampled, logprobs = [], []
+        for response in generated:
+            rid = self._request_ids[response.uid]
+            sampled.append((rid, (response.token,)))
+            num_top = self._num_logprobs.get(rid)
+            if num_top is not None:
+                logprobs.append((rid, (token_logprob(response.logprobs, response.token, num_top),)))
+            if response.finish_reason is not None:
+                self._forget(rid)
+        return StepResult(
+            step_id=plan.step_id,
+            sampled=tuple(sampled),
+            logprobs=tuple(logprobs),
+            elapsed_s=time.perf_counter() - started,
+        )
+
+    def _insert(self, seqs: tuple[NewSequence, ...]) -> None:
+        if not seqs:
+            return
+        assert self._generator is not None and self._info is not None
+        for seq in seqs:
+            assert seq.num_cached_tokens == 0, "the prefix store hands out no blocks yet"
+        rows = [self._row(seq) for seq in seqs]
+        uids = self._generator.insert(
+            [list(seq.prompt_token_ids) for seq in seqs],
+            max_tokens=[seq.params.max_tokens for seq in seqs],
+            samplers=[row[0] for row in rows],
+            logits_processors=[row[1] for row in rows],
+            stop_sequences=[row[2] for row in rows],
+        )
+        for uid, seq in zip(uids, seqs):
+            self._request_ids[uid] = seq.request_id
+            self._uids[seq.request_id] = uid
+            if seq.params.logprobs is not None:
+                self._num_logprobs[seq.request_id] = seq.params.logprobs
+
+    def _row(self, seq: NewSequence) -> tuple:
+        """(sampler, logits processors, stop sequences) for one new row."""
+        assert self._info is not None
+        params = seq.params
+        stop_ids = params.stop_ids(self._info.eos_token_ids)
+        return (
+            make_request_sampler(params, self._info.vocab_size),
+            make_request_processors(params, stop_ids=stop_ids),
+            StopSequences([[t] for t in stop_ids] or None),
+        )
+
+    def _remove(self, request_ids: tuple[RequestId, ...]) -> None:
+        uids = [self._uids[rid] for rid in request_ids if rid in self._uids]
+        if uids:
+            assert self._generator is not None
+            self._generator.remove(uids)
+        for rid in request_ids:
+            self._forget(rid)
+
+    def _forget(self, request_id: RequestId) -> None:
+        uid = self._uids.pop(request_id, None)
+        if uid is not None:
+            del self._request_ids[uid]
+        self._num_logprobs.pop(request_id, None)
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self._uids)
+
+    def close(self) -> None:
+        if self._generator is not None:
+            self._generator.close()
+            self._generator = None
+        self._request_ids.clear()
+        self._uids.clear()
+        mx.clear_cache()
