@@ -90,9 +90,18 @@ class ExecutorActor:
             while (plan := inbox.get()) is not _STOP:
                 assert isinstance(plan, StepPlan)
                 result = _execute(runner, plan)
-                trio.from_thread.run_sync(self._result_send.send_nowait, result)
+                if not trio.from_thread.run_sync(self._deliver, result):
+                    break
         finally:
             runner.close()
+
+    def _deliver(self, result: StepResult) -> bool:
+        """Hand a result to the scheduler (runs in Trio); False once the scheduler is gone."""
+        try:
+            self._result_send.send_nowait(result)
+        except trio.BrokenResourceError:
+            return False  # the scheduler stopped (engine failing or cancelled): stop too
+        return True
 
 
 async def _stop_thread_on_cancel(inbox: queue.SimpleQueue[object]) -> None:

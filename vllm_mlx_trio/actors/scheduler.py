@@ -82,6 +82,8 @@ class SchedulerActor:
         self._plans_in_flight = plans_in_flight
         self._in_flight: collections.deque[StepPlan] = collections.deque()
         self._stream_interval = stream_interval
+        self._admissions_open = True
+        self._admitted = trio.Event()
         self._num_steps = 0
         self._num_finished = 0
         self._num_aborted = 0
@@ -112,19 +114,27 @@ class SchedulerActor:
                 self._close_all_outboxes()
 
     async def _loop(self) -> None:
-        admissions_open = True
-        while admissions_open or self._scheduler.has_work or self._in_flight:
-            if not (self._scheduler.has_work or self._in_flight):
-                try:
-                    self._add(await self._admit_recv.receive())
-                except trio.EndOfChannel:
-                    admissions_open = False
+        """Step while there is work; admissions are taken in concurrently, even mid-step."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._receive_admissions)
+            while self._admissions_open or self._scheduler.has_work or self._in_flight:
+                if not (self._scheduler.has_work or self._in_flight):
+                    await self._admitted.wait()
+                    self._admitted = trio.Event()
                     continue
-            admissions_open = self._drain_admissions() and admissions_open
-            await self._start_waiting()
-            await self._send_plans()
-            if self._in_flight:
-                await self._finish_step()
+                await self._start_waiting()
+                await self._send_plans()
+                if self._in_flight:
+                    await self._finish_step()
+            nursery.cancel_scope.cancel()
+
+    async def _receive_admissions(self) -> None:
+        """Queue every admission as it arrives (the waiting count is always current)."""
+        async for admit in self._admit_recv:
+            self._scheduler.add(Request(admit, self._eos_token_ids))
+            self._admitted.set()
+        self._admissions_open = False
+        self._admitted.set()
 
     async def _send_plans(self) -> None:
         """Top the executor up to ``plans_in_flight`` outstanding plans."""
@@ -134,19 +144,6 @@ class SchedulerActor:
                 return
             await self._plan_send.send(plan)
             self._in_flight.append(plan)
-
-    def _add(self, admit: Admit) -> None:
-        self._scheduler.add(Request(admit, self._eos_token_ids))
-
-    def _drain_admissions(self) -> bool:
-        """Take every admission already waiting; False once admission has closed."""
-        while True:
-            try:
-                self._add(self._admit_recv.receive_nowait())
-            except trio.WouldBlock:
-                return True
-            except trio.EndOfChannel:
-                return False
 
     async def _start_waiting(self) -> None:
         for request in self._scheduler.pop_startable():

@@ -49,7 +49,7 @@ class Scheduler:
 
         The caller either :meth:`start`\\s each one or drops it (client gone).
         """
-        while self.waiting and len(self.running) + len(self._starting) < self.max_running:
+        while self.waiting and len(self.running) < self.max_running:  # running includes starting
             yield self.waiting.popleft()
 
     def start(self, request: Request, *, num_cached_tokens: int, block_ids: tuple = ()) -> None:
