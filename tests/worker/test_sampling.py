@@ -1,0 +1,62 @@
+"""Logits processors and logprobs, exactly, on small hand-made logits."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import pytest
+
+from vllm_mlx_trio import SamplingParams
+from vllm_mlx_trio.worker.sampling import make_request_processors, token_logprob
+
+pytestmark = pytest.mark.mlx
+
+VOCAB = 8
+
+
+def run(params: SamplingParams, generated: list[int], prompt=(6, 6, 6), stop_ids=(7,)) -> list[float]:
+    """Call the processors as a generator does: once per token, context = prompt + generated."""
+    processors = make_request_processors(params, stop_ids=stop_ids)
+    context = list(prompt)
+    for step in range(len(generated) + 1):
+        logits = mx.zeros((1, VOCAB))
+        for processor in processors:
+            logits = processor(mx.array(context), logits)
+        if step < len(generated):
+            context.append(generated[step])
+    return logits[0].tolist()
+
+
+def test_presence_and_frequency_penalties_count_generated_tokens_only():
+    params = SamplingParams(presence_penalty=0.5, frequency_penalty=0.25)
+    logits = run(params, generated=[1, 1, 2])
+    assert logits[1] == pytest.approx(-(0.5 + 2 * 0.25))
+    assert logits[2] == pytest.approx(-(0.5 + 0.25))
+    assert logits[6] == 0.0  # in the prompt only: not penalised (OpenAI semantics)
+    assert logits[0] == 0.0
+
+
+def test_logit_bias_adds_to_the_named_tokens():
+    logits = run(SamplingParams(logit_bias=((3, 5.0), (4, -100.0))), generated=[1])
+    assert logits[3] == 5.0 and logits[4] == -100.0 and logits[1] == 0.0
+
+
+def test_min_tokens_bans_stop_ids_until_reached():
+    params = SamplingParams(min_tokens=2)
+    assert math.isinf(run(params, generated=[])[7])
+    assert math.isinf(run(params, generated=[1])[7])
+    assert run(params, generated=[1, 1])[7] == 0.0
+
+
+def test_no_processor_when_nothing_asks_for_one():
+    assert make_request_processors(SamplingParams(), stop_ids=(7,)) == []
+
+
+def test_token_logprob_reports_the_sampled_token_and_the_top_k_in_order():
+    row = mx.log(mx.softmax(mx.array([0.0, 3.0, 1.0, 2.0])))
+    entry = token_logprob(row, 2, 3)
+    values = row.tolist()
+    assert entry.token_id == 2 and entry.logprob == pytest.approx(values[2])
+    assert [t for t, _ in entry.top] == [1, 3, 2]
+    assert token_logprob(row, 2, 0).top == ()
