@@ -9,7 +9,7 @@ import trio
 
 from .core.text import Decoder, IncrementalDetokenizer, StopStringMatcher
 from .errors import EngineClosedError
-from .messages import Accepted, Output, RequestFailed, RequestId, RequestOutput
+from .messages import Accepted, Output, RequestFailed, RequestId, RequestOutput, TokenLogprob
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -27,11 +27,17 @@ class Usage:
 
 @attrs.frozen(slots=True, kw_only=True)
 class Delta:
-    """New text (and the tokens behind it); ``finish_reason`` is set on the last delta."""
+    """New text (and the tokens behind it); ``finish_reason`` is set on the last delta.
+
+    ``logprobs`` has one entry per token of ``token_ids`` when the request asked for logprobs.
+    They belong to the tokens, not to the text: a delta whose text is held back (a split
+    UTF-8 character, a possible stop string) still carries its tokens' logprobs.
+    """
 
     text: str
     token_ids: tuple[int, ...]
     finish_reason: str | None = None
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class RequestStream:
@@ -132,5 +138,7 @@ class RequestStream:
                 finish_reason = "stop" if stopped else finish_reason
                 self.finish_reason = finish_reason
             self.close()
-        return Delta(text=text, token_ids=output.token_ids, finish_reason=finish_reason)
+        return Delta(
+            text=text, token_ids=output.token_ids, finish_reason=finish_reason, logprobs=output.logprobs
+        )
 

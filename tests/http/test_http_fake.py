@@ -113,7 +113,7 @@ BAD_REQUESTS = [
     ("max_tokens beyond context", {"model": MODEL, "messages": CHAT, "max_tokens": 10**9}, 400, "max_tokens"),
     ("n absurd", {"model": MODEL, "messages": CHAT, "n": 1000}, 400, "n"),
     ("unknown field", {"model": MODEL, "messages": CHAT, "frobnicate": 1}, 400, "frobnicate"),
-    ("not yet supported", {"model": MODEL, "messages": CHAT, "logprobs": True}, 400, "logprobs"),
+    ("not yet supported", {"model": MODEL, "messages": CHAT, "response_format": {"type": "json_object"}}, 400, "response_format"),
     ("stop list too long", {"model": MODEL, "messages": CHAT, "stop": ["x"] * 100}, 400, "stop"),
     ("stop wrong type", {"model": MODEL, "messages": CHAT, "stop": 5}, 400, "stop"),
     ("prompt on chat route", {"model": MODEL, "prompt": "x"}, 400, "prompt"),

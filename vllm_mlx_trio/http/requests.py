@@ -2,12 +2,15 @@
 
 Strict, like OpenAI's own API: an unknown field is a 400 naming it, a wrong type is a 400
 naming the field and the type expected, and a field we cannot honour yet is a 400 rather
-than being silently ignored.
+than being silently ignored. Ranges and token ids are checked once, by admission
+(:meth:`SamplingParams.check` and ``check_token_ids``), for HTTP and library callers alike;
+only what OpenAI bounds per route (completions' ``logprobs`` <= 5, ``n``) is checked here.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import attrs
@@ -19,16 +22,18 @@ from ..messages import ChatMessage
 _SAMPLING_FIELDS = {
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k",
     "min_p", "seed", "repetition_penalty", "stop", "stop_token_ids", "n", "user",
+    "presence_penalty", "frequency_penalty", "logit_bias", "min_tokens", "ignore_eos",
+    "stream_interval",
 }  # fmt: skip
+#: Legacy completions return at most this many alternatives per token (OpenAI's limit).
+MAX_COMPLETION_LOGPROBS = 5
+#: Most logit_bias entries one request may give: the bias is applied every step, so this
+#: bounds the per-step work one request adds (a ban list of a thousand tokens still fits).
+MAX_LOGIT_BIAS_ENTRIES = 1024
+#: A logit_bias key: a decimal token id (ten digits bound int() and any real vocabulary).
+_TOKEN_ID_KEY = re.compile(r"[0-9]{1,10}")
 #: Fields a later version honours; accepted today only at their "off" value.
 _NOT_YET = {
-    "presence_penalty": (0, 0.0, None),
-    "frequency_penalty": (0, 0.0, None),
-    "logit_bias": (None, {}),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
-    "min_tokens": (None, 0),
-    "ignore_eos": (None, False),
     "response_format": (None, {"type": "text"}),
     "tools": (None, []),
     "tool_choice": (None, "none"),
@@ -37,8 +42,8 @@ _NOT_YET = {
     "echo": (None, False),
     "suffix": (None,),
 }
-_CHAT_FIELDS = _SAMPLING_FIELDS | {"messages", "max_completion_tokens"}
-_COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt"}
+_CHAT_FIELDS = _SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
+_COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "logprobs"}
 _ROLES = ("system", "developer", "user", "assistant")
 
 
@@ -50,9 +55,11 @@ class ParsedRequest:
     params: SamplingParams
     stream: bool
     include_usage: bool
+    #: Choices asked for: the route runs this many engine requests for the prompt.
+    n: int = 1
 
 
-def parse_chat(body: Any, *, model_name: str) -> ParsedRequest:
+def parse_chat(body: Any, *, model_name: str, max_n: int) -> ParsedRequest:
     body = _check_body(body, _CHAT_FIELDS, model_name)
     max_tokens = _opt(body, "max_completion_tokens", int)
     if max_tokens is None:
@@ -61,17 +68,31 @@ def parse_chat(body: Any, *, model_name: str) -> ParsedRequest:
     if not isinstance(messages, list) or not messages:
         raise _bad("messages must be a non-empty array of message objects.", "messages")
     prompt = tuple(_parse_message(m, i) for i, m in enumerate(messages))
-    return _parsed(body, prompt, max_tokens)
+    return _parsed(body, prompt, max_tokens, max_n, _chat_logprobs(body))
 
 
-def parse_completion(body: Any, *, model_name: str) -> ParsedRequest:
+def parse_completion(body: Any, *, model_name: str, max_n: int) -> ParsedRequest:
     body = _check_body(body, _COMPLETION_FIELDS, model_name)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
     if not isinstance(prompt, str):
         raise _bad("prompt must be a string (or an array holding one string).", "prompt")
-    return _parsed(body, prompt, _opt(body, "max_tokens", int))
+    logprobs = _opt(body, "logprobs", int)
+    if logprobs is not None and not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
+        raise _bad(f"logprobs must be between 0 and {MAX_COMPLETION_LOGPROBS}, got {logprobs}.", "logprobs")
+    return _parsed(body, prompt, _opt(body, "max_tokens", int), max_n, logprobs)
+
+
+def _chat_logprobs(body: dict) -> int | None:
+    """Chat's ``logprobs`` (bool) and ``top_logprobs`` (int) as SamplingParams.logprobs."""
+    wanted = bool(_opt(body, "logprobs", bool))
+    top = _opt(body, "top_logprobs", int)
+    if top is not None and not wanted:
+        raise _bad("top_logprobs is only allowed when logprobs is true.", "top_logprobs")
+    if not wanted:
+        return None
+    return 0 if top is None else top
 
 
 def _check_body(body: Any, allowed: set[str], model_name: str) -> dict:
@@ -91,9 +112,13 @@ def _check_body(body: Any, allowed: set[str], model_name: str) -> dict:
     return body
 
 
-def _parsed(body: dict, prompt: str | tuple[ChatMessage, ...], max_tokens: int | None) -> ParsedRequest:
-    if _opt(body, "n", int) not in (None, 1):
-        raise _bad("Only n=1 is supported by this server yet.", "n", "unsupported_parameter")
+def _parsed(
+    body: dict, prompt: str | tuple[ChatMessage, ...], max_tokens: int | None, max_n: int, logprobs: int | None
+) -> ParsedRequest:
+    n = _opt(body, "n", int)
+    n = 1 if n is None else n
+    if not 1 <= n <= max_n:
+        raise _bad(f"n must be between 1 and {max_n}, got {n}.", "n")
     stream = bool(_opt(body, "stream", bool))
     options = _opt(body, "stream_options", dict) or {}
     if options and not stream:
@@ -102,12 +127,11 @@ def _parsed(body: dict, prompt: str | tuple[ChatMessage, ...], max_tokens: int |
     if unknown:
         raise _bad(f"Unrecognized stream option: {sorted(unknown)[0]}", "stream_options")
     include_usage = bool(_opt(options, "include_usage", bool, "stream_options.include_usage"))
-    return ParsedRequest(
-        prompt=prompt, params=_sampling(body, max_tokens), stream=stream, include_usage=include_usage
-    )
+    params = _sampling(body, max_tokens, logprobs)
+    return ParsedRequest(prompt=prompt, params=params, stream=stream, include_usage=include_usage, n=n)
 
 
-def _sampling(body: dict, max_tokens: int | None) -> SamplingParams:
+def _sampling(body: dict, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
     stop = body.get("stop")
     stop_tuple = (stop,) if isinstance(stop, str) else _str_list(stop, "stop")
     top_k = _opt(body, "top_k", int)
@@ -118,14 +142,42 @@ def _sampling(body: dict, max_tokens: int | None) -> SamplingParams:
         "min_p": _opt(body, "min_p", float),
         "seed": _opt(body, "seed", int),
         "repetition_penalty": _opt(body, "repetition_penalty", float),
+        "presence_penalty": _opt(body, "presence_penalty", float),
+        "frequency_penalty": _opt(body, "frequency_penalty", float),
+        "min_tokens": _opt(body, "min_tokens", int),
+        "ignore_eos": _opt(body, "ignore_eos", bool),
+        "stream_interval": _opt(body, "stream_interval", int),
     }
-    params = SamplingParams(
+    return SamplingParams(
         max_tokens=max_tokens,
         stop=stop_tuple,
         stop_token_ids=tuple(_int_list(body.get("stop_token_ids"), "stop_token_ids")),
+        logit_bias=_logit_bias(body.get("logit_bias")),
+        logprobs=logprobs,
         **{k: v for k, v in fields.items() if v is not None},
     )
-    return params
+
+
+def _logit_bias(value: Any) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``{"token id": bias}`` object as (token id, bias) pairs, in the body's order."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise _bad(f"logit_bias must be an object, got {type(value).__name__}.", "logit_bias")
+    if len(value) > MAX_LOGIT_BIAS_ENTRIES:
+        raise _bad(f"logit_bias may name at most {MAX_LOGIT_BIAS_ENTRIES} tokens, got {len(value)}.", "logit_bias")
+    pairs: dict[int, float] = {}
+    for key, bias in value.items():
+        if not _TOKEN_ID_KEY.fullmatch(key):
+            raise _bad(f"logit_bias keys must be token ids (decimal integers), got {key!r:.50}.", "logit_bias")
+        token_id = int(key)
+        if token_id in pairs:
+            raise _bad(f"logit_bias names token id {token_id} more than once.", "logit_bias")
+        bias = _opt(value, key, float, "logit_bias")
+        if bias is None:
+            raise _bad(f"logit_bias values must be numbers, got null for token id {token_id}.", "logit_bias")
+        pairs[token_id] = bias
+    return tuple(pairs.items())
 
 
 def _parse_message(message: Any, index: int) -> ChatMessage:

@@ -5,19 +5,45 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
+import attrs
+
+from ..messages import TokenLogprob
 from ..stream import Usage
+from .logprobs import LogprobFormatter, TokenDecoder
+
+
+@attrs.frozen(kw_only=True)
+class ChoiceResult:
+    """One finished choice of a non-streamed response."""
+
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class ResponseBuilder:
-    """Builds the objects of one response: same id, ``created`` and model throughout."""
+    """Builds the objects of one response: same id, ``created`` and model throughout.
 
-    def __init__(self, *, chat: bool, model: str):
+    With ``logprobs`` (the request asked for them) every choice and chunk carries them in
+    the route's shape; a ``tokenizer`` is then required to spell the tokens.
+    """
+
+    def __init__(
+        self, *, chat: bool, model: str, logprobs: bool = False, tokenizer: TokenDecoder | None = None
+    ):
+        if logprobs and tokenizer is None:
+            raise ValueError("logprobs need a tokenizer to spell the tokens")
         self.chat = chat
         self.model = model
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
+        self._formatter = LogprobFormatter(tokenizer) if logprobs and tokenizer is not None else None
+        #: Completions' text_offset continues across a choice's chunks: index -> next offset.
+        self._text_offsets: dict[int, int] = {}
 
     def _envelope(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -29,29 +55,46 @@ class ResponseBuilder:
             "choices": choices,
         }
 
-    def full(self, text: str, finish_reason: str | None, usage: Usage) -> dict[str, Any]:
-        if self.chat:
-            choice = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-            body = self._envelope("chat.completion", [choice])
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-            body = self._envelope("text_completion", [choice])
+    def full(self, choices: Sequence[ChoiceResult], usage: Usage) -> dict[str, Any]:
+        """The non-streamed response: every choice, and the usage of them all."""
+        body = self._envelope(
+            "chat.completion" if self.chat else "text_completion",
+            [self._full_choice(choice) for choice in choices],
+        )
         body["usage"] = usage_json(usage)
         return body
 
-    def chunk(self, text: str, finish_reason: str | None = None, *, first: bool = False) -> str:
+    def _full_choice(self, choice: ChoiceResult) -> dict[str, Any]:
+        logprobs = self._logprobs(choice.index, choice.logprobs)
         if self.chat:
-            delta: dict[str, Any] = {"role": "assistant", "content": text} if first else {"content": text}
-            if finish_reason is not None and not text:
-                delta = {}
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            return {
+                "index": choice.index,
+                "message": {"role": "assistant", "content": choice.text},
+                "logprobs": logprobs,
+                "finish_reason": choice.finish_reason,
+            }
+        return {"index": choice.index, "text": choice.text, "logprobs": logprobs, "finish_reason": choice.finish_reason}
+
+    def role_chunk(self, index: int) -> str:
+        """Chat's first chunk of a choice: the assistant role and no content yet."""
+        delta = {"role": "assistant", "content": ""}
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
+        return sse(self._envelope("chat.completion.chunk", [choice]))
+
+    def chunk(
+        self,
+        index: int,
+        text: str,
+        finish_reason: str | None = None,
+        logprobs: tuple[TokenLogprob, ...] = (),
+    ) -> str:
+        """One streamed delta of choice ``index``, with its tokens' logprobs if asked."""
+        logprobs_json = self._logprobs(index, logprobs) if logprobs else None
+        if self.chat:
+            delta: dict[str, Any] = {} if finish_reason is not None and not text else {"content": text}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs_json, "finish_reason": finish_reason}
             return sse(self._envelope("chat.completion.chunk", [choice]))
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        choice = {"index": index, "text": text, "logprobs": logprobs_json, "finish_reason": finish_reason}
         return sse(self._envelope("text_completion", [choice]))
 
     def usage_chunk(self, usage: Usage) -> str:
@@ -59,6 +102,24 @@ class ResponseBuilder:
         body = self._envelope(kind, [])
         body["usage"] = usage_json(usage)
         return sse(body)
+
+    def _logprobs(self, index: int, entries: tuple[TokenLogprob, ...]) -> dict[str, Any] | None:
+        if self._formatter is None:
+            return None
+        if self.chat:
+            return self._formatter.chat(entries)
+        body, self._text_offsets[index] = self._formatter.completion(entries, self._text_offsets.get(index, 0))
+        return body
+
+
+def combined_usage(usages: Sequence[Usage]) -> Usage:
+    """The usage of n choices of one prompt: the prompt counted once (as OpenAI does)."""
+    first = usages[0]
+    return Usage(
+        prompt_tokens=first.prompt_tokens,
+        completion_tokens=sum(u.completion_tokens for u in usages),
+        cached_tokens=first.cached_tokens,
+    )
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:

@@ -1,38 +1,56 @@
-"""The OpenAI routes: chat and text completions (streaming and not) and the model list."""
+"""The OpenAI routes: chat and text completions (streaming and not) and the model list.
+
+A request for ``n`` choices runs ``n`` engine requests of the same prompt. With a ``seed``,
+choice ``i`` samples with ``seed + i`` (wrapped into the signed 64-bit range), so the
+choices differ yet the whole response is reproducible; choice 0 uses the seed as given.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import AsyncIterator
+from types import TracebackType
 
+import attrs
 import quart
 import trio
+from quart.wrappers.response import ResponseBody
 
+from ..core.params import SamplingParams
 from ..engine import Engine
 from ..errors import VllmMlxTrioError
-from ..stream import RequestStream
+from ..messages import TokenLogprob
+from ..stream import Delta, RequestStream
 from .body import read_json_body
 from .errors import describe
 from .requests import ParsedRequest, parse_chat, parse_completion
-from .responses import SSE_DONE, ResponseBuilder, sse
+from .responses import SSE_DONE, ChoiceResult, ResponseBuilder, combined_usage, sse
 
 logger = logging.getLogger(__name__)
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+#: Deltas waiting between the choices' readers and the socket writer. A few let every choice
+#: keep reading while one chunk is written; beyond that the readers wait, their outboxes fill
+#: and the scheduler coalesces their tokens, so a slow client never grows this buffer.
+MERGE_BUFFER = 8
+_SEED_SPAN = 2**64
+_SEED_MIN = -(2**63)
 
 
 def register_routes(app: quart.Quart, engine: Engine) -> None:
     model_name = engine.cfg.model_name
+    max_n = engine.cfg.limits.max_n
 
     @app.post("/v1/chat/completions")
     async def chat_completions():
-        parsed = parse_chat(await read_json_body(), model_name=model_name)
-        return await _complete(engine, parsed, ResponseBuilder(chat=True, model=model_name))
+        parsed = parse_chat(await read_json_body(), model_name=model_name, max_n=max_n)
+        return await _complete(engine, parsed, chat=True)
 
     @app.post("/v1/completions")
     async def completions():
-        parsed = parse_completion(await read_json_body(), model_name=model_name)
-        return await _complete(engine, parsed, ResponseBuilder(chat=False, model=model_name))
+        parsed = parse_completion(await read_json_body(), model_name=model_name, max_n=max_n)
+        return await _complete(engine, parsed, chat=False)
 
     @app.get("/v1/models")
     async def models():
@@ -40,14 +58,30 @@ def register_routes(app: quart.Quart, engine: Engine) -> None:
         return {"object": "list", "data": [card]}
 
 
-async def _complete(engine: Engine, parsed: ParsedRequest, builder: ResponseBuilder):
-    stream = await engine.submit(parsed.prompt, parsed.params)
+def choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """Choice ``index``'s params: ``seed + index`` when seeded, wrapped into 64 bits."""
+    if params.seed is None or index == 0:
+        return params
+    seed = (params.seed + index - _SEED_MIN) % _SEED_SPAN + _SEED_MIN
+    return attrs.evolve(params, seed=seed)
+
+
+async def _complete(engine: Engine, parsed: ParsedRequest, *, chat: bool):
+    builder = ResponseBuilder(
+        chat=chat,
+        model=engine.cfg.model_name,
+        logprobs=parsed.params.logprobs is not None,
+        tokenizer=engine.model_info.tokenizer,
+    )
+    streams = await _submit_choices(engine, parsed)
     if not parsed.stream:
-        with stream:
-            text = "".join([delta.text async for delta in stream])
-        return builder.full(text, stream.finish_reason, stream.usage)
+        with contextlib.ExitStack() as opened:
+            for stream in streams:
+                opened.enter_context(stream)
+            results = await _collect_choices(streams)
+        return builder.full(results, combined_usage([s.usage for s in streams]))
     response = quart.Response(
-        _sse_events(stream, builder, parsed.include_usage),
+        ChoicesSseBody(streams, builder, include_usage=parsed.include_usage),
         mimetype="text/event-stream",
         headers=SSE_HEADERS,
     )
@@ -55,28 +89,132 @@ async def _complete(engine: Engine, parsed: ParsedRequest, builder: ResponseBuil
     return response
 
 
-async def _sse_events(
-    stream: RequestStream, builder: ResponseBuilder, include_usage: bool
-) -> AsyncIterator[str]:
-    """The SSE body. A disconnect cancels it; ``with stream`` then aborts the request."""
-    with stream:
-        first = True
+async def _submit_choices(engine: Engine, parsed: ParsedRequest) -> list[RequestStream]:
+    """Submit one engine request per choice; if one is refused, close those already open."""
+    with contextlib.ExitStack() as opened:
+        streams = []
+        for index in range(parsed.n):
+            stream = await engine.submit(parsed.prompt, choice_params(parsed.params, index))
+            streams.append(opened.enter_context(stream))
+        opened.pop_all()
+    return streams
+
+
+async def _collect_choices(streams: list[RequestStream]) -> list[ChoiceResult]:
+    """Read every choice to its end, concurrently; the first choice's error is raised."""
+    results: list[ChoiceResult] = []
+    failures: list[VllmMlxTrioError] = []
+
+    async def collect(index: int, stream: RequestStream) -> None:
         try:
-            if builder.chat:
-                yield builder.chunk("", first=True)
-                first = False
-            async for delta in stream:
-                if delta.text or delta.finish_reason is not None or first:
-                    yield builder.chunk(delta.text, delta.finish_reason, first=first)
-                    first = False
+            results.append(await _collect(index, stream))
         except VllmMlxTrioError as exc:
-            _status, body, _headers = describe(exc)
-            logger.warning("request %s failed mid-stream: %s", stream.request_id, exc)
-            yield sse(body)
-            return
-        except trio.Cancelled:
-            logger.info("request %s: client disconnected", stream.request_id)
-            raise
-    if include_usage:
-        yield builder.usage_chunk(stream.usage)
-    yield SSE_DONE
+            failures.append(exc)
+            nursery.cancel_scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        for index, stream in enumerate(streams):
+            nursery.start_soon(collect, index, stream)
+    if failures:
+        raise failures[0]
+    return sorted(results, key=lambda result: result.index)
+
+
+async def _collect(index: int, stream: RequestStream) -> ChoiceResult:
+    texts: list[str] = []
+    logprobs: list[TokenLogprob] = []
+    async for delta in stream:
+        texts.append(delta.text)
+        logprobs.extend(delta.logprobs)
+    return ChoiceResult(
+        index=index, text="".join(texts), finish_reason=stream.finish_reason, logprobs=tuple(logprobs)
+    )
+
+
+class ChoicesSseBody(ResponseBody):
+    """The SSE body of ``n`` choices, merged into one event stream.
+
+    Quart writes a body as ``async with body: async for event in body``, in one task. The
+    nursery that reads the choices is opened in ``__aenter__`` and closed in ``__aexit__``,
+    around that loop, so it nests like any ``async with`` (no nursery is held across an
+    async generator's ``yield``). A disconnect cancels the writer; ``__aexit__`` then
+    cancels the readers and closes every stream, which aborts their requests.
+    """
+
+    def __init__(self, streams: list[RequestStream], builder: ResponseBuilder, *, include_usage: bool):
+        self._streams = streams
+        self._builder = builder
+        self._include_usage = include_usage
+        self._exit_stack = contextlib.AsyncExitStack()
+        self._nursery: trio.Nursery | None = None
+        self._events: AsyncIterator[str] | None = None
+
+    async def __aenter__(self) -> ChoicesSseBody:
+        async with contextlib.AsyncExitStack() as stack:
+            for stream in self._streams:
+                stack.enter_context(stream)
+            self._nursery = await stack.enter_async_context(trio.open_nursery())
+            send, recv = trio.open_memory_channel[tuple[int, Delta | VllmMlxTrioError]](MERGE_BUFFER)
+            with send:
+                for index, stream in enumerate(self._streams):
+                    self._nursery.start_soon(_read_choice, index, stream, send.clone())
+            self._events = self._sse_events(recv)
+            self._exit_stack = stack.pop_all()
+        return self
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        assert self._events is not None, "iterate the body inside `async with`"
+        return self._events
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()  # the response is over, finished or not
+        if self._events is not None:
+            await self._events.aclose()
+        if isinstance(exc, trio.Cancelled):
+            logger.info("requests %s: client disconnected", _ids(self._streams))
+        return await self._exit_stack.__aexit__(exc_type, exc, tb)
+
+    async def _sse_events(self, recv: trio.MemoryReceiveChannel) -> AsyncIterator[str]:
+        builder = self._builder
+        started: set[int] = set()
+        with recv:
+            if builder.chat:
+                for index in range(len(self._streams)):
+                    yield builder.role_chunk(index)
+                    started.add(index)
+            async for index, item in recv:
+                if isinstance(item, VllmMlxTrioError):
+                    yield _error_event(item, self._streams[index])
+                    return
+                if item.text or item.finish_reason is not None or item.logprobs or index not in started:
+                    started.add(index)
+                    yield builder.chunk(index, item.text, item.finish_reason, item.logprobs)
+        if self._include_usage:
+            yield builder.usage_chunk(combined_usage([s.usage for s in self._streams]))
+        yield SSE_DONE
+
+
+async def _read_choice(
+    index: int, stream: RequestStream, send: trio.MemorySendChannel[tuple[int, Delta | VllmMlxTrioError]]
+) -> None:
+    """Forward one choice's deltas (or its error) to the merged stream, tagged by index."""
+    with send, contextlib.suppress(trio.BrokenResourceError):
+        # BrokenResourceError: the writer has stopped (another choice failed), nobody to tell.
+        try:
+            async for delta in stream:
+                await send.send((index, delta))
+        except VllmMlxTrioError as exc:
+            await send.send((index, exc))
+
+
+def _error_event(exc: VllmMlxTrioError, stream: RequestStream) -> str:
+    _status, body, _headers = describe(exc)
+    logger.warning("request %s failed mid-stream: %s", stream.request_id, exc)
+    return sse(body)
+
+
+def _ids(streams: list[RequestStream]) -> str:
+    return ", ".join(stream.request_id for stream in streams)
