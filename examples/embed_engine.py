@@ -28,7 +28,8 @@ async def main(config_path: str = "config/demo.toml", overrides: tuple[str, ...]
         print(f"answer: {text!r}")
         with trio.move_on_after(0.5) as scope:
             async for delta in engine.generate(
-                [{"role": "user", "content": "Tell me a long story."}], SamplingParams(max_tokens=1000)
+                [{"role": "user", "content": "Tell me a long story."}],
+                SamplingParams(ignore_eos=True),  # runs to the end of the context unless cancelled
             ):
                 pass
         print(f"long request cancelled by its timeout: {scope.cancelled_caught}")

@@ -1,4 +1,4 @@
-"""``vllm-mlx-trio``: serve, config show|check, demo build."""
+"""``vllm-mlx-trio``: serve, config show|check, bench, demo build."""
 
 from __future__ import annotations
 
@@ -24,15 +24,9 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (("show", "print the effective configuration as TOML"), ("check", "validate")):
         _config_args(config_commands.add_parser(name, help=text))
 
-    bench = commands.add_parser("bench", help="benchmarks that print tables")
-    bench_commands = bench.add_subparsers(dest="bench_command", required=True)
-    single = bench_commands.add_parser(
-        "single", help="one streamed request at a time: mlx-lm's loop vs the engine vs HTTP"
-    )
-    _config_args(single)
-    single.add_argument("--model", default=None, help="model path (default: the config's)")
-    single.add_argument("--max-tokens", type=int, default=128)
-    single.add_argument("--json", dest="json_path", default=None, help="also write the rows here")
+    from .bench.command import add_bench_parser
+
+    add_bench_parser(commands, _config_args)
 
     demo = commands.add_parser("demo", help="the built-in demo models")
     demo_commands = demo.add_subparsers(dest="demo_command", required=True)
@@ -87,7 +81,9 @@ def _run(args: argparse.Namespace) -> int:
         overrides.append(f"model.path={args.model}")
     cfg = load_config(args.config, overrides=overrides)
     if args.command == "bench":
-        return _bench_single(cfg, args)
+        from .bench.command import run_bench
+
+        return run_bench(cfg, args)
     if args.command == "config":
         if args.config_command == "show":
             sys.stdout.write(config_to_toml(cfg))
@@ -102,22 +98,6 @@ def _run(args: argparse.Namespace) -> int:
         level=cfg.logging.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     trio.run(serve_until_signalled, cfg)
-    return 0
-
-
-def _bench_single(cfg, args: argparse.Namespace) -> int:
-    import json
-    import platform
-
-    from .bench.single import format_table, run_single
-
-    rows = run_single(cfg, max_tokens=args.max_tokens)
-    print(f"model {cfg.model.path}, greedy, max_tokens {args.max_tokens}, {platform.machine()} "
-          f"{platform.system()}, medians over the prompts")  # fmt: skip
-    print(format_table(rows))
-    if args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump({"model": cfg.model.path, "max_tokens": args.max_tokens, "rows": rows}, f, indent=2)
     return 0
 
 

@@ -1,10 +1,10 @@
 """ExecutorActor: the one dedicated thread that runs MLX, bridged to Trio by channels.
 
 The thread lives as long as the actor: it loads the model, creates the MLX stream and runs
-every step. Plans reach it through a thread-safe queue; results come back with
-``trio.from_thread.run_sync(result_send.send_nowait, ...)``, which never blocks the thread
-because the scheduler keeps at most ``PLANS_IN_FLIGHT[mode]`` plans outstanding and the
-result channel holds that many.
+every step. Plans reach it through a thread-safe queue; results go back with the Trio token's
+``run_sync_soon(result_send.send_nowait, ...)``, fire and forget: it never blocks the
+thread, and never finds the channel full because the scheduler keeps at most
+``PLANS_IN_FLIGHT[mode]`` plans outstanding and the result channel holds that many.
 """
 
 from __future__ import annotations
@@ -86,22 +86,26 @@ class ExecutorActor:
         runner = self._runner_factory()
         try:
             model_info = runner.load()
+            trio_token = trio.from_thread.run_sync(trio.lowlevel.current_trio_token)
             trio.from_thread.run_sync(report_started, model_info)
             while (plan := inbox.get()) is not _STOP:
                 assert isinstance(plan, StepPlan)
                 result = _execute(runner, plan)
-                if not trio.from_thread.run_sync(self._deliver, result):
-                    break
+                # Fire and forget: the thread goes straight on to the next queued plan.
+                trio_token.run_sync_soon(self._deliver, result, inbox)
         finally:
             runner.close()
 
-    def _deliver(self, result: StepResult) -> bool:
-        """Hand a result to the scheduler (runs in Trio); False once the scheduler is gone."""
+    def _deliver(self, result: StepResult, inbox: queue.SimpleQueue[object]) -> None:
+        """Hand a result to the scheduler; runs in Trio and must not raise.
+
+        The channel holds as many results as plans may be in flight, so it is never full.
+        Once the scheduler is gone (engine failing or cancelled) the thread is told to stop.
+        """
         try:
             self._result_send.send_nowait(result)
-        except trio.BrokenResourceError:
-            return False  # the scheduler stopped (engine failing or cancelled): stop too
-        return True
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            inbox.put(_STOP)
 
 
 async def _stop_thread_on_cancel(inbox: queue.SimpleQueue[object]) -> None:

@@ -20,9 +20,11 @@ from ..config import EngineConfig
 from ..core.params import SamplingParams
 from ..engine import open_engine
 from ..testing.harness import open_server
+from .report import format_table as _format_table
+from .workload import SEED_PROMPTS
 
 #: The prompts of vllm-mlx's published continuous-batching table.
-PROMPTS = ("What is 2+2?", "Name 3 colors.", "What is Python?", "Capital of Japan?", "Who wrote Hamlet?")
+PROMPTS = SEED_PROMPTS
 
 
 @attrs.frozen(kw_only=True)
@@ -104,21 +106,18 @@ def run_single(cfg: EngineConfig, *, max_tokens: int) -> list[dict]:
     from ..worker.ceiling import run_ceiling
 
     ceiling = run_ceiling(cfg.model, [_chat(p) for p in PROMPTS], num_tokens=max_tokens)
-    ceiling_timings = [Timing(num_tokens=len(r.token_ids), ttft_s=r.ttft_s, total_s=r.total_s) for r in ceiling]
+    ceiling_timings = [
+        Timing(num_tokens=len(r.token_ids), ttft_s=r.ttft_s, total_s=r.total_s) for r in ceiling
+    ]
     ceiling_tps = statistics.median(t.decode_tps for t in ceiling_timings)
     engine = trio.run(_engine_timings, cfg, max_tokens)
     http = trio.run(_http_timings, cfg, max_tokens)
     return [
         _row("mlx-lm generate_step (ceiling)", ceiling_timings, ceiling_tps),
-        _row("engine in-process (simple)", engine, ceiling_tps),
-        _row("HTTP stream (simple)", http, ceiling_tps),
+        _row(f"engine in-process ({cfg.engine.mode})", engine, ceiling_tps),
+        _row(f"HTTP stream ({cfg.engine.mode})", http, ceiling_tps),
     ]
 
 
 def format_table(rows: list[dict]) -> str:
-    columns = list(rows[0])
-    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in columns}
-    lines = [" | ".join(c.ljust(widths[c]) for c in columns)]
-    lines.append("-+-".join("-" * widths[c] for c in columns))
-    lines += [" | ".join(str(r[c]).ljust(widths[c]) for c in columns) for r in rows]
-    return "\n".join(lines)
+    return _format_table(rows, list(rows[0]))

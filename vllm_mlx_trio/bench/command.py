@@ -1,0 +1,163 @@
+"""The ``vllm-mlx-trio bench ...`` subcommands: their arguments and what each runs.
+
+``cli.py`` builds the configuration (file, environment, ``--set``, ``--model``) and hands it
+here; only ``bench peers`` and ``bench http --url`` run no model in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+from .workload import Workload, parse_levels
+
+ConfigArgs = Callable[[argparse.ArgumentParser], None]
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    try:
+        return parse_levels(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _workload_args(parser: argparse.ArgumentParser, concurrency: str) -> None:
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens per request (default 128)")
+    parser.add_argument("--concurrency", type=_levels, default=_levels(concurrency),
+                        help=f"comma-separated concurrency levels (default {concurrency})")  # fmt: skip
+    parser.add_argument("--requests", type=int, default=3,
+                        help="each level runs max(concurrency, this) requests (default 3)")  # fmt: skip
+    parser.add_argument("--json", dest="json_path", default=None, help="also write the results here")
+
+
+def _ignore_eos_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ignore-eos", choices=("auto", "on", "off"), default="auto",
+                        help="send ignore_eos: auto probes whether the server accepts it")  # fmt: skip
+
+
+def add_bench_parser(commands, config_args: ConfigArgs) -> None:
+    """The ``bench`` command and its subcommands, on the top-level subparsers."""
+    bench = commands.add_parser("bench", help="benchmarks that print tables (docs/benchmarks.md)")
+    sub = bench.add_subparsers(dest="bench_command", required=True)
+
+    single = sub.add_parser("single", help="one streamed request at a time: mlx-lm vs engine vs HTTP")
+    config_args(single)
+    single.add_argument("--model", default=None, help="model path (default: the config's)")
+    single.add_argument("--max-tokens", type=int, default=128)
+    single.add_argument("--json", dest="json_path", default=None, help="also write the rows here")
+
+    ceiling = sub.add_parser("ceiling", help="mlx-lm's generate_step and BatchGenerator in-process")
+    config_args(ceiling)
+    ceiling.add_argument("--model", default=None, help="model path (default: the config's)")
+    _workload_args(ceiling, "1,5")
+
+    engine = sub.add_parser("engine", help="our engine in-process: simple and batched mode")
+    config_args(engine)
+    engine.add_argument("--model", default=None, help="model path (default: the config's)")
+    engine.add_argument("--modes", default="simple,batched", help="engine modes (default simple,batched)")
+    engine.add_argument("--no-ceiling", action="store_true", help="skip the ceiling (no vs_ceiling)")
+    _workload_args(engine, "1,5,16")
+
+    http = sub.add_parser("http", help="streaming chat completions against an OpenAI-compatible server")
+    config_args(http)
+    http.add_argument("--url", default=None, help="server base URL (default: start ours in-process)")
+    http.add_argument("--model", default=None, help="model name to request (default: the server's first)")
+    http.add_argument("--no-seeds", action="store_true", help="skip the five-prompt seeds workload")
+    _ignore_eos_arg(http)
+    _workload_args(http, "1,5,16")
+
+    every = sub.add_parser("all", help="ceiling, engine and our HTTP server for each model")
+    config_args(every)
+    every.add_argument("--models", default="demo:tiny,demo:small", help="comma-separated model paths")
+    _workload_args(every, "1,5,16")
+
+    peers = sub.add_parser("peers", help="bench http against ours, mlx_lm.server and vllm-mlx in turn")
+    config_args(peers)
+    peers.add_argument("--model-dir", default="demo:small", help="model directory (or demo:<size>)")
+    peers.add_argument("--peers", default="ours,mlx-lm,vllm-mlx", help="which servers, in order")
+    peers.add_argument("--vllm-mlx", default=None, help="the vllm-mlx executable (a separate venv)")
+    peers.add_argument("--port", type=int, default=8701, help="first port; each peer takes the next")
+    peers.add_argument("--startup-timeout", type=float, default=180.0, help="seconds to wait for a server")
+    peers.add_argument("--no-seeds", action="store_true", help="skip the five-prompt seeds workload")
+    _ignore_eos_arg(peers)
+    _workload_args(peers, "1,5")
+
+
+def workload_from(args: argparse.Namespace) -> Workload:
+    return Workload(max_tokens=args.max_tokens, concurrency=args.concurrency, min_requests=args.requests)
+
+
+def run_bench(cfg, args: argparse.Namespace) -> int:
+    """Run the chosen ``bench`` subcommand; write ``--json`` when given."""
+    from .report import write_json
+
+    if args.bench_command == "single":
+        return _single(cfg, args)
+    handlers = {"ceiling": _ceiling, "engine": _engine, "http": _http, "all": _all, "peers": _peers}
+    payload = handlers[args.bench_command](cfg, args, workload_from(args))
+    if args.json_path:
+        write_json(args.json_path, payload)
+    return 0
+
+
+def _ceiling(cfg, args, workload: Workload) -> dict:
+    from .suite import ceiling_section
+
+    _result, section = ceiling_section(cfg, workload)
+    return {"sections": [section]}
+
+
+def _engine(cfg, args, workload: Workload) -> dict:
+    from .suite import ceiling_section, engine_section
+
+    sections, ceiling = [], None
+    if not args.no_ceiling:
+        ceiling, section = ceiling_section(cfg, workload)
+        sections.append(section)
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    sections.append(engine_section(cfg, workload, ceiling, modes=modes))
+    return {"sections": sections}
+
+
+def _http(cfg, args, workload: Workload) -> dict:
+    from .suite import http_section
+
+    section = http_section(cfg, workload, url=args.url, model=args.model if args.url else None,
+                           ignore_eos=args.ignore_eos, seeds=not args.no_seeds)  # fmt: skip
+    return {"sections": [section]}
+
+
+def _all(cfg, args, workload: Workload) -> dict:
+    from .suite import run_all
+
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    return run_all(cfg, workload, models)
+
+
+def _peers(cfg, args, workload: Workload) -> dict:
+    from .peers import DEFAULT_VLLM_MLX, run_peers
+    from .suite import print_peers, peer_bench, resolve_model_dir
+
+    model_dir = resolve_model_dir(args.model_dir, cfg)
+    names = [p.strip() for p in args.peers.split(",") if p.strip()]
+    bench = peer_bench(cfg, workload, ignore_eos=args.ignore_eos, seeds=not args.no_seeds)
+    results = run_peers(names, model_dir, bench, port=args.port, vllm_mlx=args.vllm_mlx or DEFAULT_VLLM_MLX,
+                        startup_timeout_s=args.startup_timeout)  # fmt: skip
+    print_peers(results)
+    return {"model_dir": model_dir, "peers": results}
+
+
+def _single(cfg, args: argparse.Namespace) -> int:
+    import json
+    import platform
+
+    from .single import format_table, run_single
+
+    rows = run_single(cfg, max_tokens=args.max_tokens)
+    print(f"model {cfg.model.path}, greedy, max_tokens {args.max_tokens}, {platform.machine()} "
+          f"{platform.system()}, medians over the prompts")  # fmt: skip
+    print(format_table(rows))
+    if args.json_path:
+        with open(args.json_path, "w") as f:
+            json.dump({"model": cfg.model.path, "max_tokens": args.max_tokens, "rows": rows}, f, indent=2)
+    return 0
