@@ -188,7 +188,12 @@ class Engine:
         outbox_send, outbox_recv = trio.open_memory_channel(OUTBOX_BUFFER)
         rid = RequestId(request_id or f"req-{uuid.uuid4().hex[:16]}-{next(self._ids)}")
         stream = RequestStream(
-            rid, outbox_recv, self.model_info.tokenizer, params.stop, on_close=self._slots.release
+            rid,
+            outbox_recv,
+            self.model_info.tokenizer,
+            params.stop,
+            token_bytes=self.model_info.token_bytes,
+            on_close=self._slots.release,
         )
         with contextlib.ExitStack() as on_error:
             on_error.callback(stream.close)

@@ -190,3 +190,5 @@ class ModelInfo:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     tokenizer: Any = attrs.field(eq=False, repr=False)
+    #: Each token's bytes for byte-level BPE tokenizers (fast streaming detokenizer), else None.
+    token_bytes: tuple[bytes, ...] | None = attrs.field(default=None, eq=False, repr=False)

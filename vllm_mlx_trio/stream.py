@@ -7,7 +7,7 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from .core.text import Decoder, IncrementalDetokenizer, StopStringMatcher
+from .core.text import Decoder, StopStringMatcher, make_detokenizer
 from .errors import EngineClosedError
 from .messages import Accepted, Output, RequestFailed, RequestId, RequestOutput, TokenLogprob
 
@@ -55,12 +55,13 @@ class RequestStream:
         decoder: Decoder,
         stop: tuple[str, ...],
         *,
+        token_bytes: tuple[bytes, ...] | None = None,
         on_close: Callable[[], None] | None = None,
     ):
         self.request_id = request_id
         self._on_close = on_close
         self._outbox_recv = outbox_recv
-        self._detokenizer = IncrementalDetokenizer(decoder)
+        self._detokenizer = make_detokenizer(decoder, token_bytes)
         self._stop = StopStringMatcher(stop)
         self._finished = False
         self.num_prompt_tokens = 0

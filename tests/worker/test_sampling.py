@@ -60,3 +60,25 @@ def test_token_logprob_reports_the_sampled_token_and_the_top_k_in_order():
     assert entry.token_id == 2 and entry.logprob == pytest.approx(values[2])
     assert [t for t, _ in entry.top] == [1, 3, 2]
     assert token_logprob(row, 2, 0).top == ()
+
+
+def test_byte_level_detokenizer_streams_what_the_tokenizer_decodes(demo_cache_dir):
+    """The fast table-driven detokenizer gives the tokenizer's own text, token by token."""
+    import random
+
+    from vllm_mlx_trio.config import ModelConfig
+    from vllm_mlx_trio.core.text import IncrementalDetokenizer, byte_level_table, make_detokenizer
+    from vllm_mlx_trio.worker.loading import load_model
+
+    _model, tokenizer, _config = load_model(ModelConfig(path="demo:tiny", demo_cache_dir=demo_cache_dir))
+    table = byte_level_table(tokenizer)
+    assert table is not None
+    rng = random.Random(0)
+    texts = ["héllo ✓ 日本 world", "<|im_start|>user\nWhat is 2+2?<|im_end|>"]
+    samples = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    samples += [[rng.randrange(len(table)) for _ in range(40)] for _ in range(50)]
+    for ids in samples:
+        fast, general = make_detokenizer(tokenizer, table), IncrementalDetokenizer(tokenizer)
+        streamed = "".join(fast.add([t]) for t in ids) + fast.flush()
+        assert streamed == tokenizer.decode(ids, skip_special_tokens=True)
+        assert streamed == "".join(general.add([t]) for t in ids) + general.flush()

@@ -9,6 +9,7 @@ from typing import Any
 import mlx_lm
 
 from ..config import ModelConfig
+from ..core.text import byte_level_table
 from ..errors import ModelLoadError
 from ..messages import ModelInfo
 from .demo_model import is_demo_path, resolve_demo_model
@@ -68,5 +69,6 @@ def load_for_serving(model_cfg: ModelConfig) -> tuple[Any, ModelInfo]:
         vocab_size=vocab_size,
         eos_token_ids=tuple(sorted(tokenizer.eos_token_ids)),
         tokenizer=tokenizer,
+        token_bytes=byte_level_table(tokenizer),
     )
     return model, info
