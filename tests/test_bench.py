@@ -167,3 +167,20 @@ def test_bench_ceiling_on_demo_tiny(tmp_path, capsys, demo_cache_dir):
     assert "BLAS:" in printed and "mlx-lm BatchGenerator-2" in printed
     rows = json.loads(out.read_text())["sections"][0]["rows"]
     assert [r["tok_per_req"] for r in rows] == ["4", "4"]
+
+
+def test_ttft_rows_report_medians_and_distance_to_the_ceiling():
+    from vllm_mlx_trio.bench.ttft_bench import ttft_rows
+
+    rows = ttft_rows(
+        {
+            "mlx-lm generate_step": [0.010, 0.012, 0.011],
+            "engine batched": [0.013, 0.020, 0.014],
+            "engine simple": [0.011, 0.011, 0.030],
+        }
+    )
+    by_path = {row["path"]: row for row in rows}
+    assert by_path["mlx-lm generate_step"]["vs_ceiling_ms"] == 0.0
+    assert by_path["engine batched"]["ttft_p50_ms"] == 14.0
+    assert by_path["engine batched"]["vs_ceiling_ms"] == 3.0
+    assert by_path["engine simple"]["ttft_max_ms"] == 30.0

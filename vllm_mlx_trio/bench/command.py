@@ -66,6 +66,12 @@ def add_bench_parser(commands, config_args: ConfigArgs) -> None:
     _ignore_eos_arg(http)
     _workload_args(http, "1,5,16")
 
+    ttft = sub.add_parser("ttft", help="time to first token on an idle engine vs mlx-lm's prefill")
+    config_args(ttft)
+    ttft.add_argument("--model", default=None, help="model path (default: the config's)")
+    ttft.add_argument("--samples", type=int, default=8, help="samples per path (default 8)")
+    ttft.add_argument("--json", dest="json_path", default=None, help="also write the rows here")
+
     every = sub.add_parser("all", help="ceiling, engine and our HTTP server for each model")
     config_args(every)
     every.add_argument("--models", default="demo:tiny,demo:small", help="comma-separated model paths")
@@ -93,6 +99,8 @@ def run_bench(cfg, args: argparse.Namespace) -> int:
 
     if args.bench_command == "single":
         return _single(cfg, args)
+    if args.bench_command == "ttft":
+        return _ttft(cfg, args)
     handlers = {"ceiling": _ceiling, "engine": _engine, "http": _http, "all": _all, "peers": _peers}
     payload = handlers[args.bench_command](cfg, args, workload_from(args))
     if args.json_path:
@@ -160,4 +168,20 @@ def _single(cfg, args: argparse.Namespace) -> int:
     if args.json_path:
         with open(args.json_path, "w") as f:
             json.dump({"model": cfg.model.path, "max_tokens": args.max_tokens, "rows": rows}, f, indent=2)
+    return 0
+
+
+def _ttft(cfg, args: argparse.Namespace) -> int:
+    import trio
+
+    from .machine import machine_info
+    from .report import format_section, write_json
+    from .ttft_bench import measure_ttft, ttft_rows
+
+    rows = ttft_rows(trio.run(measure_ttft, cfg, args.samples))
+    machine = machine_info()
+    notes = [f"model {cfg.model.path}, one prompt at a time on an idle engine, interleaved samples, medians"]
+    print(format_section("time to first token, idle", rows, machine, notes), flush=True)
+    if args.json_path:
+        write_json(args.json_path, {"kind": "ttft", "model": cfg.model.path, "machine": machine, "rows": rows})
     return 0

@@ -185,16 +185,42 @@ class ChoicesSseBody(ResponseBody):
                 for index in range(len(self._streams)):
                     yield builder.role_chunk(index)
                     started.add(index)
-            async for index, item in recv:
-                if isinstance(item, VllmMlxTrioError):
-                    yield _error_event(item, self._streams[index])
+            async for first in recv:
+                # Whatever else is already waiting goes out in the same write: a writer that
+                # falls behind sends fewer, larger socket writes instead of falling further.
+                events, failed = self._events_for([first, *_drain_nowait(recv)], started)
+                if events:
+                    yield events
+                if failed:
                     return
-                if item.text or item.finish_reason is not None or item.logprobs or index not in started:
-                    started.add(index)
-                    yield builder.chunk(index, item.text, item.finish_reason, item.logprobs)
         if self._include_usage:
             yield builder.usage_chunk(combined_usage([s.usage for s in self._streams]))
         yield SSE_DONE
+
+
+    def _events_for(
+        self, items: list[tuple[int, Delta | VllmMlxTrioError]], started: set[int]
+    ) -> tuple[str, bool]:
+        """The SSE text for these items, and whether one was an error (which ends the body)."""
+        events = []
+        for index, item in items:
+            if isinstance(item, VllmMlxTrioError):
+                events.append(_error_event(item, self._streams[index]))
+                return "".join(events), True
+            if item.text or item.finish_reason is not None or item.logprobs or index not in started:
+                started.add(index)
+                events.append(self._builder.chunk(index, item.text, item.finish_reason, item.logprobs))
+        return "".join(events), False
+
+
+def _drain_nowait(recv: trio.MemoryReceiveChannel) -> list:
+    """Every item already in the channel, without waiting."""
+    items = []
+    while True:
+        try:
+            items.append(recv.receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel):
+            return items
 
 
 async def _read_choice(

@@ -12,6 +12,7 @@ shares MLX state with an engine. These are the only benchmark functions that imp
 from __future__ import annotations
 
 import gc
+import threading
 import time
 
 import attrs
@@ -141,3 +142,27 @@ def run_ceiling(model_cfg: ModelConfig, prompts: list[list[dict]], *, num_tokens
 def mlx_device() -> str:
     """MLX's default device, e.g. ``cpu`` or ``gpu``."""
     return str(mx.default_device().type).removeprefix("DeviceType.")
+
+
+_thread_streams = threading.local()
+
+
+def first_token_seconds(ceiling: CeilingModel, prompt_ids: list[int]) -> float:
+    """Seconds from the call to ``generate_step``'s first token (prefill + one sample).
+
+    Safe to call from any thread: each thread gets its own MLX stream (MLX streams belong to
+    the thread that made them).
+    """
+    stream = getattr(_thread_streams, "stream", None)
+    if stream is None:
+        stream = _thread_streams.stream = mx.new_stream(mx.default_device())
+    start = time.perf_counter()
+    for _token, _logprobs in generate_step(
+        mx.array(prompt_ids, dtype=mx.uint32),
+        ceiling.model,
+        stream=stream,
+        max_tokens=1,
+        prefill_step_size=ceiling.engine.prefill_step_size,
+    ):
+        break
+    return time.perf_counter() - start
