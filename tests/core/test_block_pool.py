@@ -1,0 +1,427 @@
+"""The prefix cache's bookkeeping alone: exact ids, ref counts and queue order, then a model check."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+
+from vllm_mlx_trio.core.block_hash import block_hash
+from vllm_mlx_trio.core.block_pool import BlockPool, Budget, NewBlock
+from vllm_mlx_trio.messages import RequestId
+
+A, B, C = RequestId("a"), RequestId("b"), RequestId("c")
+SYSTEM = (1, 2, 3, 4, 5, 6, 7, 8)  # two blocks of 4
+
+
+def new_ids(blocks: tuple[NewBlock, ...]) -> list[int]:
+    return [b.block_id for b in blocks]
+
+
+def refs(pool: BlockPool) -> dict[int, int]:
+    """Ref count of every cached block, by id."""
+    return {b: pool.ref_count(b) for b in range(pool._next_id) if b in pool}
+
+
+# -- the hash -------------------------------------------------------------------------------
+
+
+def test_block_hash_is_stable_and_sensitive_to_every_input():
+    h0 = block_hash(None, (1, 2, 3, 4))
+    assert h0.hex() == "61e86bdef68b53aef6936b99cbee5f49"  # stable across processes
+    assert block_hash(h0, (5, 6, 7, 8), ("salt",)).hex() == "b7dcf6b615444007f4dabdd6282794f7"
+    assert len(h0) == 16
+    distinct = {
+        h0,
+        block_hash(None, (1, 2, 3, 5)),
+        block_hash(h0, (1, 2, 3, 4)),
+        block_hash(None, (1, 2, 3, 4), ("salt",)),
+        block_hash(None, (1, 2, 3, 4), (1,)),
+        block_hash(None, (1, 2, 3, 4), (True,)),
+        block_hash(None, (1, 2, 3, 4), ("1",)),
+        block_hash(None, (1, 2, 3, 4), (b"1",)),
+        block_hash(None, (1, 2, 3, 4), (("1",),)),
+        block_hash(None, (1, 2, 3, 4), ("a", "b")),
+        block_hash(None, (1, 2, 3, 4), ("ab",)),
+        block_hash(None, (12, 3, 4)),
+    }
+    assert len(distinct) == 12
+
+
+def test_block_hash_rejects_keys_without_canonical_bytes():
+    with pytest.raises(TypeError):
+        block_hash(None, (1,), ([1],))
+    with pytest.raises(TypeError):
+        block_hash(None, (1,), (1.5,))
+
+
+# -- scripted sequences -----------------------------------------------------------------------
+
+
+def test_two_requests_share_a_system_prompt():
+    pool = BlockPool(4)
+    prompt_a = SYSTEM + (100, 101, 102)
+    prompt_b = SYSTEM + (200, 201, 202, 203, 204)
+
+    assert pool.lookup(A, prompt_a).kind == "miss"
+    created = pool.commit(A, prompt_a)
+    assert created == (
+        NewBlock(block_id=0, block_index=0, token_start=0, token_end=4),
+        NewBlock(block_id=1, block_index=1, token_start=4, token_end=8),
+    )
+    hit = pool.lookup(B, prompt_b)
+    assert (hit.block_ids, hit.num_cached_tokens, hit.kind) == ((0, 1), 8, "prefix_hit")
+    assert refs(pool) == {0: 2, 1: 2}
+    assert new_ids(pool.commit(B, prompt_b)) == [2]  # the shared blocks are not leased twice
+    assert refs(pool) == {0: 2, 1: 2, 2: 1}
+    assert pool.holders(B) == (0, 1, 2)
+    stats = pool.stats()
+    assert (stats.num_blocks, stats.num_in_use, stats.num_shared, stats.num_free) == (3, 3, 2, 0)
+
+    pool.release([A])
+    assert refs(pool) == {0: 1, 1: 1, 2: 1}
+    assert pool.free_queue() == ()
+    pool.release([B])
+    assert refs(pool) == {0: 0, 1: 0, 2: 0}
+    assert pool.free_queue() == (2, 1, 0)  # tail first
+    pool.check_invariants()
+
+
+def test_release_is_once_per_request_and_ignores_unknown_ones():
+    pool = BlockPool(4)
+    pool.commit(A, SYSTEM)
+    pool.lookup(B, SYSTEM + (9,))
+    assert refs(pool) == {0: 2, 1: 2}
+    pool.release([A])
+    pool.release([A, RequestId("nobody")])
+    assert refs(pool) == {0: 1, 1: 1}
+    pool.release([B, B])
+    assert refs(pool) == {0: 0, 1: 0}
+    pool.check_invariants()
+
+
+def test_tail_blocks_are_evicted_before_head_blocks_and_leased_ones_never():
+    pool = BlockPool(4, Budget(max_blocks=1))
+    assert new_ids(pool.commit(A, SYSTEM + (9, 10, 11, 12))) == [0, 1, 2]
+    assert pool.evict_over_budget() == ()  # all leased: over budget is allowed
+    assert pool.stats().over_budget
+    pool.release([A])
+    assert pool.free_queue() == (2, 1, 0)
+    assert pool.evict_over_budget() == (2, 1)
+    assert pool.free_queue() == (0,)
+    stats = pool.stats()
+    assert (stats.num_blocks, stats.num_evictions, stats.over_budget) == (1, 2, False)
+    pool.check_invariants()
+
+
+def test_blocks_freed_together_queue_deepest_first_across_requests():
+    pool = BlockPool(2)
+    pool.commit(A, (1, 1, 2, 2, 3, 3))  # ids 0, 1, 2
+    pool.commit(B, (4, 4, 5, 5))  # ids 3, 4
+    pool.release([A, B])
+    assert pool.free_queue() == (2, 1, 4, 0, 3)
+
+
+def test_eviction_is_least_recently_used_across_requests():
+    pool = BlockPool(4, Budget(max_blocks=2))
+    prompt_a = SYSTEM + (9,)
+    prompt_b = (11, 12, 13, 14, 15, 16, 17, 18, 19)
+    assert new_ids(pool.commit(A, prompt_a)) == [0, 1]
+    pool.release([A])
+    assert new_ids(pool.commit(B, prompt_b)) == [2, 3]
+    pool.release([B])
+    assert pool.free_queue() == (1, 0, 3, 2)
+    hit = pool.lookup(C, prompt_a)  # A's blocks are used again ...
+    assert (hit.block_ids, hit.kind) == ((0, 1), "hit")
+    assert pool.free_queue() == (3, 2)
+    pool.release([C])
+    assert pool.free_queue() == (3, 2, 1, 0)
+    assert pool.evict_over_budget() == (3, 2)  # ... so B's go first
+    assert pool.lookup(C, prompt_b).kind == "miss"
+    assert pool.lookup(C, prompt_a).kind == "hit"
+    pool.check_invariants()
+
+
+def test_a_leased_block_survives_eviction():
+    pool = BlockPool(4, Budget(max_blocks=0))
+    pool.commit(A, SYSTEM)
+    pool.commit(B, (9, 9, 9, 9))
+    pool.release([B])
+    assert pool.evict_over_budget() == (2,)
+    assert refs(pool) == {0: 1, 1: 1}
+    assert pool.stats().over_budget
+    pool.release([A])
+    assert pool.evict_over_budget() == (1, 0)
+    assert pool.stats().num_blocks == 0 and not pool.stats().over_budget
+    pool.check_invariants()
+
+
+def test_clear_drops_only_unreferenced_blocks():
+    pool = BlockPool(4)
+    pool.commit(A, SYSTEM)
+    pool.commit(B, (9, 9, 9, 9, 9))
+    pool.release([B])
+    assert pool.clear() == (2,)
+    assert refs(pool) == {0: 1, 1: 1}
+    assert pool.lookup(C, (9, 9, 9, 9, 9)).kind == "miss"
+    assert pool.lookup(C, SYSTEM + (0,)).block_ids == (0, 1)
+    pool.check_invariants()
+
+
+def test_block_ids_are_never_reused():
+    pool = BlockPool(4)
+    pool.commit(A, SYSTEM)
+    pool.release([A])
+    assert pool.clear() == (1, 0)
+    assert new_ids(pool.commit(B, SYSTEM)) == [2, 3]
+    with pytest.raises(KeyError):
+        pool.ref_count(0)
+
+
+def test_commit_twice_prompt_then_output_leases_once():
+    pool = BlockPool(4)
+    prompt = SYSTEM + (9, 10)
+    assert pool.lookup(A, prompt).kind == "miss"
+    assert new_ids(pool.commit(A, prompt)) == [0, 1]
+    created = pool.commit(A, prompt + (11, 12, 13, 14, 15))  # prompt + output
+    assert created == (NewBlock(block_id=2, block_index=2, token_start=8, token_end=12),)
+    assert refs(pool) == {0: 1, 1: 1, 2: 1}
+    assert pool.holders(A) == (0, 1, 2)
+    pool.check_invariants()
+
+
+def test_lookup_then_commit_by_the_same_request_leases_once():
+    pool = BlockPool(4)
+    pool.commit(A, SYSTEM)
+    pool.lookup(B, SYSTEM + (9,))
+    assert new_ids(pool.commit(B, SYSTEM + (9, 10, 11, 12))) == [2]
+    assert refs(pool) == {0: 2, 1: 2, 2: 1}
+    pool.check_invariants()
+
+
+def test_two_requests_computing_the_same_prompt_share_the_first_commit():
+    pool = BlockPool(4)
+    assert pool.lookup(A, SYSTEM + (9,)).kind == "miss"
+    assert pool.lookup(B, SYSTEM + (9,)).kind == "miss"
+    assert new_ids(pool.commit(A, SYSTEM)) == [0, 1]
+    assert pool.commit(B, SYSTEM) == ()  # B's duplicate KV is not stored
+    assert refs(pool) == {0: 2, 1: 2}
+
+
+# -- classification ------------------------------------------------------------------------
+
+CACHED = SYSTEM  # two full blocks of 4 committed
+
+
+@pytest.mark.parametrize(
+    ("prompt", "block_ids", "kind"),
+    [
+        ((), (), "miss"),
+        ((1, 2, 3), (), "miss"),  # shorter than a block
+        ((1, 2, 3, 4), (), "miss"),  # one exact block: its last token is recomputed
+        ((1, 2, 3, 4, 5), (0,), "hit"),
+        (SYSTEM, (0,), "hit"),  # exact repeat, an exact multiple: the last block is dropped
+        (SYSTEM + (9,), (0, 1), "hit"),
+        (SYSTEM + (9, 9, 9, 9), (0, 1), "hit"),  # every eligible block matched
+        (SYSTEM + (9, 9, 9, 9, 9), (0, 1), "prefix_hit"),
+        ((1, 2, 3, 4, 5, 6, 7, 0, 9), (0,), "prefix_hit"),  # diverges in the second block
+        ((1, 2, 3, 0, 5, 6, 7, 8, 9), (), "miss"),  # diverges in the first block
+    ],
+)
+def test_hit_kind(prompt, block_ids, kind):
+    pool = BlockPool(4)
+    pool.commit(A, CACHED)
+    hit = pool.lookup(B, prompt)
+    assert (hit.block_ids, hit.num_cached_tokens, hit.kind) == (block_ids, 4 * len(block_ids), kind)
+    assert hit.num_cached_tokens <= max(0, len(prompt) - 1)
+    stats = pool.stats()
+    assert (stats.num_hits, stats.num_prefix_hits, stats.num_misses) == (
+        int(kind == "hit"),
+        int(kind == "prefix_hit"),
+        int(kind == "miss"),
+    )
+    assert stats.tokens_saved == hit.num_cached_tokens
+    assert refs(pool) == {0: 1 + (0 in block_ids), 1: 1 + (1 in block_ids)}
+
+
+def test_salt_and_extra_keys_isolate_the_whole_chain():
+    pool = BlockPool(4)
+    prompt = SYSTEM + (9,)
+    assert new_ids(pool.commit(A, prompt, ("salt-a",))) == [0, 1]
+    assert pool.lookup(B, prompt).kind == "miss"
+    assert pool.lookup(B, prompt, ("salt-b",)).kind == "miss"
+    assert pool.lookup(B, prompt, ("salt-a",)).block_ids == (0, 1)
+    assert new_ids(pool.commit(C, prompt, ("salt-b",))) == [2, 3]  # no block is shared
+    assert new_ids(pool.commit(C, prompt, (b"image-hash", "salt-b"))) == [4, 5]
+    assert pool.cached_prefix(prompt) == ()
+    pool.check_invariants()
+
+
+# -- budgets ---------------------------------------------------------------------------------
+
+
+def test_memory_budget_counts_reported_bytes():
+    pool = BlockPool(4, Budget(max_bytes=100))
+    assert new_ids(pool.commit(A, SYSTEM + (9, 9, 9, 9))) == [0, 1, 2]
+    pool.commit(B, (7, 7, 7, 7))  # id 3: its size is never reported, so it counts 0 bytes
+    for block_id in (0, 1, 2):
+        assert pool.set_nbytes(block_id, 40)
+    assert pool.stats().bytes_used == 120
+    assert pool.evict_over_budget() == ()
+    assert pool.stats().over_budget
+    pool.release([A, B])
+    assert pool.free_queue() == (2, 1, 0, 3)
+    assert pool.evict_over_budget() == (2,)
+    stats = pool.stats()
+    assert (stats.bytes_used, stats.max_bytes, stats.num_blocks, stats.over_budget) == (80, 100, 3, False)
+    assert not pool.set_nbytes(2, 40)  # reported after eviction: ignored
+    assert pool.set_nbytes(1, 70)  # a size may be corrected
+    assert pool.stats().bytes_used == 110
+    assert pool.evict_over_budget() == (1,)
+    assert pool.stats().bytes_used == 40
+    pool.check_invariants()
+
+
+def test_legacy_block_budget_ignores_bytes():
+    pool = BlockPool(4, Budget(max_blocks=2))
+    pool.commit(A, SYSTEM + (9, 9, 9, 9))
+    for block_id in (0, 1, 2):
+        pool.set_nbytes(block_id, 10**9)
+    pool.release([A])
+    assert pool.evict_over_budget() == (2,)
+    assert pool.stats().bytes_used == 2 * 10**9
+    assert not pool.stats().over_budget
+
+
+def test_both_limits_apply():
+    pool = BlockPool(4, Budget(max_bytes=1000, max_blocks=1))
+    pool.commit(A, SYSTEM + (9, 9, 9, 9))
+    pool.release([A])
+    assert pool.evict_over_budget() == (2, 1)
+
+
+def test_invalid_configuration_is_rejected():
+    with pytest.raises(ValueError):
+        BlockPool(0)
+    with pytest.raises(ValueError):
+        Budget(max_bytes=-1)
+    with pytest.raises(ValueError):
+        Budget(max_blocks=-1)
+
+
+# -- model check -----------------------------------------------------------------------------
+
+REQUESTS = [RequestId(f"r{i}") for i in range(4)]
+requests = st.sampled_from(REQUESTS)
+prompts = st.lists(st.integers(0, 2), max_size=12).map(tuple)
+salts = st.sampled_from([(), ("s",)])
+
+
+class PoolMachine(RuleBasedStateMachine):
+    """Random traffic against a shadow model of what each block holds and who leases it."""
+
+    @initialize(
+        block_size=st.integers(2, 4),
+        max_blocks=st.none() | st.integers(0, 6),
+        max_bytes=st.none() | st.integers(0, 100),
+    )
+    def setup(self, block_size, max_blocks, max_bytes):
+        self.pool = BlockPool(block_size, Budget(max_bytes=max_bytes, max_blocks=max_blocks))
+        self.bs = block_size
+        self.content: dict[int, tuple] = {}  # block id -> (extra_keys, token ids up to its end)
+        self.leases: dict[str, set[int]] = collections.defaultdict(set)
+        self.max_id = -1
+
+    def _expected_run(self, tokens, salt, max_blocks) -> tuple[int, ...]:
+        by_content = {v: k for k, v in self.content.items()}
+        run = []
+        for i in range(max_blocks):
+            block_id = by_content.get((salt, tokens[: (i + 1) * self.bs]))
+            if block_id is None:
+                break
+            run.append(block_id)
+        return tuple(run)
+
+    def _unleased(self) -> set[int]:
+        leased = set().union(*self.leases.values())
+        return set(self.content) - leased
+
+    @rule(request=requests, tokens=prompts, salt=salts)
+    def lookup(self, request, tokens, salt):
+        eligible = max(0, (len(tokens) - 1) // self.bs)
+        expected = self._expected_run(tokens, salt, eligible)
+        hit = self.pool.lookup(request, tokens, salt)
+        assert hit.block_ids == expected
+        for i, block_id in enumerate(hit.block_ids):
+            assert self.content[block_id] == (salt, tokens[: (i + 1) * self.bs])
+        assert hit.num_cached_tokens == len(expected) * self.bs <= max(0, len(tokens) - 1)
+        kind = "miss" if not expected else "hit" if len(expected) == eligible else "prefix_hit"
+        assert hit.kind == kind
+        self.leases[request].update(hit.block_ids)
+
+    @rule(request=requests, tokens=prompts, salt=salts)
+    def commit(self, request, tokens, salt):
+        num_full = len(tokens) // self.bs
+        known = self._expected_run(tokens, salt, num_full)
+        created = self.pool.commit(request, tokens, salt)
+        assert [b.block_index for b in created] == list(range(len(known), num_full))
+        for b in created:
+            assert b.block_id > self.max_id  # never reused
+            self.max_id = b.block_id
+            assert (b.token_start, b.token_end) == (b.block_index * self.bs, (b.block_index + 1) * self.bs)
+            self.content[b.block_id] = (salt, tokens[: b.token_end])
+        held = self.pool.cached_prefix(tokens, salt)
+        assert held == self._expected_run(tokens, salt, num_full)
+        assert len(held) == num_full
+        self.leases[request].update(held)
+
+    @rule(released=st.lists(requests, max_size=3))
+    def release(self, released):
+        self.pool.release(released)
+        for request in released:
+            self.leases.pop(request, None)
+
+    @rule(data=st.data(), nbytes=st.integers(0, 40))
+    def set_nbytes(self, data, nbytes):
+        block_id = data.draw(st.integers(0, self.max_id + 1))
+        assert self.pool.set_nbytes(block_id, nbytes) == (block_id in self.content)
+
+    @rule()
+    def evict(self):
+        queue = self.pool.free_queue()
+        unleased = self._unleased()
+        evicted = self.pool.evict_over_budget()
+        assert evicted == queue[: len(evicted)]
+        assert set(evicted) <= unleased
+        for block_id in evicted:
+            del self.content[block_id]
+        assert not self.pool.stats().over_budget or not self.pool.free_queue()
+
+    @rule()
+    def clear(self):
+        unleased = self._unleased()
+        assert set(self.pool.clear()) == unleased
+        for block_id in unleased:
+            del self.content[block_id]
+
+    @invariant()
+    def consistent(self):
+        self.pool.check_invariants()
+        stats = self.pool.stats()
+        assert stats.num_blocks == len(self.content)
+        assert all(block_id in self.pool for block_id in self.content)
+        counts = collections.Counter(b for lease in self.leases.values() for b in lease)
+        for block_id in self.content:
+            assert self.pool.ref_count(block_id) == counts[block_id]
+        for request in REQUESTS:
+            assert set(self.pool.holders(request)) == self.leases.get(request, set())
+        assert set(self.pool.free_queue()) == self._unleased()
+
+
+TestPoolMachine = PoolMachine.TestCase
+TestPoolMachine.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None, database=None
+)
