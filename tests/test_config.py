@@ -9,6 +9,7 @@ import pytest
 
 from vllm_mlx_trio.config import (
     SECTIONS,
+    CacheConfig,
     EngineConfig,
     EngineSection,
     LimitsConfig,
@@ -233,7 +234,7 @@ def test_unknown_section(tmp_path):
     message = config_error(path=write(tmp_path, "[servr]\nport = 1\n"))
     assert message.startswith("unknown section 'servr' (did you mean 'server'?)")
     message = config_error(path=write(tmp_path, "[nonsense]\n"))
-    assert "valid sections: server, model, engine, limits, logging" in message
+    assert "valid sections: server, model, engine, cache, limits, logging" in message
 
 
 def test_bare_key_at_top_level(tmp_path):
@@ -353,6 +354,8 @@ def test_round_trip_with_every_option_set():
         "engine": {"mode": "simple", "prefill_step_size": 64, "max_num_seqs": 3,
                    "prefill_batch_size": 2, "completion_batch_size": 4, "stream_interval": 5,
                    "default_max_tokens": 10},
+        "cache": {"enabled": False, "block_size": 16, "memory_mb": 64, "memory_percent": 0.5,
+                  "memory_aware": False, "max_entries": 10, "store_generated": False},
         "limits": {"max_waiting": 0, "max_body_bytes": 2048, "max_stop_sequences": 0, "max_n": 2},
         "logging": {"level": "debug"},
     }  # fmt: skip
@@ -373,7 +376,7 @@ def test_to_toml_omits_none():
 
 def all_options() -> list[tuple[str, str]]:
     """(section, key) for every field of every section class."""
-    classes = {ServerConfig, ModelConfig, EngineSection, LimitsConfig, LoggingConfig}
+    classes = {ServerConfig, ModelConfig, EngineSection, CacheConfig, LimitsConfig, LoggingConfig}
     assert set(SECTIONS.values()) == classes
     return [(section, f.name) for section, cls in SECTIONS.items() for f in attrs.fields(cls)]
 

@@ -23,7 +23,7 @@ from vllm_mlx_trio.errors import ConfigError
 
 __all__ = [
     "DEMO_SIZES", "ENGINE_MODES", "ENV_PREFIX", "LOG_LEVELS", "NONE_LITERAL", "RESERVED_ENV_VARS",
-    "SECTIONS", "EngineConfig", "EngineSection", "LimitsConfig", "LoggingConfig", "ModelConfig",
+    "SECTIONS", "CacheConfig", "EngineConfig", "EngineSection", "LimitsConfig", "LoggingConfig", "ModelConfig",
     "ServerConfig", "config_from_dict", "config_to_dict", "config_to_toml", "load_config",
 ]  # fmt: skip
 
@@ -181,6 +181,26 @@ class EngineSection:
 
 
 @attrs.frozen(kw_only=True)
+class CacheConfig:
+    """``[cache]``: the paged prefix cache (shared KV blocks of common prompt prefixes)."""
+
+    #: Reuse the KV of prompt prefixes other requests computed (false: every prompt is prefilled).
+    enabled: bool = _option(True)
+    #: Tokens per cached block (>= 1); only full blocks are shared.
+    block_size: int = _option(64, _in_range(1))
+    #: Budget in MiB for cached blocks; none means memory_percent of the memory available at start.
+    memory_mb: int | None = _option(None, _in_range(1))
+    #: Share of the memory available at start for cached blocks, when memory_mb is not set.
+    memory_percent: float = _option(0.20, _in_range(0.0, 1.0), converter=_to_float)
+    #: Budget by bytes (true) or, legacy, by number of blocks (max_entries).
+    memory_aware: bool = _option(True)
+    #: Most cached blocks when memory_aware is false (>= 1).
+    max_entries: int = _option(4096, _in_range(1))
+    #: Also cache the full blocks of prompt + output when a request finishes (multi-turn reuse).
+    store_generated: bool = _option(True)
+
+
+@attrs.frozen(kw_only=True)
 class LimitsConfig:
     """``[limits]``: admission and request-size limits."""
 
@@ -212,6 +232,8 @@ class EngineConfig:
     model: ModelConfig = _option(attrs.Factory(ModelConfig))
     #: ``[engine]``: scheduling mode, prefill step, default max_tokens.
     engine: EngineSection = _option(attrs.Factory(EngineSection))
+    #: ``[cache]``: the paged prefix cache.
+    cache: CacheConfig = _option(attrs.Factory(CacheConfig))
     #: ``[limits]``: queue depth and request-size limits.
     limits: LimitsConfig = _option(attrs.Factory(LimitsConfig))
     #: ``[logging]``: log level.

@@ -37,7 +37,8 @@ ADMIT_BUFFER = 16
 #: Buffer of a request's outbox. One slot is reserved for the final output; the rest let a
 #: slightly slow consumer smooth jitter before its tokens start to be coalesced.
 OUTBOX_BUFFER = 4
-#: scheduler <-> cache manager: one lookup in flight at a time, a few fire-and-forget commits.
+#: scheduler -> cache manager: releases are fire and forget; lookups, commits and clears wait
+#: for their answer (one at a time, on a channel of 1).
 CACHE_BUFFER = 8
 
 PromptInput = str | list[dict[str, Any]] | tuple[ChatMessage, ...]
@@ -126,7 +127,7 @@ class Engine:
         cache_send, cache_recv = trio.open_memory_channel(CACHE_BUFFER)
         match_send, match_recv = trio.open_memory_channel(1)
         model_info: ModelInfo = await nursery.start(factory(plan_recv, result_send).run)
-        cache = CacheManagerActor(command_recv=cache_recv, match_send=match_send)
+        cache = CacheManagerActor(command_recv=cache_recv, reply_send=match_send, cfg=cfg.cache)
         scheduler = SchedulerActor(
             admit_recv=admit_recv,
             plan_send=plan_send,
@@ -156,6 +157,12 @@ class Engine:
 
     def _stop_admissions(self) -> None:
         self._submit_send.close()
+
+    async def clear_prefix_cache(self) -> int:
+        """Drop every cached prefix block no running request holds; return how many."""
+        request = self._scheduler.request_cache_clear()
+        await request.done.wait()
+        return request.num_dropped
 
     def statistics(self) -> EngineStatistics:
         return EngineStatistics(

@@ -123,10 +123,26 @@ class PrefixMatch:
 
 @_frozen
 class PrefixCommit:
-    """A request's prompt KV is computed: its full blocks may be shared from now on."""
+    """KV for ``token_ids`` is computed and the executor holds copies of its full blocks
+    from ``first_block`` on (``ready_id`` names them; ``block_nbytes`` are their sizes).
+    Answered by :class:`PrefixStored`: which copies to keep, under which block ids."""
 
     request_id: RequestId
     token_ids: tuple[int, ...]
+    ready_id: int = 0
+    first_block: int = 0
+    block_nbytes: tuple[int, ...] = ()
+
+
+@_frozen
+class PrefixStored:
+    """The answer to a commit: keep copy ``block_index`` of ``ready_id`` as ``block_id`` for
+    each entry of ``store``; ``evicted`` blocks are gone from the store (drop their arrays)."""
+
+    request_id: RequestId
+    ready_id: int
+    store: tuple[tuple[int, BlockId], ...] = ()
+    evicted: tuple[BlockId, ...] = ()
 
 
 @_frozen
@@ -136,7 +152,20 @@ class PrefixRelease:
     request_ids: tuple[RequestId, ...]
 
 
-CacheCommand: TypeAlias = PrefixLookup | PrefixCommit | PrefixRelease
+@_frozen
+class PrefixClear:
+    """Drop every block no request holds (``DELETE /v1/cache``). Answered by PrefixCleared."""
+
+
+@_frozen
+class PrefixCleared:
+    """The blocks :class:`PrefixClear` dropped (the executor frees their arrays)."""
+
+    evicted: tuple[BlockId, ...]
+
+
+CacheCommand: TypeAlias = PrefixLookup | PrefixCommit | PrefixRelease | PrefixClear
+CacheReply: TypeAlias = PrefixMatch | PrefixStored | PrefixCleared
 
 
 # -- SchedulerActor <-> ExecutorActor ----------------------------------------------------
@@ -154,17 +183,49 @@ class NewSequence:
 
 
 @_frozen
+class BlockStore:
+    """Keep the executor's copy ``block_index`` of commit ``ready_id`` as prefix block ``block_id``."""
+
+    ready_id: int
+    block_index: int
+    block_id: BlockId
+
+
+@_frozen
 class StepPlan:
-    """One model step: drop ``finished_ids``, start ``new_seqs``, decode ``decode_ids``."""
+    """One model step. In order: keep the ``store_blocks`` copies (and free the other copies
+    of their ``ready_id``s), drop the ``drop_blocks`` arrays, drop ``finished_ids``, start
+    ``new_seqs`` (splicing their cached blocks), decode ``decode_ids``."""
 
     step_id: int
     new_seqs: tuple[NewSequence, ...] = ()
     decode_ids: tuple[RequestId, ...] = ()
     finished_ids: tuple[RequestId, ...] = ()
+    store_blocks: tuple[BlockStore, ...] = ()
+    released_ready_ids: tuple[int, ...] = ()
+    drop_blocks: tuple[BlockId, ...] = ()
 
     @property
     def is_empty(self) -> bool:
-        return not (self.new_seqs or self.decode_ids or self.finished_ids)
+        return not (
+            self.new_seqs
+            or self.decode_ids
+            or self.finished_ids
+            or self.released_ready_ids
+            or self.drop_blocks
+        )
+
+
+@_frozen
+class KVReady:
+    """The executor copied full blocks ``first_block ..`` of ``token_ids``'s KV (``block_nbytes``
+    bytes each) and holds them under ``ready_id`` until a plan says which to keep."""
+
+    request_id: RequestId
+    ready_id: int
+    token_ids: tuple[int, ...]
+    first_block: int
+    block_nbytes: tuple[int, ...]
 
 
 @_frozen
@@ -177,6 +238,7 @@ class StepResult:
     step_id: int
     sampled: tuple[tuple[RequestId, tuple[int, ...]], ...] = ()
     logprobs: tuple[tuple[RequestId, tuple[TokenLogprob, ...]], ...] = ()
+    kv_ready: tuple[KVReady, ...] = ()
     failed: tuple[tuple[RequestId, str], ...] = ()
     elapsed_s: float = 0.0
 

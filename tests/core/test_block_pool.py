@@ -316,8 +316,14 @@ def test_invalid_configuration_is_rejected():
 
 REQUESTS = [RequestId(f"r{i}") for i in range(4)]
 requests = st.sampled_from(REQUESTS)
-prompts = st.lists(st.integers(0, 2), max_size=12).map(tuple)
-salts = st.sampled_from([(), ("s",)])
+# shared starts (like system prompts) plus a random tail, so hits and prefix hits are common
+STARTS = [(), (0, 0, 0, 0), (0, 0, 0, 0, 1, 1, 1, 1), (0, 0, 0, 0, 1, 1, 2, 2), (1, 2, 1, 2, 1, 2)]
+prompts = st.builds(
+    lambda start, tail: start + tuple(tail),
+    st.sampled_from(STARTS),
+    st.lists(st.integers(0, 2), max_size=5),
+)
+salts = st.sampled_from([(), (), ("s",)])
 
 
 class PoolMachine(RuleBasedStateMachine):
@@ -325,7 +331,7 @@ class PoolMachine(RuleBasedStateMachine):
 
     @initialize(
         block_size=st.integers(2, 4),
-        max_blocks=st.none() | st.integers(0, 6),
+        max_blocks=st.none() | st.integers(0, 12),
         max_bytes=st.none() | st.integers(0, 100),
     )
     def setup(self, block_size, max_blocks, max_bytes):
@@ -333,6 +339,8 @@ class PoolMachine(RuleBasedStateMachine):
         self.bs = block_size
         self.content: dict[int, tuple] = {}  # block id -> (extra_keys, token ids up to its end)
         self.leases: dict[str, set[int]] = collections.defaultdict(set)
+        self.nbytes: dict[int, int] = {}
+        self.budget = self.pool.budget
         self.max_id = -1
 
     def _expected_run(self, tokens, salt, max_blocks) -> tuple[int, ...]:
@@ -373,6 +381,7 @@ class PoolMachine(RuleBasedStateMachine):
             self.max_id = b.block_id
             assert (b.token_start, b.token_end) == (b.block_index * self.bs, (b.block_index + 1) * self.bs)
             self.content[b.block_id] = (salt, tokens[: b.token_end])
+            self.nbytes[b.block_id] = 0
         held = self.pool.cached_prefix(tokens, salt)
         assert held == self._expected_run(tokens, salt, num_full)
         assert len(held) == num_full
@@ -388,17 +397,29 @@ class PoolMachine(RuleBasedStateMachine):
     def set_nbytes(self, data, nbytes):
         block_id = data.draw(st.integers(0, self.max_id + 1))
         assert self.pool.set_nbytes(block_id, nbytes) == (block_id in self.content)
+        if block_id in self.content:
+            self.nbytes[block_id] = nbytes
+
+    def _over(self, dropped) -> bool:
+        kept = set(self.content) - set(dropped)
+        max_bytes, max_blocks = self.budget.max_bytes, self.budget.max_blocks
+        return (max_bytes is not None and sum(self.nbytes[b] for b in kept) > max_bytes) or (
+            max_blocks is not None and len(kept) > max_blocks
+        )
 
     @rule()
     def evict(self):
         queue = self.pool.free_queue()
         unleased = self._unleased()
         evicted = self.pool.evict_over_budget()
-        assert evicted == queue[: len(evicted)]
+        # the shortest run from the front of the free queue that ends the excess, or all of it
+        k = next((k for k in range(len(queue) + 1) if not self._over(queue[:k])), len(queue))
+        assert evicted == queue[:k]
         assert set(evicted) <= unleased
         for block_id in evicted:
             del self.content[block_id]
-        assert not self.pool.stats().over_budget or not self.pool.free_queue()
+            del self.nbytes[block_id]
+        assert self.pool.stats().over_budget == self._over(())
 
     @rule()
     def clear(self):
@@ -406,6 +427,7 @@ class PoolMachine(RuleBasedStateMachine):
         assert set(self.pool.clear()) == unleased
         for block_id in unleased:
             del self.content[block_id]
+            del self.nbytes[block_id]
 
     @invariant()
     def consistent(self):
@@ -419,6 +441,8 @@ class PoolMachine(RuleBasedStateMachine):
         for request in REQUESTS:
             assert set(self.pool.holders(request)) == self.leases.get(request, set())
         assert set(self.pool.free_queue()) == self._unleased()
+        assert stats.bytes_used == sum(self.nbytes.values())
+        assert stats.over_budget == self._over(())
 
 
 TestPoolMachine = PoolMachine.TestCase

@@ -1,8 +1,9 @@
-"""CacheManagerActor: the prefix store's owner, consulted once per admission, commit and release.
+"""CacheManagerActor: owns the paged prefix store, consulted once per admission, commit,
+release and clear, never per token.
 
-This version keeps no blocks: every lookup is a miss. It still speaks the full protocol
-(lookup -> match, commit, release) and keeps its counters, so the paged prefix cache slots in
-behind the same messages without reshaping the scheduler or the executor.
+The block pool (``core/block_pool.py``) decides which blocks exist, who leases them and what
+is evicted; the arrays live on the MLX thread, so every answer that creates or evicts blocks
+names them for the scheduler to put in the next plan.
 """
 
 from __future__ import annotations
@@ -12,69 +13,135 @@ from typing import assert_never
 import attrs
 import trio
 
-from ..messages import CacheCommand, PrefixCommit, PrefixLookup, PrefixMatch, PrefixRelease
+from ..config import CacheConfig
+from ..core.block_pool import BlockPool, Budget, PoolStats
+from ..core.memory import available_memory_bytes
+from ..messages import (
+    CacheCommand,
+    CacheReply,
+    PrefixClear,
+    PrefixCleared,
+    PrefixCommit,
+    PrefixLookup,
+    PrefixMatch,
+    PrefixRelease,
+    PrefixStored,
+)
 
 
 @attrs.frozen(slots=True, kw_only=True)
 class CacheStatistics:
-    """Counters since start."""
+    """Counters since start, and the pool's gauges."""
 
+    enabled: bool
     num_queries: int
     num_hits: int
+    num_prefix_hits: int
     num_misses: int
     num_commits: int
     num_releases: int
     num_leased: int
+    pool: PoolStats
+
+
+def cache_budget(cfg: CacheConfig) -> Budget:
+    """The pool's limit: bytes (memory_mb, else memory_percent of what is available) or blocks."""
+    if not cfg.memory_aware:
+        return Budget(max_blocks=cfg.max_entries)
+    if cfg.memory_mb is not None:
+        return Budget(max_bytes=cfg.memory_mb * 1024 * 1024)
+    return Budget(max_bytes=int(available_memory_bytes() * cfg.memory_percent))
 
 
 class CacheManagerActor:
-    """Answers each :class:`PrefixLookup` with a :class:`PrefixMatch`, in order."""
+    """Answers lookups, commits and clears in order on ``reply_send``; releases need no answer."""
 
     def __init__(
         self,
         *,
         command_recv: trio.MemoryReceiveChannel[CacheCommand],
-        match_send: trio.MemorySendChannel[PrefixMatch],
+        reply_send: trio.MemorySendChannel[CacheReply],
+        cfg: CacheConfig | None = None,
     ):
+        cfg = cfg or CacheConfig()
         self._command_recv = command_recv
-        self._match_send = match_send
+        self._reply_send = reply_send
+        self._enabled = cfg.enabled
+        self.pool = BlockPool(block_size=cfg.block_size, budget=cache_budget(cfg))
         self._leased: set[str] = set()
-        self._num_queries = 0
-        self._num_hits = 0
         self._num_commits = 0
         self._num_releases = 0
 
+    @property
+    def block_size(self) -> int:
+        return self.pool.block_size
+
     def statistics(self) -> CacheStatistics:
+        pool = self.pool.stats()
         return CacheStatistics(
-            num_queries=self._num_queries,
-            num_hits=self._num_hits,
-            num_misses=self._num_queries - self._num_hits,
+            enabled=self._enabled,
+            num_queries=pool.num_queries,
+            num_hits=pool.num_hits,
+            num_prefix_hits=pool.num_prefix_hits,
+            num_misses=pool.num_misses,
             num_commits=self._num_commits,
             num_releases=self._num_releases,
             num_leased=len(self._leased),
+            pool=pool,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve commands until the scheduler closes its end."""
-        with self._command_recv, self._match_send:
+        with self._command_recv, self._reply_send:
             task_status.started()
             async for command in self._command_recv:
-                await self._handle(command)
+                reply = self._handle(command)
+                if reply is not None:
+                    await self._reply_send.send(reply)
 
-    async def _handle(self, command: CacheCommand) -> None:
+    def _handle(self, command: CacheCommand) -> CacheReply | None:
         match command:
             case PrefixLookup():
-                self._num_queries += 1
                 self._leased.add(command.request_id)
-                await self._match_send.send(
-                    PrefixMatch(request_id=command.request_id, num_cached_tokens=0, block_ids=())
+                if not self._enabled:
+                    return PrefixMatch(request_id=command.request_id, num_cached_tokens=0, block_ids=())
+                hit = self.pool.lookup(command.request_id, command.prompt_token_ids)
+                return PrefixMatch(
+                    request_id=command.request_id,
+                    num_cached_tokens=hit.num_cached_tokens,
+                    block_ids=hit.block_ids,
                 )
             case PrefixCommit():
-                self._num_commits += 1
+                return self._commit(command)
             case PrefixRelease():
-                for request_id in command.request_ids:
-                    if request_id in self._leased:
-                        self._leased.discard(request_id)
-                        self._num_releases += 1
+                self._release(command.request_ids)
+                return None
+            case PrefixClear():
+                return PrefixCleared(evicted=self.pool.clear())
             case _:
                 assert_never(command)
+
+    def _commit(self, command: PrefixCommit) -> PrefixStored:
+        """Create the new blocks, keep the executor's copies of them, evict over budget."""
+        self._num_commits += 1
+        if not self._enabled or command.request_id not in self._leased:
+            return PrefixStored(request_id=command.request_id, ready_id=command.ready_id)
+        store = []
+        for block in self.pool.commit(command.request_id, command.token_ids):
+            copy_index = block.block_index - command.first_block
+            assert 0 <= copy_index < len(command.block_nbytes), "a new block the executor copied"
+            self.pool.set_nbytes(block.block_id, command.block_nbytes[copy_index])
+            store.append((block.block_index, block.block_id))
+        return PrefixStored(
+            request_id=command.request_id,
+            ready_id=command.ready_id,
+            store=tuple(store),
+            evicted=self.pool.evict_over_budget(),
+        )
+
+    def _release(self, request_ids: tuple) -> None:
+        self.pool.release(request_ids)
+        for request_id in request_ids:
+            if request_id in self._leased:
+                self._leased.discard(request_id)
+                self._num_releases += 1

@@ -14,11 +14,17 @@ from ..core.scheduler import Scheduler
 from ..errors import ExecutorCrashedError, VllmMlxTrioError
 from ..messages import (
     Admit,
+    BlockStore,
     CacheCommand,
+    CacheReply,
+    KVReady,
+    PrefixClear,
+    PrefixCleared,
     PrefixCommit,
     PrefixLookup,
     PrefixMatch,
     PrefixRelease,
+    PrefixStored,
     RequestFailed,
     RequestOutput,
     StepPlan,
@@ -26,6 +32,14 @@ from ..messages import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+@attrs.define
+class _ClearRequest:
+    """A pending ``DELETE /v1/cache``: set once the blocks are gone from the store."""
+
+    done: trio.Event = attrs.Factory(trio.Event)
+    num_dropped: int = 0
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -66,7 +80,7 @@ class SchedulerActor:
         plan_send: trio.MemorySendChannel[StepPlan],
         result_recv: trio.MemoryReceiveChannel[StepResult],
         cache_send: trio.MemorySendChannel[CacheCommand],
-        match_recv: trio.MemoryReceiveChannel[PrefixMatch],
+        match_recv: trio.MemoryReceiveChannel[CacheReply],
         eos_token_ids: tuple[int, ...],
         max_running: int = 1,
         plans_in_flight: int = 1,
@@ -84,6 +98,7 @@ class SchedulerActor:
         self._stream_interval = stream_interval
         self._admissions_open = True
         self._admitted = trio.Event()
+        self._clear_requests: list[_ClearRequest] = []
         self._num_steps = 0
         self._num_finished = 0
         self._num_aborted = 0
@@ -118,6 +133,8 @@ class SchedulerActor:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._receive_admissions)
             while self._admissions_open or self._scheduler.has_work or self._in_flight:
+                if self._clear_requests:
+                    await self._clear_cache()
                 if not (self._scheduler.has_work or self._in_flight):
                     await self._admitted.wait()
                     self._admitted = trio.Event()
@@ -154,7 +171,7 @@ class SchedulerActor:
                 PrefixLookup(request_id=request.request_id, prompt_token_ids=request.prompt_token_ids)
             )
             match = await self._match_recv.receive()
-            assert match.request_id == request.request_id, "cache replies arrive in order"
+            assert isinstance(match, PrefixMatch) and match.request_id == request.request_id
             self._scheduler.start(
                 request, num_cached_tokens=match.num_cached_tokens, block_ids=match.block_ids
             )
@@ -168,7 +185,7 @@ class SchedulerActor:
         plan = self._in_flight.popleft()
         assert result.step_id == plan.step_id, "results arrive in plan order"
         self._num_steps += 1
-        await self._commit_new_prompts(plan)
+        await self._commit(result.kv_ready)
         for request in self._scheduler.apply(result):
             self._deliver(request)
         for request_id, message in result.failed:
@@ -177,11 +194,42 @@ class SchedulerActor:
                 self._fail(request, ExecutorCrashedError(message))
         await self._release_finished()
 
-    async def _commit_new_prompts(self, plan: StepPlan) -> None:
-        for seq in plan.new_seqs:
+    async def _commit(self, kv_ready: tuple[KVReady, ...]) -> None:
+        """One round trip per computed prompt (or finished sequence): which copies to keep."""
+        for ready in kv_ready:
             await self._cache_send.send(
-                PrefixCommit(request_id=seq.request_id, token_ids=seq.prompt_token_ids)
+                PrefixCommit(
+                    request_id=ready.request_id,
+                    token_ids=ready.token_ids,
+                    ready_id=ready.ready_id,
+                    first_block=ready.first_block,
+                    block_nbytes=ready.block_nbytes,
+                )
             )
+            stored = await self._match_recv.receive()
+            assert isinstance(stored, PrefixStored) and stored.ready_id == ready.ready_id
+            self._scheduler.queue_block_ops(
+                store=tuple(BlockStore(ready_id=ready.ready_id, block_index=i, block_id=b) for i, b in stored.store),
+                released_ready_ids=(ready.ready_id,),
+                drop=stored.evicted,
+            )
+
+    def request_cache_clear(self) -> _ClearRequest:
+        """Ask the loop to drop every unleased prefix block; await the result's ``done``."""
+        request = _ClearRequest()
+        self._clear_requests.append(request)
+        self._admitted.set()  # wake the loop if it is idle
+        return request
+
+    async def _clear_cache(self) -> None:
+        requests, self._clear_requests = self._clear_requests, []
+        await self._cache_send.send(PrefixClear())
+        cleared = await self._match_recv.receive()
+        assert isinstance(cleared, PrefixCleared)
+        self._scheduler.queue_block_ops(drop=cleared.evicted)
+        for request in requests:
+            request.num_dropped = len(cleared.evicted)
+            request.done.set()
 
     def _deliver(self, request: Request) -> None:
         """Hand undelivered tokens to the client without waiting; see the class docstring."""

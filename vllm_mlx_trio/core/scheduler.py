@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterator
 
-from ..messages import NewSequence, RequestId, StepPlan, StepResult
+from ..messages import BlockId, BlockStore, NewSequence, RequestId, StepPlan, StepResult
 from .request import Request, RequestStatus
 
 
@@ -27,6 +27,9 @@ class Scheduler:
         self.running: dict[RequestId, Request] = {}
         self._starting: list[NewSequence] = []
         self._to_drop: list[RequestId] = []
+        self._store_blocks: list[BlockStore] = []
+        self._released_ready_ids: list[int] = []
+        self._drop_blocks: list[BlockId] = []
         self._next_step_id = 0
 
     @property
@@ -39,7 +42,9 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self._to_drop)
+        return bool(
+            self.waiting or self.running or self._to_drop or self._released_ready_ids or self._drop_blocks
+        )
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -80,6 +85,18 @@ class Scheduler:
         request.status = status
         return request
 
+    def queue_block_ops(
+        self,
+        *,
+        store: tuple[BlockStore, ...] = (),
+        released_ready_ids: tuple[int, ...] = (),
+        drop: tuple[BlockId, ...] = (),
+    ) -> None:
+        """Prefix-store work for the next plan: keep these copies, free the rest, drop these."""
+        self._store_blocks.extend(store)
+        self._released_ready_ids.extend(released_ready_ids)
+        self._drop_blocks.extend(drop)
+
     def pending_drops(self) -> tuple[RequestId, ...]:
         """Requests that left the batch since the last plan (the next plan drops them)."""
         return tuple(self._to_drop)
@@ -93,12 +110,15 @@ class Scheduler:
             new_seqs=tuple(self._starting),
             decode_ids=decode_ids,
             finished_ids=tuple(self._to_drop),
+            store_blocks=tuple(self._store_blocks),
+            released_ready_ids=tuple(self._released_ready_ids),
+            drop_blocks=tuple(self._drop_blocks),
         )
         if plan.is_empty:
             return None
         self._next_step_id += 1
-        self._starting.clear()
-        self._to_drop.clear()
+        for pending in (self._starting, self._to_drop, self._store_blocks, self._released_ready_ids, self._drop_blocks):
+            pending.clear()
         return plan
 
     def apply(self, result: StepResult) -> list[Request]:

@@ -18,7 +18,8 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 
 from ..config import EngineConfig
-from ..messages import ModelInfo, NewSequence, RequestId, StepPlan, StepResult
+from ..messages import KVReady, ModelInfo, NewSequence, RequestId, StepPlan, StepResult
+from .kv_store import PrefixBlocks
 from .loading import load_for_serving
 from .sampling import greedy, make_request_processors, make_request_sampler, token_logprob
 
@@ -33,9 +34,14 @@ class BatchRunner:
         self._request_ids: dict[int, RequestId] = {}  # BatchGenerator uid -> request
         self._uids: dict[RequestId, int] = {}
         self._num_logprobs: dict[RequestId, int] = {}
+        self._sequences: dict[RequestId, NewSequence] = {}
+        self._prefix: PrefixBlocks | None = None
 
     def load(self) -> ModelInfo:
         model, self._info = load_for_serving(self._cfg.model)
+        self._prefix = PrefixBlocks(
+            model, self._cfg.cache.block_size, enabled=self._cfg.cache.enabled
+        )
         engine = self._cfg.engine
         self._generator = BatchGenerator(
             model,
@@ -49,10 +55,12 @@ class BatchRunner:
 
     def execute(self, plan: StepPlan) -> StepResult:
         started = time.perf_counter()
+        assert self._generator is not None and self._prefix is not None
+        self._prefix.apply(plan)
         self._remove(plan.finished_ids)
         self._insert(plan.new_seqs)
-        assert self._generator is not None
-        _prompt_progress, generated = self._generator.next()
+        prompt_progress, generated = self._generator.next()
+        kv_ready = [self._prompt_ready(r.uid) for r in prompt_progress if r.end_of_prompt]
         sampled, logprobs = [], []
         for response in generated:
             rid = self._request_ids[response.uid]
@@ -61,23 +69,45 @@ class BatchRunner:
             if num_top is not None:
                 logprobs.append((rid, (token_logprob(response.logprobs, response.token, num_top),)))
             if response.finish_reason is not None:
+                kv_ready.append(self._finished_ready(rid, response))
                 self._forget(rid)
         return StepResult(
             step_id=plan.step_id,
             sampled=tuple(sampled),
             logprobs=tuple(logprobs),
+            kv_ready=tuple(ready for ready in kv_ready if ready is not None),
             elapsed_s=time.perf_counter() - started,
         )
+
+    def _prompt_ready(self, uid: int) -> KVReady | None:
+        """The prompt is processed: copy its new full blocks for the prefix store."""
+        assert self._generator is not None and self._prefix is not None
+        rid = self._request_ids.get(uid)
+        if rid is None or not self._prefix.enabled:
+            return None
+        seq = self._sequences[rid]
+        cache, _tokens = self._generator.extract_cache([uid])[uid]
+        first_block = seq.num_cached_tokens // self._prefix.block_size
+        return self._prefix.ready(rid, seq.prompt_token_ids, cache, first_block)
+
+    def _finished_ready(self, rid: RequestId, response) -> KVReady | None:
+        """A sequence finished: its prompt + output blocks, for the next turn of a chat."""
+        assert self._prefix is not None
+        if not self._cfg.cache.store_generated or response.prompt_cache is None:
+            return None
+        seq = self._sequences[rid]
+        first_block = len(seq.prompt_token_ids) // self._prefix.block_size
+        return self._prefix.ready(rid, tuple(response.all_tokens), response.prompt_cache, first_block)
 
     def _insert(self, seqs: tuple[NewSequence, ...]) -> None:
         if not seqs:
             return
-        assert self._generator is not None and self._info is not None
-        for seq in seqs:
-            assert seq.num_cached_tokens == 0, "the prefix store hands out no blocks yet"
+        assert self._generator is not None and self._prefix is not None
         rows = [self._row(seq) for seq in seqs]
         uids = self._generator.insert(
-            [list(seq.prompt_token_ids) for seq in seqs],
+            [list(seq.prompt_token_ids[seq.num_cached_tokens :]) for seq in seqs],
+            caches=[self._prefix.cache_for(seq) for seq in seqs],
+            all_tokens=[list(seq.prompt_token_ids[: seq.num_cached_tokens]) for seq in seqs],
             max_tokens=[seq.params.max_tokens for seq in seqs],
             samplers=[row[0] for row in rows],
             logits_processors=[row[1] for row in rows],
@@ -86,6 +116,7 @@ class BatchRunner:
         for uid, seq in zip(uids, seqs):
             self._request_ids[uid] = seq.request_id
             self._uids[seq.request_id] = uid
+            self._sequences[seq.request_id] = seq
             if seq.params.logprobs is not None:
                 self._num_logprobs[seq.request_id] = seq.params.logprobs
 
@@ -113,6 +144,7 @@ class BatchRunner:
         if uid is not None:
             del self._request_ids[uid]
         self._num_logprobs.pop(request_id, None)
+        self._sequences.pop(request_id, None)
 
     @property
     def num_sequences(self) -> int:
@@ -122,6 +154,8 @@ class BatchRunner:
         if self._generator is not None:
             self._generator.close()
             self._generator = None
+        if self._prefix is not None:
+            self._prefix.close()
         self._request_ids.clear()
         self._uids.clear()
         mx.clear_cache()

@@ -13,7 +13,10 @@ import mlx.core as mx
 from mlx_lm.generate import generate_step
 
 from ..config import EngineConfig
-from ..messages import ModelInfo, NewSequence, RequestId, StepPlan, StepResult, TokenLogprob
+from mlx_lm.models.cache import make_prompt_cache
+
+from ..messages import KVReady, ModelInfo, NewSequence, RequestId, StepPlan, StepResult, TokenLogprob
+from .kv_store import PrefixBlocks
 from .loading import load_for_serving
 from .sampling import make_request_processors, make_request_sampler, token_logprob
 
@@ -28,46 +31,63 @@ class SimpleRunner:
         self._info: ModelInfo | None = None
         self._sequences: dict[RequestId, Iterator[tuple[int, mx.array]]] = {}
         self._num_logprobs: dict[RequestId, int] = {}
+        #: Per live sequence: (its NewSequence, its KV cache, tokens emitted so far).
+        self._state: dict[RequestId, tuple[NewSequence, list, list[int]]] = {}
+        self._prefix: PrefixBlocks | None = None
 
     def load(self) -> ModelInfo:
         self._model, self._info = load_for_serving(self._cfg.model)
         self._stream = mx.new_stream(mx.default_device())
+        self._prefix = PrefixBlocks(self._model, self._cfg.cache.block_size, enabled=self._cfg.cache.enabled)
         return self._info
 
     def execute(self, plan: StepPlan) -> StepResult:
         started = time.perf_counter()
-        for request_id in plan.finished_ids:
-            self._drop(request_id)
+        assert self._prefix is not None
+        self._prefix.apply(plan)
+        kv_ready = [self._drop(request_id) for request_id in plan.finished_ids]
         for seq in plan.new_seqs:
             self._sequences[seq.request_id] = self._start(seq)
             if seq.params.logprobs is not None:
                 self._num_logprobs[seq.request_id] = seq.params.logprobs
         sampled, logprobs = [], []
         for rid in (*(s.request_id for s in plan.new_seqs), *plan.decode_ids):
-            step = next(self._sequences[rid], None)
+            step = next(self._sequences[rid], None) if rid in self._sequences else None
             if step is None:  # reached max_tokens; the scheduler has seen the last token
                 continue
             token, row = int(step[0]), step[1]
             sampled.append((rid, (token,)))
             if rid in self._num_logprobs:
                 logprobs.append((rid, (self._logprob(row, token, self._num_logprobs[rid]),)))
+            if not self._state[rid][2]:
+                kv_ready.append(self._prompt_ready(rid))
+            self._state[rid][2].append(token)
         return StepResult(
             step_id=plan.step_id,
             sampled=tuple(sampled),
             logprobs=tuple(logprobs),
+            kv_ready=tuple(ready for ready in kv_ready if ready is not None),
             elapsed_s=time.perf_counter() - started,
         )
+
+    def _prompt_ready(self, rid: RequestId) -> KVReady | None:
+        assert self._prefix is not None
+        seq, cache, _emitted = self._state[rid]
+        first_block = seq.num_cached_tokens // self._prefix.block_size
+        with mx.stream(self._stream):
+            return self._prefix.ready(rid, seq.prompt_token_ids, cache, first_block)
 
     def _logprob(self, row: mx.array, token: int, num_top: int) -> TokenLogprob:
         with mx.stream(self._stream):
             return token_logprob(row, token, num_top)
 
     def _start(self, seq: NewSequence) -> Iterator[tuple[int, mx.array]]:
-        assert seq.num_cached_tokens == 0, "the prefix store hands out no blocks yet"
-        assert self._info is not None
+        assert self._info is not None and self._prefix is not None
         params = seq.params
+        cache = self._prefix.cache_for(seq) or make_prompt_cache(self._model)
+        self._state[seq.request_id] = (seq, cache, [])
         return generate_step(
-            mx.array(seq.prompt_token_ids, dtype=mx.uint32),
+            mx.array(seq.prompt_token_ids[seq.num_cached_tokens :], dtype=mx.uint32),
             self._model,
             stream=self._stream,
             max_tokens=params.max_tokens,
@@ -75,14 +95,26 @@ class SimpleRunner:
             logits_processors=make_request_processors(
                 params, stop_ids=params.stop_ids(self._info.eos_token_ids)
             ),
+            prompt_cache=cache,
             prefill_step_size=self._cfg.engine.prefill_step_size,
         )
 
-    def _drop(self, request_id: RequestId) -> None:
+    def _drop(self, request_id: RequestId) -> KVReady | None:
+        """End a sequence; with ``store_generated``, offer its prompt + output blocks."""
         generator = self._sequences.pop(request_id, None)
         if generator is not None:
             generator.close()
         self._num_logprobs.pop(request_id, None)
+        state = self._state.pop(request_id, None)
+        if state is None or not self._cfg.cache.store_generated:
+            return None
+        assert self._prefix is not None
+        seq, cache, emitted = state
+        # The last emitted token's KV may not be computed: commit up to the one before it.
+        token_ids = (*seq.prompt_token_ids, *emitted[:-1])
+        first_block = len(seq.prompt_token_ids) // self._prefix.block_size
+        with mx.stream(self._stream):
+            return self._prefix.ready(request_id, token_ids, cache, first_block)
 
     @property
     def num_sequences(self) -> int:
@@ -92,5 +124,8 @@ class SimpleRunner:
         for generator in self._sequences.values():
             generator.close()
         self._sequences.clear()
+        self._state.clear()
+        if self._prefix is not None:
+            self._prefix.close()
         self._model = None
         mx.clear_cache()
