@@ -106,10 +106,14 @@ class Admit:
 
 @_frozen
 class PrefixLookup:
-    """Find (and lease) the longest cached prefix of a prompt. Answered by PrefixMatch."""
+    """Find (and lease) the longest cached prefix of a prompt. Answered by PrefixMatch.
+
+    ``extra_keys`` are folded into the blocks' hashes (a cache salt; for multimodal prompts,
+    the media's hashes): blocks are only shared between requests with equal extra keys."""
 
     request_id: RequestId
     prompt_token_ids: tuple[int, ...]
+    extra_keys: tuple = ()
 
 
 @_frozen
@@ -129,6 +133,7 @@ class PrefixCommit:
 
     request_id: RequestId
     token_ids: tuple[int, ...]
+    extra_keys: tuple = ()
     ready_id: int = 0
     first_block: int = 0
     block_nbytes: tuple[int, ...] = ()

@@ -105,7 +105,7 @@ class CacheManagerActor:
                 self._leased.add(command.request_id)
                 if not self._enabled:
                     return PrefixMatch(request_id=command.request_id, num_cached_tokens=0, block_ids=())
-                hit = self.pool.lookup(command.request_id, command.prompt_token_ids)
+                hit = self.pool.lookup(command.request_id, command.prompt_token_ids, command.extra_keys)
                 return PrefixMatch(
                     request_id=command.request_id,
                     num_cached_tokens=hit.num_cached_tokens,
@@ -127,7 +127,7 @@ class CacheManagerActor:
         if not self._enabled or command.request_id not in self._leased:
             return PrefixStored(request_id=command.request_id, ready_id=command.ready_id)
         store = []
-        for block in self.pool.commit(command.request_id, command.token_ids):
+        for block in self.pool.commit(command.request_id, command.token_ids, command.extra_keys):
             copy_index = block.block_index - command.first_block
             assert 0 <= copy_index < len(command.block_nbytes), "a new block the executor copied"
             self.pool.set_nbytes(block.block_id, command.block_nbytes[copy_index])

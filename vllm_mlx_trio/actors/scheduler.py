@@ -168,7 +168,11 @@ class SchedulerActor:
                 self._finish_aborted(request)
                 continue
             await self._cache_send.send(
-                PrefixLookup(request_id=request.request_id, prompt_token_ids=request.prompt_token_ids)
+                PrefixLookup(
+                    request_id=request.request_id,
+                    prompt_token_ids=request.prompt_token_ids,
+                    extra_keys=request.params.cache_keys,
+                )
             )
             match = await self._match_recv.receive()
             assert isinstance(match, PrefixMatch) and match.request_id == request.request_id
@@ -197,10 +201,15 @@ class SchedulerActor:
     async def _commit(self, kv_ready: tuple[KVReady, ...]) -> None:
         """One round trip per computed prompt (or finished sequence): which copies to keep."""
         for ready in kv_ready:
+            request = self._scheduler.running.get(ready.request_id)
+            if request is None:  # aborted meanwhile: its blocks are released, keep no copies
+                self._scheduler.queue_block_ops(released_ready_ids=(ready.ready_id,))
+                continue
             await self._cache_send.send(
                 PrefixCommit(
                     request_id=ready.request_id,
                     token_ids=ready.token_ids,
+                    extra_keys=request.params.cache_keys,
                     ready_id=ready.ready_id,
                     first_block=ready.first_block,
                     block_nbytes=ready.block_nbytes,

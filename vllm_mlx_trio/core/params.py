@@ -47,6 +47,13 @@ class SamplingParams:
     logprobs: int | None = None
     #: Tokens per streamed chunk after the first; None means ``engine.stream_interval``.
     stream_interval: int | None = None
+    #: Prefix-cache isolation: only requests with the same salt share cached blocks.
+    cache_salt: str | None = None
+
+    @property
+    def cache_keys(self) -> tuple:
+        """Extra keys of this request's prefix-cache blocks (its salt, when it has one)."""
+        return () if self.cache_salt is None else (("cache_salt", self.cache_salt),)
 
     @property
     def is_greedy(self) -> bool:
@@ -85,6 +92,8 @@ class SamplingParams:
             _check_range("top_logprobs", self.logprobs, 0, MAX_TOP_LOGPROBS)
         if self.stream_interval is not None:
             _check_range("stream_interval", self.stream_interval, 1, MAX_TOP_K)
+        if self.cache_salt is not None and not self.cache_salt:
+            raise InvalidRequestError("cache_salt must not be empty.", param="cache_salt")
 
     def check_token_ids(self, vocab_size: int) -> None:
         """Token ids the request names must exist in the model's vocabulary."""

@@ -22,7 +22,7 @@ from ..messages import ChatMessage
 _SAMPLING_FIELDS = {
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k",
     "min_p", "seed", "repetition_penalty", "stop", "stop_token_ids", "n", "user",
-    "presence_penalty", "frequency_penalty", "logit_bias", "min_tokens", "ignore_eos",
+    "presence_penalty", "frequency_penalty", "logit_bias", "min_tokens", "ignore_eos", "cache_salt",
     "stream_interval",
 }  # fmt: skip
 #: Legacy completions return at most this many alternatives per token (OpenAI's limit).
@@ -147,6 +147,7 @@ def _sampling(body: dict, max_tokens: int | None, logprobs: int | None) -> Sampl
         "min_tokens": _opt(body, "min_tokens", int),
         "ignore_eos": _opt(body, "ignore_eos", bool),
         "stream_interval": _opt(body, "stream_interval", int),
+        "cache_salt": _opt(body, "cache_salt", str),
     }
     return SamplingParams(
         max_tokens=max_tokens,
@@ -202,7 +203,7 @@ def _text_part(part: Any, where: str) -> str:
     return part["text"]
 
 
-_TYPE_NAMES = {int: "an integer", float: "a number", bool: "a boolean", dict: "an object"}
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", dict: "an object"}
 
 
 def _opt(body: dict, name: str, kind: type, param: str | None = None) -> Any:
