@@ -22,7 +22,7 @@ test: install
 	$(VENV)/bin/python -m pytest -q
 
 bench: install
-	$(VENV)/bin/vllm-mlx-trio bench single --model demo:small
+	$(VENV)/bin/vllm-mlx-trio bench all --json bench.json
 
 clean:
 	rm -rf $(VENV)
