@@ -162,6 +162,8 @@ class Engine:
         """Drop every cached prefix block no running request holds; return how many."""
         request = self._scheduler.request_cache_clear()
         await request.done.wait()
+        if request.closed:
+            raise EngineClosedError("The engine stopped before the cache was cleared.")
         return request.num_dropped
 
     def statistics(self) -> EngineStatistics:

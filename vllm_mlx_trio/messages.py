@@ -152,9 +152,17 @@ class PrefixStored:
 
 @_frozen
 class PrefixRelease:
-    """These requests are done (finished, aborted or failed): drop their leases."""
+    """These requests are done (finished, aborted or failed): drop their leases.
+    Answered by :class:`PrefixReleased`."""
 
     request_ids: tuple[RequestId, ...]
+
+
+@_frozen
+class PrefixReleased:
+    """Blocks evicted because the release let the store get back under its budget."""
+
+    evicted: tuple[BlockId, ...] = ()
 
 
 @_frozen
@@ -170,7 +178,7 @@ class PrefixCleared:
 
 
 CacheCommand: TypeAlias = PrefixLookup | PrefixCommit | PrefixRelease | PrefixClear
-CacheReply: TypeAlias = PrefixMatch | PrefixStored | PrefixCleared
+CacheReply: TypeAlias = PrefixMatch | PrefixStored | PrefixReleased | PrefixCleared
 
 
 # -- SchedulerActor <-> ExecutorActor ----------------------------------------------------

@@ -25,6 +25,7 @@ from ..messages import (
     PrefixLookup,
     PrefixMatch,
     PrefixRelease,
+    PrefixReleased,
     PrefixStored,
 )
 
@@ -54,7 +55,7 @@ def cache_budget(cfg: CacheConfig) -> Budget:
 
 
 class CacheManagerActor:
-    """Answers lookups, commits and clears in order on ``reply_send``; releases need no answer."""
+    """Answers every command, in order, on ``reply_send``."""
 
     def __init__(
         self,
@@ -95,11 +96,9 @@ class CacheManagerActor:
         with self._command_recv, self._reply_send:
             task_status.started()
             async for command in self._command_recv:
-                reply = self._handle(command)
-                if reply is not None:
-                    await self._reply_send.send(reply)
+                await self._reply_send.send(self._handle(command))
 
-    def _handle(self, command: CacheCommand) -> CacheReply | None:
+    def _handle(self, command: CacheCommand) -> CacheReply:
         match command:
             case PrefixLookup():
                 self._leased.add(command.request_id)
@@ -114,8 +113,7 @@ class CacheManagerActor:
             case PrefixCommit():
                 return self._commit(command)
             case PrefixRelease():
-                self._release(command.request_ids)
-                return None
+                return self._release(command.request_ids)
             case PrefixClear():
                 return PrefixCleared(evicted=self.pool.clear())
             case _:
@@ -139,9 +137,11 @@ class CacheManagerActor:
             evicted=self.pool.evict_over_budget(),
         )
 
-    def _release(self, request_ids: tuple) -> None:
+    def _release(self, request_ids: tuple) -> PrefixReleased:
+        """End the leases; blocks they held may now be evicted if the store is over budget."""
         self.pool.release(request_ids)
         for request_id in request_ids:
             if request_id in self._leased:
                 self._leased.discard(request_id)
                 self._num_releases += 1
+        return PrefixReleased(evicted=self.pool.evict_over_budget())

@@ -24,6 +24,7 @@ from ..messages import (
     PrefixLookup,
     PrefixMatch,
     PrefixRelease,
+    PrefixReleased,
     PrefixStored,
     RequestFailed,
     RequestOutput,
@@ -40,6 +41,8 @@ class _ClearRequest:
 
     done: trio.Event = attrs.Factory(trio.Event)
     num_dropped: int = 0
+    #: The scheduler stopped before serving it.
+    closed: bool = False
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -99,6 +102,7 @@ class SchedulerActor:
         self._admissions_open = True
         self._admitted = trio.Event()
         self._clear_requests: list[_ClearRequest] = []
+        self._stopped = False
         self._num_steps = 0
         self._num_finished = 0
         self._num_aborted = 0
@@ -127,6 +131,10 @@ class SchedulerActor:
                 await self._loop()
             finally:
                 self._close_all_outboxes()
+                self._stopped = True
+                for request in self._clear_requests:  # nobody will serve them now
+                    request.closed = True
+                    request.done.set()
 
     async def _loop(self) -> None:
         """Step while there is work; admissions are taken in concurrently, even mid-step."""
@@ -226,6 +234,10 @@ class SchedulerActor:
     def request_cache_clear(self) -> _ClearRequest:
         """Ask the loop to drop every unleased prefix block; await the result's ``done``."""
         request = _ClearRequest()
+        if self._stopped:
+            request.closed = True
+            request.done.set()
+            return request
         self._clear_requests.append(request)
         self._admitted.set()  # wake the loop if it is idle
         return request
@@ -293,6 +305,9 @@ class SchedulerActor:
         dropped = self._scheduler.pending_drops()
         if dropped:
             await self._cache_send.send(PrefixRelease(request_ids=dropped))
+            released = await self._match_recv.receive()
+            assert isinstance(released, PrefixReleased)
+            self._scheduler.queue_block_ops(drop=released.evicted)
 
     def _close_all_outboxes(self) -> None:
         for request in [*self._scheduler.waiting, *self._scheduler.running.values()]:

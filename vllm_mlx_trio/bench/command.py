@@ -72,6 +72,11 @@ def add_bench_parser(commands, config_args: ConfigArgs) -> None:
     ttft.add_argument("--samples", type=int, default=8, help="samples per path (default 8)")
     ttft.add_argument("--json", dest="json_path", default=None, help="also write the rows here")
 
+    prefix = sub.add_parser("prefix-cache", help="pass/fail table of prefix-cache hits and misses")
+    config_args(prefix)
+    prefix.add_argument("--model", default=None, help="model path (default: the config's, demo:tiny)")
+    prefix.add_argument("--no-disabled", action="store_true", help="skip the run with the cache off")
+
     every = sub.add_parser("all", help="ceiling, engine and our HTTP server for each model")
     config_args(every)
     every.add_argument("--models", default="demo:tiny,demo:small", help="comma-separated model paths")
@@ -101,6 +106,10 @@ def run_bench(cfg, args: argparse.Namespace) -> int:
         return _single(cfg, args)
     if args.bench_command == "ttft":
         return _ttft(cfg, args)
+    if args.bench_command == "prefix-cache":
+        from .prefix_cache_bench import run_prefix_cache_bench
+
+        return run_prefix_cache_bench(cfg, disabled_run=not args.no_disabled)
     handlers = {"ceiling": _ceiling, "engine": _engine, "http": _http, "all": _all, "peers": _peers}
     payload = handlers[args.bench_command](cfg, args, workload_from(args))
     if args.json_path:

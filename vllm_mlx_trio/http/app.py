@@ -11,6 +11,7 @@ from werkzeug.exceptions import HTTPException
 from ..config import EngineConfig
 from ..engine import Engine
 from ..errors import VllmMlxTrioError
+from .cache_routes import register_cache_routes
 from .errors import describe, error_body
 from .routes import register_routes
 
@@ -28,6 +29,7 @@ def create_app(engine: Engine, cfg: EngineConfig) -> QuartTrio:
     app.json.sort_keys = False
     app.json.ensure_ascii = False
     register_routes(app, engine)
+    register_cache_routes(app, engine)
 
     @app.get("/health")
     async def health():

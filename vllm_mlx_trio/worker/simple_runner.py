@@ -45,7 +45,9 @@ class SimpleRunner:
         started = time.perf_counter()
         assert self._prefix is not None
         self._prefix.apply(plan)
-        kv_ready = [self._drop(request_id) for request_id in plan.finished_ids]
+        for request_id in plan.finished_ids:
+            self._drop(request_id)
+        kv_ready: list[KVReady | None] = []
         for seq in plan.new_seqs:
             self._sequences[seq.request_id] = self._start(seq)
             if seq.params.logprobs is not None:
@@ -59,9 +61,12 @@ class SimpleRunner:
             sampled.append((rid, (token,)))
             if rid in self._num_logprobs:
                 logprobs.append((rid, (self._logprob(row, token, self._num_logprobs[rid]),)))
-            if not self._state[rid][2]:
+            seq, _cache, emitted = self._state[rid]
+            if not emitted:
                 kv_ready.append(self._prompt_ready(rid))
-            self._state[rid][2].append(token)
+            emitted.append(token)
+            if self._finishes(seq, token, len(emitted)):
+                kv_ready.append(self._finished_ready(rid))
         return StepResult(
             step_id=plan.step_id,
             sampled=tuple(sampled),
@@ -99,22 +104,31 @@ class SimpleRunner:
             prefill_step_size=self._cfg.engine.prefill_step_size,
         )
 
-    def _drop(self, request_id: RequestId) -> KVReady | None:
-        """End a sequence; with ``store_generated``, offer its prompt + output blocks."""
+    def _finishes(self, seq: NewSequence, token: int, num_emitted: int) -> bool:
+        """Whether this token ends the sequence, by the rule the scheduler's Request applies."""
+        assert self._info is not None
+        params = seq.params
+        stopped = token in params.stop_ids(self._info.eos_token_ids) and num_emitted > params.min_tokens
+        return stopped or num_emitted >= params.max_tokens
+
+    def _finished_ready(self, rid: RequestId) -> KVReady | None:
+        """The sequence's last token: offer its prompt + output blocks (``store_generated``)."""
+        assert self._prefix is not None
+        if not self._cfg.cache.store_generated:
+            return None
+        seq, cache, emitted = self._state[rid]
+        # The last token's KV is not computed yet: commit up to the one before it.
+        token_ids = (*seq.prompt_token_ids, *emitted[:-1])
+        first_block = len(seq.prompt_token_ids) // self._prefix.block_size
+        with mx.stream(self._stream):
+            return self._prefix.ready(rid, token_ids, cache, first_block)
+
+    def _drop(self, request_id: RequestId) -> None:
         generator = self._sequences.pop(request_id, None)
         if generator is not None:
             generator.close()
         self._num_logprobs.pop(request_id, None)
-        state = self._state.pop(request_id, None)
-        if state is None or not self._cfg.cache.store_generated:
-            return None
-        assert self._prefix is not None
-        seq, cache, emitted = state
-        # The last emitted token's KV may not be computed: commit up to the one before it.
-        token_ids = (*seq.prompt_token_ids, *emitted[:-1])
-        first_block = len(seq.prompt_token_ids) // self._prefix.block_size
-        with mx.stream(self._stream):
-            return self._prefix.ready(request_id, token_ids, cache, first_block)
+        self._state.pop(request_id, None)
 
     @property
     def num_sequences(self) -> int:

@@ -1,0 +1,92 @@
+"""``vllm-mlx-trio bench prefix-cache``: its table on demo:tiny passes every row; the table's
+format and the lookup-kind classification on made-up statistics."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import trio
+
+from vllm_mlx_trio.actors.cache_manager import CacheStatistics
+from vllm_mlx_trio.bench import prefix_cache_bench as bench
+from vllm_mlx_trio.bench.prefix_cache_bench import Outcome, Row, check_prefix_cache, format_rows, lookup_kind
+from vllm_mlx_trio.cli import main
+from vllm_mlx_trio.core.block_pool import BlockPool
+
+TIMEOUT_S = 120
+
+
+@pytest.mark.mlx
+async def test_every_row_passes_on_demo_tiny(demo_cfg):
+    with trio.fail_after(TIMEOUT_S):
+        rows = await check_prefix_cache(demo_cfg)
+    table = format_rows(rows)
+    assert all(row.passed for row in rows), table
+    steps = [row.step for row in rows]
+    assert steps == ["1a", "1b", "1c", "1d", "1e", "2a", "2b", "2c", "3a", "3b", "4a", "4b"]
+    by_step = {row.step: row for row in rows}
+    assert by_step["1b"].actual == "HIT" and by_step["1b"].cached_tokens > 0
+    assert by_step["2a"].actual == "PREFIX_HIT"
+    assert 0 < by_step["2a"].cached_tokens <= by_step["1b"].cached_tokens
+
+
+def _stats(enabled: bool = True, **counts: int) -> CacheStatistics:
+    pool = BlockPool().stats()
+    return CacheStatistics(
+        enabled=enabled, num_queries=0, num_hits=counts.get("hits", 0),
+        num_prefix_hits=counts.get("prefix_hits", 0), num_misses=counts.get("misses", 0),
+        num_commits=0, num_releases=0, num_leased=0, pool=pool,
+    )  # fmt: skip
+
+
+def test_lookup_kind_from_counter_deltas():
+    base = _stats(hits=2, prefix_hits=1, misses=3)
+    assert lookup_kind(base, _stats(hits=3, prefix_hits=1, misses=3)) == "HIT"
+    assert lookup_kind(base, _stats(hits=2, prefix_hits=2, misses=3)) == "PREFIX_HIT"
+    assert lookup_kind(base, _stats(hits=2, prefix_hits=1, misses=4)) == "MISS"
+    assert lookup_kind(base, base) == "NONE"  # an enabled cache must count every lookup
+    assert lookup_kind(base, _stats(hits=3, prefix_hits=1, misses=4)) == "?"
+    off = _stats(enabled=False)
+    assert lookup_kind(off, off) == "MISS"  # a disabled cache counts nothing, reuses nothing
+
+
+def test_request_row_checks_kind_and_cached_tokens_agree():
+    hit = Outcome(kind="HIT", cached_tokens=128, token_ids=(1, 2))
+    assert bench.request_row("1b", "Same prompt", ("HIT",), hit).passed
+    assert not bench.request_row("1b", "Same prompt", ("HIT",), attrs.evolve(hit, cached_tokens=0)).passed
+    miss = Outcome(kind="MISS", cached_tokens=0, token_ids=(1, 2))
+    assert bench.request_row("1c", "Other", ("MISS", "PREFIX_HIT"), miss).passed
+    assert not bench.request_row("1c", "Other", ("MISS",), attrs.evolve(miss, cached_tokens=64)).passed
+    assert not bench.same_tokens_row("1e", "Same", (hit, attrs.evolve(hit, token_ids=(1, 3)))).passed
+
+
+def test_table_format():
+    rows = [
+        Row(step="1a", description="First request", expected="MISS", actual="MISS", passed=True,
+            cached_tokens=0),
+        Row(step="1c", description="Different prompt", expected="MISS or PREFIX_HIT",
+            actual="PREFIX_HIT", passed=False, cached_tokens=64),
+        Row(step="3a", description="Clear the cache", expected="> 0 blocks dropped",
+            actual="3 blocks dropped", passed=True),
+    ]  # fmt: skip
+    assert format_rows(rows).splitlines() == [
+        "  Step   | Description      | Expected           | Actual           | Cached | Status",
+        "  1a     | First request    | MISS               | MISS             | 0      | PASS",
+        "  1c     | Different prompt | MISS or PREFIX_HIT | PREFIX_HIT       | 64     | FAIL",
+        "  3a     | Clear the cache  | > 0 blocks dropped | 3 blocks dropped | -      | PASS",
+    ]
+
+
+@pytest.mark.parametrize(("passed", "status"), [(True, 0), (False, 1)])
+def test_cli_prints_the_table_and_exits_nonzero_on_a_failure(monkeypatch, capsys, passed, status):
+    seen = {}
+
+    async def fake_check(cfg, *, disabled_run):
+        seen.update(model=cfg.model.path, disabled_run=disabled_run)
+        return [Row(step="1a", description="First request", expected="MISS", actual="MISS", passed=passed)]
+
+    monkeypatch.setattr(bench, "check_prefix_cache", fake_check)
+    assert main(["bench", "prefix-cache", "--model", "demo:tiny", "--no-disabled"]) == status
+    out = capsys.readouterr().out
+    assert seen == {"model": "demo:tiny", "disabled_run": False}
+    assert "  Step   | Description" in out and ("PASS" if passed else "FAIL") in out
