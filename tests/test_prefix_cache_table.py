@@ -63,17 +63,17 @@ def test_request_row_checks_kind_and_cached_tokens_agree():
 def test_table_format():
     rows = [
         Row(step="1a", description="First request", expected="MISS", actual="MISS", passed=True,
-            cached_tokens=0),
+            cached_tokens=0, ttft_ms=12.34),
         Row(step="1c", description="Different prompt", expected="MISS or PREFIX_HIT",
             actual="PREFIX_HIT", passed=False, cached_tokens=64),
         Row(step="3a", description="Clear the cache", expected="> 0 blocks dropped",
             actual="3 blocks dropped", passed=True),
     ]  # fmt: skip
     assert format_rows(rows).splitlines() == [
-        "  Step   | Description      | Expected           | Actual           | Cached | Status",
-        "  1a     | First request    | MISS               | MISS             | 0      | PASS",
-        "  1c     | Different prompt | MISS or PREFIX_HIT | PREFIX_HIT       | 64     | FAIL",
-        "  3a     | Clear the cache  | > 0 blocks dropped | 3 blocks dropped | -      | PASS",
+        "  Step   | Description      | Expected           | Actual           | Cached | TTFT ms | Status",
+        "  1a     | First request    | MISS               | MISS             | 0      | 12.3    | PASS",
+        "  1c     | Different prompt | MISS or PREFIX_HIT | PREFIX_HIT       | 64     | -       | FAIL",
+        "  3a     | Clear the cache  | > 0 blocks dropped | 3 blocks dropped | -      | -       | PASS",
     ]
 
 

@@ -12,6 +12,8 @@ its uncached tail would legitimately be a full hit.
 
 from __future__ import annotations
 
+import time
+
 from collections.abc import Sequence
 
 import attrs
@@ -85,7 +87,7 @@ def _repeated(text: str, min_tokens: int, count) -> str:
 
 HIT, PREFIX_HIT, MISS, NONE = "HIT", "PREFIX_HIT", "MISS", "NONE"
 _KIND_COUNTERS = {HIT: "num_hits", PREFIX_HIT: "num_prefix_hits", MISS: "num_misses"}
-HEADERS = ("Step", "Description", "Expected", "Actual", "Cached", "Status")
+HEADERS = ("Step", "Description", "Expected", "Actual", "Cached", "TTFT ms", "Status")
 
 
 @attrs.frozen(kw_only=True)
@@ -98,11 +100,13 @@ class Row:
     actual: str
     passed: bool
     cached_tokens: int | None = None
+    ttft_ms: float | None = None
 
     def cells(self) -> tuple[str, ...]:
         cached = "-" if self.cached_tokens is None else str(self.cached_tokens)
+        ttft = "-" if self.ttft_ms is None else f"{self.ttft_ms:.1f}"
         status = "PASS" if self.passed else "FAIL"
-        return (self.step, self.description, self.expected, self.actual, cached, status)
+        return (self.step, self.description, self.expected, self.actual, cached, ttft, status)
 
 
 @attrs.frozen(kw_only=True)
@@ -112,6 +116,8 @@ class Outcome:
     kind: str
     cached_tokens: int
     token_ids: tuple[int, ...]
+    #: Seconds from submit to the first token (the prefill a hit shortens).
+    ttft_s: float = 0.0
 
 
 def lookup_kind(before: CacheStatistics, after: CacheStatistics) -> str:
@@ -134,11 +140,16 @@ async def run_request(
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, cache_salt=cache_salt)
     before = engine.statistics().cache
     token_ids: list[int] = []
+    start, ttft_s = time.perf_counter(), 0.0
     with await engine.submit(prompt if isinstance(prompt, str) else list(prompt), params) as stream:
         async for delta in stream:
+            if not token_ids and delta.token_ids:
+                ttft_s = time.perf_counter() - start
             token_ids.extend(delta.token_ids)
     kind = lookup_kind(before, engine.statistics().cache)
-    return Outcome(kind=kind, cached_tokens=stream.usage.cached_tokens, token_ids=tuple(token_ids))
+    return Outcome(
+        kind=kind, cached_tokens=stream.usage.cached_tokens, token_ids=tuple(token_ids), ttft_s=ttft_s
+    )
 
 
 def request_row(step: str, description: str, expected: tuple[str, ...], outcome: Outcome) -> Row:
@@ -151,6 +162,7 @@ def request_row(step: str, description: str, expected: tuple[str, ...], outcome:
         actual=outcome.kind,
         passed=outcome.kind in expected and consistent,
         cached_tokens=outcome.cached_tokens,
+        ttft_ms=outcome.ttft_s * 1000,
     )
 
 
