@@ -97,8 +97,9 @@ class SimpleRunner:
             stream=self._stream,
             max_tokens=params.max_tokens,
             sampler=make_request_sampler(params, self._info.vocab_size),
-            logits_processors=make_request_processors(
-                params, stop_ids=params.stop_ids(self._info.eos_token_ids)
+            logits_processors=_with_prefix_context(
+                make_request_processors(params, stop_ids=params.stop_ids(self._info.eos_token_ids)),
+                seq.prompt_token_ids[: seq.num_cached_tokens],
             ),
             prompt_cache=cache,
             prefill_step_size=self._cfg.engine.prefill_step_size,
@@ -143,3 +144,16 @@ class SimpleRunner:
             self._prefix.close()
         self._model = None
         mx.clear_cache()
+
+
+def _with_prefix_context(processors: list, cached_token_ids: tuple[int, ...]) -> list:
+    """``generate_step`` gives processors only the tokens it was handed: put the cached
+    prefix back in front, so a repetition penalty sees the whole prompt as without a hit."""
+    if not processors or not cached_token_ids:
+        return processors
+    prefix = mx.array(cached_token_ids, dtype=mx.uint32)
+
+    def wrap(processor):
+        return lambda context, logits: processor(mx.concatenate([prefix, context.astype(mx.uint32)]), logits)
+
+    return [wrap(processor) for processor in processors]
