@@ -24,6 +24,7 @@ from .actors.scheduler import SchedulerActor, SchedulerStatistics
 from .config import EngineConfig
 from .core.params import SamplingParams
 from .errors import EngineClosedError, QueueFullError
+from .metrics import EngineMetrics, engine_snapshot
 from .messages import ChatMessage, ModelInfo, RequestId, StepPlan, StepResult, Submit
 from .stream import Delta, RequestStream
 
@@ -115,6 +116,8 @@ class Engine:
         self._cache: CacheManagerActor = actors[1]
         self.capacity = cfg.limits.max_waiting + max_running(cfg)
         self._slots = trio.Semaphore(self.capacity, max_value=self.capacity)
+        self.metrics: EngineMetrics = actors[2]
+        self.started_at = trio.current_time()
         self._ids = itertools.count()
 
     @classmethod
@@ -128,6 +131,12 @@ class Engine:
         match_send, match_recv = trio.open_memory_channel(1)
         model_info: ModelInfo = await nursery.start(factory(plan_recv, result_send).run)
         cache = CacheManagerActor(command_recv=cache_recv, reply_send=match_send, cfg=cfg.cache)
+        holder: list[Engine] = []
+        metrics = EngineMetrics(
+            cfg.model_name,
+            model_info.max_context_tokens,
+            lambda: engine_snapshot(holder[0].statistics()) if holder else {},
+        )
         scheduler = SchedulerActor(
             admit_recv=admit_recv,
             plan_send=plan_send,
@@ -138,6 +147,7 @@ class Engine:
             max_running=max_running(cfg),
             plans_in_flight=in_flight,
             stream_interval=cfg.engine.stream_interval,
+            metrics=metrics,
         )
         admission = AdmissionActor(
             submit_recv=submit_recv,
@@ -153,7 +163,9 @@ class Engine:
         await nursery.start(cache.run)
         await nursery.start(scheduler.run)
         await nursery.start(admission.run)
-        return cls(cfg, model_info, submit_send, (scheduler, cache))
+        engine = cls(cfg, model_info, submit_send, (scheduler, cache, metrics))
+        holder.append(engine)
+        return engine
 
     def _stop_admissions(self) -> None:
         self._submit_send.close()
@@ -203,6 +215,7 @@ class Engine:
             params.stop,
             token_bytes=self.model_info.token_bytes,
             on_close=self._slots.release,
+            timer=self.metrics.request_timer(trio.current_time()),
         )
         with contextlib.ExitStack() as on_error:
             on_error.callback(stream.close)

@@ -254,6 +254,8 @@ class StepResult:
     kv_ready: tuple[KVReady, ...] = ()
     failed: tuple[tuple[RequestId, str], ...] = ()
     elapsed_s: float = 0.0
+    #: MLX memory after the step, in bytes: (active, peak, buffer cache).
+    memory: tuple[int, int, int] = (0, 0, 0)
 
 
 @_frozen

@@ -10,6 +10,7 @@ import trio
 from .core.text import Decoder, StopStringMatcher, make_detokenizer
 from .errors import EngineClosedError
 from .messages import Accepted, Output, RequestFailed, RequestId, RequestOutput, TokenLogprob
+from .metrics import RequestTimer
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -57,8 +58,10 @@ class RequestStream:
         *,
         token_bytes: tuple[bytes, ...] | None = None,
         on_close: Callable[[], None] | None = None,
+        timer: RequestTimer | None = None,
     ):
         self.request_id = request_id
+        self._timer = timer
         self._on_close = on_close
         self._outbox_recv = outbox_recv
         self._detokenizer = make_detokenizer(decoder, token_bytes)
@@ -88,6 +91,7 @@ class RequestStream:
 
     def close(self) -> None:
         """Abort (if still running) and release the request's engine slot. Idempotent."""
+        self._record_finish("abort")
         self._outbox_recv.close()
         on_close, self._on_close = self._on_close, None
         if on_close is not None:
@@ -122,11 +126,24 @@ class RequestStream:
             raise EngineClosedError("The engine stopped before the request finished.") from None
         if isinstance(output, RequestFailed):
             self._finished = True
+            self._record_finish("error")
             raise output.error
         return output
 
+    def _record_finish(self, reason: str) -> None:
+        """Metrics, once: the first reason wins (a close after the finish changes nothing)."""
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.finish(
+                reason,
+                prompt_tokens=self.num_prompt_tokens,
+                completion_tokens=self.num_completion_tokens,
+            )
+
     def _to_delta(self, output: RequestOutput) -> Delta:
         self.num_completion_tokens += len(output.token_ids)
+        if self._timer is not None:
+            self._timer.tokens(len(output.token_ids))
         self.num_cached_tokens = output.num_cached_tokens
         text, stopped = self._stop.feed(self._detokenizer.add(output.token_ids))
         finish_reason = "stop" if stopped else output.finish_reason
@@ -138,6 +155,7 @@ class RequestStream:
                 text += tail if stopped else tail + self._stop.flush()
                 finish_reason = "stop" if stopped else finish_reason
                 self.finish_reason = finish_reason
+            self._record_finish(finish_reason)
             self.close()
         return Delta(
             text=text, token_ids=output.token_ids, finish_reason=finish_reason, logprobs=output.logprobs

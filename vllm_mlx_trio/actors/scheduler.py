@@ -12,6 +12,7 @@ import trio
 from ..core.request import Request, RequestStatus
 from ..core.scheduler import Scheduler
 from ..errors import ExecutorCrashedError, VllmMlxTrioError
+from ..metrics import EngineMetrics
 from ..messages import (
     Admit,
     BlockStore,
@@ -56,6 +57,39 @@ class SchedulerStatistics:
     num_aborted: int
     running_ids: tuple[str, ...]
     waiting_ids: tuple[str, ...]
+    #: Every request the scheduler holds, queued or running, oldest first.
+    requests: tuple[RequestSnapshot, ...] = ()
+    admit_queue_depth: int = 0
+    plans_in_flight: int = 0
+    mlx_active_bytes: int = 0
+    mlx_peak_bytes: int = 0
+    mlx_cache_bytes: int = 0
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class RequestSnapshot:
+    """One request as ``/v1/status`` shows it (times on the Trio clock, seconds)."""
+
+    request_id: str
+    phase: str
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+    arrival_time: float
+    time_to_first_token: float | None
+
+    @classmethod
+    def of(cls, request: Request) -> RequestSnapshot:
+        first = request.first_token_time
+        return cls(
+            request_id=request.request_id,
+            phase=request.phase,
+            num_prompt_tokens=len(request.prompt_token_ids),
+            num_output_tokens=request.num_output_tokens,
+            num_cached_tokens=request.num_cached_tokens,
+            arrival_time=request.arrival_time,
+            time_to_first_token=None if first is None else first - request.arrival_time,
+        )
 
 
 class SchedulerActor:
@@ -88,6 +122,7 @@ class SchedulerActor:
         max_running: int = 1,
         plans_in_flight: int = 1,
         stream_interval: int = 1,
+        metrics: EngineMetrics | None = None,
     ):
         self._admit_recv = admit_recv
         self._plan_send = plan_send
@@ -99,6 +134,8 @@ class SchedulerActor:
         self._plans_in_flight = plans_in_flight
         self._in_flight: collections.deque[StepPlan] = collections.deque()
         self._stream_interval = stream_interval
+        self._metrics = metrics
+        self._memory = (0, 0, 0)
         self._admissions_open = True
         self._admitted = trio.Event()
         self._clear_requests: list[_ClearRequest] = []
@@ -109,6 +146,7 @@ class SchedulerActor:
 
     def statistics(self) -> SchedulerStatistics:
         s = self._scheduler
+        active, peak, cache = self._memory
         return SchedulerStatistics(
             num_waiting=s.num_waiting,
             num_running=s.num_running,
@@ -117,6 +155,12 @@ class SchedulerActor:
             num_aborted=self._num_aborted,
             running_ids=tuple(s.running),
             waiting_ids=tuple(r.request_id for r in s.waiting),
+            requests=tuple(RequestSnapshot.of(r) for r in (*s.running.values(), *s.waiting)),
+            admit_queue_depth=self._admit_recv.statistics().current_buffer_used,
+            plans_in_flight=len(self._in_flight),
+            mlx_active_bytes=active,
+            mlx_peak_bytes=peak,
+            mlx_cache_bytes=cache,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -187,6 +231,12 @@ class SchedulerActor:
             self._scheduler.start(
                 request, num_cached_tokens=match.num_cached_tokens, block_ids=match.block_ids
             )
+            request.scheduled_time = trio.current_time()
+            if self._metrics is not None:
+                self._metrics.observe(
+                    "vllm:request_queue_time_seconds", request.scheduled_time - request.arrival_time
+                )
+                self._metrics.on_prefix_lookup(len(request.prompt_token_ids), match.num_cached_tokens)
 
     async def _finish_step(self) -> None:
         """Wait for the oldest plan's result and hand its tokens out."""
@@ -197,8 +247,14 @@ class SchedulerActor:
         plan = self._in_flight.popleft()
         assert result.step_id == plan.step_id, "results arrive in plan order"
         self._num_steps += 1
+        self._memory = result.memory
         await self._commit(result.kv_ready)
+        running = self._scheduler.running
+        num_tokens = sum(len(tokens) for rid, tokens in result.sampled if rid in running)
+        if self._metrics is not None:
+            self._metrics.on_step(num_tokens, result.elapsed_s)
         for request in self._scheduler.apply(result):
+            self._time_request(request)
             self._deliver(request)
         for request_id, message in result.failed:
             request = self._scheduler.abort(request_id, RequestStatus.FINISHED_ERROR)
@@ -279,6 +335,20 @@ class SchedulerActor:
             self._num_finished += 1
             outbox.close()
 
+    def _time_request(self, request: Request) -> None:
+        """Prefill time at a request's first token, decode time when it leaves the batch."""
+        now = trio.current_time()
+        if request.first_token_time is None and request.num_output_tokens:
+            request.first_token_time = now
+            if self._metrics is not None and request.scheduled_time is not None:
+                self._metrics.observe("vllm:request_prefill_time_seconds", now - request.scheduled_time)
+        if request.status.is_finished:
+            self._time_end(request)
+
+    def _time_end(self, request: Request) -> None:
+        if self._metrics is not None and request.first_token_time is not None:
+            self._metrics.observe("vllm:request_decode_time_seconds", trio.current_time() - request.first_token_time)
+
     def _fail(self, request: Request, error: VllmMlxTrioError) -> None:
         try:
             request.outbox.send_nowait(RequestFailed(error=error))
@@ -287,6 +357,7 @@ class SchedulerActor:
         request.outbox.close()
 
     def _finish_aborted(self, request: Request) -> None:
+        self._time_end(request)
         request.status = RequestStatus.FINISHED_ABORTED
         self._num_aborted += 1
         request.outbox.close()

@@ -43,6 +43,8 @@ class Request:
         "num_output_tokens",
         "num_cached_tokens",
         "num_delivered",
+        "scheduled_time",
+        "first_token_time",
         "undelivered",
         "undelivered_logprobs",
         "_stop_ids",
@@ -58,6 +60,9 @@ class Request:
         self.num_output_tokens = 0
         self.num_cached_tokens = 0
         self.num_delivered = 0
+        #: When the request entered the batch, and when its first token came back (or None).
+        self.scheduled_time: float | None = None
+        self.first_token_time: float | None = None
         #: Sampled tokens not yet handed to the client (coalesced while its outbox is full
         #: or until ``stream_interval`` tokens are ready), and their logprobs if asked for.
         self.undelivered: list[int] = []
@@ -68,6 +73,15 @@ class Request:
     def max_tokens(self) -> int:
         assert self.params.max_tokens is not None, "admission resolves max_tokens"
         return self.params.max_tokens
+
+    @property
+    def phase(self) -> str:
+        """queued, prefill (in the batch, no token yet), decode, or finished."""
+        if self.status.is_finished:
+            return "finished"
+        if self.status == RequestStatus.WAITING:
+            return "queued"
+        return "decode" if self.num_output_tokens else "prefill"
 
     @property
     def finish_reason(self) -> str | None:

@@ -20,7 +20,7 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 from ..config import EngineConfig
 from ..messages import KVReady, ModelInfo, NewSequence, RequestId, StepPlan, StepResult
 from .kv_store import PrefixBlocks
-from .loading import load_for_serving
+from .loading import load_for_serving, mlx_memory
 from .sampling import greedy, make_request_processors, make_request_sampler, token_logprob
 
 
@@ -77,6 +77,7 @@ class BatchRunner:
             logprobs=tuple(logprobs),
             kv_ready=tuple(ready for ready in kv_ready if ready is not None),
             elapsed_s=time.perf_counter() - started,
+            memory=mlx_memory(),
         )
 
     def _prompt_ready(self, uid: int) -> KVReady | None:

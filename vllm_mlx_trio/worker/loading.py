@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import mlx.core as mx
 import mlx_lm
 
 from ..config import ModelConfig
@@ -72,3 +73,8 @@ def load_for_serving(model_cfg: ModelConfig) -> tuple[Any, ModelInfo]:
         token_bytes=byte_level_table(tokenizer),
     )
     return model, info
+
+
+def mlx_memory() -> tuple[int, int, int]:
+    """MLX's (active, peak, buffer cache) memory in bytes, for the metrics."""
+    return mx.get_active_memory(), mx.get_peak_memory(), mx.get_cache_memory()

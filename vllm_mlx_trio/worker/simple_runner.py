@@ -17,7 +17,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from ..messages import KVReady, ModelInfo, NewSequence, RequestId, StepPlan, StepResult, TokenLogprob
 from .kv_store import PrefixBlocks
-from .loading import load_for_serving
+from .loading import load_for_serving, mlx_memory
 from .sampling import make_request_processors, make_request_sampler, token_logprob
 
 
@@ -73,6 +73,7 @@ class SimpleRunner:
             logprobs=tuple(logprobs),
             kv_ready=tuple(ready for ready in kv_ready if ready is not None),
             elapsed_s=time.perf_counter() - started,
+            memory=mlx_memory(),
         )
 
     def _prompt_ready(self, rid: RequestId) -> KVReady | None:
