@@ -14,6 +14,7 @@ from vllm_mlx_trio.config import (
     EngineSection,
     LimitsConfig,
     LoggingConfig,
+    MetricsConfig,
     ModelConfig,
     ServerConfig,
     config_from_dict,
@@ -63,7 +64,8 @@ def test_defaults():
     assert cfg.limits == LimitsConfig(
         max_waiting=64, max_body_bytes=4 * 1024 * 1024, max_stop_sequences=16
     )
-    assert cfg.logging == LoggingConfig(level="info")
+    assert cfg.logging == LoggingConfig(level="info", format="text")
+    assert cfg.metrics == MetricsConfig(enabled=True)
     assert cfg.model_name == "demo:tiny"
 
 
@@ -234,7 +236,7 @@ def test_unknown_section(tmp_path):
     message = config_error(path=write(tmp_path, "[servr]\nport = 1\n"))
     assert message.startswith("unknown section 'servr' (did you mean 'server'?)")
     message = config_error(path=write(tmp_path, "[nonsense]\n"))
-    assert "valid sections: server, model, engine, cache, limits, logging" in message
+    assert "valid sections: server, model, engine, cache, limits, metrics, logging" in message
 
 
 def test_bare_key_at_top_level(tmp_path):
@@ -260,6 +262,7 @@ def test_section_must_be_a_table():
         ("[model]\ntrust_remote_code = 1", "model.trust_remote_code: expected bool, got int (1)"),
         ('[server]\ndrain_timeout_s = "5"', "server.drain_timeout_s: expected float, got str ('5')"),
         ("[engine]\ndefault_max_tokens = 1.5", "engine.default_max_tokens: expected int or none, got float (1.5)"),
+        ('[metrics]\nenabled = "no"', "metrics.enabled: expected bool, got str ('no')"),
     ],
 )
 def test_wrong_types(tmp_path, toml, expected):
@@ -288,6 +291,7 @@ def test_wrong_type_from_override():
         ("server.drain_timeout_s=nan", "server.drain_timeout_s: must be >= 0, got nan"),
         ("engine.mode=paged", "engine.mode: must be one of simple, batched, got 'paged'"),
         ("logging.level=verbose", "logging.level: must be one of debug, info, warning, error"),
+        ("logging.format=xml", "logging.format: must be one of text, json, got 'xml'"),
         ("model.path=demo:huge", "model.path: must be one of demo:tiny, demo:small"),
         ('server.host=""', "server.host: must not be empty"),
     ],
@@ -357,7 +361,8 @@ def test_round_trip_with_every_option_set():
         "cache": {"enabled": False, "block_size": 16, "memory_mb": 64, "memory_percent": 0.5,
                   "memory_aware": False, "max_entries": 10, "store_generated": False},
         "limits": {"max_waiting": 0, "max_body_bytes": 2048, "max_stop_sequences": 0, "max_n": 2},
-        "logging": {"level": "debug"},
+        "metrics": {"enabled": False},
+        "logging": {"level": "debug", "format": "json"},
     }  # fmt: skip
     cfg = config_from_dict(data)
     assert config_to_dict(cfg) == data
@@ -376,7 +381,7 @@ def test_to_toml_omits_none():
 
 def all_options() -> list[tuple[str, str]]:
     """(section, key) for every field of every section class."""
-    classes = {ServerConfig, ModelConfig, EngineSection, CacheConfig, LimitsConfig, LoggingConfig}
+    classes = {ServerConfig, ModelConfig, EngineSection, CacheConfig, LimitsConfig, MetricsConfig, LoggingConfig}
     assert set(SECTIONS.values()) == classes
     return [(section, f.name) for section, cls in SECTIONS.items() for f in attrs.fields(cls)]
 

@@ -94,10 +94,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from .serve import serve_until_signalled
 
-    logging.basicConfig(
-        level=cfg.logging.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    trio.run(serve_until_signalled, cfg)
+    trio.run(serve_until_signalled, cfg)  # it sets up logging from cfg.logging
     return 0
 
 

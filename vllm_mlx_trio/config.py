@@ -22,9 +22,10 @@ import tomli_w
 from vllm_mlx_trio.errors import ConfigError
 
 __all__ = [
-    "DEMO_SIZES", "ENGINE_MODES", "ENV_PREFIX", "LOG_LEVELS", "NONE_LITERAL", "RESERVED_ENV_VARS",
-    "SECTIONS", "CacheConfig", "EngineConfig", "EngineSection", "LimitsConfig", "LoggingConfig", "ModelConfig",
-    "ServerConfig", "config_from_dict", "config_to_dict", "config_to_toml", "load_config",
+    "DEMO_SIZES", "ENGINE_MODES", "ENV_PREFIX", "LOG_FORMATS", "LOG_LEVELS", "NONE_LITERAL",
+    "RESERVED_ENV_VARS", "SECTIONS", "CacheConfig", "EngineConfig", "EngineSection", "LimitsConfig",
+    "LoggingConfig", "MetricsConfig", "ModelConfig", "ServerConfig", "config_from_dict", "config_to_dict",
+    "config_to_toml", "load_config",
 ]  # fmt: skip
 
 ENV_PREFIX = "VLLM_MLX_TRIO_"
@@ -33,6 +34,7 @@ RESERVED_ENV_VARS = frozenset({"VLLM_MLX_TRIO_CACHE_DIR"})
 DEMO_SIZES = ("tiny", "small")
 ENGINE_MODES = ("simple", "batched")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
 #: The literal that sets an optional (``X | None``) key to None from ``--set`` or the environment.
 NONE_LITERAL = "none"
 
@@ -215,11 +217,21 @@ class LimitsConfig:
 
 
 @attrs.frozen(kw_only=True)
+class MetricsConfig:
+    """``[metrics]``: the Prometheus endpoint."""
+
+    #: Serve ``GET /metrics`` (Prometheus text format, vLLM's metric names); false: 404.
+    enabled: bool = _option(True)
+
+
+@attrs.frozen(kw_only=True)
 class LoggingConfig:
     """``[logging]``: what gets logged."""
 
     #: One of debug, info, warning, error.
     level: str = _option("info", _one_of(LOG_LEVELS))
+    #: "text" (one human-readable line per record) or "json" (one JSON object per line).
+    format: str = _option("text", _one_of(LOG_FORMATS))
 
 
 @attrs.frozen(kw_only=True)
@@ -236,7 +248,9 @@ class EngineConfig:
     cache: CacheConfig = _option(attrs.Factory(CacheConfig))
     #: ``[limits]``: queue depth and request-size limits.
     limits: LimitsConfig = _option(attrs.Factory(LimitsConfig))
-    #: ``[logging]``: log level.
+    #: ``[metrics]``: the Prometheus endpoint.
+    metrics: MetricsConfig = _option(attrs.Factory(MetricsConfig))
+    #: ``[logging]``: log level and format.
     logging: LoggingConfig = _option(attrs.Factory(LoggingConfig))
 
     @property

@@ -11,8 +11,10 @@ import hypercorn.trio
 import trio
 
 from .config import EngineConfig
-from .engine import Engine, ExecutorFactory, open_engine
+from .engine import Engine, ExecutorFactory, max_running, open_engine
 from .http.app import create_app
+from .http.ops_routes import ThroughputMeter
+from .logs import configure_logging, logfmt_value
 
 logger = logging.getLogger(__name__)
 
@@ -50,19 +52,48 @@ async def serve_engine(
 ) -> None:
     """Serve an already open engine over HTTP (the engine's lifetime stays the caller's)."""
     cfg = engine.cfg
-    app = create_app(engine, cfg)
+    throughput = ThroughputMeter.for_engine(engine)
+    app = create_app(engine, cfg, throughput=throughput)
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(
-            lambda task_status: hypercorn.trio.serve(
+
+        async def serve_http(task_status: trio.TaskStatus[list[str]]) -> None:
+            await hypercorn.trio.serve(
                 app, hypercorn_config(cfg), shutdown_trigger=shutdown_trigger, task_status=task_status
             )
-        )
-        logger.info("serving %s (%s mode) on %s", cfg.model_name, cfg.engine.mode, ", ".join(binds))
+            nursery.cancel_scope.cancel()  # the server has stopped: so does the sampler
+
+        nursery.start_soon(throughput.run)
+        binds = await nursery.start(serve_http)
+        logger.info("%s", startup_summary(engine, binds))
         task_status.started(binds)
 
 
+def startup_summary(engine: Engine, binds: list[str]) -> str:
+    """The one line logged when the server is ready."""
+    cfg = engine.cfg
+    return (
+        f"ready: model={logfmt_value(cfg.model_name)} mode={cfg.engine.mode} "
+        f"max_num_seqs={max_running(cfg)} {_cache_budget(engine)} listening={','.join(binds)}"
+    )
+
+
+def _cache_budget(engine: Engine) -> str:
+    """The prefix cache's budget: ``prefix_cache_bytes=N``, ``prefix_cache_blocks=N`` or off."""
+    cache = engine.statistics().cache
+    if not cache.enabled:
+        return "prefix_cache=off"
+    if cache.pool.max_bytes is not None:
+        return f"prefix_cache_bytes={cache.pool.max_bytes}"
+    return f"prefix_cache_blocks={cache.pool.max_blocks}"
+
+
 async def serve_until_signalled(cfg: EngineConfig) -> None:
-    """``serve`` with SIGINT/SIGTERM as the shutdown trigger; a second signal stops at once."""
+    """``serve`` with SIGINT/SIGTERM as the shutdown trigger; a second signal stops at once.
+
+    The server's entry point: it also sets up the root logger from ``cfg.logging`` (level
+    and format), replacing any handler configured before.
+    """
+    configure_logging(cfg.logging)
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         first_signal = trio.Event()
 

@@ -13,6 +13,8 @@ from ..engine import Engine
 from ..errors import VllmMlxTrioError
 from .cache_routes import register_cache_routes
 from .errors import describe, error_body
+from .ops_routes import ThroughputMeter, register_ops_routes
+from .request_log import REQUEST_ID_HEADER, request_id_from
 from .routes import register_routes
 
 logger = logging.getLogger(__name__)
@@ -20,8 +22,12 @@ logger = logging.getLogger(__name__)
 _HTTP_ERROR_TYPES = {413: "request_too_large", 404: "not_found_error", 405: "invalid_request_error"}
 
 
-def create_app(engine: Engine, cfg: EngineConfig) -> QuartTrio:
-    """An app serving ``engine``; it shares the engine's lifetime, it does not own it."""
+def create_app(engine: Engine, cfg: EngineConfig, *, throughput: ThroughputMeter | None = None) -> QuartTrio:
+    """An app serving ``engine``; it shares the engine's lifetime, it does not own it.
+
+    ``throughput`` feeds ``/v1/status``'s ``tokens_per_s``; run its ``run()`` next to the
+    server for a sliding window (without it the rate is the average since start).
+    """
     app = QuartTrio("vllm_mlx_trio")
     app.config["MAX_CONTENT_LENGTH"] = cfg.limits.max_body_bytes
     app.config["RESPONSE_TIMEOUT"] = None  # long streams are normal here
@@ -30,6 +36,17 @@ def create_app(engine: Engine, cfg: EngineConfig) -> QuartTrio:
     app.json.ensure_ascii = False
     register_routes(app, engine)
     register_cache_routes(app, engine)
+    register_ops_routes(app, engine, throughput or ThroughputMeter.for_engine(engine))
+
+    @app.before_request
+    async def take_request_id():
+        quart.g.request_id = request_id_from(quart.request.headers.get(REQUEST_ID_HEADER))
+
+    @app.after_request
+    async def echo_request_id(response: quart.Response):
+        # Every response carries it, errors included (set above before any handler runs).
+        response.headers[REQUEST_ID_HEADER] = quart.g.get("request_id") or request_id_from(None)
+        return response
 
     @app.get("/health")
     async def health():

@@ -24,6 +24,14 @@ from ..messages import TokenLogprob
 from ..stream import Delta, RequestStream
 from .body import read_json_body
 from .errors import describe
+from .request_log import (
+    REQUEST_ID_HEADER,
+    EngineIds,
+    RequestRecord,
+    error_code,
+    is_cancellation,
+    request_id_from,
+)
 from .requests import ParsedRequest, parse_chat, parse_completion
 from .responses import SSE_DONE, ChoiceResult, ResponseBuilder, combined_usage, sse
 
@@ -41,21 +49,32 @@ _SEED_MIN = -(2**63)
 def register_routes(app: quart.Quart, engine: Engine) -> None:
     model_name = engine.cfg.model_name
     max_n = engine.cfg.limits.max_n
+    engine_ids = EngineIds(engine)
 
     @app.post("/v1/chat/completions")
     async def chat_completions():
-        parsed = parse_chat(await read_json_body(), model_name=model_name, max_n=max_n)
-        return await _complete(engine, parsed, chat=True)
+        return await handle(chat=True)
 
     @app.post("/v1/completions")
     async def completions():
-        parsed = parse_completion(await read_json_body(), model_name=model_name, max_n=max_n)
-        return await _complete(engine, parsed, chat=False)
+        return await handle(chat=False)
 
     @app.get("/v1/models")
     async def models():
         card = {"id": model_name, "object": "model", "created": 0, "owned_by": "vllm-mlx-trio"}
         return {"object": "list", "data": [card]}
+
+    async def handle(*, chat: bool):
+        ids: list[str] = []  # the engine's ids for the choices, once the body is parsed
+        request_id = quart.g.get("request_id") or request_id_from(quart.request.headers.get(REQUEST_ID_HEADER))
+        record = RequestRecord(
+            request_id, quart.request.path, engine.metrics, on_finish=lambda: engine_ids.release(ids)
+        )
+        with record.outcome():
+            parse = parse_chat if chat else parse_completion
+            parsed = parse(await read_json_body(), model_name=model_name, max_n=max_n)
+            ids.extend(engine_ids.reserve(record.request_id, parsed.n))
+            return await _complete(engine, parsed, record, ids, chat=chat)
 
 
 def choice_params(params: SamplingParams, index: int) -> SamplingParams:
@@ -66,22 +85,28 @@ def choice_params(params: SamplingParams, index: int) -> SamplingParams:
     return attrs.evolve(params, seed=seed)
 
 
-async def _complete(engine: Engine, parsed: ParsedRequest, *, chat: bool):
+async def _complete(
+    engine: Engine, parsed: ParsedRequest, record: RequestRecord, ids: list[str], *, chat: bool
+):
+    """Run the choices; a streaming response's body finishes ``record``, otherwise this does."""
     builder = ResponseBuilder(
         chat=chat,
         model=engine.cfg.model_name,
         logprobs=parsed.params.logprobs is not None,
         tokenizer=engine.model_info.tokenizer,
     )
-    streams = await _submit_choices(engine, parsed)
+    record.submitting()
+    streams = await _submit_choices(engine, parsed, ids)
+    record.streams = streams
     if not parsed.stream:
         with contextlib.ExitStack() as opened:
             for stream in streams:
                 opened.enter_context(stream)
-            results = await _collect_choices(streams)
+            results = await _collect_choices(streams, record)
+        record.finish("ok")
         return builder.full(results, combined_usage([s.usage for s in streams]))
     response = quart.Response(
-        ChoicesSseBody(streams, builder, include_usage=parsed.include_usage),
+        ChoicesSseBody(streams, builder, include_usage=parsed.include_usage, record=record),
         mimetype="text/event-stream",
         headers=SSE_HEADERS,
     )
@@ -89,25 +114,26 @@ async def _complete(engine: Engine, parsed: ParsedRequest, *, chat: bool):
     return response
 
 
-async def _submit_choices(engine: Engine, parsed: ParsedRequest) -> list[RequestStream]:
+async def _submit_choices(engine: Engine, parsed: ParsedRequest, ids: list[str]) -> list[RequestStream]:
     """Submit one engine request per choice; if one is refused, close those already open."""
     with contextlib.ExitStack() as opened:
         streams = []
-        for index in range(parsed.n):
-            stream = await engine.submit(parsed.prompt, choice_params(parsed.params, index))
+        for index, request_id in enumerate(ids):
+            params = choice_params(parsed.params, index)
+            stream = await engine.submit(parsed.prompt, params, request_id=request_id)
             streams.append(opened.enter_context(stream))
         opened.pop_all()
     return streams
 
 
-async def _collect_choices(streams: list[RequestStream]) -> list[ChoiceResult]:
+async def _collect_choices(streams: list[RequestStream], record: RequestRecord) -> list[ChoiceResult]:
     """Read every choice to its end, concurrently; the first choice's error is raised."""
     results: list[ChoiceResult] = []
     failures: list[VllmMlxTrioError] = []
 
     async def collect(index: int, stream: RequestStream) -> None:
         try:
-            results.append(await _collect(index, stream))
+            results.append(await _collect(index, stream, record))
         except VllmMlxTrioError as exc:
             failures.append(exc)
             nursery.cancel_scope.cancel()
@@ -120,10 +146,11 @@ async def _collect_choices(streams: list[RequestStream]) -> list[ChoiceResult]:
     return sorted(results, key=lambda result: result.index)
 
 
-async def _collect(index: int, stream: RequestStream) -> ChoiceResult:
+async def _collect(index: int, stream: RequestStream, record: RequestRecord) -> ChoiceResult:
     texts: list[str] = []
     logprobs: list[TokenLogprob] = []
     async for delta in stream:
+        record.delta()
         texts.append(delta.text)
         logprobs.extend(delta.logprobs)
     return ChoiceResult(
@@ -138,16 +165,27 @@ class ChoicesSseBody(ResponseBody):
     nursery that reads the choices is opened in ``__aenter__`` and closed in ``__aexit__``,
     around that loop, so it nests like any ``async with`` (no nursery is held across an
     async generator's ``yield``). A disconnect cancels the writer; ``__aexit__`` then
-    cancels the readers and closes every stream, which aborts their requests.
+    cancels the readers and closes every stream, which aborts their requests. ``__aexit__``
+    also logs the request's line through its ``record`` (``aborted`` on a disconnect).
     """
 
-    def __init__(self, streams: list[RequestStream], builder: ResponseBuilder, *, include_usage: bool):
+    def __init__(
+        self,
+        streams: list[RequestStream],
+        builder: ResponseBuilder,
+        *,
+        include_usage: bool,
+        record: RequestRecord | None = None,
+    ):
         self._streams = streams
         self._builder = builder
         self._include_usage = include_usage
+        self._record = record
         self._exit_stack = contextlib.AsyncExitStack()
         self._nursery: trio.Nursery | None = None
         self._events: AsyncIterator[str] | None = None
+        self._error: str | None = None  # an in-band error was sent
+        self._complete = False  # `data: [DONE]` was produced
 
     async def __aenter__(self) -> ChoicesSseBody:
         async with contextlib.AsyncExitStack() as stack:
@@ -157,7 +195,7 @@ class ChoicesSseBody(ResponseBody):
             send, recv = trio.open_memory_channel[tuple[int, Delta | VllmMlxTrioError]](MERGE_BUFFER)
             with send:
                 for index, stream in enumerate(self._streams):
-                    self._nursery.start_soon(_read_choice, index, stream, send.clone())
+                    self._nursery.start_soon(_read_choice, index, stream, send.clone(), self._record)
             self._events = self._sse_events(recv)
             self._exit_stack = stack.pop_all()
         return self
@@ -173,9 +211,23 @@ class ChoicesSseBody(ResponseBody):
             self._nursery.cancel_scope.cancel()  # the response is over, finished or not
         if self._events is not None:
             await self._events.aclose()
-        if isinstance(exc, trio.Cancelled):
-            logger.info("requests %s: client disconnected", _ids(self._streams))
-        return await self._exit_stack.__aexit__(exc_type, exc, tb)
+        try:
+            return await self._exit_stack.__aexit__(exc_type, exc, tb)
+        finally:
+            self._log_outcome(exc)
+
+    def _log_outcome(self, exc: BaseException | None) -> None:
+        """The request's line, once its streams are closed (their usage is final)."""
+        if self._record is None:
+            return
+        if is_cancellation(exc):
+            self._record.disconnected()
+        elif self._error is not None:
+            self._record.finish("error", error=self._error)
+        elif exc is not None:
+            self._record.finish("error", error=error_code(exc))
+        else:
+            self._record.finish("ok" if self._complete else "aborted")
 
     async def _sse_events(self, recv: trio.MemoryReceiveChannel) -> AsyncIterator[str]:
         builder = self._builder
@@ -195,6 +247,7 @@ class ChoicesSseBody(ResponseBody):
                     return
         if self._include_usage:
             yield builder.usage_chunk(combined_usage([s.usage for s in self._streams]))
+        self._complete = True
         yield SSE_DONE
 
 
@@ -206,6 +259,7 @@ class ChoicesSseBody(ResponseBody):
         for index, item in items:
             if isinstance(item, VllmMlxTrioError):
                 events.append(_error_event(item, self._streams[index]))
+                self._error = error_code(item)
                 return "".join(events), True
             if item.text or item.finish_reason is not None or item.logprobs or index not in started:
                 started.add(index)
@@ -224,13 +278,18 @@ def _drain_nowait(recv: trio.MemoryReceiveChannel) -> list:
 
 
 async def _read_choice(
-    index: int, stream: RequestStream, send: trio.MemorySendChannel[tuple[int, Delta | VllmMlxTrioError]]
+    index: int,
+    stream: RequestStream,
+    send: trio.MemorySendChannel[tuple[int, Delta | VllmMlxTrioError]],
+    record: RequestRecord | None,
 ) -> None:
     """Forward one choice's deltas (or its error) to the merged stream, tagged by index."""
     with send, contextlib.suppress(trio.BrokenResourceError):
         # BrokenResourceError: the writer has stopped (another choice failed), nobody to tell.
         try:
             async for delta in stream:
+                if record is not None:
+                    record.delta()
                 await send.send((index, delta))
         except VllmMlxTrioError as exc:
             await send.send((index, exc))
@@ -240,7 +299,3 @@ def _error_event(exc: VllmMlxTrioError, stream: RequestStream) -> str:
     _status, body, _headers = describe(exc)
     logger.warning("request %s failed mid-stream: %s", stream.request_id, exc)
     return sse(body)
-
-
-def _ids(streams: list[RequestStream]) -> str:
-    return ", ".join(stream.request_id for stream in streams)
