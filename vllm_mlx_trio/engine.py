@@ -8,6 +8,7 @@ through the submit channel and each request's outbox, and reads their ``statisti
 from __future__ import annotations
 
 import contextlib
+from functools import partial
 import itertools
 import logging
 import uuid
@@ -24,6 +25,7 @@ from .actors.scheduler import SchedulerActor, SchedulerStatistics
 from .config import EngineConfig
 from .core.params import SamplingParams
 from .errors import EngineClosedError, QueueFullError
+from .health import EngineHealth, run_supervised
 from .metrics import EngineMetrics, engine_snapshot
 from .messages import ChatMessage, ModelInfo, RequestId, StepPlan, StepResult, Submit
 from .stream import Delta, RequestStream
@@ -94,7 +96,9 @@ async def open_engine(
     """Load the model and run the actors; yields a ready :class:`Engine`.
 
     Leaving the block stops admissions and waits for the requests already inside to finish
-    (cancel the surrounding scope to stop at once). If any actor fails, the block raises.
+    (cancel the surrounding scope to stop at once). If the executor fails, every request in
+    the engine fails with the cause, new ones are refused (``engine.health``), and leaving the
+    block raises the cause.
     """
     factory = executor_factory or mlx_executor_factory(cfg)
     async with trio.open_nursery() as nursery:
@@ -103,6 +107,8 @@ async def open_engine(
             yield engine
         finally:
             engine._stop_admissions()
+    if engine.health.error is not None:
+        raise engine.health.error
 
 
 class Engine:
@@ -117,6 +123,7 @@ class Engine:
         self.capacity = cfg.limits.max_waiting + max_running(cfg)
         self._slots = trio.Semaphore(self.capacity, max_value=self.capacity)
         self.metrics: EngineMetrics = actors[2]
+        self.health: EngineHealth = actors[3]
         self.started_at = trio.current_time()
         self._ids = itertools.count()
 
@@ -129,7 +136,9 @@ class Engine:
         result_send, result_recv = trio.open_memory_channel(in_flight)
         cache_send, cache_recv = trio.open_memory_channel(CACHE_BUFFER)
         match_send, match_recv = trio.open_memory_channel(1)
-        model_info: ModelInfo = await nursery.start(factory(plan_recv, result_send).run)
+        health = EngineHealth()
+        executor = factory(plan_recv, result_send)
+        model_info: ModelInfo = await nursery.start(partial(run_supervised, executor.run, health))
         cache = CacheManagerActor(command_recv=cache_recv, reply_send=match_send, cfg=cfg.cache)
         holder: list[Engine] = []
         metrics = EngineMetrics(
@@ -148,6 +157,7 @@ class Engine:
             plans_in_flight=in_flight,
             stream_interval=cfg.engine.stream_interval,
             metrics=metrics,
+            health=health,
         )
         admission = AdmissionActor(
             submit_recv=submit_recv,
@@ -163,7 +173,7 @@ class Engine:
         await nursery.start(cache.run)
         await nursery.start(scheduler.run)
         await nursery.start(admission.run)
-        engine = cls(cfg, model_info, submit_send, (scheduler, cache, metrics))
+        engine = cls(cfg, model_info, submit_send, (scheduler, cache, metrics, health))
         holder.append(engine)
         return engine
 
@@ -199,6 +209,8 @@ class Engine:
         The caller must close the stream (``with stream:``); closing it, however early, aborts
         the request and frees its resources before the scheduler's next step.
         """
+        if self.health.error is not None:
+            raise EngineClosedError(f"The engine has failed: {self.health.error}")
         try:
             self._slots.acquire_nowait()
         except trio.WouldBlock:

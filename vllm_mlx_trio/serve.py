@@ -18,6 +18,10 @@ from .logs import configure_logging, logfmt_value
 
 logger = logging.getLogger(__name__)
 
+#: After the engine fails, keep answering this long (503 on /health and on new requests,
+#: open streams get their in-band error) so health checks and clients see why, then drain.
+FAILURE_LINGER_S = 2.0
+
 
 def hypercorn_config(cfg: EngineConfig) -> hypercorn.Config:
     hc = hypercorn.Config()
@@ -52,6 +56,7 @@ async def serve_engine(
 ) -> None:
     """Serve an already open engine over HTTP (the engine's lifetime stays the caller's)."""
     cfg = engine.cfg
+    shutdown_trigger = _or_engine_failure(engine, shutdown_trigger)
     throughput = ThroughputMeter.for_engine(engine)
     app = create_app(engine, cfg, throughput=throughput)
     async with trio.open_nursery() as nursery:
@@ -66,6 +71,29 @@ async def serve_engine(
         binds = await nursery.start(serve_http)
         logger.info("%s", startup_summary(engine, binds))
         task_status.started(binds)
+
+
+def _or_engine_failure(
+    engine: Engine, trigger: Callable[[], Awaitable[None]] | None
+) -> Callable[[], Awaitable[None]]:
+    """Stop serving when ``trigger`` returns or the engine fails, whichever comes first."""
+
+    async def either() -> None:
+        async with trio.open_nursery() as nursery:
+
+            async def first(wait: Callable[[], Awaitable[None]]) -> None:
+                await wait()
+                nursery.cancel_scope.cancel()
+
+            async def failed() -> None:
+                await engine.health.failed.wait()
+                await trio.sleep(FAILURE_LINGER_S)
+
+            if trigger is not None:
+                nursery.start_soon(first, trigger)
+            nursery.start_soon(first, failed)
+
+    return either
 
 
 def startup_summary(engine: Engine, binds: list[str]) -> str:

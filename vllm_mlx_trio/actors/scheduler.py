@@ -12,6 +12,7 @@ import trio
 from ..core.request import Request, RequestStatus
 from ..core.scheduler import Scheduler
 from ..errors import ExecutorCrashedError, VllmMlxTrioError
+from ..health import EngineHealth
 from ..metrics import EngineMetrics
 from ..messages import (
     Admit,
@@ -123,6 +124,7 @@ class SchedulerActor:
         plans_in_flight: int = 1,
         stream_interval: int = 1,
         metrics: EngineMetrics | None = None,
+        health: EngineHealth | None = None,
     ):
         self._admit_recv = admit_recv
         self._plan_send = plan_send
@@ -135,6 +137,8 @@ class SchedulerActor:
         self._in_flight: collections.deque[StepPlan] = collections.deque()
         self._stream_interval = stream_interval
         self._metrics = metrics
+        self._health = health or EngineHealth()
+        self._max_running = max_running
         self._memory = (0, 0, 0)
         self._admissions_open = True
         self._admitted = trio.Event()
@@ -185,6 +189,9 @@ class SchedulerActor:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._receive_admissions)
             while self._admissions_open or self._scheduler.has_work or self._in_flight:
+                if self._health.error is not None:
+                    await self._refuse_while_failed()
+                    continue
                 if self._clear_requests:
                     await self._clear_cache()
                 if not (self._scheduler.has_work or self._in_flight):
@@ -211,8 +218,30 @@ class SchedulerActor:
             plan = self._scheduler.build_plan()
             if plan is None:
                 return
-            await self._plan_send.send(plan)
+            try:
+                await self._plan_send.send(plan)
+            except trio.BrokenResourceError:
+                self._executor_gone()
+                return
             self._in_flight.append(plan)
+
+    def _executor_gone(self) -> None:
+        """The executor stopped: fail every request with its cause, from now on refuse all."""
+        self._health.fail(ExecutorCrashedError("the executor stopped in the middle of a step"))
+        error = self._health.error
+        assert error is not None
+        for request in [*self._scheduler.running.values(), *self._scheduler.waiting]:
+            request.status = RequestStatus.FINISHED_ERROR
+            self._fail(request, error)
+        self._scheduler = Scheduler(max_running=self._max_running)
+        self._in_flight.clear()
+
+    async def _refuse_while_failed(self) -> None:
+        """After a failure: fail whatever is admitted until admission closes."""
+        self._executor_gone()
+        if self._admissions_open:
+            await self._admitted.wait()
+            self._admitted = trio.Event()
 
     async def _start_waiting(self) -> None:
         for request in self._scheduler.pop_startable():
@@ -243,7 +272,8 @@ class SchedulerActor:
         try:
             result = await self._result_recv.receive()
         except trio.EndOfChannel:
-            raise ExecutorCrashedError("the executor stopped in the middle of a step") from None
+            self._executor_gone()
+            return
         plan = self._in_flight.popleft()
         assert result.step_id == plan.step_id, "results arrive in plan order"
         self._num_steps += 1

@@ -50,6 +50,8 @@ def create_app(engine: Engine, cfg: EngineConfig, *, throughput: ThroughputMeter
 
     @app.get("/health")
     async def health():
+        if engine.health.error is not None:
+            return {"status": "failed", "error": str(engine.health.error)}, 503
         return {"status": "ok"}
 
     @app.errorhandler(VllmMlxTrioError)
