@@ -185,3 +185,49 @@ async def test_long_prompt_prefill_is_chunked_between_decode_steps(float32_dir):
     window = arrivals[arrivals.index("L-submitted") : arrivals.index("L")]
     # ~600 prompt tokens at 16 per step: dozens of steps, each one decoding the short stream
     assert window.count("s") >= 20
+
+
+@pytest.mark.parametrize("mode", ["batched", "simple"])
+async def test_a_failing_logits_processor_ends_only_its_request(float32_dir, mode, monkeypatch):
+    from vllm_mlx_trio.errors import RequestProcessingError
+    from vllm_mlx_trio.worker import batch_runner, simple_runner
+
+    runner_module = batch_runner if mode == "batched" else simple_runner
+    original = runner_module.make_request_processors
+
+    def with_a_bomb(params, *, stop_ids):
+        if params.min_tokens == 3:  # marks the request that fails on its third token
+
+            calls = []
+
+            def bomb(context, logits):
+                calls.append(1)
+                if len(calls) == 3:
+                    raise ValueError("processor exploded")
+                return logits
+
+            return [*original(params, stop_ids=stop_ids), bomb]
+        return original(params, stop_ids=stop_ids)
+
+    monkeypatch.setattr(runner_module, "make_request_processors", with_a_bomb)
+    bad = attrs.evolve(GREEDY, min_tokens=3)
+    with trio.fail_after(TIMEOUT_S):
+        async with open_engine(config(float32_dir, f"engine.mode={mode}")) as engine:
+            solo = {i: await tokens_of(engine, chat(i), GREEDY) for i in (1, 2)}
+            results, errors = {}, []
+
+            async def good(i):
+                results[i] = await tokens_of(engine, chat(i), GREEDY)
+
+            async def failing():
+                with pytest.raises(RequestProcessingError, match="processor exploded") as info:
+                    await tokens_of(engine, chat(9), bad)
+                errors.append(info.value)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(good, 1)
+                nursery.start_soon(failing)
+                nursery.start_soon(good, 2)
+            after = await tokens_of(engine, chat(1), GREEDY)
+            healthy = engine.health.ok
+    assert results == solo and after == solo[1] and errors and healthy

@@ -11,7 +11,7 @@ import trio
 
 from ..core.request import Request, RequestStatus
 from ..core.scheduler import Scheduler
-from ..errors import ExecutorCrashedError, VllmMlxTrioError
+from ..errors import ExecutorCrashedError, RequestProcessingError, VllmMlxTrioError
 from ..health import EngineHealth
 from ..metrics import EngineMetrics
 from ..messages import (
@@ -289,7 +289,7 @@ class SchedulerActor:
         for request_id, message in result.failed:
             request = self._scheduler.abort(request_id, RequestStatus.FINISHED_ERROR)
             if request is not None:
-                self._fail(request, ExecutorCrashedError(message))
+                self._fail(request, RequestProcessingError(f"The request failed: {message}"))
         await self._release_finished()
 
     async def _commit(self, kv_ready: tuple[KVReady, ...]) -> None:

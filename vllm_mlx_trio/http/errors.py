@@ -11,6 +11,7 @@ from ..errors import (
     InvalidRequestError,
     ModelNotFoundError,
     QueueFullError,
+    RequestProcessingError,
     VllmMlxTrioError,
 )
 
@@ -43,6 +44,8 @@ def describe(exc: VllmMlxTrioError) -> tuple[int, dict, dict[str, str]]:
         case EngineClosedError() | EngineLoadingError():
             headers = {"Retry-After": str(RETRY_AFTER_S)}
             return 503, error_body(str(exc), type="service_unavailable", code="engine_unavailable"), headers
+        case RequestProcessingError():
+            return 500, error_body(str(exc), type="server_error", code="request_failed"), {}
         case ExecutorCrashedError():
             return 500, error_body(str(exc), type="server_error", code="engine_failed"), {}
         case _:

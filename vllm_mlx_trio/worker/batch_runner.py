@@ -21,7 +21,13 @@ from ..config import EngineConfig
 from ..messages import KVReady, ModelInfo, NewSequence, RequestId, StepPlan, StepResult
 from .kv_store import PrefixBlocks
 from .loading import load_for_serving, mlx_memory
-from .sampling import greedy, make_request_processors, make_request_sampler, token_logprob
+from .sampling import (
+    greedy,
+    guard_processors,
+    make_request_processors,
+    make_request_sampler,
+    token_logprob,
+)
 
 
 class BatchRunner:
@@ -36,6 +42,8 @@ class BatchRunner:
         self._num_logprobs: dict[RequestId, int] = {}
         self._sequences: dict[RequestId, NewSequence] = {}
         self._prefix: PrefixBlocks | None = None
+        #: Requests whose own processing failed this step, with the cause.
+        self._failures: dict[str, str] = {}
 
     def load(self) -> ModelInfo:
         model, self._info = load_for_serving(self._cfg.model)
@@ -71,14 +79,27 @@ class BatchRunner:
             if response.finish_reason is not None:
                 kv_ready.append(self._finished_ready(rid, response))
                 self._forget(rid)
+        failed = self._take_failures()
+        if failed:  # a failed request's token from this step is not delivered
+            gone = {rid for rid, _ in failed}
+            sampled = [entry for entry in sampled if entry[0] not in gone]
+            logprobs = [entry for entry in logprobs if entry[0] not in gone]
         return StepResult(
             step_id=plan.step_id,
             sampled=tuple(sampled),
             logprobs=tuple(logprobs),
+            failed=failed,
             kv_ready=tuple(ready for ready in kv_ready if ready is not None),
             elapsed_s=time.perf_counter() - started,
             memory=mlx_memory(),
         )
+
+    def _take_failures(self) -> tuple[tuple[RequestId, str], ...]:
+        """Remove the rows whose processing failed; report them (the rest go on)."""
+        failed = tuple((RequestId(rid), message) for rid, message in self._failures.items())
+        self._failures.clear()
+        self._remove(tuple(rid for rid, _ in failed))
+        return failed
 
     def _prompt_ready(self, uid: int) -> KVReady | None:
         """The prompt is processed: copy its new full blocks for the prefix store."""
@@ -128,7 +149,9 @@ class BatchRunner:
         stop_ids = params.stop_ids(self._info.eos_token_ids)
         return (
             make_request_sampler(params, self._info.vocab_size),
-            make_request_processors(params, stop_ids=stop_ids),
+            guard_processors(
+                make_request_processors(params, stop_ids=stop_ids), seq.request_id, self._failures
+            ),
             StopSequences([[t] for t in stop_ids] or None),
         )
 

@@ -141,3 +141,25 @@ def token_logprob(logprobs: mx.array, token_id: int, num_top: int) -> TokenLogpr
         pairs = zip(top_ids[order].tolist(), top_values[order].tolist())
         top = tuple((int(i), float(v)) for i, v in pairs)
     return TokenLogprob(token_id=token_id, logprob=float(row[token_id].item()), top=top)
+
+
+def guard_processors(
+    processors: list[LogitsProcessor], request_id: str, failures: dict[str, str]
+) -> list[LogitsProcessor]:
+    """Processors that record a failure under ``request_id`` instead of raising, so one
+    request's bad processor ends that request only; after a failure they pass logits through
+    until the runner removes the request."""
+
+    def wrap(processor: LogitsProcessor) -> LogitsProcessor:
+        def call(context: mx.array, logits: mx.array) -> mx.array:
+            if request_id in failures:
+                return logits
+            try:
+                return processor(context, logits)
+            except Exception as exc:  # boundary: translated into this request's failure
+                failures[request_id] = f"{type(exc).__name__}: {exc}"
+                return logits
+
+        return call
+
+    return [wrap(processor) for processor in processors]

@@ -18,7 +18,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from ..messages import KVReady, ModelInfo, NewSequence, RequestId, StepPlan, StepResult, TokenLogprob
 from .kv_store import PrefixBlocks
 from .loading import load_for_serving, mlx_memory
-from .sampling import make_request_processors, make_request_sampler, token_logprob
+from .sampling import guard_processors, make_request_processors, make_request_sampler, token_logprob
 
 
 class SimpleRunner:
@@ -34,6 +34,8 @@ class SimpleRunner:
         #: Per live sequence: (its NewSequence, its KV cache, tokens emitted so far).
         self._state: dict[RequestId, tuple[NewSequence, list, list[int]]] = {}
         self._prefix: PrefixBlocks | None = None
+        #: Requests whose own processing failed, with the cause.
+        self._failures: dict[str, str] = {}
 
     def load(self) -> ModelInfo:
         self._model, self._info = load_for_serving(self._cfg.model)
@@ -55,6 +57,9 @@ class SimpleRunner:
         sampled, logprobs = [], []
         for rid in (*(s.request_id for s in plan.new_seqs), *plan.decode_ids):
             step = next(self._sequences[rid], None) if rid in self._sequences else None
+            if rid in self._failures:  # its own processor failed: drop it, not its step's token
+                self._drop(rid)
+                continue
             if step is None:  # reached max_tokens; the scheduler has seen the last token
                 continue
             token, row = int(step[0]), step[1]
@@ -67,10 +72,13 @@ class SimpleRunner:
             emitted.append(token)
             if self._finishes(seq, token, len(emitted)):
                 kv_ready.append(self._finished_ready(rid))
+        failed = tuple((RequestId(rid), message) for rid, message in self._failures.items())
+        self._failures.clear()
         return StepResult(
             step_id=plan.step_id,
             sampled=tuple(sampled),
             logprobs=tuple(logprobs),
+            failed=failed,
             kv_ready=tuple(ready for ready in kv_ready if ready is not None),
             elapsed_s=time.perf_counter() - started,
             memory=mlx_memory(),
@@ -99,7 +107,11 @@ class SimpleRunner:
             max_tokens=params.max_tokens,
             sampler=make_request_sampler(params, self._info.vocab_size),
             logits_processors=_with_prefix_context(
-                make_request_processors(params, stop_ids=params.stop_ids(self._info.eos_token_ids)),
+                guard_processors(
+                    make_request_processors(params, stop_ids=params.stop_ids(self._info.eos_token_ids)),
+                    seq.request_id,
+                    self._failures,
+                ),
                 seq.prompt_token_ids[: seq.num_cached_tokens],
             ),
             prompt_cache=cache,
