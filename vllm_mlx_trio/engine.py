@@ -25,7 +25,7 @@ from .actors.scheduler import SchedulerActor, SchedulerStatistics
 from .config import EngineConfig
 from .core.params import SamplingParams
 from .errors import EngineClosedError, QueueFullError
-from .health import EngineHealth, run_supervised
+from .health import EngineHealth, cancel_on_failure, run_supervised
 from .metrics import EngineMetrics, engine_snapshot
 from .messages import ChatMessage, ModelInfo, RequestId, StepPlan, StepResult, Submit
 from .stream import Delta, RequestStream
@@ -138,7 +138,10 @@ class Engine:
         match_send, match_recv = trio.open_memory_channel(1)
         health = EngineHealth()
         executor = factory(plan_recv, result_send)
-        model_info: ModelInfo = await nursery.start(partial(run_supervised, executor.run, health))
+        stop_executor = trio.CancelScope()
+        model_info: ModelInfo = await nursery.start(
+            partial(run_supervised, executor.run, health, stop_executor)
+        )
         cache = CacheManagerActor(command_recv=cache_recv, reply_send=match_send, cfg=cfg.cache)
         holder: list[Engine] = []
         metrics = EngineMetrics(
@@ -158,6 +161,7 @@ class Engine:
             stream_interval=cfg.engine.stream_interval,
             metrics=metrics,
             health=health,
+            stall_timeout_s=cfg.limits.engine_stall_timeout_s,
         )
         admission = AdmissionActor(
             submit_recv=submit_recv,
@@ -170,6 +174,7 @@ class Engine:
                 vocab_size=model_info.vocab_size,
             ),
         )
+        nursery.start_soon(cancel_on_failure, health, stop_executor)
         await nursery.start(cache.run)
         await nursery.start(scheduler.run)
         await nursery.start(admission.run)

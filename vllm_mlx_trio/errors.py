@@ -59,6 +59,10 @@ class ExecutorCrashedError(VllmMlxTrioError):
     """The MLX executor failed; every in-flight request fails with this (HTTP 500/503)."""
 
 
+class EngineStalledError(ExecutorCrashedError):
+    """A model step ran past ``limits.engine_stall_timeout_s``: the engine is declared dead."""
+
+
 class RequestProcessingError(VllmMlxTrioError):
     """One request failed inside the model step (e.g. its logits processor raised); the
     engine and every other request go on (HTTP 500, code ``request_failed``)."""

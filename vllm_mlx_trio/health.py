@@ -25,6 +25,7 @@ class EngineHealth:
     def __init__(self) -> None:
         self.error: VllmMlxTrioError | None = None
         self.failed = trio.Event()
+        self.executor_exited = trio.Event()
 
     @property
     def ok(self) -> bool:
@@ -53,20 +54,55 @@ class _StartedReporter:
 async def run_supervised(
     run: Callable[..., Awaitable[None]],
     health: EngineHealth,
+    stop: trio.CancelScope,
     *,
     task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run an actor; once it has started, its failure is recorded in ``health`` instead of
     cancelling its siblings (a failure while starting, such as a model that cannot load,
-    still raises at once)."""
+    still raises at once). ``stop`` is cancelled when a failure is recorded elsewhere (the
+    scheduler's watchdog), which stops the actor too: see :func:`cancel_on_failure`.
+
+    The failure is recorded before anything else runs (no checkpoint between the actor's
+    exit and the ``except``), so every request fails with the actor's own cause.
+    """
     reporter = _StartedReporter(task_status)
     try:
-        await run(task_status=reporter)
-    except VllmMlxTrioError as exc:
+        with stop:
+            await run(task_status=reporter)
+    except Exception as exc:  # boundary: a running actor's failure becomes the engine's
         if not reporter.started_once:
             raise
-        health.fail(exc)
-    except Exception as exc:  # boundary: any other failure of a running actor ends the engine
-        if not reporter.started_once:
-            raise
-        health.fail(ExecutorCrashedError(f"{type(exc).__name__}: {exc}"))
+        health.fail(_our_error(exc))
+    finally:
+        health.executor_exited.set()
+
+
+async def cancel_on_failure(health: EngineHealth, stop: trio.CancelScope) -> None:
+    """Cancel ``stop`` if the engine fails; return once the executor has exited either way
+    (run in the engine's nursery)."""
+    async with trio.open_nursery() as nursery:
+
+        async def on_failure() -> None:
+            await health.failed.wait()
+            stop.cancel()
+
+        nursery.start_soon(on_failure)
+        await health.executor_exited.wait()
+        nursery.cancel_scope.cancel()
+
+
+def _our_error(exc: BaseException) -> VllmMlxTrioError:
+    """The first of our errors in ``exc`` (Trio wraps task failures in groups), else a
+    translation of ``exc`` into an :class:`ExecutorCrashedError`."""
+    if isinstance(exc, VllmMlxTrioError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _our_error(inner)
+            if not (type(found) is ExecutorCrashedError and found.__cause__ is inner):
+                return found
+        return _our_error(exc.exceptions[0])
+    error = ExecutorCrashedError(f"{type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error

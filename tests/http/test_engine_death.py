@@ -52,3 +52,22 @@ async def test_engine_death_over_http(fake_cfg):
     assert health.status_code == 503 and health.json()["status"] == "failed"
     assert refused.status_code == 503
     assert refused.json()["error"]["type"] == "service_unavailable"
+
+
+async def test_a_stalled_step_trips_the_watchdog(autojump_clock):
+    from vllm_mlx_trio.errors import EngineStalledError
+    from vllm_mlx_trio.testing.fake_executor import StepGate
+
+    gate = StepGate()  # never opened: the first step never returns
+    with trio.fail_after(100):
+        with pytest.raises(EngineStalledError, match="longer than 5.0 s"):
+            async with open_fake_engine(
+                overrides=("limits.engine_stall_timeout_s=5",), gate=gate, step_s=0
+            ) as fake:
+                start = trio.current_time()
+                with pytest.raises(EngineStalledError):
+                    async for _delta in fake.engine.generate(CHAT):
+                        pass
+                waited = trio.current_time() - start
+                healthy = fake.engine.health.ok
+    assert 5 <= waited < 6 and not healthy

@@ -39,8 +39,9 @@ class StepRunner(Protocol):
 class ExecutorActor:
     """Owns the MLX thread. ``started`` reports the loaded model's :class:`ModelInfo`.
 
-    Cancelling the actor lets the current step finish (MLX work cannot be interrupted), then
-    the thread stops and ``run`` returns. An exception on the thread ends the actor with an
+    A normal stop (the plan channel closes) lets the current step finish, then the thread
+    stops and ``run`` returns. Cancelling the actor (a stalled step, a second signal) returns
+    at once and abandons the thread, which stops at its next plan or dies with the process. An exception on the thread ends the actor with an
     :class:`ExecutorCrashedError` (or the thread's own typed error), failing the engine.
     """
 
@@ -76,7 +77,10 @@ class ExecutorActor:
                 inbox,
                 task_status.started,
                 thread_name=self.thread_name,
-                abandon_on_cancel=False,
+                # Cancelled means the engine is stopping at once (a second signal) or the
+                # step is stalled: leave the thread; it stops at its next plan or dies with
+                # the process. A normal stop arrives as a stop marker instead.
+                abandon_on_cancel=True,
             )
             nursery.cancel_scope.cancel()
 

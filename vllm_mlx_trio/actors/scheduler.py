@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 
 import attrs
 import trio
 
 from ..core.request import Request, RequestStatus
 from ..core.scheduler import Scheduler
-from ..errors import ExecutorCrashedError, RequestProcessingError, VllmMlxTrioError
+from ..errors import (
+    EngineStalledError,
+    ExecutorCrashedError,
+    RequestProcessingError,
+    VllmMlxTrioError,
+)
 from ..health import EngineHealth
 from ..metrics import EngineMetrics
 from ..messages import (
@@ -125,6 +131,7 @@ class SchedulerActor:
         stream_interval: int = 1,
         metrics: EngineMetrics | None = None,
         health: EngineHealth | None = None,
+        stall_timeout_s: float | None = None,
     ):
         self._admit_recv = admit_recv
         self._plan_send = plan_send
@@ -138,6 +145,7 @@ class SchedulerActor:
         self._stream_interval = stream_interval
         self._metrics = metrics
         self._health = health or EngineHealth()
+        self._stall_timeout_s = stall_timeout_s
         self._max_running = max_running
         self._memory = (0, 0, 0)
         self._admissions_open = True
@@ -219,11 +227,20 @@ class SchedulerActor:
             if plan is None:
                 return
             try:
-                await self._plan_send.send(plan)
+                with trio.fail_after(self._stall_timeout_s or math.inf):
+                    await self._plan_send.send(plan)
             except trio.BrokenResourceError:
                 self._executor_gone()
                 return
+            except trio.TooSlowError:
+                self._stalled()
+                return
             self._in_flight.append(plan)
+
+    def _stalled(self) -> None:
+        """The watchdog: a step (or handing over a plan) took too long; the engine is dead."""
+        self._health.fail(EngineStalledError(f"a model step took longer than {self._stall_timeout_s} s"))
+        self._executor_gone()
 
     def _executor_gone(self) -> None:
         """The executor stopped: fail every request with its cause, from now on refuse all."""
@@ -270,9 +287,13 @@ class SchedulerActor:
     async def _finish_step(self) -> None:
         """Wait for the oldest plan's result and hand its tokens out."""
         try:
-            result = await self._result_recv.receive()
+            with trio.fail_after(self._stall_timeout_s or math.inf):
+                result = await self._result_recv.receive()
         except trio.EndOfChannel:
             self._executor_gone()
+            return
+        except trio.TooSlowError:
+            self._stalled()
             return
         plan = self._in_flight.popleft()
         assert result.step_id == plan.step_id, "results arrive in plan order"
