@@ -21,7 +21,8 @@ import trio
 from .actors.admission import AdmissionActor, AdmissionLimits
 from .actors.cache_manager import CacheManagerActor, CacheStatistics
 from .actors.executor import PLANS_IN_FLIGHT
-from .actors.scheduler import SchedulerActor, SchedulerStatistics
+from .actors.scheduler import SchedulerActor
+from .actors.scheduler_stats import SchedulerStatistics
 from .config import EngineConfig
 from .core.params import SamplingParams
 from .errors import EngineClosedError, QueueFullError

@@ -19,7 +19,7 @@ import quart
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ..actors.scheduler import RequestSnapshot
+from ..actors.scheduler_stats import RequestSnapshot
 from ..engine import Engine
 from .cache_routes import cache_stats_body
 

@@ -1,0 +1,64 @@
+"""What the scheduler reports: its statistics, each request's snapshot, a pending clear."""
+
+from __future__ import annotations
+
+import attrs
+import trio
+
+from ..core.request import Request
+
+
+@attrs.define
+class ClearRequest:
+    """A pending ``DELETE /v1/cache``: set once the blocks are gone from the store."""
+
+    done: trio.Event = attrs.Factory(trio.Event)
+    num_dropped: int = 0
+    #: The scheduler stopped before serving it.
+    closed: bool = False
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class SchedulerStatistics:
+    """A snapshot of the scheduler, for tests, ``/health`` and metrics."""
+
+    num_waiting: int
+    num_running: int
+    num_steps: int
+    num_finished: int
+    num_aborted: int
+    running_ids: tuple[str, ...]
+    waiting_ids: tuple[str, ...]
+    #: Every request the scheduler holds, queued or running, oldest first.
+    requests: tuple[RequestSnapshot, ...] = ()
+    admit_queue_depth: int = 0
+    plans_in_flight: int = 0
+    mlx_active_bytes: int = 0
+    mlx_peak_bytes: int = 0
+    mlx_cache_bytes: int = 0
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class RequestSnapshot:
+    """One request as ``/v1/status`` shows it (times on the Trio clock, seconds)."""
+
+    request_id: str
+    phase: str
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int
+    arrival_time: float
+    time_to_first_token: float | None
+
+    @classmethod
+    def of(cls, request: Request) -> RequestSnapshot:
+        first = request.first_token_time
+        return cls(
+            request_id=request.request_id,
+            phase=request.phase,
+            num_prompt_tokens=len(request.prompt_token_ids),
+            num_output_tokens=request.num_output_tokens,
+            num_cached_tokens=request.num_cached_tokens,
+            arrival_time=request.arrival_time,
+            time_to_first_token=None if first is None else first - request.arrival_time,
+        )
