@@ -13,6 +13,7 @@ import trio
 from .config import EngineConfig
 from .engine import Engine, ExecutorFactory, max_running, open_engine
 from .http.app import create_app
+from .http.loading_app import loading_app
 from .http.ops_routes import ThroughputMeter
 from .logs import configure_logging, logfmt_value
 
@@ -21,6 +22,8 @@ logger = logging.getLogger(__name__)
 #: After the engine fails, keep answering this long (503 on /health and on new requests,
 #: open streams get their in-band error) so health checks and clients see why, then drain.
 FAILURE_LINGER_S = 2.0
+#: The loading app's answers are immediate: this is only for a reply still being written.
+LOADING_GRACE_S = 1.0
 
 
 def hypercorn_config(cfg: EngineConfig) -> hypercorn.Config:
@@ -44,8 +47,37 @@ async def serve(
     ``started`` reports the bound URLs. After the trigger, Hypercorn stops accepting and gives
     in-flight responses ``server.drain_timeout_s`` to finish; then the engine stops.
     """
-    async with open_engine(cfg, executor_factory=executor_factory) as engine:
-        await serve_engine(engine, shutdown_trigger=shutdown_trigger, task_status=task_status)
+    if cfg.server.port == 0:  # an ephemeral port could not be kept across the two phases
+        async with open_engine(cfg, executor_factory=executor_factory) as engine:
+            await serve_engine(engine, shutdown_trigger=shutdown_trigger, task_status=task_status)
+        return
+    async with trio.open_nursery() as nursery:
+        loaded = trio.Event()
+        loading_done = await nursery.start(_serve_while_loading, cfg, loaded)
+        async with open_engine(cfg, executor_factory=executor_factory) as engine:
+            loaded.set()
+            await loading_done.wait()  # the loading app has let go of the port
+            await serve_engine(engine, shutdown_trigger=shutdown_trigger, task_status=task_status)
+
+
+async def _serve_while_loading(
+    cfg: EngineConfig, loaded: trio.Event, *, task_status: trio.TaskStatus[trio.Event]
+) -> None:
+    """Answer 503 "loading" on the server's address until ``loaded`` is set."""
+    done = trio.Event()
+    hc = hypercorn_config(cfg)
+    hc.graceful_timeout = LOADING_GRACE_S
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(
+                lambda task_status: hypercorn.trio.serve(
+                    loading_app, hc, shutdown_trigger=loaded.wait, task_status=task_status
+                )
+            )
+            logger.info("loading model %s", logfmt_value(cfg.model.path))
+            task_status.started(done)
+    finally:
+        done.set()
 
 
 async def serve_engine(

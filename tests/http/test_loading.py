@@ -1,0 +1,67 @@
+"""While the model loads, the server already answers: /health 503 "loading", the API 503."""
+
+from __future__ import annotations
+
+import socket
+
+import attrs
+import httpx
+import trio
+
+from vllm_mlx_trio.serve import serve
+from vllm_mlx_trio.testing.fake_executor import FakeExecutor
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class SlowLoadingExecutor(FakeExecutor):
+    """A FakeExecutor whose model "loads" until ``loaded`` is set."""
+
+    loaded: trio.Event
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await self.loaded.wait()
+        await super().run(task_status=task_status)
+
+
+async def test_health_says_loading_until_the_model_is_ready(fake_cfg):
+    port = free_port()
+    cfg = attrs.evolve(fake_cfg, server=attrs.evolve(fake_cfg.server, port=port))
+    loaded, stop = trio.Event(), trio.Event()
+
+    def factory(plan_recv, result_send):
+        executor = SlowLoadingExecutor(plan_recv, result_send)
+        executor.loaded = loaded
+        return executor
+
+    url = f"http://127.0.0.1:{port}"
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: serve(cfg, shutdown_trigger=stop.wait, executor_factory=factory))
+            async with httpx.AsyncClient(timeout=5) as client:
+                while True:  # the loading app binds first
+                    try:
+                        loading = await client.get(f"{url}/health")
+                        break
+                    except httpx.ConnectError:
+                        await trio.sleep(0.02)
+                models = await client.get(f"{url}/v1/models")
+                loaded.set()
+                while (ready := await _health(client, url)) is None or ready.status_code != 200:
+                    await trio.sleep(0.02)
+            stop.set()
+    assert (loading.status_code, loading.json()) == (503, {"status": "loading"})
+    assert models.status_code == 503 and models.headers["retry-after"]
+    assert models.json()["error"]["code"] == "model_loading"
+    assert ready.json() == {"status": "ok"}
+
+
+async def _health(client: httpx.AsyncClient, url: str) -> httpx.Response | None:
+    try:
+        return await client.get(f"{url}/health")
+    except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError):
+        return None  # between the loading app and the real one
