@@ -31,3 +31,5 @@ async def read_json_body() -> Any:
         return json.loads(text, parse_constant=_reject_constant)
     except ValueError as exc:
         raise InvalidRequestError(f"The body is not valid JSON: {exc}", code="invalid_json") from None
+    except RecursionError:
+        raise InvalidRequestError("The body's JSON is nested too deeply.", code="invalid_json") from None

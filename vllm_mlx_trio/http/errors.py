@@ -15,16 +15,25 @@ from ..errors import (
     VllmMlxTrioError,
 )
 
-#: Error messages are cut to this many characters so a hostile body can't inflate a reply.
-MAX_MESSAGE_CHARS = 1000
+#: Error messages and params are cut to this many characters so a hostile body can't inflate
+#: a reply (escaped, a character takes at most 6 bytes of JSON: replies stay under 4 KiB).
+MAX_MESSAGE_CHARS = 500
+MAX_PARAM_CHARS = 100
 #: Seconds a client should wait before retrying a 429 / 503.
 RETRY_AFTER_S = 1
 
 
 def error_body(message: str, *, type: str, param: str | None = None, code: str | None = None) -> dict:
-    if len(message) > MAX_MESSAGE_CHARS:
-        message = message[: MAX_MESSAGE_CHARS - 3] + "..."
+    message = _bounded(message, MAX_MESSAGE_CHARS)
+    param = None if param is None else _bounded(param, MAX_PARAM_CHARS)
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def _bounded(text: str, limit: int) -> str:
+    """At most ``limit`` characters, and encodable as UTF-8 (lone surrogates escaped)."""
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def error_json(message: str, **fields: str | None) -> str:

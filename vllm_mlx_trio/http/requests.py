@@ -100,7 +100,7 @@ def _check_body(body: Any, allowed: set[str], model_name: str) -> dict:
         raise _bad("The request body must be a JSON object.", None)
     for name in body:
         if name in _NOT_YET:
-            if body[name] not in _NOT_YET[name]:
+            if not _is_off_value(body[name], _NOT_YET[name]):
                 raise _bad(f"{name} is not supported by this server yet.", name, "unsupported_parameter")
         elif name not in allowed:
             raise _bad(f"Unrecognized request argument supplied: {name}", name, "unknown_parameter")
@@ -112,6 +112,12 @@ def _check_body(body: Any, allowed: set[str], model_name: str) -> dict:
     return body
 
 
+def _is_off_value(value: Any, off_values: tuple) -> bool:
+    """Equal to one of the "off" values *and* of its type (``1`` is not ``True``, ``0.0`` is
+    not ``0`` for an integer field)."""
+    return any(type(value) is type(off) and value == off for off in off_values)
+
+
 def _parsed(
     body: dict, prompt: str | tuple[ChatMessage, ...], max_tokens: int | None, max_n: int, logprobs: int | None
 ) -> ParsedRequest:
@@ -119,6 +125,7 @@ def _parsed(
     n = 1 if n is None else n
     if not 1 <= n <= max_n:
         raise _bad(f"n must be between 1 and {max_n}, got {n}.", "n")
+    _opt(body, "user", str)  # accepted for OpenAI compatibility; only its type is checked
     stream = bool(_opt(body, "stream", bool))
     options = _opt(body, "stream_options", dict) or {}
     if options and not stream:
@@ -213,11 +220,18 @@ def _opt(body: dict, name: str, kind: type, param: str | None = None) -> Any:
         return None
     ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
     if kind is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        ok = ok and math.isfinite(value)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and _finite(value)
     if not ok:
         raise _bad(f"{param or name} must be {_TYPE_NAMES[kind]}, got {type(value).__name__}.", param or name)
     return float(value) if kind is float else value
+
+
+def _finite(value: int | float) -> bool:
+    """A finite number that fits a float (a 400-digit integer does not)."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def _str_list(value: Any, name: str) -> tuple[str, ...]:
