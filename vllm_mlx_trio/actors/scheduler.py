@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 
 import trio
 
@@ -90,6 +89,8 @@ class SchedulerActor:
         self._metrics = metrics
         self._health = health or EngineHealth()
         self._stall_timeout_s = stall_timeout_s
+        #: When the executor edge last moved (a plan taken, a result back): the watchdog's clock.
+        self._last_progress = trio.current_time()
         self._max_running = max_running
         self._memory = (0, 0, 0)
         self._admissions_open = True
@@ -140,6 +141,8 @@ class SchedulerActor:
         """Step while there is work; admissions are taken in concurrently, even mid-step."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._receive_admissions)
+            if self._stall_timeout_s is not None:
+                nursery.start_soon(self._watchdog)
             while self._admissions_open or self._scheduler.has_work or self._in_flight:
                 if self._health.error is not None:
                     await self._refuse_while_failed()
@@ -171,20 +174,30 @@ class SchedulerActor:
             if plan is None:
                 return
             try:
-                with trio.fail_after(self._stall_timeout_s or math.inf):
-                    await self._plan_send.send(plan)
-            except trio.BrokenResourceError:
-                self._executor_gone()
-                return
-            except trio.TooSlowError:
-                self._stalled()
+                await self._plan_send.send(plan)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self._executor_gone()  # the executor stopped, or the watchdog gave up on it
                 return
             self._in_flight.append(plan)
+            self._last_progress = trio.current_time()
 
-    def _stalled(self) -> None:
-        """The watchdog: a step (or handing over a plan) took too long; the engine is dead."""
-        self._health.fail(EngineStalledError(f"a model step took longer than {self._stall_timeout_s} s"))
-        self._executor_gone()
+    async def _watchdog(self) -> None:
+        """Declare the engine dead when a step (or handing over a plan) takes longer than
+        ``stall_timeout_s``: closing our ends of the executor edge wakes the loop, which
+        then fails every request. One task, so the per-step path carries no timer."""
+        timeout = self._stall_timeout_s
+        assert timeout is not None
+        while True:
+            waiting_since = self._last_progress
+            await trio.sleep_until(waiting_since + timeout)
+            stuck = bool(self._in_flight)
+            if stuck and self._last_progress == waiting_since and self._health.ok:
+                self._health.fail(EngineStalledError(f"a model step took longer than {timeout} s"))
+                self._plan_send.close()
+                self._result_recv.close()
+                return
+            if not stuck:
+                self._last_progress = max(self._last_progress, trio.current_time())
 
     def _executor_gone(self) -> None:
         """The executor stopped: fail every request with its cause, from now on refuse all."""
@@ -231,14 +244,11 @@ class SchedulerActor:
     async def _finish_step(self) -> None:
         """Wait for the oldest plan's result and hand its tokens out."""
         try:
-            with trio.fail_after(self._stall_timeout_s or math.inf):
-                result = await self._result_recv.receive()
-        except trio.EndOfChannel:
-            self._executor_gone()
+            result = await self._result_recv.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            self._executor_gone()  # the executor stopped, or the watchdog gave up on it
             return
-        except trio.TooSlowError:
-            self._stalled()
-            return
+        self._last_progress = trio.current_time()
         plan = self._in_flight.popleft()
         assert result.step_id == plan.step_id, "results arrive in plan order"
         self._num_steps += 1
