@@ -11,7 +11,6 @@ import difflib
 import itertools
 import os
 import tomllib
-import types
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -20,6 +19,18 @@ import cattrs
 import tomli_w
 
 from vllm_mlx_trio.errors import ConfigError
+from vllm_mlx_trio.config_fields import (
+    DEMO_SIZES,
+    _describe,
+    _FieldError,
+    _in_range,
+    _kind,
+    _model_path,
+    _non_empty,
+    _one_of,
+    _option,
+    _to_float,
+)
 
 __all__ = [
     "DEMO_SIZES", "ENGINE_MODES", "ENV_PREFIX", "LOG_FORMATS", "LOG_LEVELS", "NONE_LITERAL",
@@ -31,98 +42,11 @@ __all__ = [
 ENV_PREFIX = "VLLM_MLX_TRIO_"
 #: Variables with the prefix that are not config keys (read elsewhere); they are skipped.
 RESERVED_ENV_VARS = frozenset({"VLLM_MLX_TRIO_CACHE_DIR"})
-DEMO_SIZES = ("tiny", "small")
 ENGINE_MODES = ("simple", "batched")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 #: The literal that sets an optional (``X | None``) key to None from ``--set`` or the environment.
 NONE_LITERAL = "none"
-
-
-# --- validators -----------------------------------------------------------------------------
-
-
-class _FieldError(ValueError):
-    """A field validator's complaint; carries the owning class so the message can be prefixed."""
-
-    def __init__(self, owner: type, name: str, reason: str):
-        super().__init__(f"{name}: {reason}")
-        self.owner, self.name, self.reason = owner, name, reason
-
-
-def _kind(tp: Any) -> tuple[Any, bool]:
-    """Split a field type into (base type, optional?): ``int | None`` -> (int, True)."""
-    if isinstance(tp, types.UnionType):
-        args = [a for a in tp.__args__ if a is not type(None)]
-        return args[0], len(args) < len(tp.__args__)
-    return tp, False
-
-
-def _describe(value: Any) -> str:
-    """``str ('abc')``: the type name and a short repr, for "got ..." messages."""
-    if value is None:
-        return "None"
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return f"{type(value).__name__} ({text})"
-
-
-def _typed(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    """Strict type check: a bool is not an int, a string is never coerced."""
-    kind, optional = _kind(attribute.type)
-    if value is None and optional:
-        return
-    ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
-    if not ok:
-        expected = kind.__name__ + (" or none" if optional else "")
-        reason = f"expected {expected}, got {_describe(value)}"
-        raise _FieldError(type(inst), attribute.name, reason)
-
-
-def _in_range(low: float, high: float | None = None):
-    """Validator: ``low <= value`` (and ``value <= high`` when given); None passes, NaN fails."""
-    bound = f">= {low}" if high is None else f"between {low} and {high}"
-
-    def check(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if value is not None and not (low <= value and (high is None or value <= high)):
-            raise _FieldError(type(inst), attribute.name, f"must be {bound}, got {value!r}")
-
-    return check
-
-
-def _one_of(choices: Sequence[str], why: str = ""):
-    """Validator: the value is one of ``choices``."""
-
-    def check(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-        if value not in choices:
-            allowed = "one of " + ", ".join(choices) if len(choices) > 1 else repr(choices[0])
-            raise _FieldError(type(inst), attribute.name, f"must be {allowed}{why}, got {value!r}")
-
-    return check
-
-
-def _non_empty(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
-    """Validator: a string, when given, is not empty."""
-    if value is not None and not value.strip():
-        raise _FieldError(type(inst), attribute.name, "must not be empty")
-
-
-def _model_path(inst: Any, attribute: attrs.Attribute, value: str) -> None:
-    """Validator: ``demo:<size>`` names a built-in size."""
-    if value.startswith("demo:") and value[5:] not in DEMO_SIZES:
-        sizes = ", ".join(f"demo:{s}" for s in DEMO_SIZES)
-        raise _FieldError(type(inst), attribute.name, f"must be one of {sizes}, got {value!r}")
-
-
-def _to_float(value: Any) -> Any:
-    """Converter for float fields: an int is accepted (and widened); anything else is left."""
-    return float(value) if type(value) is int else value
-
-
-def _option(default: Any, *checks: Any, converter: Any = None) -> Any:
-    """An attrs field with a default, the strict type check and any further checks."""
-    return attrs.field(default=default, validator=[_typed, *checks], converter=converter)
 
 
 # --- the configuration tree -----------------------------------------------------------------
