@@ -25,7 +25,7 @@ from .actors.scheduler import SchedulerActor
 from .actors.scheduler_stats import SchedulerStatistics
 from .config import EngineConfig
 from .core.params import SamplingParams
-from .errors import EngineClosedError, QueueFullError
+from .errors import EngineClosedError, QueueFullError, VllmMlxTrioError
 from .health import EngineHealth, cancel_on_failure, run_supervised
 from .metrics import EngineMetrics, engine_snapshot
 from .messages import ChatMessage, ModelInfo, RequestId, StepPlan, StepResult, Submit
@@ -185,6 +185,11 @@ class Engine:
 
     def _stop_admissions(self) -> None:
         self._submit_send.close()
+
+    def fail_requests(self, error: VllmMlxTrioError) -> None:
+        """Fail every request in the engine now with ``error`` (their streams raise it); new
+        requests are still accepted. ``serve`` calls it at the drain deadline."""
+        self._scheduler.fail_all(error)
 
     async def clear_prefix_cache(self) -> int:
         """Drop every cached prefix block no running request holds; return how many."""

@@ -12,6 +12,7 @@ import trio
 
 from .config import EngineConfig
 from .engine import Engine, ExecutorFactory, max_running, open_engine
+from .errors import EngineClosedError
 from .http.app import create_app
 from .http.loading_app import loading_app
 from .http.ops_routes import ThroughputMeter
@@ -24,6 +25,9 @@ logger = logging.getLogger(__name__)
 FAILURE_LINGER_S = 2.0
 #: The loading app's answers are immediate: this is only for a reply still being written.
 LOADING_GRACE_S = 1.0
+#: How long before the drain deadline the remaining requests get their in-band error, so the
+#: error event is written before Hypercorn closes the connection.
+DRAIN_ERROR_MARGIN_S = 1.0
 
 
 def hypercorn_config(cfg: EngineConfig) -> hypercorn.Config:
@@ -89,6 +93,8 @@ async def serve_engine(
     """Serve an already open engine over HTTP (the engine's lifetime stays the caller's)."""
     cfg = engine.cfg
     shutdown_trigger = _or_engine_failure(engine, shutdown_trigger)
+    draining = trio.Event()
+    shutdown_trigger = _noting(shutdown_trigger, draining)
     throughput = ThroughputMeter.for_engine(engine)
     app = create_app(engine, cfg, throughput=throughput)
     async with trio.open_nursery() as nursery:
@@ -100,6 +106,7 @@ async def serve_engine(
             nursery.cancel_scope.cancel()  # the server has stopped: so does the sampler
 
         nursery.start_soon(throughput.run)
+        nursery.start_soon(_fail_at_drain_deadline, engine, draining)
         binds = await nursery.start(serve_http)
         logger.info("%s", startup_summary(engine, binds))
         task_status.started(binds)
@@ -126,6 +133,23 @@ def _or_engine_failure(
             nursery.start_soon(first, failed)
 
     return either
+
+
+def _noting(trigger: Callable[[], Awaitable[None]], fired: trio.Event) -> Callable[[], Awaitable[None]]:
+    async def noted() -> None:
+        await trigger()
+        fired.set()
+
+    return noted
+
+
+async def _fail_at_drain_deadline(engine: Engine, draining: trio.Event) -> None:
+    """Shortly before Hypercorn cuts the responses still open at the drain deadline, fail
+    their requests so each stream ends with an in-band error instead of a dropped connection."""
+    await draining.wait()
+    drain_s = engine.cfg.server.drain_timeout_s
+    await trio.sleep(max(0.0, drain_s - min(DRAIN_ERROR_MARGIN_S, drain_s / 2)))
+    engine.fail_requests(EngineClosedError("The server is shutting down; the request was not finished."))
 
 
 def startup_summary(engine: Engine, binds: list[str]) -> str:

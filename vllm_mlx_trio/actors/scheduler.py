@@ -96,6 +96,8 @@ class SchedulerActor:
         self._admissions_open = True
         self._admitted = trio.Event()
         self._clear_requests: list[ClearRequest] = []
+        #: Set by :meth:`fail_all`: every request held now fails with it (drain deadline).
+        self._fail_all_error: VllmMlxTrioError | None = None
         self._stopped = False
         self._num_steps = 0
         self._num_finished = 0
@@ -147,6 +149,8 @@ class SchedulerActor:
                 if self._health.error is not None:
                     await self._refuse_while_failed()
                     continue
+                if self._fail_all_error is not None:
+                    self._fail_held(self._fail_all_error)
                 if self._clear_requests:
                     await self._clear_cache()
                 if not (self._scheduler.has_work or self._in_flight):
@@ -291,6 +295,19 @@ class SchedulerActor:
                 released_ready_ids=(ready.ready_id,),
                 drop=stored.evicted,
             )
+
+    def fail_all(self, error: VllmMlxTrioError) -> None:
+        """Fail every request held now (queued or running) with ``error``, in-band; the engine
+        itself goes on. Used at the shutdown drain's deadline."""
+        self._fail_all_error = error
+        self._admitted.set()  # wake the loop if it is idle
+
+    def _fail_held(self, error: VllmMlxTrioError) -> None:
+        self._fail_all_error = None
+        for request in [*self._scheduler.running.values(), *self._scheduler.waiting]:
+            self._scheduler.abort(request.request_id, RequestStatus.FINISHED_ERROR)
+            self._time_end(request)
+            self._fail(request, error)
 
     def request_cache_clear(self) -> ClearRequest:
         """Ask the loop to drop every unleased prefix block; await the result's ``done``."""

@@ -1,0 +1,45 @@
+"""Shutdown drain: a stream still running at the drain deadline ends with an in-band error
+(not a cut connection); one that finishes in time ends normally with [DONE]."""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+import httpx
+import trio
+
+from vllm_mlx_trio.testing.fake_executor import text_script
+from vllm_mlx_trio.testing.harness import fake_executor_factory, open_server
+
+CHAT = [{"role": "user", "content": "hello"}]
+
+
+async def stream_lines(url: str, max_tokens: int, lines: list[str], started: trio.Event) -> None:
+    body = {"model": "demo:tiny", "messages": CHAT, "max_tokens": max_tokens, "stream": True}
+    async with httpx.AsyncClient(timeout=10) as client:
+        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if line:
+                    lines.append(line)
+                    started.set()
+
+
+async def test_drain_deadline_sends_an_in_band_error_to_unfinished_streams(fake_cfg):
+    cfg = attrs.evolve(fake_cfg, server=attrs.evolve(fake_cfg.server, drain_timeout_s=1.0))
+    factory = fake_executor_factory(script=text_script("abc", then_eos=False), step_s=0.01)
+    long_lines: list[str] = []
+    short_lines: list[str] = []
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            async with open_server(cfg, executor_factory=factory) as srv:
+                long_started, short_started = trio.Event(), trio.Event()
+                nursery.start_soon(stream_lines, srv.url, 100_000 // 50, long_lines, long_started)
+                nursery.start_soon(stream_lines, srv.url, 20, short_lines, short_started)
+                await long_started.wait()
+                await short_started.wait()
+            # leaving the block started the drain (1 s) and waited for it
+    last = json.loads(long_lines[-1].removeprefix("data: "))
+    assert last["error"]["code"] == "engine_unavailable"
+    assert "shutting down" in last["error"]["message"]
+    assert short_lines[-1] == "data: [DONE]"
