@@ -136,6 +136,8 @@ class LimitsConfig:
     max_body_bytes: int = _option(4 * 1024 * 1024, _in_range(1024))
     #: Most stop sequences one request may give (>= 0).
     max_stop_sequences: int = _option(16, _in_range(0))
+    #: Seconds a client may take to send its whole request body (> 0); slower gets HTTP 408.
+    body_timeout_s: float = _option(30.0, _in_range(0.001), converter=_to_float)
     #: Seconds one model step may take before the engine is declared stalled and fails
     #: every request (> 0); none disables the watchdog.
     engine_stall_timeout_s: float | None = _option(300.0, _in_range(0.001), converter=_to_float)

@@ -31,6 +31,7 @@ def create_app(engine: Engine, cfg: EngineConfig, *, throughput: ThroughputMeter
     app = QuartTrio("vllm_mlx_trio")
     app.config["MAX_CONTENT_LENGTH"] = cfg.limits.max_body_bytes
     app.config["RESPONSE_TIMEOUT"] = None  # long streams are normal here
+    app.config["BODY_TIMEOUT"] = cfg.limits.body_timeout_s  # a body sent too slowly: 408
     app.config["JSON_SORT_KEYS"] = False
     app.json.sort_keys = False
     app.json.ensure_ascii = False
