@@ -126,6 +126,8 @@ class Engine:
         self.metrics: EngineMetrics = actors[2]
         self.health: EngineHealth = actors[3]
         self.started_at = trio.current_time()
+        #: Set when a shutdown begins: new requests are refused, the ones inside go on.
+        self.draining = False
         self._ids = itertools.count()
 
     @classmethod
@@ -186,6 +188,11 @@ class Engine:
     def _stop_admissions(self) -> None:
         self._submit_send.close()
 
+    def start_draining(self) -> None:
+        """Refuse new requests from now on (503); the ones inside go on. ``serve`` calls it
+        when a shutdown begins."""
+        self.draining = True
+
     def fail_requests(self, error: VllmMlxTrioError) -> None:
         """Fail every request in the engine now with ``error`` (their streams raise it); new
         requests are still accepted. ``serve`` calls it at the drain deadline."""
@@ -222,6 +229,8 @@ class Engine:
         """
         if self.health.error is not None:
             raise EngineClosedError(f"The engine has failed: {self.health.error}")
+        if self.draining:
+            raise EngineClosedError("The server is shutting down; not accepting new requests.")
         try:
             self._slots.acquire_nowait()
         except trio.WouldBlock:

@@ -28,6 +28,8 @@ LOADING_GRACE_S = 1.0
 #: How long before the drain deadline the remaining requests get their in-band error, so the
 #: error event is written before Hypercorn closes the connection.
 DRAIN_ERROR_MARGIN_S = 1.0
+#: How often the drain checks whether the requests inside have all finished.
+DRAIN_POLL_S = 0.05
 
 
 def hypercorn_config(cfg: EngineConfig) -> hypercorn.Config:
@@ -92,21 +94,18 @@ async def serve_engine(
 ) -> None:
     """Serve an already open engine over HTTP (the engine's lifetime stays the caller's)."""
     cfg = engine.cfg
-    shutdown_trigger = _or_engine_failure(engine, shutdown_trigger)
-    draining = trio.Event()
-    shutdown_trigger = _noting(shutdown_trigger, draining)
+    shutdown_trigger = _drain_first(engine, _or_engine_failure(engine, shutdown_trigger))
     throughput = ThroughputMeter.for_engine(engine)
     app = create_app(engine, cfg, throughput=throughput)
     async with trio.open_nursery() as nursery:
 
         async def serve_http(task_status: trio.TaskStatus[list[str]]) -> None:
-            await hypercorn.trio.serve(
-                app, hypercorn_config(cfg), shutdown_trigger=shutdown_trigger, task_status=task_status
-            )
+            hc = hypercorn_config(cfg)
+            hc.graceful_timeout = DRAIN_ERROR_MARGIN_S  # the drain itself happened before
+            await hypercorn.trio.serve(app, hc, shutdown_trigger=shutdown_trigger, task_status=task_status)
             nursery.cancel_scope.cancel()  # the server has stopped: so does the sampler
 
         nursery.start_soon(throughput.run)
-        nursery.start_soon(_fail_at_drain_deadline, engine, draining)
         binds = await nursery.start(serve_http)
         logger.info("%s", startup_summary(engine, binds))
         task_status.started(binds)
@@ -135,21 +134,28 @@ def _or_engine_failure(
     return either
 
 
-def _noting(trigger: Callable[[], Awaitable[None]], fired: trio.Event) -> Callable[[], Awaitable[None]]:
-    async def noted() -> None:
+def _drain_first(
+    engine: Engine, trigger: Callable[[], Awaitable[None]]
+) -> Callable[[], Awaitable[None]]:
+    """After ``trigger``: refuse new requests (503, ``/health`` "draining") while the ones
+    inside finish, up to ``server.drain_timeout_s``; fail what is left with an in-band error
+    just before the deadline; then let Hypercorn close the connections."""
+
+    async def drain() -> None:
         await trigger()
-        fired.set()
+        if not engine.health.ok:
+            return  # the engine failed: its requests have their error already
+        engine.start_draining()
+        drain_s = engine.cfg.server.drain_timeout_s
+        with trio.move_on_after(max(0.0, drain_s - min(DRAIN_ERROR_MARGIN_S, drain_s / 2))):
+            while engine.statistics().num_requests:
+                await trio.sleep(DRAIN_POLL_S)
+        if engine.statistics().num_requests:
+            engine.fail_requests(
+                EngineClosedError("The server is shutting down; the request was not finished.")
+            )
 
-    return noted
-
-
-async def _fail_at_drain_deadline(engine: Engine, draining: trio.Event) -> None:
-    """Shortly before Hypercorn cuts the responses still open at the drain deadline, fail
-    their requests so each stream ends with an in-band error instead of a dropped connection."""
-    await draining.wait()
-    drain_s = engine.cfg.server.drain_timeout_s
-    await trio.sleep(max(0.0, drain_s - min(DRAIN_ERROR_MARGIN_S, drain_s / 2)))
-    engine.fail_requests(EngineClosedError("The server is shutting down; the request was not finished."))
+    return drain
 
 
 def startup_summary(engine: Engine, binds: list[str]) -> str:

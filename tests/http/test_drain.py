@@ -43,3 +43,29 @@ async def test_drain_deadline_sends_an_in_band_error_to_unfinished_streams(fake_
     assert last["error"]["code"] == "engine_unavailable"
     assert "shutting down" in last["error"]["message"]
     assert short_lines[-1] == "data: [DONE]"
+
+
+async def test_while_draining_new_requests_get_503_and_health_says_draining(fake_cfg):
+    cfg = attrs.evolve(fake_cfg, server=attrs.evolve(fake_cfg.server, drain_timeout_s=3.0))
+    factory = fake_executor_factory(script=text_script("abc", then_eos=False), step_s=0.01)
+    lines: list[str] = []
+    seen = {}
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            async with open_server(cfg, executor_factory=factory) as srv:
+                started = trio.Event()
+                nursery.start_soon(stream_lines, srv.url, 60, lines, started)
+                await started.wait()
+                url = srv.url
+
+                async def probe_during_drain() -> None:
+                    await trio.sleep(0.1)  # the drain has begun (the block below is exiting)
+                    async with httpx.AsyncClient(timeout=5) as client:
+                        seen["health"] = await client.get(f"{url}/health")
+                        body = {"model": "demo:tiny", "messages": CHAT, "max_tokens": 5}
+                        seen["new"] = await client.post(f"{url}/v1/chat/completions", json=body)
+
+                nursery.start_soon(probe_during_drain)
+    assert seen["health"].status_code == 503 and seen["health"].json() == {"status": "draining"}
+    assert seen["new"].status_code == 503
+    assert lines[-1] == "data: [DONE]"  # the stream inside finished normally

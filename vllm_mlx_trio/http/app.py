@@ -53,6 +53,8 @@ def create_app(engine: Engine, cfg: EngineConfig, *, throughput: ThroughputMeter
     async def health():
         if engine.health.error is not None:
             return {"status": "failed", "error": str(engine.health.error)}, 503
+        if engine.draining:
+            return {"status": "draining"}, 503
         return {"status": "ok"}
 
     @app.errorhandler(VllmMlxTrioError)
