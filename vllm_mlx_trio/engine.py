@@ -1,8 +1,10 @@
 """The engine facade: ``async with open_engine(cfg) as engine`` from any Trio program.
 
 It wires the four actors in one nursery (one failure domain) and turns a request's outbox
-into a stream of text deltas. It shares no mutable state with the actors: it talks to them
-through the submit channel and each request's outbox, and reads their ``statistics()``.
+into a stream of text deltas. It talks to the actors through the submit channel and each
+request's outbox, and reads their ``statistics()``. Two operator actions are sync requests
+to the scheduler instead of channel messages: ``clear_prefix_cache`` and ``fail_requests``
+set a flag and wake its loop, which does the work between steps.
 """
 
 from __future__ import annotations
@@ -206,9 +208,14 @@ class Engine:
             raise EngineClosedError("The engine stopped before the cache was cleared.")
         return request.num_dropped
 
+    @property
+    def num_requests(self) -> int:
+        """Requests inside the engine (admitted, queued or running, streams not yet closed)."""
+        return self.capacity - self._slots.value
+
     def statistics(self) -> EngineStatistics:
         return EngineStatistics(
-            num_requests=self.capacity - self._slots.value,
+            num_requests=self.num_requests,
             scheduler=self._scheduler.statistics(),
             cache=self._cache.statistics(),
         )

@@ -148,9 +148,9 @@ def _drain_first(
         engine.start_draining()
         drain_s = engine.cfg.server.drain_timeout_s
         with trio.move_on_after(max(0.0, drain_s - min(DRAIN_ERROR_MARGIN_S, drain_s / 2))):
-            while engine.statistics().num_requests:
+            while engine.num_requests:
                 await trio.sleep(DRAIN_POLL_S)
-        if engine.statistics().num_requests:
+        if engine.num_requests:
             engine.fail_requests(
                 EngineClosedError("The server is shutting down; the request was not finished.")
             )

@@ -113,17 +113,6 @@ class SamplingParams:
         eos = () if self.ignore_eos else eos_token_ids
         return tuple(sorted(set(eos) | set(self.stop_token_ids)))
 
-    @property
-    def needs_processors(self) -> bool:
-        """Whether any logits processor applies (penalties, bias, min_tokens)."""
-        return bool(
-            self.repetition_penalty != 1.0
-            or self.presence_penalty
-            or self.frequency_penalty
-            or self.logit_bias
-            or self.min_tokens
-        )
-
 
 def _check_range(
     name: str, value: float, low: float, high: float, *, low_open: bool = False

@@ -31,8 +31,9 @@ class SimpleRunner:
         self._info: ModelInfo | None = None
         self._sequences: dict[RequestId, Iterator[tuple[int, mx.array]]] = {}
         self._num_logprobs: dict[RequestId, int] = {}
-        #: Per live sequence: (its NewSequence, its KV cache, tokens emitted so far).
-        self._state: dict[RequestId, tuple[NewSequence, list, list[int]]] = {}
+        #: Per live sequence: (its NewSequence, its KV cache, tokens emitted so far, the ids
+        #: that end it).
+        self._state: dict[RequestId, tuple[NewSequence, list, list[int], frozenset[int]]] = {}
         self._prefix: PrefixBlocks | None = None
         #: Requests whose own processing failed, with the cause.
         self._failures: dict[str, str] = {}
@@ -66,11 +67,11 @@ class SimpleRunner:
             sampled.append((rid, (token,)))
             if rid in self._num_logprobs:
                 logprobs.append((rid, (self._logprob(row, token, self._num_logprobs[rid]),)))
-            seq, _cache, emitted = self._state[rid]
+            seq, _cache, emitted, stop_ids = self._state[rid]
             if not emitted:
                 kv_ready.append(self._prompt_ready(rid))
             emitted.append(token)
-            if self._finishes(seq, token, len(emitted)):
+            if _finishes(seq, token, len(emitted), stop_ids):
                 kv_ready.append(self._finished_ready(rid))
         failed = tuple((RequestId(rid), message) for rid, message in self._failures.items())
         self._failures.clear()
@@ -86,7 +87,7 @@ class SimpleRunner:
 
     def _prompt_ready(self, rid: RequestId) -> KVReady | None:
         assert self._prefix is not None
-        seq, cache, _emitted = self._state[rid]
+        seq, cache, _emitted, _stop_ids = self._state[rid]
         first_block = seq.num_cached_tokens // self._prefix.block_size
         with mx.stream(self._stream):
             return self._prefix.ready(rid, seq.prompt_token_ids, cache, first_block)
@@ -99,7 +100,8 @@ class SimpleRunner:
         assert self._info is not None and self._prefix is not None
         params = seq.params
         cache = self._prefix.cache_for(seq) or make_prompt_cache(self._model)
-        self._state[seq.request_id] = (seq, cache, [])
+        stop_ids = params.stop_ids(self._info.eos_token_ids)
+        self._state[seq.request_id] = (seq, cache, [], frozenset(stop_ids))
         return generate_step(
             mx.array(seq.prompt_token_ids[seq.num_cached_tokens :], dtype=mx.uint32),
             self._model,
@@ -108,7 +110,7 @@ class SimpleRunner:
             sampler=make_request_sampler(params, self._info.vocab_size),
             logits_processors=_with_prefix_context(
                 guard_processors(
-                    make_request_processors(params, stop_ids=params.stop_ids(self._info.eos_token_ids)),
+                    make_request_processors(params, stop_ids=stop_ids),
                     seq.request_id,
                     self._failures,
                 ),
@@ -118,19 +120,12 @@ class SimpleRunner:
             prefill_step_size=self._cfg.engine.prefill_step_size,
         )
 
-    def _finishes(self, seq: NewSequence, token: int, num_emitted: int) -> bool:
-        """Whether this token ends the sequence, by the rule the scheduler's Request applies."""
-        assert self._info is not None
-        params = seq.params
-        stopped = token in params.stop_ids(self._info.eos_token_ids) and num_emitted > params.min_tokens
-        return stopped or num_emitted >= params.max_tokens
-
     def _finished_ready(self, rid: RequestId) -> KVReady | None:
         """The sequence's last token: offer its prompt + output blocks (``store_generated``)."""
         assert self._prefix is not None
         if not self._cfg.cache.store_generated:
             return None
-        seq, cache, emitted = self._state[rid]
+        seq, cache, emitted, _stop_ids = self._state[rid]
         # The last token's KV is not computed yet: commit up to the one before it.
         token_ids = (*seq.prompt_token_ids, *emitted[:-1])
         first_block = len(seq.prompt_token_ids) // self._prefix.block_size
@@ -170,3 +165,9 @@ def _with_prefix_context(processors: list, cached_token_ids: tuple[int, ...]) ->
         return lambda context, logits: processor(mx.concatenate([prefix, context.astype(mx.uint32)]), logits)
 
     return [wrap(processor) for processor in processors]
+
+
+def _finishes(seq: NewSequence, token: int, num_emitted: int, stop_ids: frozenset[int]) -> bool:
+    """Whether this token ends the sequence, by the rule the scheduler's Request applies."""
+    stopped = token in stop_ids and num_emitted > seq.params.min_tokens
+    return stopped or num_emitted >= seq.params.max_tokens
