@@ -229,7 +229,7 @@ def test_unknown_key_suggests_other_section():
 
 def test_unknown_key_without_close_match_lists_the_keys():
     message = config_error(overrides=["server.zzzzzz=1"])
-    assert "valid keys: host, port, drain_timeout_s, served_model_name" in message
+    assert "valid keys: host, port, drain_timeout_s, served_model_name, api_key_file" in message
 
 
 def test_unknown_section(tmp_path):
@@ -263,6 +263,8 @@ def test_section_must_be_a_table():
         ('[server]\ndrain_timeout_s = "5"', "server.drain_timeout_s: expected float, got str ('5')"),
         ("[engine]\ndefault_max_tokens = 1.5", "engine.default_max_tokens: expected int or none, got float (1.5)"),
         ('[metrics]\nenabled = "no"', "metrics.enabled: expected bool, got str ('no')"),
+        ('[server]\ncors_origins = "*"', "server.cors_origins: expected array of strings, got str ('*')"),
+        ("[server]\ncors_origins = [1]", "server.cors_origins: expected array of strings, got list ([1])"),
     ],
 )
 def test_wrong_types(tmp_path, toml, expected):
@@ -294,6 +296,10 @@ def test_wrong_type_from_override():
         ("logging.format=xml", "logging.format: must be one of text, json, got 'xml'"),
         ("model.path=demo:huge", "model.path: must be one of demo:tiny, demo:small"),
         ('server.host=""', "server.host: must not be empty"),
+        ('server.cors_origins=["example.com"]', "server.cors_origins: each origin must be '*' or"),
+        ('server.cors_origins=["https://a.com/"]', "server.cors_origins: each origin must be '*' or"),
+        ("engine.kv_memory_mb=0", "engine.kv_memory_mb: must be >= 1, got 0"),
+        ("engine.kv_memory_percent=1.5", "engine.kv_memory_percent: must be between 0.01 and 1.0"),
     ],
 )
 def test_range_errors(override, expected):
@@ -352,12 +358,13 @@ def test_round_trip_prod(tmp_path):
 def test_round_trip_with_every_option_set():
     template = '{% for m in messages %}{{ m.role }}: "{{ m.content }}"\n{% endfor %}'
     data = {
-        "server": {"host": "0.0.0.0", "port": 0, "drain_timeout_s": 2.5, "served_model_name": "m"},
+        "server": {"host": "0.0.0.0", "port": 0, "drain_timeout_s": 2.5, "served_model_name": "m",
+                   "api_key_file": "/etc/keys", "cors_origins": ["https://a.example", "*"]},
         "model": {"path": "demo:small", "revision": "abc", "trust_remote_code": True,
                   "chat_template": template, "demo_cache_dir": "/tmp/demo"},
         "engine": {"mode": "simple", "prefill_step_size": 64, "max_num_seqs": 3,
                    "prefill_batch_size": 2, "completion_batch_size": 4, "stream_interval": 5,
-                   "default_max_tokens": 10},
+                   "default_max_tokens": 10, "kv_memory_mb": 32, "kv_memory_percent": 0.25},
         "cache": {"enabled": False, "block_size": 16, "memory_mb": 64, "memory_percent": 0.5,
                   "memory_aware": False, "max_entries": 10, "store_generated": False},
         "limits": {"max_waiting": 0, "max_body_bytes": 2048, "max_stop_sequences": 0, "max_n": 2,

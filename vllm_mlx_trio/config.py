@@ -29,19 +29,24 @@ from vllm_mlx_trio.config_fields import (
     _non_empty,
     _one_of,
     _option,
+    _origins,
     _to_float,
+    _to_tuple,
 )
 
 __all__ = [
-    "DEMO_SIZES", "ENGINE_MODES", "ENV_PREFIX", "LOG_FORMATS", "LOG_LEVELS", "NONE_LITERAL",
+    "API_KEYS_ENV", "DEMO_SIZES", "ENGINE_MODES", "ENV_PREFIX", "LOG_FORMATS", "LOG_LEVELS", "NONE_LITERAL",
     "RESERVED_ENV_VARS", "SECTIONS", "CacheConfig", "EngineConfig", "EngineSection", "LimitsConfig",
     "LoggingConfig", "MetricsConfig", "ModelConfig", "ServerConfig", "config_from_dict", "config_to_dict",
     "config_to_toml", "load_config",
 ]  # fmt: skip
 
 ENV_PREFIX = "VLLM_MLX_TRIO_"
+#: The environment variable that holds API keys (comma-separated); never a config key, so
+#: ``config show`` cannot print a secret.
+API_KEYS_ENV = "VLLM_MLX_TRIO_API_KEYS"
 #: Variables with the prefix that are not config keys (read elsewhere); they are skipped.
-RESERVED_ENV_VARS = frozenset({"VLLM_MLX_TRIO_CACHE_DIR"})
+RESERVED_ENV_VARS = frozenset({"VLLM_MLX_TRIO_CACHE_DIR", API_KEYS_ENV})
 ENGINE_MODES = ("simple", "batched")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
@@ -64,6 +69,12 @@ class ServerConfig:
     drain_timeout_s: float = _option(30.0, _in_range(0), converter=_to_float)
     #: The model name /v1/models reports and requests must use; None means model.path.
     served_model_name: str | None = _option(None, _non_empty)
+    #: A file of API keys, one per line (blank lines and # comments skipped); with it, or with
+    #: keys in $VLLM_MLX_TRIO_API_KEYS, every route but /health needs "Authorization: Bearer".
+    api_key_file: str | None = _option(None, _non_empty)
+    #: Origins allowed to call the API from a browser (CORS), e.g. ["https://app.example.com"];
+    #: "*" allows any. Empty: no CORS headers are sent.
+    cors_origins: tuple[str, ...] = _option((), _origins, converter=_to_tuple)
 
 
 @attrs.frozen(kw_only=True)
@@ -104,6 +115,14 @@ class EngineSection:
     stream_interval: int = _option(1, _in_range(1))
     #: max_tokens for requests that do not say; None means the room left in the context.
     default_max_tokens: int | None = _option(None, _in_range(1))
+    #: Budget in MiB for the KV caches of running sequences; none means kv_memory_percent of
+    #: the memory available once the model is loaded. A request whose prompt + max_tokens can
+    #: never fit is refused; when running sequences outgrow it, the newest is preempted and
+    #: recomputed later.
+    kv_memory_mb: int | None = _option(None, _in_range(1))
+    #: Share of the memory available after loading for running sequences' KV, when
+    #: kv_memory_mb is not set.
+    kv_memory_percent: float = _option(0.50, _in_range(0.01, 1.0), converter=_to_float)
 
 
 @attrs.frozen(kw_only=True)
@@ -199,6 +218,11 @@ def _make_converter() -> cattrs.Converter:
     converter = cattrs.Converter(forbid_extra_keys=True)
     for tp in (str, int, float, bool):
         converter.register_structure_hook(tp, lambda value, _tp: value)
+    # Arrays pass through too, so a string is never split into characters; the validators check.
+    converter.register_structure_hook_func(
+        lambda tp: tp == tuple[str, ...], lambda value, _tp: value
+    )
+    converter.register_unstructure_hook(tuple, list)  # TOML's arrays, as a parsed file has them
     return converter
 
 

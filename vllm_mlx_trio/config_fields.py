@@ -7,6 +7,7 @@ naming the option and where its value came from.
 from __future__ import annotations
 
 import types
+import typing
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +36,8 @@ def _describe(value: Any) -> str:
     """``str ('abc')``: the type name and a short repr, for "got ..." messages."""
     if value is None:
         return "None"
+    if isinstance(value, tuple):  # array fields hold tuples; show what the file said
+        value = list(value)
     text = repr(value)
     if len(text) > 60:
         text = text[:57] + "..."
@@ -46,9 +49,14 @@ def _typed(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     kind, optional = _kind(attribute.type)
     if value is None and optional:
         return
-    ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
+    if typing.get_origin(kind) is tuple:  # tuple[str, ...]: a TOML array of strings
+        ok = isinstance(value, tuple) and all(isinstance(v, str) for v in value)
+        expected = "array of strings"
+    else:
+        ok = isinstance(value, kind) and not (kind in (int, float) and isinstance(value, bool))
+        expected = kind.__name__
     if not ok:
-        expected = kind.__name__ + (" or none" if optional else "")
+        expected += " or none" if optional else ""
         reason = f"expected {expected}, got {_describe(value)}"
         raise _FieldError(type(inst), attribute.name, reason)
 
@@ -91,6 +99,20 @@ def _model_path(inst: Any, attribute: attrs.Attribute, value: str) -> None:
 def _to_float(value: Any) -> Any:
     """Converter for float fields: an int is accepted (and widened); anything else is left."""
     return float(value) if type(value) is int else value
+
+
+def _to_tuple(value: Any) -> Any:
+    """Converter for array fields: a list becomes a tuple (frozen); anything else is left."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _origins(inst: Any, attribute: attrs.Attribute, value: tuple[str, ...]) -> None:
+    """Validator: each CORS origin is "*" or ``scheme://host[:port]`` with no path."""
+    for origin in value:
+        scheme, sep, rest = origin.partition("://")
+        if origin != "*" and not (scheme in ("http", "https") and sep and rest and "/" not in rest):
+            reason = f"each origin must be '*' or like 'https://example.com', got {origin!r}"
+            raise _FieldError(type(inst), attribute.name, reason)
 
 
 def _option(default: Any, *checks: Any, converter: Any = None) -> Any:
