@@ -7,9 +7,15 @@ import pathlib
 
 import pytest
 
-from vllm_mlx_trio.config import load_config
+from vllm_mlx_trio.config import API_KEYS_ENV, load_config
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def no_api_keys_from_the_shell(monkeypatch):
+    """Servers in tests read $VLLM_MLX_TRIO_API_KEYS; a developer's own must not turn auth on."""
+    monkeypatch.delenv(API_KEYS_ENV, raising=False)
 
 
 @pytest.fixture(scope="session")

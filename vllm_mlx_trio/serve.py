@@ -14,7 +14,9 @@ from .config import EngineConfig
 from .engine import Engine, ExecutorFactory, max_running, open_engine
 from .errors import EngineClosedError
 from .http.app import create_app
-from .http.loading_app import loading_app
+from .http.auth import ApiKeys, load_api_keys
+from .http.cors import CorsPolicy
+from .http.loading_app import create_loading_app
 from .http.ops_routes import ThroughputMeter
 from .logs import configure_logging, logfmt_value
 
@@ -52,25 +54,34 @@ async def serve(
 
     ``started`` reports the bound URLs. After the trigger, Hypercorn stops accepting and gives
     in-flight responses ``server.drain_timeout_s`` to finish; then the engine stops.
+
+    The API keys are read first: a bad ``server.api_key_file`` is a :class:`ConfigError`
+    before anything binds or loads.
     """
+    api_keys = load_api_keys(cfg.server)
     if cfg.server.port == 0:  # an ephemeral port could not be kept across the two phases
         async with open_engine(cfg, executor_factory=executor_factory) as engine:
-            await serve_engine(engine, shutdown_trigger=shutdown_trigger, task_status=task_status)
+            await serve_engine(
+                engine, api_keys=api_keys, shutdown_trigger=shutdown_trigger, task_status=task_status
+            )
         return
     async with trio.open_nursery() as nursery:
         loaded = trio.Event()
-        loading_done = await nursery.start(_serve_while_loading, cfg, loaded)
+        loading_done = await nursery.start(_serve_while_loading, cfg, api_keys, loaded)
         async with open_engine(cfg, executor_factory=executor_factory) as engine:
             loaded.set()
             await loading_done.wait()  # the loading app has let go of the port
-            await serve_engine(engine, shutdown_trigger=shutdown_trigger, task_status=task_status)
+            await serve_engine(
+                engine, api_keys=api_keys, shutdown_trigger=shutdown_trigger, task_status=task_status
+            )
 
 
 async def _serve_while_loading(
-    cfg: EngineConfig, loaded: trio.Event, *, task_status: trio.TaskStatus[trio.Event]
+    cfg: EngineConfig, api_keys: ApiKeys, loaded: trio.Event, *, task_status: trio.TaskStatus[trio.Event]
 ) -> None:
     """Answer 503 "loading" on the server's address until ``loaded`` is set."""
     done = trio.Event()
+    loading_app = create_loading_app(api_keys, CorsPolicy(cfg.server.cors_origins))
     hc = hypercorn_config(cfg)
     hc.graceful_timeout = LOADING_GRACE_S
     try:
@@ -89,14 +100,18 @@ async def _serve_while_loading(
 async def serve_engine(
     engine: Engine,
     *,
+    api_keys: ApiKeys | None = None,
     shutdown_trigger: Callable[[], Awaitable[None]] | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve an already open engine over HTTP (the engine's lifetime stays the caller's)."""
+    """Serve an already open engine over HTTP (the engine's lifetime stays the caller's).
+
+    ``api_keys`` defaults to those of ``server.api_key_file`` and ``$VLLM_MLX_TRIO_API_KEYS``.
+    """
     cfg = engine.cfg
-    shutdown_trigger = _drain_first(engine, _or_engine_failure(engine, shutdown_trigger))
     throughput = ThroughputMeter.for_engine(engine)
-    app = create_app(engine, cfg, throughput=throughput)
+    app = create_app(engine, cfg, throughput=throughput, api_keys=api_keys)
+    shutdown_trigger = _drain_first(engine, _or_engine_failure(engine, shutdown_trigger))
     async with trio.open_nursery() as nursery:
 
         async def serve_http(task_status: trio.TaskStatus[list[str]]) -> None:

@@ -11,7 +11,9 @@ from werkzeug.exceptions import HTTPException
 from ..config import EngineConfig
 from ..engine import Engine
 from ..errors import VllmMlxTrioError
+from .auth import ApiKeys, load_api_keys, register_auth
 from .cache_routes import register_cache_routes
+from .cors import CorsPolicy, register_cors
 from .errors import describe, error_body
 from .ops_routes import ThroughputMeter, register_ops_routes
 from .request_log import REQUEST_ID_HEADER, request_id_from
@@ -22,12 +24,21 @@ logger = logging.getLogger(__name__)
 _HTTP_ERROR_TYPES = {413: "request_too_large", 404: "not_found_error", 405: "invalid_request_error"}
 
 
-def create_app(engine: Engine, cfg: EngineConfig, *, throughput: ThroughputMeter | None = None) -> QuartTrio:
+def create_app(
+    engine: Engine,
+    cfg: EngineConfig,
+    *,
+    throughput: ThroughputMeter | None = None,
+    api_keys: ApiKeys | None = None,
+) -> QuartTrio:
     """An app serving ``engine``; it shares the engine's lifetime, it does not own it.
 
     ``throughput`` feeds ``/v1/status``'s ``tokens_per_s``; run its ``run()`` next to the
     server for a sliding window (without it the rate is the average since start).
+    ``api_keys`` defaults to :func:`load_api_keys` of ``cfg`` and the environment (a
+    :class:`ConfigError` when the key file is bad).
     """
+    api_keys = load_api_keys(cfg.server) if api_keys is None else api_keys
     app = QuartTrio("vllm_mlx_trio")
     app.config["MAX_CONTENT_LENGTH"] = cfg.limits.max_body_bytes
     app.config["RESPONSE_TIMEOUT"] = None  # long streams are normal here
@@ -42,6 +53,10 @@ def create_app(engine: Engine, cfg: EngineConfig, *, throughput: ThroughputMeter
     @app.before_request
     async def take_request_id():
         quart.g.request_id = request_id_from(quart.request.headers.get(REQUEST_ID_HEADER))
+
+    # In this order, after the request id: a preflight is answered before authentication.
+    register_cors(app, CorsPolicy(cfg.server.cors_origins))
+    register_auth(app, api_keys)
 
     @app.after_request
     async def echo_request_id(response: quart.Response):
