@@ -167,6 +167,7 @@ class Engine:
             metrics=metrics,
             health=health,
             stall_timeout_s=cfg.limits.engine_stall_timeout_s,
+            kv_budget_tokens=model_info.kv_budget_tokens,
         )
         admission = AdmissionActor(
             submit_recv=submit_recv,
@@ -174,6 +175,7 @@ class Engine:
             tokenizer=model_info.tokenizer,
             limits=AdmissionLimits(
                 max_context_tokens=model_info.max_context_tokens,
+                kv_budget_tokens=model_info.kv_budget_tokens,
                 default_max_tokens=cfg.engine.default_max_tokens,
                 max_stop_sequences=cfg.limits.max_stop_sequences,
                 vocab_size=model_info.vocab_size,

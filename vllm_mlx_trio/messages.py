@@ -186,13 +186,30 @@ CacheReply: TypeAlias = PrefixMatch | PrefixStored | PrefixReleased | PrefixClea
 
 @_frozen
 class NewSequence:
-    """A sequence entering the model: prefill ``prompt_token_ids[num_cached_tokens:]``."""
+    """A sequence entering the model: prefill ``prompt_token_ids[num_cached_tokens:]``.
+
+    A preempted request comes back with the tokens it had already produced appended to its
+    prompt (``num_output_tokens`` of them): it is recomputed, and its sampler, penalties and
+    ``max_tokens`` carry on from where it stopped.
+    """
 
     request_id: RequestId
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
     num_cached_tokens: int = 0
     cached_block_ids: tuple[BlockId, ...] = ()
+    num_output_tokens: int = 0
+
+    @property
+    def output_token_ids(self) -> tuple[int, ...]:
+        """The tokens produced before a preemption (the tail of ``prompt_token_ids``)."""
+        return self.prompt_token_ids[len(self.prompt_token_ids) - self.num_output_tokens :]
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Tokens still to generate: ``max_tokens`` less those produced before."""
+        assert self.params.max_tokens is not None, "admission resolves max_tokens"
+        return self.params.max_tokens - self.num_output_tokens
 
 
 @_frozen
@@ -269,3 +286,8 @@ class ModelInfo:
     tokenizer: Any = attrs.field(eq=False, repr=False)
     #: Each token's bytes for byte-level BPE tokenizers (fast streaming detokenizer), else None.
     token_bytes: tuple[bytes, ...] | None = attrs.field(default=None, eq=False, repr=False)
+    #: Tokens of KV the running sequences may hold together (engine.kv_memory_mb / the
+    #: model's KV bytes per token); None: no budget (only the context length limits).
+    kv_budget_tokens: int | None = None
+    #: KV bytes one token takes across all layers (0 when unknown).
+    kv_bytes_per_token: int = 0

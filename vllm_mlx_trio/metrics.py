@@ -41,6 +41,7 @@ GAUGES = {
     "vllm_mlx_trio_prefix_cache_bytes": ("Bytes of cached prefix blocks.", "prefix_bytes"),
     "vllm_mlx_trio_admission_queue_depth": ("Admissions waiting for the scheduler.", "admit_depth"),
     "vllm_mlx_trio_plans_in_flight": ("Step plans sent to the executor, not yet answered.", "plans_in_flight"),
+    "vllm_mlx_trio_running_kv_tokens": ("KV token slots the running batch holds (rows x longest).", "kv_tokens_held"),
 }
 
 
@@ -86,7 +87,7 @@ class EngineMetrics:
                 ("vllm:generation_tokens", "Tokens generated."),
                 ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
                 ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache."),
-                ("vllm:num_preemptions", "Requests preempted (this engine never preempts)."),
+                ("vllm:num_preemptions", "Requests preempted to stay within the KV budget."),
                 ("vllm:http_requests_client_disconnected", "HTTP requests whose client left first."),
                 ("vllm_mlx_trio_steps", "Model steps run."),
             )
@@ -134,6 +135,9 @@ class EngineMetrics:
         if num_tokens:
             self.observe("vllm:iteration_tokens_total", num_tokens)
             self.count("vllm:generation_tokens", num_tokens)
+
+    def on_preemption(self) -> None:
+        self.count("vllm:num_preemptions")
 
     def on_prefix_lookup(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
         self.count("vllm:prefix_cache_queries", num_prompt_tokens)
@@ -194,4 +198,5 @@ def engine_snapshot(statistics: Any) -> dict[str, float]:
         "mlx_cache_bytes": scheduler.mlx_cache_bytes,
         "admit_depth": scheduler.admit_queue_depth,
         "plans_in_flight": scheduler.plans_in_flight,
+        "kv_tokens_held": scheduler.kv_tokens_held,
     }

@@ -188,6 +188,9 @@ async def test_status_shows_phases_while_a_gate_holds_steps():
     assert set(held["memory"]) == {"mlx_active_bytes", "mlx_peak_bytes", "mlx_cache_bytes"}
     assert {"enabled", "queries", "hit_rate", "blocks", "memory"} <= set(held["cache"])
     assert held["tokens_per_s"] >= 0
+    assert held["kv"] == {"budget_tokens": None, "held_tokens": first["prompt_tokens"],
+                          "bytes_per_token": 0, "preemptions": 0}  # fmt: skip
+    assert first["preemptions"] == 0
     assert idle["requests"] == [] and idle["running"] == 0
     assert all(r.status_code == 200 for r in replies.values())
 

@@ -195,7 +195,7 @@ async def test_a_failing_logits_processor_ends_only_its_request(float32_dir, mod
     runner_module = batch_runner if mode == "batched" else simple_runner
     original = runner_module.make_request_processors
 
-    def with_a_bomb(params, *, stop_ids):
+    def with_a_bomb(params, *, stop_ids, generated=()):
         if params.min_tokens == 3:  # marks the request that fails on its third token
 
             calls = []
@@ -206,8 +206,8 @@ async def test_a_failing_logits_processor_ends_only_its_request(float32_dir, mod
                     raise ValueError("processor exploded")
                 return logits
 
-            return [*original(params, stop_ids=stop_ids), bomb]
-        return original(params, stop_ids=stop_ids)
+            return [*original(params, stop_ids=stop_ids, generated=generated), bomb]
+        return original(params, stop_ids=stop_ids, generated=generated)
 
     monkeypatch.setattr(runner_module, "make_request_processors", with_a_bomb)
     bad = attrs.evolve(GREEDY, min_tokens=3)

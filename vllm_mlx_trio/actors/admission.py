@@ -34,6 +34,8 @@ class AdmissionLimits:
     """The numbers admission checks a request against."""
 
     max_context_tokens: int
+    #: Tokens of KV the running sequences may hold together; one request may use them all.
+    kv_budget_tokens: int | None = None
     default_max_tokens: int | None
     max_stop_sequences: int
     #: Token ids a request names (stop_token_ids, logit_bias) must be below this.
@@ -134,21 +136,38 @@ class AdmissionActor:
         return resolved
 
     def _resolve_max_tokens(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
-        limit = self._limits.max_context_tokens
-        room = limit - num_prompt_tokens
+        room = self._max_tokens_per_request() - num_prompt_tokens
         if room < 1:
             raise PromptTooLongError(
-                f"This model's maximum context length is {limit} tokens. However, your "
-                f"prompt has {num_prompt_tokens} tokens, which leaves no room for a completion."
+                f"{self._limit_text()} However, your prompt has {num_prompt_tokens} tokens, "
+                "which leaves no room for a completion."
             )
         if params.max_tokens is None:
             default = self._limits.default_max_tokens
             return attrs.evolve(params, max_tokens=min(default, room) if default else room)
         if params.max_tokens > room:
             raise PromptTooLongError(
-                f"This model's maximum context length is {limit} tokens. However, you "
-                f"requested {num_prompt_tokens + params.max_tokens} tokens "
-                f"({num_prompt_tokens} in the prompt, {params.max_tokens} for the completion).",
+                f"{self._limit_text()} However, you requested "
+                f"{num_prompt_tokens + params.max_tokens} tokens ({num_prompt_tokens} in the "
+                f"prompt, {params.max_tokens} for the completion).",
                 param="max_tokens",
             )
         return params
+
+    def _max_tokens_per_request(self) -> int:
+        """Prompt + completion tokens one request may have: the context or the KV budget."""
+        kv = self._limits.kv_budget_tokens
+        context = self._limits.max_context_tokens
+        return context if kv is None else min(context, kv)
+
+    def _limit_text(self) -> str:
+        """The first sentence of a too-long refusal (OpenAI's wording, then our KV budget)."""
+        context = self._limits.max_context_tokens
+        text = f"This model's maximum context length is {context} tokens."
+        kv = self._limits.kv_budget_tokens
+        if kv is not None and kv < context:
+            text = (
+                f"This model's maximum context length is {context} tokens, but this server's "
+                f"KV cache budget (engine.kv_memory_mb) holds {kv} tokens for one request."
+            )
+        return text

@@ -75,6 +75,7 @@ class SchedulerActor:
         metrics: EngineMetrics | None = None,
         health: EngineHealth | None = None,
         stall_timeout_s: float | None = None,
+        kv_budget_tokens: int | None = None,
     ):
         self._admit_recv = admit_recv
         self._plan_send = plan_send
@@ -82,8 +83,10 @@ class SchedulerActor:
         self._cache_send = cache_send
         self._match_recv = match_recv
         self._eos_token_ids = eos_token_ids
-        self._scheduler = Scheduler(max_running=max_running)
+        self._kv_budget_tokens = kv_budget_tokens
         self._plans_in_flight = plans_in_flight
+        self._max_running = max_running
+        self._scheduler = self._new_scheduler()
         self._in_flight: collections.deque[StepPlan] = collections.deque()
         self._stream_interval = stream_interval
         self._metrics = metrics
@@ -91,7 +94,6 @@ class SchedulerActor:
         self._stall_timeout_s = stall_timeout_s
         #: When the executor edge last moved (a plan taken, a result back): the watchdog's clock.
         self._last_progress = trio.current_time()
-        self._max_running = max_running
         self._memory = (0, 0, 0)
         self._admissions_open = True
         self._admitted = trio.Event()
@@ -102,6 +104,13 @@ class SchedulerActor:
         self._num_steps = 0
         self._num_finished = 0
         self._num_aborted = 0
+
+    def _new_scheduler(self) -> Scheduler:
+        return Scheduler(
+            max_running=self._max_running,
+            kv_budget_tokens=self._kv_budget_tokens,
+            lookahead_tokens=self._plans_in_flight + 1,
+        )
 
     def statistics(self) -> SchedulerStatistics:
         s = self._scheduler
@@ -120,6 +129,9 @@ class SchedulerActor:
             mlx_active_bytes=active,
             mlx_peak_bytes=peak,
             mlx_cache_bytes=cache,
+            num_preemptions=s.num_preemptions,
+            kv_tokens_held=s.kv_tokens_held,
+            kv_budget_tokens=s.kv_budget_tokens,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -211,7 +223,7 @@ class SchedulerActor:
         for request in [*self._scheduler.running.values(), *self._scheduler.waiting]:
             request.status = RequestStatus.FINISHED_ERROR
             self._fail(request, error)
-        self._scheduler = Scheduler(max_running=self._max_running)
+        self._scheduler = self._new_scheduler()
         self._in_flight.clear()
 
     async def _refuse_while_failed(self) -> None:
@@ -266,10 +278,22 @@ class SchedulerActor:
             self._time_request(request)
             self._deliver(request)
         for request_id, message in result.failed:
-            request = self._scheduler.abort(request_id, RequestStatus.FINISHED_ERROR)
-            if request is not None:
+            request = self._scheduler.running.get(request_id)
+            if request is not None and result.step_id >= request.first_valid_step:
+                self._scheduler.abort(request_id, RequestStatus.FINISHED_ERROR)
                 self._fail(request, RequestProcessingError(f"The request failed: {message}"))
+        self._preempt_for_growth()
         await self._release_finished()
+
+    def _preempt_for_growth(self) -> None:
+        """Make room for the batch to grow: the newest running requests go back to the queue."""
+        for request in self._scheduler.preempt_for_growth():
+            logger.info(
+                "preempted request %s to stay within the KV budget (%d tokens held, run %d)",
+                request.request_id, request.num_tokens, request.num_preemptions,
+            )  # fmt: skip
+            if self._metrics is not None:
+                self._metrics.on_preemption()
 
     async def _commit(self, kv_ready: tuple[KVReady, ...]) -> None:
         """One round trip per computed prompt (or finished sequence): which copies to keep."""

@@ -36,6 +36,11 @@ class SchedulerStatistics:
     mlx_active_bytes: int = 0
     mlx_peak_bytes: int = 0
     mlx_cache_bytes: int = 0
+    #: Requests sent back to the queue to stay within the KV budget, since the start.
+    num_preemptions: int = 0
+    #: KV token slots the running batch holds (rows x longest row), and the budget for them.
+    kv_tokens_held: int = 0
+    kv_budget_tokens: int | None = None
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -49,6 +54,7 @@ class RequestSnapshot:
     num_cached_tokens: int
     arrival_time: float
     time_to_first_token: float | None
+    num_preemptions: int = 0
 
     @classmethod
     def of(cls, request: Request) -> RequestSnapshot:
@@ -61,4 +67,5 @@ class RequestSnapshot:
             num_cached_tokens=request.num_cached_tokens,
             arrival_time=request.arrival_time,
             time_to_first_token=None if first is None else first - request.arrival_time,
+            num_preemptions=request.num_preemptions,
         )

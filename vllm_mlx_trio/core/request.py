@@ -47,6 +47,9 @@ class Request:
         "first_token_time",
         "undelivered",
         "undelivered_logprobs",
+        "output_token_ids",
+        "num_preemptions",
+        "first_valid_step",
         "_stop_ids",
     )
 
@@ -67,6 +70,11 @@ class Request:
         #: or until ``stream_interval`` tokens are ready), and their logprobs if asked for.
         self.undelivered: list[int] = []
         self.undelivered_logprobs: list[TokenLogprob] = []
+        #: Every token produced so far: a preempted request is recomputed from prompt + these.
+        self.output_token_ids: list[int] = []
+        self.num_preemptions = 0
+        #: Results of steps before this one belong to an earlier (preempted) run: ignored.
+        self.first_valid_step = 0
         self._stop_ids = frozenset(admit.params.stop_ids(eos_token_ids))
 
     @property
@@ -75,12 +83,23 @@ class Request:
         return self.params.max_tokens
 
     @property
+    def num_tokens(self) -> int:
+        """Tokens of KV this request holds once it has run: prompt + output so far."""
+        return len(self.prompt_token_ids) + self.num_output_tokens
+
+    @property
+    def all_token_ids(self) -> tuple[int, ...]:
+        """Prompt + output so far: what a preempted request is recomputed from."""
+        return self.prompt_token_ids + tuple(self.output_token_ids)
+
+    @property
     def phase(self) -> str:
-        """queued, prefill (in the batch, no token yet), decode, or finished."""
+        """queued, preempted (back in the queue), prefill (in the batch, no token yet), decode,
+        or finished."""
         if self.status.is_finished:
             return "finished"
         if self.status == RequestStatus.WAITING:
-            return "queued"
+            return "preempted" if self.num_preemptions else "queued"
         return "decode" if self.num_output_tokens else "prefill"
 
     @property
@@ -103,6 +122,7 @@ class Request:
         """
         for index, token_id in enumerate(token_ids):
             self.undelivered.append(token_id)
+            self.output_token_ids.append(token_id)
             if index < len(logprobs):
                 self.undelivered_logprobs.append(logprobs[index])
             self.num_output_tokens += 1

@@ -12,17 +12,41 @@ from ..messages import BlockId, BlockStore, NewSequence, RequestId, StepPlan, St
 from .request import Request, RequestStatus
 
 
+#: Room to grow, in tokens per row, a batch must have left before a new sequence joins it,
+#: so a sequence that has just been prefilled is not preempted a few steps later.
+ADMIT_HEADROOM_TOKENS = 16
+
+
 class Scheduler:
     """First come, first served, with at most ``max_running`` sequences in the model.
 
-    Simple mode is ``max_running == 1``; batched mode is ``engine.max_num_seqs``. Finished and aborted requests leave ``running`` at
-    once and are named in the next plan's ``finished_ids`` so the executor drops them before
-    it computes anything else.
+    Simple mode is ``max_running == 1``; batched mode is ``engine.max_num_seqs``. Finished
+    and aborted requests leave ``running`` at once and are named in the next plan's
+    ``finished_ids`` so the executor drops them before it computes anything else.
+
+    With ``kv_budget_tokens`` the running set's KV must fit the budget. The batch's KV is a
+    rectangle (mlx-lm pads every row to the longest), so it costs rows x longest row. A
+    waiting request joins only if the batch with it still has ``ADMIT_HEADROOM_TOKENS`` per
+    row to grow; when growth leaves less than ``lookahead_tokens`` per row, the newest
+    running request is preempted: it goes back to the head of the queue and is later
+    recomputed from its prompt and the tokens it already produced. The oldest request always
+    runs, and admission refuses a request that could not run alone, so all of them finish.
     """
 
-    def __init__(self, *, max_running: int):
+    def __init__(
+        self,
+        *,
+        max_running: int,
+        kv_budget_tokens: int | None = None,
+        lookahead_tokens: int = 1,
+    ):
         assert max_running >= 1
         self.max_running = max_running
+        self.kv_budget_tokens = kv_budget_tokens
+        #: Tokens a row may have computed that this scheduler has not seen yet (plans in
+        #: flight), plus the one the next step adds.
+        self.lookahead_tokens = lookahead_tokens
+        self.num_preemptions = 0
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: dict[RequestId, Request] = {}
         self._starting: list[NewSequence] = []
@@ -55,18 +79,59 @@ class Scheduler:
         The caller either :meth:`start`\\s each one or drops it (client gone).
         """
         while self.waiting and len(self.running) < self.max_running:  # running includes starting
+            if self.running and not self._fits(self.waiting[0], ADMIT_HEADROOM_TOKENS):
+                return  # the head waits for room; nobody overtakes it
             yield self.waiting.popleft()
 
+    @property
+    def kv_tokens_held(self) -> int:
+        """KV token slots the running batch holds now (rows x longest row)."""
+        return self._kv_need([r.num_tokens for r in self.running.values()], 0)
+
+    def _kv_need(self, lengths: list[int], headroom: int) -> int:
+        """KV tokens a batch of rows this long takes once each has grown by ``headroom``."""
+        return len(lengths) * (max(lengths) + headroom) if lengths else 0
+
+    def _fits(self, request: Request, headroom: int) -> bool:
+        if self.kv_budget_tokens is None:
+            return True
+        lengths = [r.num_tokens for r in self.running.values()] + [request.num_tokens]
+        return self._kv_need(lengths, headroom) <= self.kv_budget_tokens
+
+    def preempt_for_growth(self) -> list[Request]:
+        """Preempt the newest running requests until the next steps fit the KV budget."""
+        preempted: list[Request] = []
+        budget = self.kv_budget_tokens
+        while budget is not None and len(self.running) > 1:
+            lengths = [r.num_tokens for r in self.running.values()]
+            if self._kv_need(lengths, self.lookahead_tokens) <= budget:
+                break
+            newest = next(reversed(self.running))
+            preempted.append(self._preempt(self.running[newest]))
+        return preempted
+
+    def _preempt(self, request: Request) -> Request:
+        """Back to the head of the queue; the executor drops its row in the next plan."""
+        self.abort(request.request_id, RequestStatus.WAITING)
+        request.num_preemptions += 1
+        request.first_valid_step = self._next_step_id
+        self.waiting.appendleft(request)
+        self.num_preemptions += 1
+        return request
+
     def start(self, request: Request, *, num_cached_tokens: int, block_ids: tuple = ()) -> None:
+        """Put a request in the next plan; a preempted one restarts from prompt + output."""
         request.status = RequestStatus.RUNNING
-        request.num_cached_tokens = num_cached_tokens
+        if not request.num_preemptions:  # usage reports the first run's cache hit
+            request.num_cached_tokens = num_cached_tokens
         self._starting.append(
             NewSequence(
                 request_id=request.request_id,
-                prompt_token_ids=request.prompt_token_ids,
+                prompt_token_ids=request.all_token_ids,
                 params=request.params,
                 num_cached_tokens=num_cached_tokens,
                 cached_block_ids=block_ids,
+                num_output_tokens=request.num_output_tokens,
             )
         )
         self.running[request.request_id] = request
@@ -131,8 +196,8 @@ class Scheduler:
         logprobs = dict(result.logprobs)
         for request_id, token_ids in result.sampled:
             request = self.running.get(request_id)
-            if request is None:  # aborted or finished while the step ran: tokens dropped
-                continue
+            if request is None or result.step_id < request.first_valid_step:
+                continue  # aborted, finished or preempted while the step ran: tokens dropped
             request.append_tokens(token_ids, logprobs.get(request_id, ()))
             touched.append(request)
             if request.status.is_finished:

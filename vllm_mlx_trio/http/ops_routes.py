@@ -118,6 +118,12 @@ def status_body(engine: Engine, throughput: ThroughputMeter) -> dict:
             "mlx_peak_bytes": scheduler.mlx_peak_bytes,
             "mlx_cache_bytes": scheduler.mlx_cache_bytes,
         },
+        "kv": {
+            "budget_tokens": scheduler.kv_budget_tokens,
+            "held_tokens": scheduler.kv_tokens_held,
+            "bytes_per_token": engine.model_info.kv_bytes_per_token,
+            "preemptions": scheduler.num_preemptions,
+        },
         "cache": cache_stats_body(stats.cache, block_size=cfg.cache.block_size),
         "requests": [_request_json(request, now) for request in scheduler.requests],
     }
@@ -133,6 +139,7 @@ def _request_json(request: RequestSnapshot, now: float) -> dict:
         "cached_tokens": request.num_cached_tokens,
         "age_s": round(now - request.arrival_time, 3),
         "ttft_s": None if ttft is None else round(ttft, 4),
+        "preemptions": request.num_preemptions,
     }
 
 

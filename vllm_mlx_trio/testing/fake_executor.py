@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import attrs
 import trio
 
 from ..messages import ModelInfo, NewSequence, RequestId, StepPlan, StepResult, TokenLogprob
@@ -103,6 +104,7 @@ class FakeExecutor:
         gate: StepGate | None = None,
         max_context_tokens: int = 4096,
         fail_at_step: int | None = None,
+        kv_budget_tokens: int | None = None,
     ):
         self._plan_recv = plan_recv
         self._result_send = result_send
@@ -111,6 +113,9 @@ class FakeExecutor:
         self._gate = gate
         self._max_context_tokens = max_context_tokens
         self._fail_at_step = fail_at_step
+        self._kv_budget_tokens = kv_budget_tokens
+        #: The most KV token slots the batch held in any step (rows x longest row).
+        self.peak_kv_tokens = 0
         self.sequences: dict[RequestId, tuple[NewSequence, int]] = {}
         self.plans: list[StepPlan] = []
         self.thread_ids: set[int] = set()
@@ -125,6 +130,7 @@ class FakeExecutor:
                     vocab_size=tokenizer.vocab_size,
                     eos_token_ids=tokenizer.eos_token_ids,
                     tokenizer=tokenizer,
+                    kv_budget_tokens=self._kv_budget_tokens,
                 )
             )
             async for plan in self._plan_recv:
@@ -140,22 +146,39 @@ class FakeExecutor:
             raise RuntimeError(f"injected failure at step {plan.step_id}")
         for request_id in plan.finished_ids:
             self.sequences.pop(request_id, None)
-        for seq in plan.new_seqs:
-            self.sequences[seq.request_id] = (seq, 0)
+        for seq in plan.new_seqs:  # a resumed sequence continues its script where it stopped
+            self.sequences[seq.request_id] = (seq, seq.num_output_tokens)
         sampled, logprobs = [], []
         for request_id in (*(s.request_id for s in plan.new_seqs), *plan.decode_ids):
             seq, index = self.sequences[request_id]
-            token = self._script(seq, index)
+            token = self._script(_as_first_run(seq), index)
             sampled.append((request_id, (token,)))
             if seq.params.logprobs is not None:
                 logprobs.append((request_id, (fake_logprob(token, seq.params.logprobs),)))
             self.sequences[request_id] = (seq, index + 1)
+        self._record_kv()
         return StepResult(
             step_id=plan.step_id,
             sampled=tuple(sampled),
             logprobs=tuple(logprobs),
             elapsed_s=self._step_s,
         )
+
+    def _record_kv(self) -> None:
+        lengths = [
+            len(seq.prompt_token_ids) - seq.num_output_tokens + index
+            for seq, index in self.sequences.values()
+        ]
+        if lengths:
+            self.peak_kv_tokens = max(self.peak_kv_tokens, len(lengths) * max(lengths))
+
+
+def _as_first_run(seq: NewSequence) -> NewSequence:
+    """The sequence as it first entered (a resumed one carries its output in its prompt)."""
+    if not seq.num_output_tokens:
+        return seq
+    original = seq.prompt_token_ids[: len(seq.prompt_token_ids) - seq.num_output_tokens]
+    return attrs.evolve(seq, prompt_token_ids=original, num_output_tokens=0)
 
 
 def fake_logprob(token_id: int, num_top: int) -> TokenLogprob:

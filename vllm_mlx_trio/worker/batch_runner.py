@@ -46,7 +46,7 @@ class BatchRunner:
         self._failures: dict[str, str] = {}
 
     def load(self) -> ModelInfo:
-        model, self._info = load_for_serving(self._cfg.model)
+        model, self._info = load_for_serving(self._cfg.model, self._cfg.engine)
         self._prefix = PrefixBlocks(
             model, self._cfg.cache.block_size, enabled=self._cfg.cache.enabled
         )
@@ -130,7 +130,7 @@ class BatchRunner:
             [list(seq.prompt_token_ids[seq.num_cached_tokens :]) for seq in seqs],
             caches=[self._prefix.cache_for(seq) for seq in seqs],
             all_tokens=[list(seq.prompt_token_ids[: seq.num_cached_tokens]) for seq in seqs],
-            max_tokens=[seq.params.max_tokens for seq in seqs],
+            max_tokens=[seq.max_new_tokens for seq in seqs],
             samplers=[row[0] for row in rows],
             logits_processors=[row[1] for row in rows],
             stop_sequences=[row[2] for row in rows],
@@ -148,9 +148,11 @@ class BatchRunner:
         params = seq.params
         stop_ids = params.stop_ids(self._info.eos_token_ids)
         return (
-            make_request_sampler(params, self._info.vocab_size),
+            make_request_sampler(params, self._info.vocab_size, seq.num_output_tokens),
             guard_processors(
-                make_request_processors(params, stop_ids=stop_ids), seq.request_id, self._failures
+                make_request_processors(params, stop_ids=stop_ids, generated=seq.output_token_ids),
+                seq.request_id,
+                self._failures,
             ),
             StopSequences([[t] for t in stop_ids] or None),
         )

@@ -9,11 +9,12 @@ from typing import Any
 import mlx.core as mx
 import mlx_lm
 
-from ..config import ModelConfig
+from ..config import EngineSection, ModelConfig
 from ..core.text import byte_level_table
 from ..errors import ModelLoadError
 from ..messages import ModelInfo
 from .demo_model import is_demo_path, resolve_demo_model
+from .kv_budget import kv_budget_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +61,11 @@ def context_length(config: dict) -> int:
     return FALLBACK_CONTEXT_TOKENS
 
 
-def load_for_serving(model_cfg: ModelConfig) -> tuple[Any, ModelInfo]:
+def load_for_serving(model_cfg: ModelConfig, engine: EngineSection) -> tuple[Any, ModelInfo]:
     """Load the model and describe it: (model, the :class:`ModelInfo` the executor reports)."""
     model, tokenizer, config = load_model(model_cfg)
     vocab_size = int(config.get("vocab_size") or len(tokenizer.get_vocab()))
+    budget_tokens, bytes_per_token = kv_budget_tokens(model, engine)
     info = ModelInfo(
         model_path=resolve_model_path(model_cfg),
         max_context_tokens=context_length(config),
@@ -71,6 +73,8 @@ def load_for_serving(model_cfg: ModelConfig) -> tuple[Any, ModelInfo]:
         eos_token_ids=tuple(sorted(tokenizer.eos_token_ids)),
         tokenizer=tokenizer,
         token_bytes=byte_level_table(tokenizer),
+        kv_budget_tokens=budget_tokens,
+        kv_bytes_per_token=bytes_per_token,
     )
     return model, info
 

@@ -31,16 +31,19 @@ def greedy(logprobs: mx.array) -> mx.array:
     return mx.argmax(logprobs, axis=-1)
 
 
-def make_request_sampler(params: SamplingParams, vocab_size: int) -> Sampler:
+def make_request_sampler(params: SamplingParams, vocab_size: int, num_drawn: int = 0) -> Sampler:
     """Greedy for temperature 0; otherwise filtered categorical sampling with its own key.
 
     Every greedy request shares the one :func:`greedy` function, so a batch of greedy rows
-    is sampled in one call.
+    is sampled in one call. ``num_drawn`` draws are skipped: a preempted request resumes
+    its key where it stopped, so a seeded request draws the same tokens either way.
     """
     if params.is_greedy:
         return greedy
     seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little")
     key = mx.random.key(seed % 2**64)
+    for _ in range(num_drawn):
+        key, _subkey = mx.random.split(key)
     filters = _filters(params, vocab_size)
     inverse_temperature = 1.0 / params.temperature
 
@@ -66,21 +69,22 @@ def _filters(params: SamplingParams, vocab_size: int) -> list[Callable[[mx.array
 
 
 def make_request_processors(
-    params: SamplingParams, *, stop_ids: tuple[int, ...]
+    params: SamplingParams, *, stop_ids: tuple[int, ...], generated: tuple[int, ...] = ()
 ) -> list[LogitsProcessor]:
     """Every logits processor one request needs, in vLLM's order; empty when none apply.
 
     ``stop_ids`` are the ids that end the request (EOS unless ignored, stop_token_ids):
-    ``min_tokens`` keeps them from being sampled early.
+    ``min_tokens`` keeps them from being sampled early. ``generated`` are the tokens a
+    preempted request produced before (they count toward min_tokens and the penalties).
     """
     processors: list[LogitsProcessor] = []
     if params.logit_bias:
         processors.append(_logit_bias(params.logit_bias))
-    if params.min_tokens and stop_ids:
-        processors.append(_min_tokens(params.min_tokens, stop_ids))
+    if params.min_tokens > len(generated) and stop_ids:
+        processors.append(_min_tokens(params.min_tokens - len(generated), stop_ids))
     if params.presence_penalty or params.frequency_penalty:
         processors.append(
-            _output_penalties(params.presence_penalty, params.frequency_penalty)
+            _output_penalties(params.presence_penalty, params.frequency_penalty, generated)
         )
     if params.repetition_penalty != 1.0:
         processors.append(
@@ -113,14 +117,18 @@ def _min_tokens(min_tokens: int, stop_ids: tuple[int, ...]) -> LogitsProcessor:
     return ban_stops
 
 
-def _output_penalties(presence: float, frequency: float) -> LogitsProcessor:
+def _output_penalties(
+    presence: float, frequency: float, generated: tuple[int, ...] = ()
+) -> LogitsProcessor:
     """OpenAI's penalties over the generated tokens only (the prompt is not penalised)."""
     counts: mx.array | None = None
 
     def penalise(context: mx.array, logits: mx.array) -> mx.array:
         nonlocal counts
-        if counts is None:  # first call: nothing generated yet
+        if counts is None:  # first call: only what was generated before a preemption
             counts = mx.zeros((logits.shape[-1],), dtype=mx.float32)
+            if generated:
+                counts = counts.at[mx.array(generated, dtype=mx.int32)].add(1.0)
         else:
             counts = counts.at[context[-1:]].add(1.0)
         penalty = presence * (counts > 0) + frequency * counts

@@ -39,7 +39,7 @@ class SimpleRunner:
         self._failures: dict[str, str] = {}
 
     def load(self) -> ModelInfo:
-        self._model, self._info = load_for_serving(self._cfg.model)
+        self._model, self._info = load_for_serving(self._cfg.model, self._cfg.engine)
         self._stream = mx.new_stream(mx.default_device())
         self._prefix = PrefixBlocks(self._model, self._cfg.cache.block_size, enabled=self._cfg.cache.enabled)
         return self._info
@@ -106,11 +106,11 @@ class SimpleRunner:
             mx.array(seq.prompt_token_ids[seq.num_cached_tokens :], dtype=mx.uint32),
             self._model,
             stream=self._stream,
-            max_tokens=params.max_tokens,
-            sampler=make_request_sampler(params, self._info.vocab_size),
+            max_tokens=seq.max_new_tokens,
+            sampler=make_request_sampler(params, self._info.vocab_size, seq.num_output_tokens),
             logits_processors=_with_prefix_context(
                 guard_processors(
-                    make_request_processors(params, stop_ids=stop_ids),
+                    make_request_processors(params, stop_ids=stop_ids, generated=seq.output_token_ids),
                     seq.request_id,
                     self._failures,
                 ),
@@ -168,6 +168,8 @@ def _with_prefix_context(processors: list, cached_token_ids: tuple[int, ...]) ->
 
 
 def _finishes(seq: NewSequence, token: int, num_emitted: int, stop_ids: frozenset[int]) -> bool:
-    """Whether this token ends the sequence, by the rule the scheduler's Request applies."""
-    stopped = token in stop_ids and num_emitted > seq.params.min_tokens
-    return stopped or num_emitted >= seq.params.max_tokens
+    """Whether this token ends the sequence, by the rule the scheduler's Request applies
+    (counting the tokens a preempted sequence produced before it was recomputed)."""
+    num_output = seq.num_output_tokens + num_emitted
+    stopped = token in stop_ids and num_output > seq.params.min_tokens
+    return stopped or num_emitted >= seq.max_new_tokens
