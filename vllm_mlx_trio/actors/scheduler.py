@@ -25,19 +25,12 @@ from ..messages import (
     CacheCommand,
     CacheReply,
     KVReady,
-    PrefixClear,
-    PrefixCleared,
-    PrefixCommit,
-    PrefixLookup,
-    PrefixMatch,
-    PrefixRelease,
-    PrefixReleased,
-    PrefixStored,
     RequestFailed,
     RequestOutput,
     StepPlan,
     StepResult,
 )
+from .cache_client import CacheClient
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +75,7 @@ class SchedulerActor:
         self._result_recv = result_recv
         self._cache_send = cache_send
         self._match_recv = match_recv
+        self._cache = CacheClient(cache_send, match_recv)
         self._eos_token_ids = eos_token_ids
         self._kv_budget_tokens = kv_budget_tokens
         self._plans_in_flight = plans_in_flight
@@ -238,15 +232,7 @@ class SchedulerActor:
             if request.client_gone:
                 self._finish_aborted(request)
                 continue
-            await self._cache_send.send(
-                PrefixLookup(
-                    request_id=request.request_id,
-                    prompt_token_ids=request.prompt_token_ids,
-                    extra_keys=request.params.cache_keys,
-                )
-            )
-            match = await self._match_recv.receive()
-            assert isinstance(match, PrefixMatch) and match.request_id == request.request_id
+            match = await self._cache.lookup(request)
             self._scheduler.start(
                 request, num_cached_tokens=match.num_cached_tokens, block_ids=match.block_ids
             )
@@ -302,18 +288,7 @@ class SchedulerActor:
             if request is None:  # aborted meanwhile: its blocks are released, keep no copies
                 self._scheduler.queue_block_ops(released_ready_ids=(ready.ready_id,))
                 continue
-            await self._cache_send.send(
-                PrefixCommit(
-                    request_id=ready.request_id,
-                    token_ids=ready.token_ids,
-                    extra_keys=request.params.cache_keys,
-                    ready_id=ready.ready_id,
-                    first_block=ready.first_block,
-                    block_nbytes=ready.block_nbytes,
-                )
-            )
-            stored = await self._match_recv.receive()
-            assert isinstance(stored, PrefixStored) and stored.ready_id == ready.ready_id
+            stored = await self._cache.commit(ready, request.params.cache_keys)
             self._scheduler.queue_block_ops(
                 store=tuple(BlockStore(ready_id=ready.ready_id, block_index=i, block_id=b) for i, b in stored.store),
                 released_ready_ids=(ready.ready_id,),
@@ -346,12 +321,10 @@ class SchedulerActor:
 
     async def _clear_cache(self) -> None:
         requests, self._clear_requests = self._clear_requests, []
-        await self._cache_send.send(PrefixClear())
-        cleared = await self._match_recv.receive()
-        assert isinstance(cleared, PrefixCleared)
-        self._scheduler.queue_block_ops(drop=cleared.evicted)
+        evicted = await self._cache.clear()
+        self._scheduler.queue_block_ops(drop=evicted)
         for request in requests:
-            request.num_dropped = len(cleared.evicted)
+            request.num_dropped = len(evicted)
             request.done.set()
 
     def _deliver(self, request: Request) -> None:
@@ -421,10 +394,7 @@ class SchedulerActor:
         self._abort_departed()
         dropped = self._scheduler.pending_drops()
         if dropped:
-            await self._cache_send.send(PrefixRelease(request_ids=dropped))
-            released = await self._match_recv.receive()
-            assert isinstance(released, PrefixReleased)
-            self._scheduler.queue_block_ops(drop=released.evicted)
+            self._scheduler.queue_block_ops(drop=await self._cache.release(dropped))
 
     def _close_all_outboxes(self) -> None:
         for request in [*self._scheduler.waiting, *self._scheduler.running.values()]:
