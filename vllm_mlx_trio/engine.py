@@ -301,6 +301,6 @@ def _as_prompt(prompt: PromptInput) -> str | tuple[ChatMessage, ...]:
     if isinstance(prompt, str):
         return prompt
     return tuple(
-        m if isinstance(m, ChatMessage) else ChatMessage(role=m["role"], content=m["content"])
+        m if isinstance(m, ChatMessage) else ChatMessage(role=m["role"], content=m["content"], name=m.get("name"))
         for m in prompt
     )

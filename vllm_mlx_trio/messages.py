@@ -23,10 +23,12 @@ _frozen = attrs.frozen(slots=True, kw_only=True)
 
 @_frozen
 class ChatMessage:
-    """One chat turn, already reduced to plain text."""
+    """One chat turn, already reduced to plain text; ``name`` (a participant's name) goes to
+    the chat template as given, for templates that use it."""
 
     role: str
     content: str
+    name: str | None = None
 
 
 # -- engine facade -> client (through the request's outbox) -------------------------------

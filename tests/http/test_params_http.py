@@ -409,3 +409,49 @@ async def test_completion_logprobs_end_to_end_with_n(fake_cfg):
         mine = [e["choices"][0]["logprobs"] for e in events[:-1] if e["choices"][0]["index"] == index]
         offsets = [o for m in mine if m for o in m["text_offset"]]
         assert offsets == plain["choices"][index]["logprobs"]["text_offset"]
+
+
+# --- fields inside a message -----------------------------------------------------------------
+
+
+def test_an_answer_sent_back_as_openai_python_writes_it_is_accepted():
+    # openai-python's ChatCompletionMessage, dumped into the next turn's messages.
+    echoed = {"role": "assistant", "content": "Hi!", "refusal": None, "tool_calls": None,
+              "function_call": None, "audio": None, "annotations": []}  # fmt: skip
+    parsed = parse_chat(chat_body(messages=[*CHAT, echoed, *CHAT]), model_name=MODEL, max_n=8)
+    assert [m.role for m in parsed.prompt] == ["user", "assistant", "user"]
+
+
+@pytest.mark.parametrize(
+    ("message", "param", "code"),
+    [
+        ({"role": "user", "content": "hi", "nmae": "x"}, "messages[0].nmae", "unknown_parameter"),
+        ({"role": "user", "content": "hi", "tool_call_id": "call_1"}, "messages[0].tool_call_id", "unsupported_parameter"),
+        ({"role": "assistant", "content": "", "tool_calls": [{"id": "c"}]}, "messages[0].tool_calls", "unsupported_parameter"),
+        ({"role": "user", "content": "hi", "name": ""}, "messages[0].name", None),
+        ({"role": "user", "content": "hi", "name": 7}, "messages[0].name", None),
+    ],
+)  # fmt: skip
+def test_message_fields_this_server_would_ignore_are_refused(message, param, code):
+    with pytest.raises(InvalidRequestError) as refused:
+        parse_chat(chat_body(messages=[message]), model_name=MODEL, max_n=8)
+    assert refused.value.param == param and refused.value.code == code
+
+
+def test_a_message_name_reaches_the_chat_template():
+    from vllm_mlx_trio.actors.admission import AdmissionActor, AdmissionLimits
+
+    class Recording(FakeTokenizer):
+        turns: list = []
+
+        def apply_chat_template(self, messages, **kwargs):
+            Recording.turns = messages
+            return super().apply_chat_template(messages, **kwargs)
+
+    parsed = parse_chat(chat_body(messages=[{"role": "user", "content": "hi", "name": "ada"}, *CHAT]),
+                        model_name=MODEL, max_n=8)  # fmt: skip
+    limits = AdmissionLimits(max_context_tokens=99, default_max_tokens=None, max_stop_sequences=4, vocab_size=259)
+    send, recv = trio.open_memory_channel(0)
+    actor = AdmissionActor(submit_recv=recv, admit_send=send, tokenizer=Recording(), limits=limits)
+    actor.tokenize(parsed.prompt)
+    assert Recording.turns == [{"role": "user", "content": "hi", "name": "ada"}, {"role": "user", "content": "hi"}]

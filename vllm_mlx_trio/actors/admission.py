@@ -102,7 +102,7 @@ class AdmissionActor:
             return self._call_tokenizer(lambda: self._tokenizer.encode(prompt), "prompt")
         if not prompt:
             raise InvalidRequestError("messages must not be empty.", param="messages")
-        turns = [{"role": m.role, "content": m.content} for m in prompt]
+        turns = [_turn(m) for m in prompt]
         text = self._call_tokenizer(
             lambda: self._tokenizer.apply_chat_template(
                 turns, add_generation_prompt=True, tokenize=False
@@ -171,3 +171,11 @@ class AdmissionActor:
                 f"KV cache budget (engine.kv_memory_mb) holds {kv} tokens for one request."
             )
         return text
+
+
+def _turn(message: ChatMessage) -> dict[str, str]:
+    """One message as chat templates expect it (``name`` only when the client gave one)."""
+    turn = {"role": message.role, "content": message.content}
+    if message.name is not None:
+        turn["name"] = message.name
+    return turn

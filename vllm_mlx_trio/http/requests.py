@@ -45,6 +45,19 @@ _NOT_YET = {
 _CHAT_FIELDS = _SAMPLING_FIELDS | {"messages", "max_completion_tokens", "logprobs", "top_logprobs"}
 _COMPLETION_FIELDS = _SAMPLING_FIELDS | {"prompt", "logprobs"}
 _ROLES = ("system", "developer", "user", "assistant")
+#: OpenAI message fields this server cannot act on (no tools, audio or refusals): accepted only
+#: when off, as openai-python writes them when an answer is sent back as the next turn's input.
+_MESSAGE_OFF_ONLY = {
+    "refusal": (None, ""),
+    "tool_calls": (None, []),
+    "tool_call_id": (None,),
+    "function_call": (None,),
+    "audio": (None,),
+    "annotations": (None, []),
+}
+_MESSAGE_FIELDS = {"role", "content", "name", *_MESSAGE_OFF_ONLY}
+#: Longest participant ``name`` accepted (OpenAI's schema has no bound; templates paste it).
+MAX_NAME_CHARS = 256
 
 
 @attrs.frozen(kw_only=True)
@@ -200,7 +213,25 @@ def _parse_message(message: Any, index: int) -> ChatMessage:
         content = "".join(_text_part(part, f"{where}.content[{i}]") for i, part in enumerate(content))
     if not isinstance(content, str):
         raise _bad(f"{where}.content must be a string or an array of text parts.", f"{where}.content")
-    return ChatMessage(role=role, content=content)
+    _check_message_fields(message, where)
+    return ChatMessage(role=role, content=content, name=_message_name(message, where))
+
+
+def _check_message_fields(message: dict, where: str) -> None:
+    """Every field of a message is one this server acts on, or off."""
+    for key, value in message.items():
+        if key not in _MESSAGE_FIELDS:
+            raise _bad(f"Unrecognized field in {where}: {key!r:.60}", f"{where}.{key:.60}", "unknown_parameter")
+        off = _MESSAGE_OFF_ONLY.get(key)
+        if off is not None and not _is_off_value(value, off):
+            raise _bad(f"{where}.{key} is not supported by this server yet.", f"{where}.{key}", "unsupported_parameter")
+
+
+def _message_name(message: dict, where: str) -> str | None:
+    name = message.get("name")
+    if name is not None and (not isinstance(name, str) or not 0 < len(name) <= MAX_NAME_CHARS):
+        raise _bad(f"{where}.name must be a string of 1 to {MAX_NAME_CHARS} characters.", f"{where}.name")
+    return name
 
 
 def _text_part(part: Any, where: str) -> str:
