@@ -1,0 +1,175 @@
+"""The configuration tree: one frozen attrs class per TOML section, defaults and checks.
+
+``config.py`` loads and dumps it; docs/configuration.md is the user-facing reference and a
+test keeps it in step with these classes.
+"""
+
+import attrs
+
+from vllm_mlx_trio.config_fields import (
+    _in_range,
+    _model_path,
+    _non_empty,
+    _one_of,
+    _option,
+    _origins,
+    _to_float,
+    _to_tuple,
+)
+
+ENGINE_MODES = ("simple", "batched")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+
+
+# --- the configuration tree -----------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ServerConfig:
+    """``[server]``: the HTTP listener."""
+
+    #: Interface to bind; 127.0.0.1 keeps the server local, 0.0.0.0 exposes it.
+    host: str = _option("127.0.0.1", _non_empty)
+    #: TCP port, 0..65535; 0 picks a free port.
+    port: int = _option(8000, _in_range(0, 65535))
+    #: On SIGINT/SIGTERM, in-flight streams get this many seconds to finish (>= 0).
+    drain_timeout_s: float = _option(30.0, _in_range(0), converter=_to_float)
+    #: The model name /v1/models reports and requests must use; None means model.path.
+    served_model_name: str | None = _option(None, _non_empty)
+    #: A file of API keys, one per line (blank lines and # comments skipped); with it, or with
+    #: keys in $VLLM_MLX_TRIO_API_KEYS, every route but /health needs "Authorization: Bearer".
+    api_key_file: str | None = _option(None, _non_empty)
+    #: Origins allowed to call the API from a browser (CORS), e.g. ["https://app.example.com"];
+    #: "*" allows any. Empty: no CORS headers are sent.
+    cors_origins: tuple[str, ...] = _option((), _origins, converter=_to_tuple)
+
+
+@attrs.frozen(kw_only=True)
+class ModelConfig:
+    """``[model]``: what to load."""
+
+    #: Hub id, local directory, or "demo:<size>" (tiny, small) for the built-in random model.
+    path: str = _option("demo:tiny", _non_empty, _model_path)
+    #: Hub revision (branch, tag or commit); None means the default branch.
+    revision: str | None = _option(None, _non_empty)
+    #: Allow model code from the hub to run; only for repositories you trust.
+    trust_remote_code: bool = _option(False)
+    #: A Jinja chat template that replaces the tokenizer's own; None keeps the tokenizer's.
+    chat_template: str | None = _option(None, _non_empty)
+    #: Where demo models are built; None means ~/.cache/vllm-mlx-trio/demo.
+    demo_cache_dir: str | None = _option(None, _non_empty)
+
+
+@attrs.frozen(kw_only=True)
+class EngineSection:
+    """``[engine]``: how requests are run."""
+
+    #: "batched" (continuous batching: requests join and leave a shared batch between steps)
+    #: or "simple" (one request at a time through mlx-lm's generate_step).
+    mode: str = _option("batched", _one_of(ENGINE_MODES))
+    #: Prompt tokens per forward pass during prefill (>= 1); in batched mode a long prompt is
+    #: prefilled in chunks of this size between decode steps.
+    prefill_step_size: int = _option(512, _in_range(1))
+    #: Batched mode: most sequences in the model at once (>= 1); the rest wait in the queue.
+    max_num_seqs: int = _option(32, _in_range(1))
+    #: Batched mode: most prompts prefilled together in one forward pass (>= 1).
+    prefill_batch_size: int = _option(8, _in_range(1))
+    #: Batched mode: most sequences decoded together; while this many decode, new prompts
+    #: wait (>= 1; raised to prefill_batch_size if lower).
+    completion_batch_size: int = _option(32, _in_range(1))
+    #: Tokens per streamed chunk after the first (>= 1); a request may override it with the
+    #: ``stream_interval`` extension field. The first token is always sent at once.
+    stream_interval: int = _option(1, _in_range(1))
+    #: max_tokens for requests that do not say; None means the room left in the context.
+    default_max_tokens: int | None = _option(None, _in_range(1))
+    #: Budget in MiB for the KV caches of running sequences; none means kv_memory_percent of
+    #: the memory available once the model is loaded. A request whose prompt + max_tokens can
+    #: never fit is refused; when running sequences outgrow it, the newest is preempted and
+    #: recomputed later.
+    kv_memory_mb: int | None = _option(None, _in_range(1))
+    #: Share of the memory available after loading for running sequences' KV, when
+    #: kv_memory_mb is not set.
+    kv_memory_percent: float = _option(0.50, _in_range(0.01, 1.0), converter=_to_float)
+
+
+@attrs.frozen(kw_only=True)
+class CacheConfig:
+    """``[cache]``: the paged prefix cache (shared KV blocks of common prompt prefixes)."""
+
+    #: Reuse the KV of prompt prefixes other requests computed (false: every prompt is prefilled).
+    enabled: bool = _option(True)
+    #: Tokens per cached block (>= 1); only full blocks are shared.
+    block_size: int = _option(64, _in_range(1))
+    #: Budget in MiB for cached blocks; none means memory_percent of the memory available at start.
+    memory_mb: int | None = _option(None, _in_range(1))
+    #: Share of the memory available at start for cached blocks, when memory_mb is not set.
+    memory_percent: float = _option(0.20, _in_range(0.0, 1.0), converter=_to_float)
+    #: Budget by bytes (true) or, legacy, by number of blocks (max_entries).
+    memory_aware: bool = _option(True)
+    #: Most cached blocks when memory_aware is false (>= 1).
+    max_entries: int = _option(4096, _in_range(1))
+    #: Also cache the full blocks of prompt + output when a request finishes (multi-turn reuse).
+    store_generated: bool = _option(True)
+
+
+@attrs.frozen(kw_only=True)
+class LimitsConfig:
+    """``[limits]``: admission and request-size limits."""
+
+    #: Requests queued behind the running one (>= 0); beyond it a request gets 429.
+    max_waiting: int = _option(64, _in_range(0))
+    #: Largest accepted request body in bytes (>= 1024); beyond it a request is refused.
+    max_body_bytes: int = _option(4 * 1024 * 1024, _in_range(1024))
+    #: Most stop sequences one request may give (>= 0).
+    max_stop_sequences: int = _option(16, _in_range(0))
+    #: Seconds a client may take to send its whole request body (> 0); slower gets HTTP 408.
+    body_timeout_s: float = _option(30.0, _in_range(0.001), converter=_to_float)
+    #: Seconds one model step may take before the engine is declared stalled and fails
+    #: every request (> 0); none disables the watchdog.
+    engine_stall_timeout_s: float | None = _option(300.0, _in_range(0.001), converter=_to_float)
+    #: Largest ``n`` (choices per request) accepted (>= 1); each choice takes an engine slot.
+    max_n: int = _option(8, _in_range(1))
+
+
+@attrs.frozen(kw_only=True)
+class MetricsConfig:
+    """``[metrics]``: the Prometheus endpoint."""
+
+    #: Serve ``GET /metrics`` (Prometheus text format, vLLM's metric names); false: 404.
+    enabled: bool = _option(True)
+
+
+@attrs.frozen(kw_only=True)
+class LoggingConfig:
+    """``[logging]``: what gets logged."""
+
+    #: One of debug, info, warning, error.
+    level: str = _option("info", _one_of(LOG_LEVELS))
+    #: "text" (one human-readable line per record) or "json" (one JSON object per line).
+    format: str = _option("text", _one_of(LOG_FORMATS))
+
+
+@attrs.frozen(kw_only=True)
+class EngineConfig:
+    """The whole configuration: one attribute per TOML section."""
+
+    #: ``[server]``: host, port, shutdown drain, served model name.
+    server: ServerConfig = _option(attrs.Factory(ServerConfig))
+    #: ``[model]``: what to load and how.
+    model: ModelConfig = _option(attrs.Factory(ModelConfig))
+    #: ``[engine]``: scheduling mode, prefill step, default max_tokens.
+    engine: EngineSection = _option(attrs.Factory(EngineSection))
+    #: ``[cache]``: the paged prefix cache.
+    cache: CacheConfig = _option(attrs.Factory(CacheConfig))
+    #: ``[limits]``: queue depth and request-size limits.
+    limits: LimitsConfig = _option(attrs.Factory(LimitsConfig))
+    #: ``[metrics]``: the Prometheus endpoint.
+    metrics: MetricsConfig = _option(attrs.Factory(MetricsConfig))
+    #: ``[logging]``: log level and format.
+    logging: LoggingConfig = _option(attrs.Factory(LoggingConfig))
+
+    @property
+    def model_name(self) -> str:
+        """The name the server answers to: server.served_model_name, else model.path."""
+        return self.server.served_model_name or self.model.path
