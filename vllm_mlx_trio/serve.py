@@ -178,7 +178,8 @@ def startup_summary(engine: Engine, binds: list[str]) -> str:
     cfg = engine.cfg
     return (
         f"ready: model={logfmt_value(cfg.model_name)} mode={cfg.engine.mode} "
-        f"max_num_seqs={max_running(cfg)} {_cache_budget(engine)} listening={','.join(binds)}"
+        f"max_num_seqs={max_running(cfg)} kv_budget_tokens={engine.model_info.kv_budget_tokens} "
+        f"{_cache_budget(engine)} listening={','.join(binds)}"
     )
 
 
