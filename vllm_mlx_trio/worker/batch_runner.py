@@ -91,7 +91,7 @@ class BatchRunner:
             failed=failed,
             kv_ready=tuple(ready for ready in kv_ready if ready is not None),
             elapsed_s=time.perf_counter() - started,
-            memory=mlx_memory(),
+            memory=mlx_memory(idle=not self.num_sequences),
         )
 
     def _take_failures(self) -> tuple[tuple[RequestId, str], ...]:

@@ -79,6 +79,13 @@ def load_for_serving(model_cfg: ModelConfig, engine: EngineSection) -> tuple[Any
     return model, info
 
 
-def mlx_memory() -> tuple[int, int, int]:
-    """MLX's (active, peak, buffer cache) memory in bytes, for the metrics."""
+def mlx_memory(*, idle: bool = False) -> tuple[int, int, int]:
+    """MLX's (active, peak, buffer cache) memory in bytes, for the metrics.
+
+    ``idle`` (no sequence left in the model): first hand MLX's cache of freed buffers back
+    to the system. MLX keeps them for reuse with no limit by default; batches of changing
+    shapes leave tens of MiB behind that an idle server would otherwise hold for good.
+    """
+    if idle:
+        mx.clear_cache()
     return mx.get_active_memory(), mx.get_peak_memory(), mx.get_cache_memory()

@@ -82,7 +82,7 @@ class SimpleRunner:
             failed=failed,
             kv_ready=tuple(ready for ready in kv_ready if ready is not None),
             elapsed_s=time.perf_counter() - started,
-            memory=mlx_memory(),
+            memory=mlx_memory(idle=not self.num_sequences),
         )
 
     def _prompt_ready(self, rid: RequestId) -> KVReady | None:
