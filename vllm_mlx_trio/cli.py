@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -44,6 +45,27 @@ def _config_args(parser: argparse.ArgumentParser) -> None:
         "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
         help="override one option (repeatable); beats the environment and the file",
     )  # fmt: skip
+
+
+#: A second signal stops the server at once: exit 128 + the signal (130 SIGINT, 143 SIGTERM),
+#: as a shell reports a process killed by it.
+FORCED_EXIT_BASE = 128
+
+
+def console_main() -> None:
+    """The ``vllm-mlx-trio`` command: :func:`main`, then exit with its code.
+
+    After a forced stop the process leaves without finalizing the interpreter: the abandoned
+    MLX thread may still be inside a model step, and finalizing under it can abort the
+    process (MLX's thread-local destructors need the GIL that finalization takes away).
+    """
+    code = main()
+    if code >= FORCED_EXIT_BASE:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -94,8 +116,8 @@ def _run(args: argparse.Namespace) -> int:
 
     from .serve import serve_until_signalled
 
-    trio.run(serve_until_signalled, cfg)  # it sets up logging from cfg.logging
-    return 0
+    forced_by = trio.run(serve_until_signalled, cfg)  # it sets up logging from cfg.logging
+    return 0 if forced_by is None else FORCED_EXIT_BASE + forced_by
 
 
 def _demo_build(args: argparse.Namespace) -> int:
@@ -108,4 +130,4 @@ def _demo_build(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

@@ -193,13 +193,16 @@ def _cache_budget(engine: Engine) -> str:
     return f"prefix_cache_blocks={cache.pool.max_blocks}"
 
 
-async def serve_until_signalled(cfg: EngineConfig) -> None:
+async def serve_until_signalled(cfg: EngineConfig) -> int | None:
     """``serve`` with SIGINT/SIGTERM as the shutdown trigger; a second signal stops at once.
 
     The server's entry point: it also sets up the root logger from ``cfg.logging`` (level
-    and format), replacing any handler configured before.
+    and format), replacing any handler configured before. Returns None after a drain, or
+    the number of the second signal that cut it short (a model step may then still be
+    running on the abandoned MLX thread: the caller should exit without finalizing).
     """
     configure_logging(cfg.logging)
+    forced_by: list[int] = []
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         first_signal = trio.Event()
 
@@ -212,6 +215,7 @@ async def serve_until_signalled(cfg: EngineConfig) -> None:
                 async for signum in signals:
                     if first_signal.is_set():
                         logger.warning("second %s: stopping now", signal.Signals(signum).name)
+                        forced_by.append(signum)
                         nursery.cancel_scope.cancel()
                         return
                     logger.info(
@@ -222,3 +226,4 @@ async def serve_until_signalled(cfg: EngineConfig) -> None:
             nursery.start_soon(watch_signals)
             await serve(cfg, shutdown_trigger=shutdown_trigger)
             nursery.cancel_scope.cancel()
+    return forced_by[0] if forced_by else None
