@@ -21,6 +21,13 @@ def _levels(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def _workload_args(parser: argparse.ArgumentParser, concurrency: str) -> None:
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens per request (default 128)")
     parser.add_argument("--concurrency", type=_levels, default=_levels(concurrency),
@@ -77,6 +84,16 @@ def add_bench_parser(commands, config_args: ConfigArgs) -> None:
     prefix.add_argument("--model", default=None, help="model path (default: the config's, demo:tiny)")
     prefix.add_argument("--no-disabled", action="store_true", help="skip the run with the cache off")
 
+    soak = sub.add_parser("soak", help="mixed requests on our server, then a memory/task/fd leak check")
+    config_args(soak)
+    soak.add_argument("--model", default="demo:tiny", help="model path (default demo:tiny)")
+    soak.add_argument("--requests", type=_positive, default=2000, help="requests in the soak (default 2000)")
+    soak.add_argument("--concurrency", type=_positive, default=16, help="clients at once (default 16)")
+    soak.add_argument("--max-tokens", type=_positive, default=16, help="tokens per request (default 16)")
+    soak.add_argument("--seed", type=int, default=0, help="seed of the request mix (default 0)")
+    soak.add_argument("--warmup", type=int, default=1500, help="mix requests before the baseline (default 1500)")
+    soak.add_argument("--json", dest="json_path", default=None, help="also write the results here")
+
     every = sub.add_parser("all", help="ceiling, engine and our HTTP server for each model")
     config_args(every)
     every.add_argument("--models", default="demo:tiny,demo:small", help="comma-separated model paths")
@@ -106,6 +123,10 @@ def run_bench(cfg, args: argparse.Namespace) -> int:
         return _single(cfg, args)
     if args.bench_command == "ttft":
         return _ttft(cfg, args)
+    if args.bench_command == "soak":
+        from .soak import run_soak_command
+
+        return run_soak_command(cfg, args)
     if args.bench_command == "prefix-cache":
         from .prefix_cache_bench import run_prefix_cache_bench
 
