@@ -48,7 +48,7 @@ class SoakOptions:
     warmup: int = 1500
     #: Requests of the mix sent after the baseline, before the soak: they refill the prefix
     #: cache the measurement emptied, and the RSS reference is taken at their last answer.
-    refill: int = 400
+    refill: int = 1000
     #: How long to wait for the server to go quiet before each measurement.
     quiesce_timeout_s: float = 15.0
     #: A request that takes longer than this is an error.
