@@ -142,28 +142,31 @@ class SoakResult:
         return [f"{name}: {detail}" for name, ok, detail in self.checks(**kwargs) if not ok]
 
 
-async def run_mix(base_url: str, requests: list[SoakRequest], options: SoakOptions) -> Tally:
-    """``concurrency`` clients share ``requests``, one at a time each; one client, closed after."""
+def soak_client(base_url: str, options: SoakOptions) -> httpx.AsyncClient:
+    """The one HTTP client of a whole soak (a new client per phase would move RSS itself)."""
+    limits = httpx.Limits(max_connections=options.concurrency + 8)
+    return httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(options.request_timeout_s), limits=limits)
+
+
+async def run_mix(http: httpx.AsyncClient, requests: list[SoakRequest], options: SoakOptions) -> Tally:
+    """``concurrency`` clients share ``requests`` through ``http``, one request at a time each."""
     tally, queue = Tally(), iter(requests)
     sample_every = max(1, len(requests) // 10)
-    limits = httpx.Limits(max_connections=options.concurrency + 8)
-    timeout = httpx.Timeout(options.request_timeout_s)
-    async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits) as http:
 
-        async def client() -> None:
-            for req in queue:
-                tally.sent[req.kind] += 1
-                try:
-                    tally.record(req, await send(http, req))
-                except (SoakMismatch, httpx.HTTPError, json.JSONDecodeError) as exc:
-                    tally.error(req, f"{type(exc).__name__}: {exc}")
-                tally.answered += 1
-                if tally.answered % sample_every == 0:
-                    tally.rss_samples.append((tally.answered, rss_bytes()))
+    async def client() -> None:
+        for req in queue:
+            tally.sent[req.kind] += 1
+            try:
+                tally.record(req, await send(http, req))
+            except (SoakMismatch, httpx.HTTPError, json.JSONDecodeError) as exc:
+                tally.error(req, f"{type(exc).__name__}: {exc}")
+            tally.answered += 1
+            if tally.answered % sample_every == 0:
+                tally.rss_samples.append((tally.answered, rss_bytes()))
 
-        async with trio.open_nursery() as nursery:
-            for _ in range(min(options.concurrency, len(requests))):
-                nursery.start_soon(client)
+    async with trio.open_nursery() as nursery:
+        for _ in range(min(options.concurrency, len(requests))):
+            nursery.start_soon(client)
     if not tally.rss_samples or tally.rss_samples[-1][0] != tally.answered:
         tally.rss_samples.append((tally.answered, rss_bytes()))  # the run's last answer
     return tally
@@ -177,15 +180,15 @@ async def run_soak(cfg, options: SoakOptions, *, executor_factory=None) -> SoakR
     if cfg.cache.memory_mb is None:
         cfg = attrs.evolve(cfg, cache=attrs.evolve(cfg.cache, memory_mb=SOAK_CACHE_MB))
     model, timeout = cfg.model_name, options.quiesce_timeout_s
-    async with open_server(cfg, executor_factory=executor_factory) as srv:
+    async with open_server(cfg, executor_factory=executor_factory) as srv, soak_client(srv.url, options) as http:
         start_rss = rss_bytes()
         warm = plan_requests(options.warmup, options.seed + 1, model, options.max_tokens)
-        warmup = await run_mix(srv.url, every_malformed_case(model) + warm, options)
+        warmup = await run_mix(http, every_malformed_case(model) + warm, options)
         baseline, quiet_before = await measure(srv.engine, None, timeout)
-        refill = await run_mix(srv.url, plan_requests(options.refill, options.seed + 2, model, options.max_tokens), options)
+        refill = await run_mix(http, plan_requests(options.refill, options.seed + 2, model, options.max_tokens), options)
         plan = plan_requests(options.requests, options.seed, model, options.max_tokens)
         started = time.perf_counter()
-        tally = await run_mix(srv.url, plan, options)
+        tally = await run_mix(http, plan, options)
         wall_s = time.perf_counter() - started
         after, quiet = await measure(srv.engine, baseline, timeout)
     return SoakResult(options=options, model=model, warmup=warmup, refill=refill, tally=tally, baseline=baseline,
