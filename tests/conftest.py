@@ -39,3 +39,12 @@ def demo_cfg(demo_cache_dir):
         overrides=["server.port=0", "server.drain_timeout_s=5", f"model.demo_cache_dir={demo_cache_dir}"],
         environ={},
     )
+
+
+@pytest.fixture(scope="session")
+def float32_dir(tmp_path_factory) -> str:
+    """The tiny demo model in float32, built once: a greedy row's tokens then do not depend
+    on what else is in the batch."""
+    from vllm_mlx_trio.worker.demo_model import build_demo_model  # imports mlx
+
+    return str(build_demo_model(tmp_path_factory.mktemp("f32") / "tiny", size="tiny", dtype="float32"))

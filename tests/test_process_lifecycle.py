@@ -12,7 +12,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 
@@ -22,6 +21,7 @@ import pytest
 import trio
 
 from vllm_mlx_trio.serve import FAILURE_LINGER_S
+from vllm_mlx_trio.testing.harness import free_port
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CHAT = [{"role": "user", "content": "hello"}]
@@ -38,13 +38,6 @@ class Server:
 
     def stderr(self) -> str:
         return self.stderr_path.read_text()
-
-
-def free_port() -> int:
-    """A port free just now (port 0 cannot be reported back by the CLI)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def subprocess_env() -> dict[str, str]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 
 import attrs
 import httpx
@@ -17,8 +16,8 @@ from vllm_mlx_trio.config import API_KEYS_ENV
 from vllm_mlx_trio.errors import ConfigError
 from vllm_mlx_trio.http.auth import ApiKeys, load_api_keys
 from vllm_mlx_trio.serve import serve
-from vllm_mlx_trio.testing.fake_executor import FakeExecutor, text_script
-from vllm_mlx_trio.testing.harness import fake_executor_factory, open_server
+from vllm_mlx_trio.testing.fake_executor import SlowLoadingExecutor, text_script
+from vllm_mlx_trio.testing.harness import fake_executor_factory, free_port, open_server
 
 MODEL = "demo:tiny"
 CHAT = [{"role": "user", "content": "hi"}]
@@ -219,22 +218,6 @@ def test_cli_serve_exits_1_with_a_one_line_cause(tmp_path, capsys):
     assert main(["serve", "--set", f"server.api_key_file={missing}", "--set", "server.port=0"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("vllm-mlx-trio: server.api_key_file: ") and str(missing) in err[0]
-
-
-class SlowLoadingExecutor(FakeExecutor):
-    """A FakeExecutor whose model "loads" until ``loaded`` is set."""
-
-    loaded: trio.Event
-
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        await self.loaded.wait()
-        await super().run(task_status=task_status)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def test_while_loading_health_is_open_and_the_api_needs_a_key(fake_cfg, monkeypatch):

@@ -24,7 +24,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_mlx_trio.config import load_config
 from vllm_mlx_trio.testing.harness import open_server
-from vllm_mlx_trio.worker.demo_model import build_demo_model
 
 pytestmark = pytest.mark.mlx
 
@@ -50,12 +49,6 @@ OTHER_BODY = {
     "temperature": 0,
     "ignore_eos": True,
 }
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    """float32: a greedy row's tokens do not depend on what else is in the batch."""
-    return str(build_demo_model(tmp_path_factory.mktemp("f32") / "tiny", size="tiny", dtype="float32"))
 
 
 def server_cfg(model_dir: str, *overrides: str):
@@ -240,9 +233,9 @@ async def raw_streaming_chat(url: str, body: dict, request_id: str) -> trio.Sock
 # -- 1: mid-prefill --------------------------------------------------------------------------
 
 
-async def test_disconnect_mid_prefill(model_dir, caplog):
+async def test_disconnect_mid_prefill(float32_dir, caplog):
     """Prefill spans ~45 steps of 16 tokens; the client leaves a few steps in."""
-    cfg = server_cfg(model_dir, "engine.mode=batched", f"engine.prefill_step_size={PREFILL_STEP}")
+    cfg = server_cfg(float32_dir, "engine.mode=batched", f"engine.prefill_step_size={PREFILL_STEP}")
     body = {"model": MODEL, "prompt": LONG_PROMPT, "max_tokens": 8, "temperature": 0, "stream": True}
     with trio.fail_after(TIMEOUT_S):
         async with open_server(cfg) as srv, httpx.AsyncClient(timeout=60) as http:
@@ -292,9 +285,9 @@ async def read_data_lines(resp: httpx.Response, count: int) -> list[str]:
     raise AssertionError(f"the stream ended after {lines}")
 
 
-async def test_disconnect_mid_stream(model_dir, caplog):
+async def test_disconnect_mid_stream(float32_dir, caplog):
     """The client reads a few chunks of a long stream, then closes the response."""
-    cfg = server_cfg(model_dir, "engine.mode=batched")
+    cfg = server_cfg(float32_dir, "engine.mode=batched")
     with trio.fail_after(TIMEOUT_S):
         async with open_server(cfg) as srv, httpx.AsyncClient(timeout=60) as http:
             quiet = await greedy_text(http, srv.url)
@@ -321,9 +314,9 @@ async def test_disconnect_mid_stream(model_dir, caplog):
 # -- 3: a non-streaming request ----------------------------------------------------------------
 
 
-async def test_disconnect_during_non_streaming_request(model_dir, caplog):
+async def test_disconnect_during_non_streaming_request(float32_dir, caplog):
     """A non-streaming client gives up while its request decodes."""
-    cfg = server_cfg(model_dir, "engine.mode=batched")
+    cfg = server_cfg(float32_dir, "engine.mode=batched")
     with trio.fail_after(TIMEOUT_S):
         async with open_server(cfg) as srv, httpx.AsyncClient(timeout=60) as http:
             quiet = await greedy_text(http, srv.url)
@@ -364,9 +357,9 @@ FIRST_BODY = {**OTHER_BODY, "max_tokens": 120}
 
 
 @pytest.mark.parametrize("mode", ["batched", "simple"])
-async def test_disconnect_while_queued_never_reaches_the_model(model_dir, mode, caplog):
+async def test_disconnect_while_queued_never_reaches_the_model(float32_dir, mode, caplog):
     """One sequence at a time: the second request waits, and its client closes the socket."""
-    cfg = server_cfg(model_dir, f"engine.mode={mode}", "engine.max_num_seqs=1")
+    cfg = server_cfg(float32_dir, f"engine.mode={mode}", "engine.max_num_seqs=1")
     with trio.fail_after(TIMEOUT_S):
         async with open_server(cfg) as srv, httpx.AsyncClient(timeout=60) as http:
             alone = await greedy_text(http, srv.url, FIRST_BODY, FIRST_ID)

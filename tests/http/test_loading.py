@@ -2,30 +2,13 @@
 
 from __future__ import annotations
 
-import socket
-
 import attrs
 import httpx
 import trio
 
 from vllm_mlx_trio.serve import serve
-from vllm_mlx_trio.testing.fake_executor import FakeExecutor
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class SlowLoadingExecutor(FakeExecutor):
-    """A FakeExecutor whose model "loads" until ``loaded`` is set."""
-
-    loaded: trio.Event
-
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        await self.loaded.wait()
-        await super().run(task_status=task_status)
+from vllm_mlx_trio.testing.fake_executor import SlowLoadingExecutor
+from vllm_mlx_trio.testing.harness import free_port
 
 
 async def test_health_says_loading_until_the_model_is_ready(fake_cfg):

@@ -11,18 +11,12 @@ import trio
 
 from vllm_mlx_trio import SamplingParams, open_engine
 from vllm_mlx_trio.config import load_config
-from vllm_mlx_trio.worker.demo_model import build_demo_model
 
 pytestmark = pytest.mark.mlx
 
 TIMEOUT_S = 120
 EOS = 2  # <|im_end|> in the demo tokenizer
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def float32_dir(tmp_path_factory) -> str:
-    return str(build_demo_model(tmp_path_factory.mktemp("f32") / "tiny", size="tiny", dtype="float32"))
 
 
 def config(model_dir: str, *overrides: str):

@@ -9,7 +9,6 @@ import trio
 
 from vllm_mlx_trio import SamplingParams, open_engine
 from vllm_mlx_trio.config import load_config
-from vllm_mlx_trio.worker.demo_model import build_demo_model
 
 pytestmark = pytest.mark.mlx
 
@@ -17,11 +16,6 @@ TIMEOUT_S = 240
 GREEDY = SamplingParams(temperature=0.0, max_tokens=300, ignore_eos=True)
 SEEDED = SamplingParams(temperature=0.9, top_p=0.95, seed=11, max_tokens=300, ignore_eos=True,
                         presence_penalty=0.3, min_tokens=5)  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def float32_dir(tmp_path_factory) -> str:
-    return str(build_demo_model(tmp_path_factory.mktemp("f32") / "tiny", size="tiny", dtype="float32"))
 
 
 def config(model_dir: str, *overrides: str):

@@ -15,7 +15,6 @@ import trio
 from vllm_mlx_trio import SamplingParams, open_engine
 from vllm_mlx_trio.actors.executor import ExecutorActor
 from vllm_mlx_trio.config import load_config
-from vllm_mlx_trio.worker.demo_model import build_demo_model
 
 pytestmark = pytest.mark.mlx
 
@@ -25,24 +24,18 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
 MODES = ["batched", "simple"]
 
 
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    return str(build_demo_model(tmp_path_factory.mktemp("f32") / "tiny", size="tiny", dtype="float32"))
-
-
 def config(model_dir: str, mode: str, *overrides: str):
     return load_config(
         None, overrides=[f"model.path={model_dir}", f"engine.mode={mode}", *overrides], environ={}
     )
 
 
-def cache_on(model_dir: str, mode: str, *overrides: str, block_size: int = BS):
-    return config(model_dir, mode, f"cache.block_size={block_size}", *overrides)
+def cache_on(float32_dir: str, mode: str, *overrides: str, block_size: int = BS):
+    return config(float32_dir, mode, f"cache.block_size={block_size}", *overrides)
 
 
-def cache_off(model_dir: str, mode: str):
-    return config(model_dir, mode, "cache.enabled=false")
+def cache_off(float32_dir: str, mode: str):
+    return config(float32_dir, mode, "cache.enabled=false")
 
 
 def capture_runner(cfg, runners: list):
@@ -273,12 +266,12 @@ async def scenario(engine, block_size: int) -> dict[str, Out]:
 @pytest.mark.parametrize(
     ("mode", "block_size"), [("batched", BS), ("simple", BS), ("batched", 64)]
 )
-async def test_greedy_outputs_equal_cache_off_and_cached_tokens_are_honest(model_dir, mode, block_size):
+async def test_greedy_outputs_equal_cache_off_and_cached_tokens_are_honest(float32_dir, mode, block_size):
     runners: list = []
     with trio.fail_after(TIMEOUT_S):
-        async with open_engine(cache_off(model_dir, mode)) as engine:
+        async with open_engine(cache_off(float32_dir, mode)) as engine:
             off = await scenario(engine, block_size)
-        cfg = cache_on(model_dir, mode, block_size=block_size)
+        cfg = cache_on(float32_dir, mode, block_size=block_size)
         async with open_engine(cfg, executor_factory=capture_runner(cfg, runners)) as engine:
             tok = engine.model_info.tokenizer
             on = await scenario(engine, block_size)
@@ -328,10 +321,10 @@ async def test_greedy_outputs_equal_cache_off_and_cached_tokens_are_honest(model
 
 
 @pytest.mark.parametrize("mode", MODES)
-async def test_second_chat_turn_reuses_the_generated_blocks(model_dir, mode):
+async def test_second_chat_turn_reuses_the_generated_blocks(float32_dir, mode):
     """With store_generated, turn 2 hits blocks that cover turn 1's answer, not just its prompt."""
     with trio.fail_after(TIMEOUT_S):
-        async with open_engine(cache_on(model_dir, mode)) as engine:
+        async with open_engine(cache_on(float32_dir, mode)) as engine:
             tok = engine.model_info.tokenizer
             turn1 = convo(2, 4)
             first = await run_one(engine, turn1)
@@ -374,12 +367,12 @@ async def sampled(engine, prompt, params) -> tuple[list[int], list[float], int]:
 
 
 @pytest.mark.parametrize("mode", MODES)
-async def test_sampling_parameters_give_the_same_output_after_a_cache_hit(model_dir, mode):
+async def test_sampling_parameters_give_the_same_output_after_a_cache_hit(float32_dir, mode):
     """A raw prompt of 3 blocks + 1 token: every repeat splices 3 blocks and computes 1 token."""
     results = {}
     with trio.fail_after(TIMEOUT_S):
         for cache in ("off", "on"):
-            cfg = cache_off(model_dir, mode) if cache == "off" else cache_on(model_dir, mode)
+            cfg = cache_off(float32_dir, mode) if cache == "off" else cache_on(float32_dir, mode)
             async with open_engine(cfg) as engine:
                 prompt = exact_text(engine.model_info.tokenizer, 3 * BS + 1)
                 results[cache] = {
@@ -394,11 +387,11 @@ async def test_sampling_parameters_give_the_same_output_after_a_cache_hit(model_
         assert cached == (0 if key == ("seeded", 0) else 3 * BS), key
 
 
-async def test_cache_salt_isolates_cached_blocks(model_dir):
+async def test_cache_salt_isolates_cached_blocks(float32_dir):
     prompt = convo(7, 3)
     salted = {salt: attrs.evolve(GREEDY, cache_salt=salt) for salt in ("tenant-a", "tenant-b")}
     with trio.fail_after(TIMEOUT_S):
-        async with open_engine(cache_on(model_dir, "batched")) as engine:
+        async with open_engine(cache_on(float32_dir, "batched")) as engine:
             a1 = await run_one(engine, prompt, salted["tenant-a"])
             b1 = await run_one(engine, prompt, salted["tenant-b"])
             plain = await run_one(engine, prompt)
@@ -414,7 +407,7 @@ async def test_cache_salt_isolates_cached_blocks(model_dir):
 
 
 @pytest.mark.parametrize(("mode", "num_questions"), [("batched", 25), ("simple", 4)])
-async def test_200_requests_with_overlapping_prefixes_equal_cache_off(model_dir, mode, num_questions):
+async def test_200_requests_with_overlapping_prefixes_equal_cache_off(float32_dir, mode, num_questions):
     """8 system prompts x 25 questions, 16 at a time (simple mode, one at a time anyway: 8 x 4)."""
     jobs = {(s, q): convo(s, q) for s in range(8) for q in range(num_questions)}
     order = list(jobs)
@@ -423,9 +416,9 @@ async def test_200_requests_with_overlapping_prefixes_equal_cache_off(model_dir,
     params = attrs.evolve(GREEDY, max_tokens=8)
     runners: list = []
     with trio.fail_after(TIMEOUT_S):
-        async with open_engine(cache_off(model_dir, mode)) as engine:
+        async with open_engine(cache_off(float32_dir, mode)) as engine:
             off = await run_many(engine, jobs, concurrency=32, params=params)
-        cfg = cache_on(model_dir, mode)
+        cfg = cache_on(float32_dir, mode)
         async with open_engine(cfg, executor_factory=capture_runner(cfg, runners)) as engine:
             on = await run_many(engine, jobs, concurrency=16, params=params)
             await assert_idle_and_consistent(engine, runners[0])
@@ -443,7 +436,7 @@ async def test_200_requests_with_overlapping_prefixes_equal_cache_off(model_dir,
 
 
 @pytest.mark.parametrize("mode", MODES)
-async def test_burst_with_cancellations_leaves_no_leases(model_dir, mode):
+async def test_burst_with_cancellations_leaves_no_leases(float32_dir, mode):
     """24 requests on one system prompt, 8 of them cancelled; prefill in 32-token chunks, so
     some are cancelled mid-prefill (their prompt's KV may come back after the abort)."""
     jobs = {q: convo(3, q) for q in range(24)}
@@ -451,10 +444,10 @@ async def test_burst_with_cancellations_leaves_no_leases(model_dir, mode):
     runners: list = []
     max_shared = 0
     with trio.fail_after(TIMEOUT_S):
-        async with open_engine(cache_off(model_dir, mode)) as engine:
+        async with open_engine(cache_off(float32_dir, mode)) as engine:
             kept = {q: p for q, p in jobs.items() if q not in cancelled}
             off = await run_many(engine, kept, concurrency=24)
-        cfg = cache_on(model_dir, mode, "engine.prefill_step_size=32")
+        cfg = cache_on(float32_dir, mode, "engine.prefill_step_size=32")
         async with open_engine(cfg, executor_factory=capture_runner(cfg, runners)) as engine:
             # warm the shared system prompt so the burst shares its blocks
             await run_one(engine, convo(3, 24))
@@ -493,16 +486,16 @@ async def test_burst_with_cancellations_leaves_no_leases(model_dir, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-async def test_memory_budget_evicts_and_outputs_still_match(model_dir, mode):
+async def test_memory_budget_evicts_and_outputs_still_match(float32_dir, mode):
     """1 MiB holds 128 blocks of 16 tokens (8 KiB each on the tiny model); 8 prompts of ~24
     blocks each overflow it, while no single request exceeds it."""
     jobs = {i: long_text(i) for i in range(8)}
     jobs.update({("again", i): long_text(i) for i in (0, 7)})  # evicted / kept
     runners: list = []
     with trio.fail_after(TIMEOUT_S):
-        async with open_engine(cache_off(model_dir, mode)) as engine:
+        async with open_engine(cache_off(float32_dir, mode)) as engine:
             off = await run_many(engine, jobs, concurrency=4)
-        cfg = cache_on(model_dir, mode, "cache.memory_mb=1")
+        cfg = cache_on(float32_dir, mode, "cache.memory_mb=1")
         async with open_engine(cfg, executor_factory=capture_runner(cfg, runners)) as engine:
             on = {}
             for key, prompt in jobs.items():  # sequential: the eviction order is deterministic
@@ -520,15 +513,15 @@ async def test_memory_budget_evicts_and_outputs_still_match(model_dir, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-async def test_max_entries_budget_holds_once_idle_and_outputs_still_match(model_dir, mode):
+async def test_max_entries_budget_holds_once_idle_and_outputs_still_match(float32_dir, mode):
     """Each prompt (~6-12 blocks) alone exceeds 4 blocks: its blocks stay while it leases them,
     and the release evicts back down to the budget."""
     prompts = [long_text(i, num_words=40 + 10 * i) for i in range(6)]
     runners: list = []
     with trio.fail_after(TIMEOUT_S):
-        async with open_engine(cache_off(model_dir, mode)) as engine:
+        async with open_engine(cache_off(float32_dir, mode)) as engine:
             off = [await run_one(engine, p) for p in prompts]
-        cfg = cache_on(model_dir, mode, "cache.memory_aware=false", "cache.max_entries=4")
+        cfg = cache_on(float32_dir, mode, "cache.memory_aware=false", "cache.max_entries=4")
         async with open_engine(cfg, executor_factory=capture_runner(cfg, runners)) as engine:
             on = []
             for prompt in prompts:
@@ -549,11 +542,11 @@ async def test_max_entries_budget_holds_once_idle_and_outputs_still_match(model_
 
 
 @pytest.mark.parametrize("mode", MODES)
-async def test_clear_drops_unreferenced_blocks_from_pool_and_store(model_dir, mode):
+async def test_clear_drops_unreferenced_blocks_from_pool_and_store(float32_dir, mode):
     runners: list = []
     prompt = convo(4, 7)
     with trio.fail_after(TIMEOUT_S):
-        cfg = cache_on(model_dir, mode)
+        cfg = cache_on(float32_dir, mode)
         async with open_engine(cfg, executor_factory=capture_runner(cfg, runners)) as engine:
             runner = runners[0]
             tok = engine.model_info.tokenizer

@@ -85,7 +85,3 @@ async def _lifespan(receive: Any, send: Any) -> None:
         elif message["type"] == "lifespan.shutdown":
             await send({"type": "lifespan.shutdown.complete"})
             return
-
-
-#: The loading app without API keys or CORS.
-loading_app = create_loading_app(ApiKeys(), CorsPolicy())

@@ -181,6 +181,16 @@ def _as_first_run(seq: NewSequence) -> NewSequence:
     return attrs.evolve(seq, prompt_token_ids=original, num_output_tokens=0)
 
 
+class SlowLoadingExecutor(FakeExecutor):
+    """A FakeExecutor whose model "loads" until ``loaded`` is set (set it before ``run``)."""
+
+    loaded: trio.Event
+
+    async def run(self, *, task_status: trio.TaskStatus[ModelInfo] = trio.TASK_STATUS_IGNORED) -> None:
+        await self.loaded.wait()
+        await super().run(task_status=task_status)
+
+
 def fake_logprob(token_id: int, num_top: int) -> TokenLogprob:
     """A made-up but well-formed logprob: the sampled token is the most likely one at -0.25,
     followed by the next ids at -1.25, -2.25, ..."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,6 +12,14 @@ import attrs
 from ..config import EngineConfig, load_config
 from ..engine import Engine, open_engine
 from .fake_executor import FakeExecutor
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free just now, for a server that cannot use port 0 (two
+    listeners in turn on one port, or a subprocess that cannot report the port back)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 @attrs.define
