@@ -5,7 +5,7 @@ VENV ?= .venv
 # macOS: plain mlx brings Metal. Linux: the CPU build of mlx.
 EXTRAS := $(shell if [ "$$(uname -s)" = Darwin ]; then echo metal,test; else echo cpu,test; fi)
 
-.PHONY: install serve test bench clean
+.PHONY: install serve test lint bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +18,10 @@ install: $(VENV)/.installed
 serve: install
 	$(VENV)/bin/vllm-mlx-trio serve config/demo.toml
 
-test: install
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: lint
 	$(VENV)/bin/python -m pytest -q
 
 bench: install

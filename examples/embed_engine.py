@@ -27,7 +27,7 @@ async def main(config_path: str = "config/demo.toml", overrides: tuple[str, ...]
         text = await answer(engine, "What is 2+2?")
         print(f"answer: {text!r}")
         with trio.move_on_after(0.5) as scope:
-            async for delta in engine.generate(
+            async for _delta in engine.generate(
                 [{"role": "user", "content": "Tell me a long story."}],
                 SamplingParams(ignore_eos=True),  # runs to the end of the context unless cancelled
             ):

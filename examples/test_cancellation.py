@@ -25,9 +25,9 @@ import trio
 import trio.testing
 
 from vllm_mlx_trio import SamplingParams, load_config, open_engine
-from vllm_mlx_trio.actors.executor import PLANS_IN_FLIGHT
 from vllm_mlx_trio.testing.fake_executor import StepGate, text_script
 from vllm_mlx_trio.testing.harness import open_fake_engine
+from vllm_mlx_trio.worker.registry import runner_class
 
 pytestmark = pytest.mark.trio
 
@@ -90,9 +90,9 @@ async def test_cancel_scope_frees_the_request_within_one_step(autojump_clock, mo
             # its state. Simple mode has one plan in flight: that is the very next step. Batched
             # mode has two: the plan after the one already sent (which still decodes the
             # request; its token is dropped).
-            await step(gate, PLANS_IN_FLIGHT[mode])
+            await step(gate, runner_class(mode).plans_in_flight)
             after = executor.plans[plans_before:]  # the step in flight, then these
-            assert len(after) == 1 + PLANS_IN_FLIGHT[mode]
+            assert len(after) == 1 + runner_class(mode).plans_in_flight
             assert not any(request_id in p.finished_ids for p in after[:-1])
             assert request_id in after[-1].finished_ids
             assert request_id not in after[-1].decode_ids
@@ -170,7 +170,7 @@ async def test_real_model_drops_a_cancelled_request_after_the_steps_in_flight(mo
             # The drop came with the first plan built after the steps already in flight, and
             # no plan from there on computes a token for it.
             drop = next(i for i, p in enumerate(plans) if "cancel-me" in p.finished_ids)
-            assert drop <= steps_at_cancel + PLANS_IN_FLIGHT[mode]
+            assert drop <= steps_at_cancel + runner_class(mode).plans_in_flight
             assert not any("cancel-me" in p.decode_ids for p in plans[drop:])
             assert threads == {"mlx-executor"}  # every step ran on the engine's one MLX thread
 

@@ -57,7 +57,7 @@ async def running_server(
     serve_args = ["serve", *[arg for s in sets for arg in ("--set", s)]]
     head = ["-c", script] if script is not None else ["-m", "vllm_mlx_trio.cli"]
     stderr_path = tmp_path / f"server-{port}.stderr"
-    with open(stderr_path, "wb") as err, open(tmp_path / f"server-{port}.stdout", "wb") as out:
+    with stderr_path.open("wb") as err, (tmp_path / f"server-{port}.stdout").open("wb") as out:
         proc = await trio.lowlevel.open_process(
             [sys.executable, *head, *serve_args], cwd=REPO, env=subprocess_env(), stdout=out, stderr=err
         )

@@ -34,7 +34,8 @@ def test_the_mix_is_seeded_and_in_proportion():
 def _snapshot(**changes) -> Snapshot:
     base = dict(
         mlx_active_bytes=1000, mlx_active_spread=0, mlx_cache_bytes=0,
-        rss_bytes=100 * 2**20, max_rss_bytes=100 * 2**20, fds=10, tasks=20, threads=2, engine_requests=0, running=0, waiting=0, plans_in_flight=0,
+        rss_bytes=100 * 2**20, max_rss_bytes=100 * 2**20, fds=10, tasks=20, threads=2, engine_requests=0,
+        running=0, waiting=0, plans_in_flight=0,
         cache_leased=0, cache_blocks_in_use=0, cache_blocks=0, cache_hits=0, objects={"RequestStream": 0},
     )  # fmt: skip
     return Snapshot(**(base | changes))
@@ -67,7 +68,7 @@ def test_each_leak_fails_its_check(after, errors, failed):
     result = _result(after, errors=errors)
     names = [name for name, ok, _detail in result.checks() if not ok]
     assert len(names) == len(failed) == len(result.failures())
-    assert all(name.startswith(prefix) for name, prefix in zip(names, failed))
+    assert all(name.startswith(prefix) for name, prefix in zip(names, failed, strict=False))
 
 
 @pytest.mark.parametrize(("soak_rss", "ok"), [(100 * 2**20 + 2**19, True), (101 * 2**20, False)])

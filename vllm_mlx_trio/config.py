@@ -19,7 +19,6 @@ import attrs
 import cattrs
 import tomli_w
 
-from vllm_mlx_trio.errors import ConfigError
 from vllm_mlx_trio.config_fields import DEMO_SIZES, _describe, _FieldError, _kind
 from vllm_mlx_trio.config_sections import (
     ENGINE_MODES,
@@ -34,6 +33,7 @@ from vllm_mlx_trio.config_sections import (
     ModelConfig,
     ServerConfig,
 )
+from vllm_mlx_trio.errors import ConfigError
 
 __all__ = [
     "API_KEYS_ENV", "DEMO_SIZES", "ENGINE_MODES", "ENV_PREFIX", "LOG_FORMATS", "LOG_LEVELS", "NONE_LITERAL",

@@ -77,7 +77,7 @@ def _one_of(choices: Sequence[str], why: str = ""):
 
     def check(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
         if value not in choices:
-            allowed = "one of " + ", ".join(choices) if len(choices) > 1 else repr(choices[0])
+            allowed = "one of " + ", ".join(choices) if len(choices) > 1 else repr(next(iter(choices)))
             raise _FieldError(type(inst), attribute.name, f"must be {allowed}{why}, got {value!r}")
 
     return check

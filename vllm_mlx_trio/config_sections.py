@@ -16,8 +16,10 @@ from vllm_mlx_trio.config_fields import (
     _to_float,
     _to_tuple,
 )
+from vllm_mlx_trio.worker.registry import RUNNERS
 
-ENGINE_MODES = ("simple", "batched")
+#: Runner kinds by name (a live view: kinds registered later are accepted too).
+ENGINE_MODES = RUNNERS.keys()
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 

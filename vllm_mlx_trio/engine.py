@@ -10,11 +10,11 @@ set a flag and wake its loop, which does the work between steps.
 from __future__ import annotations
 
 import contextlib
-from functools import partial
 import itertools
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any, Protocol
 
 import attrs
@@ -22,16 +22,16 @@ import trio
 
 from .actors.admission import AdmissionActor, AdmissionLimits
 from .actors.cache_manager import CacheManagerActor, CacheStatistics
-from .actors.executor import PLANS_IN_FLIGHT
 from .actors.scheduler import SchedulerActor
 from .actors.scheduler_stats import SchedulerStatistics
 from .config import EngineConfig
 from .core.params import SamplingParams
 from .errors import EngineClosedError, QueueFullError, VllmMlxTrioError
 from .health import EngineHealth, cancel_on_failure, run_supervised
-from .metrics import EngineMetrics, engine_snapshot
 from .messages import ChatMessage, ModelInfo, RequestId, StepPlan, StepResult, Submit
+from .metrics import EngineMetrics, engine_snapshot
 from .stream import Delta, RequestStream
+from .worker.registry import runner_class
 
 logger = logging.getLogger(__name__)
 
@@ -75,11 +75,7 @@ def mlx_executor_factory(cfg: EngineConfig) -> ExecutorFactory:
     def build(plan_recv, result_send):
         from .actors.executor import ExecutorActor
 
-        if cfg.engine.mode == "batched":
-            from .worker.batch_runner import BatchRunner as Runner
-        else:
-            from .worker.simple_runner import SimpleRunner as Runner
-
+        Runner = runner_class(cfg.engine.mode)
         return ExecutorActor(
             plan_recv=plan_recv, result_send=result_send, runner_factory=lambda: Runner(cfg)
         )
@@ -88,8 +84,8 @@ def mlx_executor_factory(cfg: EngineConfig) -> ExecutorFactory:
 
 
 def max_running(cfg: EngineConfig) -> int:
-    """Sequences in the model at once: 1 in simple mode, ``engine.max_num_seqs`` batched."""
-    return cfg.engine.max_num_seqs if cfg.engine.mode == "batched" else 1
+    """Sequences in the model at once, as the configured runner kind holds them."""
+    return runner_class(cfg.engine.mode).max_running(cfg.engine)
 
 
 @contextlib.asynccontextmanager
@@ -136,7 +132,7 @@ class Engine:
     async def _start(cls, cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFactory):
         submit_send, submit_recv = trio.open_memory_channel[Submit](SUBMIT_BUFFER)
         admit_send, admit_recv = trio.open_memory_channel(ADMIT_BUFFER)
-        in_flight = PLANS_IN_FLIGHT[cfg.engine.mode]
+        in_flight = runner_class(cfg.engine.mode).plans_in_flight
         plan_send, plan_recv = trio.open_memory_channel(0)
         result_send, result_recv = trio.open_memory_channel(in_flight)
         cache_send, cache_recv = trio.open_memory_channel(CACHE_BUFFER)

@@ -72,7 +72,8 @@ async def test_a_request_that_can_never_fit_the_budget_is_refused_at_once(autoju
 async def test_default_max_tokens_is_the_room_the_budget_leaves(autojump_clock):
     with trio.fail_after(10):
         async with open_fake_engine(kv_budget_tokens=100) as fake:
-            tokens = [t async for d in fake.engine.generate("x" * 40, SamplingParams(ignore_eos=True)) for t in d.token_ids]
+            deltas = fake.engine.generate("x" * 40, SamplingParams(ignore_eos=True))
+            tokens = [t async for d in deltas for t in d.token_ids]
     assert len(tokens) == 60
 
 

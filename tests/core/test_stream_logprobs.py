@@ -36,7 +36,8 @@ async def test_held_back_text_still_carries_its_logprobs():
     check = TOKENIZER.encode("✓")  # three tokens, one character
     deltas = await run([output(check[:1]), output(check[1:2]), output(check[2:]), output([IM_END], "stop")])
     assert [d.text for d in deltas] == ["", "", "✓", ""]
-    assert [d.logprobs for d in deltas] == [tuple(map(entry, ids)) for ids in ([check[0]], [check[1]], [check[2]], [IM_END])]
+    expected_ids = ([check[0]], [check[1]], [check[2]], [IM_END])
+    assert [d.logprobs for d in deltas] == [tuple(map(entry, ids)) for ids in expected_ids]
 
 
 async def test_possible_stop_string_and_stop_keep_logprobs():

@@ -683,7 +683,7 @@ async def test_bad_input_corpus_under_load_with_good_requests(fake_cfg, caplog):
     assert stats.cache.num_leased == 0
     # the good requests: identical bytes (bar id and created) to the quiet run
     assert good_out == quiet_out
-    for i, (kind, out) in good_out.items():
+    for _id, (kind, out) in good_out.items():
         if kind == "stream":
             text, finishes, usage = out
             assert len(text) == 12 and finishes == ["length"] and usage["completion_tokens"] == 12

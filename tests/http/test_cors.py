@@ -6,7 +6,6 @@ import json
 
 import attrs
 import httpx
-import pytest
 import trio
 
 from vllm_mlx_trio.config import API_KEYS_ENV

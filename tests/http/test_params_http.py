@@ -83,7 +83,8 @@ def test_new_fields_are_parsed_into_sampling_params():
     assert (params.min_tokens, params.ignore_eos, params.stream_interval) == (3, True, 4)
     assert params.logprobs is None
     defaults = chat_params()
-    assert (defaults.logit_bias, defaults.min_tokens, defaults.ignore_eos, defaults.stream_interval) == ((), 0, False, None)
+    off = (defaults.logit_bias, defaults.min_tokens, defaults.ignore_eos, defaults.stream_interval)
+    assert off == ((), 0, False, None)
 
 
 @pytest.mark.parametrize(
@@ -426,8 +427,10 @@ def test_an_answer_sent_back_as_openai_python_writes_it_is_accepted():
     ("message", "param", "code"),
     [
         ({"role": "user", "content": "hi", "nmae": "x"}, "messages[0].nmae", "unknown_parameter"),
-        ({"role": "user", "content": "hi", "tool_call_id": "call_1"}, "messages[0].tool_call_id", "unsupported_parameter"),
-        ({"role": "assistant", "content": "", "tool_calls": [{"id": "c"}]}, "messages[0].tool_calls", "unsupported_parameter"),
+        ({"role": "user", "content": "hi", "tool_call_id": "call_1"},
+         "messages[0].tool_call_id", "unsupported_parameter"),
+        ({"role": "assistant", "content": "", "tool_calls": [{"id": "c"}]},
+         "messages[0].tool_calls", "unsupported_parameter"),
         ({"role": "user", "content": "hi", "name": ""}, "messages[0].name", None),
         ({"role": "user", "content": "hi", "name": 7}, "messages[0].name", None),
     ],

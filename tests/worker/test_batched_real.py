@@ -139,7 +139,7 @@ async def test_aborting_one_request_leaves_the_others_unchanged(float32_dir):
                 results[i] = await tokens_of(engine, chat(i), GREEDY)
 
             async def abort_early():
-                async for delta in engine.generate(chat(9), GREEDY):
+                async for _delta in engine.generate(chat(9), GREEDY):
                     break
 
             async with trio.open_nursery() as nursery:
@@ -163,7 +163,7 @@ async def test_long_prompt_prefill_is_chunked_between_decode_steps(float32_dir):
     async def long(started: trio.Event):
         await started.wait()
         arrivals.append("L-submitted")
-        async for delta in engine.generate(long_prompt, attrs.evolve(GREEDY, max_tokens=2)):
+        async for _delta in engine.generate(long_prompt, attrs.evolve(GREEDY, max_tokens=2)):
             arrivals.append("L")
 
     cfg = config(float32_dir, "engine.prefill_step_size=16")

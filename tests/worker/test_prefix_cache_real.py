@@ -86,7 +86,7 @@ def chat_ids(tok, messages: list[dict]) -> list[int]:
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
 def raw_ids(tok, text: str) -> list[int]:

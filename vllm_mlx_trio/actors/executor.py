@@ -4,7 +4,7 @@ The thread lives as long as the actor: it loads the model, creates the MLX strea
 every step. Plans reach it through a thread-safe queue; results go back with the Trio token's
 ``run_sync_soon(result_send.send_nowait, ...)``, fire and forget: it never blocks the
 thread, and never finds the channel full because the scheduler keeps at most
-``PLANS_IN_FLIGHT[mode]`` plans outstanding and the result channel holds that many.
+the runner's ``plans_in_flight`` plans outstanding and the result channel holds that many.
 """
 
 from __future__ import annotations
@@ -17,11 +17,6 @@ import trio
 
 from ..errors import ExecutorCrashedError, VllmMlxTrioError
 from ..messages import ModelInfo, StepPlan, StepResult
-
-#: Plans outstanding on the scheduler -> executor edge, per mode. Simple mode is lock-step
-#: (generate_step already overlaps compute with host work). Batched mode keeps one plan
-#: queued so the MLX thread starts the next step without waiting for the event loop.
-PLANS_IN_FLIGHT = {"simple": 1, "batched": 2}
 
 _STOP = object()
 
@@ -41,7 +36,8 @@ class ExecutorActor:
 
     A normal stop (the plan channel closes) lets the current step finish, then the thread
     stops and ``run`` returns. Cancelling the actor (a stalled step, a second signal) returns
-    at once and abandons the thread, which stops at its next plan or dies with the process. An exception on the thread ends the actor with an
+    at once and abandons the thread, which stops at its next plan or dies with the process.
+    An exception on the thread ends the actor with an
     :class:`ExecutorCrashedError` (or the thread's own typed error), failing the engine.
     """
 

@@ -9,7 +9,6 @@ import logging
 import trio
 
 from ..core.request import Request, RequestStatus
-from .scheduler_stats import ClearRequest, RequestSnapshot, SchedulerStatistics
 from ..core.scheduler import Scheduler
 from ..errors import (
     EngineStalledError,
@@ -18,7 +17,6 @@ from ..errors import (
     VllmMlxTrioError,
 )
 from ..health import EngineHealth
-from ..metrics import EngineMetrics
 from ..messages import (
     Admit,
     BlockStore,
@@ -30,7 +28,9 @@ from ..messages import (
     StepPlan,
     StepResult,
 )
+from ..metrics import EngineMetrics
 from .cache_client import CacheClient
+from .scheduler_stats import ClearRequest, RequestSnapshot, SchedulerStatistics
 
 logger = logging.getLogger(__name__)
 

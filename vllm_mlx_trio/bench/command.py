@@ -174,7 +174,7 @@ def _all(cfg, args, workload: Workload) -> dict:
 
 def _peers(cfg, args, workload: Workload) -> dict:
     from .peers import DEFAULT_VLLM_MLX, run_peers
-    from .suite import print_peers, peer_bench, resolve_model_dir
+    from .suite import peer_bench, print_peers, resolve_model_dir
 
     model_dir = resolve_model_dir(args.model_dir, cfg)
     names = [p.strip() for p in args.peers.split(",") if p.strip()]

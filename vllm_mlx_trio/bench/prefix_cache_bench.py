@@ -13,7 +13,6 @@ its uncached tail would legitimately be a full hit.
 from __future__ import annotations
 
 import time
-
 from collections.abc import Sequence
 
 import attrs
@@ -255,7 +254,8 @@ def format_rows(rows: Sequence[Row]) -> str:
     widths = [max(len(line[i]) for line in lines) for i in range(len(HEADERS))]
     widths[0] = max(widths[0], 6)
     return "\n".join(
-        "  " + " | ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in lines
+        "  " + " | ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in lines
     )
 
 

@@ -10,7 +10,8 @@ from .machine import format_machine
 #: Column order of the throughput tables; columns a row lacks are left out.
 COLUMNS = (
     "path", "conc", "reqs", "tok_per_req", "prompt_tok", "agg_tok_s", "req_tok_s",
-    "samples", "ttft_p50_ms", "ttft_p95_ms", "ttft_max_ms", "vs_ceiling_ms", "itl_p50_ms", "itl_p95_ms", "vs_ceiling", "count_from", "peak_rss_mib",
+    "samples", "ttft_p50_ms", "ttft_p95_ms", "ttft_max_ms", "vs_ceiling_ms", "itl_p50_ms", "itl_p95_ms",
+    "vs_ceiling", "count_from", "peak_rss_mib",
 )  # fmt: skip
 
 

@@ -8,6 +8,7 @@ every path, so the rows of a table are comparable.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -51,7 +52,7 @@ class RequestTrace:
     def itl_samples(self) -> list[tuple[float, float]]:
         """``(seconds per token, weight in tokens)`` for each piece after the first."""
         samples = []
-        for (prev, _), (now, tokens) in zip(self.arrivals, self.arrivals[1:]):
+        for (prev, _), (now, tokens) in itertools.pairwise(self.arrivals):
             if tokens > 0:
                 samples.append(((now - prev) / tokens, tokens))
         return samples

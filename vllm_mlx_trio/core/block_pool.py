@@ -45,6 +45,10 @@ class Budget:
     max_blocks: int | None = attrs.field(default=None, validator=_optional_ge0)
 
 
+#: No limit of either kind (the pool's default).
+NO_BUDGET = Budget()
+
+
 @_frozen
 class PrefixHit:
     """The leased cached prefix of a prompt: ``num_cached_tokens`` tokens in ``block_ids``."""
@@ -112,7 +116,7 @@ class BlockPool:
     block. Every method is synchronous and costs O(blocks it touches).
     """
 
-    def __init__(self, block_size: int = 64, budget: Budget = Budget()):
+    def __init__(self, block_size: int = 64, budget: Budget = NO_BUDGET):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size

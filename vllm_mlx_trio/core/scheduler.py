@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from ..messages import BlockId, BlockStore, NewSequence, RequestId, StepPlan, StepResult
 from .request import Request, RequestStatus
 
-
 #: Room to grow, in tokens per row, a batch must have left before a new sequence joins it,
 #: so a sequence that has just been prefilled is not preempted a few steps later.
 ADMIT_HEADROOM_TOKENS = 16

@@ -115,7 +115,7 @@ def _bytes_to_unicode() -> dict[int, str]:
             printable.append(byte)
             chars.append(256 + extra)
             extra += 1
-    return {b: chr(c) for b, c in zip(printable, chars)}
+    return {b: chr(c) for b, c in zip(printable, chars, strict=True)}
 
 
 class StopStringMatcher:

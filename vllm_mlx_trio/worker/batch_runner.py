@@ -33,6 +33,14 @@ from .sampling import (
 class BatchRunner:
     """Executes step plans on one shared batch; created and used only on the MLX thread."""
 
+    #: One plan queued so the MLX thread starts the next step without waiting for Trio.
+    plans_in_flight = 2
+    max_tokens_per_step = 1
+
+    @classmethod
+    def max_running(cls, engine) -> int:
+        return engine.max_num_seqs
+
     def __init__(self, cfg: EngineConfig):
         self._cfg = cfg
         self._info: ModelInfo | None = None
@@ -135,7 +143,7 @@ class BatchRunner:
             logits_processors=[row[1] for row in rows],
             stop_sequences=[row[2] for row in rows],
         )
-        for uid, seq in zip(uids, seqs):
+        for uid, seq in zip(uids, seqs, strict=True):
             self._request_ids[uid] = seq.request_id
             self._uids[seq.request_id] = uid
             self._sequences[seq.request_id] = seq

@@ -146,7 +146,7 @@ def token_logprob(logprobs: mx.array, token_id: int, num_top: int) -> TokenLogpr
         top_ids = mx.argpartition(-row, kth=k - 1)[:k]
         top_values = row[top_ids]
         order = mx.argsort(-top_values)
-        pairs = zip(top_ids[order].tolist(), top_values[order].tolist())
+        pairs = zip(top_ids[order].tolist(), top_values[order].tolist(), strict=True)
         top = tuple((int(i), float(v)) for i, v in pairs)
     return TokenLogprob(token_id=token_id, logprob=float(row[token_id].item()), top=top)
 

@@ -11,10 +11,9 @@ from collections.abc import Iterator
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step
-
-from ..config import EngineConfig
 from mlx_lm.models.cache import make_prompt_cache
 
+from ..config import EngineConfig
 from ..messages import KVReady, ModelInfo, NewSequence, RequestId, StepPlan, StepResult, TokenLogprob
 from .kv_store import PrefixBlocks
 from .loading import load_for_serving, mlx_memory
@@ -23,6 +22,14 @@ from .sampling import guard_processors, make_request_processors, make_request_sa
 
 class SimpleRunner:
     """Executes step plans; created and used only on the executor's thread."""
+
+    #: Lock-step: ``generate_step`` already overlaps compute with the host work.
+    plans_in_flight = 1
+    max_tokens_per_step = 1
+
+    @classmethod
+    def max_running(cls, engine) -> int:
+        return 1
 
     def __init__(self, cfg: EngineConfig):
         self._cfg = cfg

@@ -1,0 +1,64 @@
+"""Runner kinds, registered by name: ``engine.mode`` picks one.
+
+Importing this module imports no MLX: each entry names its runner class as
+``"package.module:Class"``, imported the first time the kind is used. Adding a kind is one
+new module (a class satisfying :class:`Runner`) plus one line in :data:`RUNNERS`, or a call
+to :func:`register_runner` from the program that embeds the engine.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, ClassVar, Protocol
+
+if TYPE_CHECKING:
+    from ..config_sections import EngineConfig, EngineSection
+    from ..messages import ModelInfo, StepPlan, StepResult
+
+#: name -> "module:Class". Ordered: the first is listed first in errors and docs.
+RUNNERS: dict[str, str] = {
+    "simple": "vllm_mlx_trio.worker.simple_runner:SimpleRunner",
+    "batched": "vllm_mlx_trio.worker.batch_runner:BatchRunner",
+}
+
+
+class Runner(Protocol):
+    """What the executor thread drives: built, loaded, stepped and closed on that thread.
+
+    Class attributes tell the scheduler how to drive it, without loading anything.
+    """
+
+    #: Plans the scheduler keeps outstanding on the executor edge (1 is lock-step).
+    plans_in_flight: ClassVar[int]
+    #: Most tokens one step may produce for one sequence (speculative steps give several).
+    max_tokens_per_step: ClassVar[int]
+
+    def __init__(self, cfg: EngineConfig) -> None: ...
+
+    @classmethod
+    def max_running(cls, engine: EngineSection) -> int:
+        """Sequences this runner holds at once under these settings."""
+        ...
+
+    def load(self) -> ModelInfo: ...
+
+    def execute(self, plan: StepPlan) -> StepResult: ...
+
+    def close(self) -> None: ...
+
+
+def register_runner(name: str, target: str | type) -> None:
+    """Make ``engine.mode = name`` run ``target`` (a class, or ``"module:Class"``)."""
+    if isinstance(target, type):
+        target = f"{target.__module__}:{target.__qualname__}"
+    RUNNERS[name] = target
+
+
+def runner_class(name: str) -> type[Runner]:
+    """The runner class registered as ``name`` (imports its module on first use)."""
+    try:
+        target = RUNNERS[name]
+    except KeyError:
+        raise ValueError(f"unknown runner kind {name!r}; registered: {', '.join(RUNNERS)}") from None
+    module_name, _, class_name = target.partition(":")
+    return getattr(importlib.import_module(module_name), class_name)
