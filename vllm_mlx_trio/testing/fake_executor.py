@@ -151,7 +151,7 @@ class FakeExecutor:
         sampled, logprobs = [], []
         for request_id in (*(s.request_id for s in plan.new_seqs), *plan.decode_ids):
             seq, index = self.sequences[request_id]
-            token = self._script(_as_first_run(seq), index)
+            token = self._script(as_first_run(seq), index)
             sampled.append((request_id, (token,)))
             if seq.params.logprobs is not None:
                 logprobs.append((request_id, (fake_logprob(token, seq.params.logprobs),)))
@@ -173,7 +173,7 @@ class FakeExecutor:
             self.peak_kv_tokens = max(self.peak_kv_tokens, len(lengths) * max(lengths))
 
 
-def _as_first_run(seq: NewSequence) -> NewSequence:
+def as_first_run(seq: NewSequence) -> NewSequence:
     """The sequence as it first entered (a resumed one carries its output in its prompt)."""
     if not seq.num_output_tokens:
         return seq
