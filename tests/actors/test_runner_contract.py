@@ -9,15 +9,18 @@ from __future__ import annotations
 import contextlib
 import threading
 
+import attrs
 import pytest
 import trio
 
 from vllm_mlx_trio import SamplingParams
 from vllm_mlx_trio.actors.executor import ExecutorActor
+from vllm_mlx_trio.engine import open_engine
 from vllm_mlx_trio.errors import ExecutorCrashedError
 from vllm_mlx_trio.messages import NewSequence, RequestId, StepPlan
-from vllm_mlx_trio.testing.fake_executor import IM_END, letters_script
+from vllm_mlx_trio.testing.fake_executor import IM_END, letters_script, text_script
 from vllm_mlx_trio.testing.fake_runner import FakeRunner
+from vllm_mlx_trio.worker.registry import RUNNERS, register_runner
 
 A, B = RequestId("a"), RequestId("b")
 TIMEOUT_S = 10
@@ -159,3 +162,31 @@ async def test_stop_id_mid_step_respects_min_tokens():
     assert sampled[B] == tuple(script(patient, i) for i in range(4))  # held off by min_tokens
     assert second.sampled == ((B, (script(patient, 4), IM_END)),)
     assert runner.live_ids == set()
+
+
+class TwoTokenKind(FakeRunner):
+    """A runner kind as a program embedding the engine would register it."""
+
+    tokens_per_step = (2,)
+    script = staticmethod(text_script("Hello from a fake runner."))
+
+
+@pytest.fixture
+def two_token_kind():
+    register_runner("fake-two-token", TwoTokenKind)
+    yield "fake-two-token"
+    del RUNNERS["fake-two-token"]
+
+
+async def test_open_engine_runs_a_registered_kind(fake_cfg, two_token_kind):
+    cfg = attrs.evolve(fake_cfg, engine=attrs.evolve(fake_cfg.engine, mode=two_token_kind))
+    with trio.fail_after(TIMEOUT_S):
+        async with open_engine(cfg) as engine:  # the registry builds it on the executor thread
+            assert engine.model_info.model_path == "fake-runner"
+            with await engine.submit("hi", SamplingParams(max_tokens=9, logprobs=0)) as stream:
+                deltas = [d async for d in stream]
+            stats = engine.statistics()
+    assert "".join(d.text for d in deltas) == "Hello fro"  # max_tokens=9 falls mid-step
+    assert [len(d.token_ids) for d in deltas] == [2, 2, 2, 2, 1]
+    assert sum(len(d.logprobs) for d in deltas) == 9 and deltas[-1].finish_reason == "length"
+    assert stats.scheduler.num_steps == 5

@@ -11,24 +11,15 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Callable
-from typing import Protocol
 
 import trio
 
 from ..errors import ExecutorCrashedError, VllmMlxTrioError
 from ..messages import ModelInfo, StepPlan, StepResult
+from ..worker.registry import Runner
 
+#: The stop marker: the thread closes the runner and ends when it takes this from its inbox.
 _STOP = object()
-
-
-class StepRunner(Protocol):
-    """What the executor thread drives: built, loaded, stepped and closed on that thread."""
-
-    def load(self) -> ModelInfo: ...
-
-    def execute(self, plan: StepPlan) -> StepResult: ...
-
-    def close(self) -> None: ...
 
 
 class ExecutorActor:
@@ -46,7 +37,7 @@ class ExecutorActor:
         *,
         plan_recv: trio.MemoryReceiveChannel[StepPlan],
         result_send: trio.MemorySendChannel[StepResult],
-        runner_factory: Callable[[], StepRunner],
+        runner_factory: Callable[[], Runner],
     ):
         self._plan_recv = plan_recv
         self._result_send = result_send
@@ -116,7 +107,7 @@ async def _stop_thread_on_cancel(inbox: queue.SimpleQueue[object]) -> None:
         inbox.put(_STOP)
 
 
-def _execute(runner: StepRunner, plan: StepPlan) -> StepResult:
+def _execute(runner: Runner, plan: StepPlan) -> StepResult:
     try:
         return runner.execute(plan)
     except VllmMlxTrioError:
