@@ -16,7 +16,7 @@ import trio
 from vllm_mlx_trio import SamplingParams
 from vllm_mlx_trio.actors.executor import ExecutorActor
 from vllm_mlx_trio.engine import open_engine
-from vllm_mlx_trio.errors import ExecutorCrashedError
+from vllm_mlx_trio.errors import EngineStalledError, ExecutorCrashedError
 from vllm_mlx_trio.messages import NewSequence, RequestId, StepPlan
 from vllm_mlx_trio.testing.fake_executor import IM_END, letters_script, text_script
 from vllm_mlx_trio.testing.fake_runner import FakeRunner
@@ -121,13 +121,14 @@ async def test_cancelling_abandons_a_blocked_step():
         with trio.CancelScope() as scope:
             async with running_executor(runner) as (plans, _results):
                 await plans.send(StepPlan(step_id=0, new_seqs=(new_seq(A),)))
+                await plans.send(StepPlan(step_id=1, decode_ids=(A,)))  # queued behind it
                 await trio.to_thread.run_sync(runner.blocked.wait, abandon_on_cancel=True)
                 scope.cancel()
         # the actor returned while its thread is still stuck in the step
         assert not runner.closed.is_set()
         runner.release.set()
         await trio.to_thread.run_sync(runner.closed.wait, abandon_on_cancel=True)
-    assert len(runner.plans) == 1  # it stopped at the stop marker, running nothing more
+    assert len(runner.plans) == 1  # abandoned: the queued plan was never run
 
 
 async def test_several_tokens_per_step_stop_at_max_tokens_mid_step():
@@ -190,3 +191,42 @@ async def test_open_engine_runs_a_registered_kind(fake_cfg, two_token_kind):
     assert [len(d.token_ids) for d in deltas] == [2, 2, 2, 2, 1]
     assert sum(len(d.logprobs) for d in deltas) == 9 and deltas[-1].finish_reason == "length"
     assert stats.scheduler.num_steps == 5
+
+
+class BlockingKind(FakeRunner):
+    """A kind whose first step never returns until the test releases it."""
+
+    instances: list[FakeRunner] = []
+
+    def __init__(self, cfg):
+        super().__init__(cfg, block_at_step=0)
+        BlockingKind.instances.append(self)
+
+
+@pytest.fixture
+def blocking_kind():
+    register_runner("fake-blocking", BlockingKind)
+    yield "fake-blocking"
+    del RUNNERS["fake-blocking"]
+    for runner in BlockingKind.instances:
+        runner.release.set()  # let an abandoned thread finish
+    BlockingKind.instances.clear()
+
+
+async def test_a_stalled_runner_is_abandoned_and_fails_the_engine(fake_cfg, blocking_kind):
+    cfg = attrs.evolve(
+        fake_cfg,
+        engine=attrs.evolve(fake_cfg.engine, mode=blocking_kind),
+        limits=attrs.evolve(fake_cfg.limits, engine_stall_timeout_s=0.2),
+    )
+    with trio.fail_after(TIMEOUT_S):
+        with pytest.raises(EngineStalledError):
+            async with open_engine(cfg) as engine:
+                with pytest.raises(EngineStalledError):
+                    async for _delta in engine.generate("hi", SamplingParams(max_tokens=4)):
+                        pass
+        [runner] = BlockingKind.instances
+        assert runner.blocked.is_set() and not runner.closed.is_set()  # abandoned mid-step
+        runner.release.set()
+        await trio.to_thread.run_sync(runner.closed.wait, abandon_on_cancel=True)
+    assert len(runner.plans) == 1
