@@ -64,6 +64,7 @@ class FakeRunner(RunnerBase):
         self.thread_ids: set[int] = set()
         self.plans: list[StepPlan] = []
         self._num_steps = 0
+        self._step_index = 0  # the step being run (execute sets it for _advance)
 
     @property
     def live_ids(self) -> set[str]:
