@@ -132,7 +132,8 @@ class Engine:
     async def _start(cls, cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFactory):
         submit_send, submit_recv = trio.open_memory_channel[Submit](SUBMIT_BUFFER)
         admit_send, admit_recv = trio.open_memory_channel(ADMIT_BUFFER)
-        in_flight = runner_class(cfg.engine.mode).plans_in_flight
+        runner = runner_class(cfg.engine.mode)
+        in_flight = runner.plans_in_flight
         plan_send, plan_recv = trio.open_memory_channel(0)
         result_send, result_recv = trio.open_memory_channel(in_flight)
         cache_send, cache_recv = trio.open_memory_channel(CACHE_BUFFER)
@@ -159,6 +160,7 @@ class Engine:
             eos_token_ids=model_info.eos_token_ids,
             max_running=max_running(cfg),
             plans_in_flight=in_flight,
+            max_tokens_per_step=runner.max_tokens_per_step,
             stream_interval=cfg.engine.stream_interval,
             metrics=metrics,
             health=health,
@@ -253,6 +255,7 @@ class Engine:
             token_bytes=self.model_info.token_bytes,
             on_close=self._slots.release,
             timer=self.metrics.request_timer(trio.current_time()),
+            min_tokens=params.min_tokens,
         )
         with contextlib.ExitStack() as on_error:
             on_error.callback(stream.close)

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import attrs
 import trio
 
+from .core.termination import stop_strings_from
 from .core.text import Decoder, StopStringMatcher, make_detokenizer
 from .errors import EngineClosedError
 from .messages import Accepted, Output, RequestFailed, RequestId, RequestOutput, TokenLogprob
@@ -46,7 +47,9 @@ class RequestStream:
 
     Closing it (sync, cancel-safe) is how a client aborts: the scheduler sees the closed
     outbox and drops the request before its next step. A stop string ends the stream with
-    ``finish_reason == "stop"`` and closes it the same way.
+    ``finish_reason == "stop"`` and closes it the same way; the tokens after the one that
+    completed it (an output may carry several) are dropped, with their logprobs. As in vLLM,
+    only the text of tokens past the first ``min_tokens`` is searched for stop strings.
     """
 
     def __init__(
@@ -59,6 +62,7 @@ class RequestStream:
         token_bytes: tuple[bytes, ...] | None = None,
         on_close: Callable[[], None] | None = None,
         timer: RequestTimer | None = None,
+        min_tokens: int = 0,
     ):
         self.request_id = request_id
         self._timer = timer
@@ -66,6 +70,7 @@ class RequestStream:
         self._outbox_recv = outbox_recv
         self._detokenizer = make_detokenizer(decoder, token_bytes)
         self._stop = StopStringMatcher(stop)
+        self._min_tokens = min_tokens
         self._finished = False
         self.num_prompt_tokens = 0
         self.max_tokens = 0
@@ -141,23 +146,43 @@ class RequestStream:
             )
 
     def _to_delta(self, output: RequestOutput) -> Delta:
-        self.num_completion_tokens += len(output.token_ids)
+        text, stopped, num_kept = self._text_of(output.token_ids)
+        token_ids, logprobs = output.token_ids[:num_kept], output.logprobs[:num_kept]
+        self.num_completion_tokens += num_kept
         if self._timer is not None:
-            self._timer.tokens(len(output.token_ids))
+            self._timer.tokens(num_kept)
         self.num_cached_tokens = output.num_cached_tokens
-        text, stopped = self._stop.feed(self._detokenizer.add(output.token_ids))
         finish_reason = "stop" if stopped else output.finish_reason
         if finish_reason is not None:
             self._finished = True
             self.finish_reason = finish_reason
             if not stopped:
-                tail, stopped = self._stop.feed(self._detokenizer.flush())
+                tail, stopped = self._search(self._detokenizer.flush())
                 text += tail if stopped else tail + self._stop.flush()
                 finish_reason = "stop" if stopped else finish_reason
                 self.finish_reason = finish_reason
             self._record_finish(finish_reason)
             self.close()
-        return Delta(
-            text=text, token_ids=output.token_ids, finish_reason=finish_reason, logprobs=output.logprobs
-        )
+        return Delta(text=text, token_ids=token_ids, finish_reason=finish_reason, logprobs=logprobs)
 
+    def _text_of(self, token_ids: tuple[int, ...]) -> tuple[str, bool, int]:
+        """(text safe to emit, whether a stop string was hit, how many tokens are kept).
+
+        The first ``min_tokens`` tokens' text is never searched; with stop strings, the rest
+        is searched token by token, so a hit keeps the tokens up to the one completing it."""
+        if not self._stop.active:
+            return self._detokenizer.add(token_ids), False, len(token_ids)
+        held = stop_strings_from(self._min_tokens, self.num_completion_tokens, len(token_ids))
+        text = self._detokenizer.add(token_ids[:held]) if held else ""
+        for index in range(held, len(token_ids)):
+            piece, stopped = self._stop.feed(self._detokenizer.add(token_ids[index : index + 1]))
+            text += piece
+            if stopped:
+                return text, True, index + 1
+        return text, False, len(token_ids)
+
+    def _search(self, text: str) -> tuple[str, bool]:
+        """Feed the stop-string matcher, unless the output is still within ``min_tokens``."""
+        if self.num_completion_tokens <= self._min_tokens:
+            return text, False
+        return self._stop.feed(text)

@@ -45,7 +45,9 @@ async def test_possible_stop_string_and_stop_keep_logprobs():
     deltas = await run([output(ab), output(cd)], stop=("XY",))
     assert [d.text for d in deltas] == ["a", ""]
     assert deltas[-1].finish_reason == "stop"
-    assert [d.logprobs for d in deltas] == [tuple(map(entry, ab)), tuple(map(entry, cd))]
+    # the stop string ends at Y: b, after it in the same output, is dropped with its logprob
+    assert [d.logprobs for d in deltas] == [tuple(map(entry, ab)), (entry(cd[0]),)]
+    assert deltas[-1].token_ids == (cd[0],)
 
 
 async def test_no_logprobs_when_the_output_has_none():

@@ -10,25 +10,45 @@ the runner's ``plans_in_flight`` plans outstanding and the result channel holds 
 from __future__ import annotations
 
 import queue
+import threading
 from collections.abc import Callable
-from typing import Protocol
 
 import trio
 
 from ..errors import ExecutorCrashedError, VllmMlxTrioError
 from ..messages import ModelInfo, StepPlan, StepResult
+from ..worker.registry import Runner
 
+#: The stop marker: the thread closes the runner and ends when it takes this from its inbox.
 _STOP = object()
 
 
-class StepRunner(Protocol):
-    """What the executor thread drives: built, loaded, stepped and closed on that thread."""
+class _Inbox:
+    """Plans on their way to the thread. A normal stop queues the stop marker behind the
+    plans already sent; abandoning (cancelled, or nobody takes results any more) makes the
+    thread skip whatever is still queued and stop after its current step."""
 
-    def load(self) -> ModelInfo: ...
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._abandoned = threading.Event()
 
-    def execute(self, plan: StepPlan) -> StepResult: ...
+    def put(self, plan: StepPlan) -> None:
+        self._queue.put(plan)
 
-    def close(self) -> None: ...
+    def stop(self) -> None:
+        self._queue.put(_STOP)
+
+    def abandon(self) -> None:
+        self._abandoned.set()
+        self._queue.put(_STOP)
+
+    def next_plan(self) -> StepPlan | None:
+        """The next plan to run (blocks), or None: stop now."""
+        item = self._queue.get()
+        if item is _STOP or self._abandoned.is_set():
+            return None
+        assert isinstance(item, StepPlan)
+        return item
 
 
 class ExecutorActor:
@@ -46,7 +66,7 @@ class ExecutorActor:
         *,
         plan_recv: trio.MemoryReceiveChannel[StepPlan],
         result_send: trio.MemorySendChannel[StepResult],
-        runner_factory: Callable[[], StepRunner],
+        runner_factory: Callable[[], Runner],
     ):
         self._plan_recv = plan_recv
         self._result_send = result_send
@@ -54,17 +74,17 @@ class ExecutorActor:
         self.thread_name = "mlx-executor"
 
     async def run(self, *, task_status: trio.TaskStatus[ModelInfo] = trio.TASK_STATUS_IGNORED) -> None:
-        inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
+        inbox = _Inbox()
         with self._plan_recv, self._result_send:
             async with trio.open_nursery() as nursery:
                 model_info = await nursery.start(self._run_thread, inbox)
                 task_status.started(model_info)
                 async for plan in self._plan_recv:
                     inbox.put(plan)
-                inbox.put(_STOP)
+                inbox.stop()
 
     async def _run_thread(
-        self, inbox: queue.SimpleQueue[object], *, task_status: trio.TaskStatus[ModelInfo]
+        self, inbox: _Inbox, *, task_status: trio.TaskStatus[ModelInfo]
     ) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_stop_thread_on_cancel, inbox)
@@ -74,29 +94,29 @@ class ExecutorActor:
                 task_status.started,
                 thread_name=self.thread_name,
                 # Cancelled means the engine is stopping at once (a second signal) or the
-                # step is stalled: leave the thread; it stops at its next plan or dies with
-                # the process. A normal stop arrives as a stop marker instead.
+                # step is stalled: leave the thread; it stops after its current step, running
+                # no queued plan, or dies with the process. A normal stop arrives as a stop
+                # marker instead.
                 abandon_on_cancel=True,
             )
             nursery.cancel_scope.cancel()
 
     def _thread_main(
-        self, inbox: queue.SimpleQueue[object], report_started: Callable[[ModelInfo], None]
+        self, inbox: _Inbox, report_started: Callable[[ModelInfo], None]
     ) -> None:
         runner = self._runner_factory()
         try:
             model_info = runner.load()
             trio_token = trio.from_thread.run_sync(trio.lowlevel.current_trio_token)
             trio.from_thread.run_sync(report_started, model_info)
-            while (plan := inbox.get()) is not _STOP:
-                assert isinstance(plan, StepPlan)
+            while (plan := inbox.next_plan()) is not None:
                 result = _execute(runner, plan)
                 # Fire and forget: the thread goes straight on to the next queued plan.
                 trio_token.run_sync_soon(self._deliver, result, inbox)
         finally:
             runner.close()
 
-    def _deliver(self, result: StepResult, inbox: queue.SimpleQueue[object]) -> None:
+    def _deliver(self, result: StepResult, inbox: _Inbox) -> None:
         """Hand a result to the scheduler; runs in Trio and must not raise.
 
         The channel holds as many results as plans may be in flight, so it is never full.
@@ -105,18 +125,18 @@ class ExecutorActor:
         try:
             self._result_send.send_nowait(result)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            inbox.put(_STOP)
+            inbox.abandon()
 
 
-async def _stop_thread_on_cancel(inbox: queue.SimpleQueue[object]) -> None:
+async def _stop_thread_on_cancel(inbox: _Inbox) -> None:
     """Wait; when cancelled, tell the thread to stop after its current step."""
     try:
         await trio.sleep_forever()
     finally:
-        inbox.put(_STOP)
+        inbox.abandon()
 
 
-def _execute(runner: StepRunner, plan: StepPlan) -> StepResult:
+def _execute(runner: Runner, plan: StepPlan) -> StepResult:
     try:
         return runner.execute(plan)
     except VllmMlxTrioError:

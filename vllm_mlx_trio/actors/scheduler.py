@@ -64,6 +64,7 @@ class SchedulerActor:
         eos_token_ids: tuple[int, ...],
         max_running: int = 1,
         plans_in_flight: int = 1,
+        max_tokens_per_step: int = 1,
         stream_interval: int = 1,
         metrics: EngineMetrics | None = None,
         health: EngineHealth | None = None,
@@ -79,6 +80,7 @@ class SchedulerActor:
         self._eos_token_ids = eos_token_ids
         self._kv_budget_tokens = kv_budget_tokens
         self._plans_in_flight = plans_in_flight
+        self._max_tokens_per_step = max_tokens_per_step
         self._max_running = max_running
         self._scheduler = self._new_scheduler()
         self._in_flight: collections.deque[StepPlan] = collections.deque()
@@ -103,7 +105,8 @@ class SchedulerActor:
         return Scheduler(
             max_running=self._max_running,
             kv_budget_tokens=self._kv_budget_tokens,
-            lookahead_tokens=self._plans_in_flight + 1,
+            # Tokens, not steps: each plan in flight, and the next step, may add this many.
+            lookahead_tokens=(self._plans_in_flight + 1) * self._max_tokens_per_step,
         )
 
     def statistics(self) -> SchedulerStatistics:

@@ -6,6 +6,7 @@ import enum
 
 from ..messages import Admit, Outbox, RequestId, TokenLogprob
 from .params import SamplingParams
+from .termination import LENGTH, STOP, Termination
 
 
 class RequestStatus(enum.IntEnum):
@@ -25,9 +26,10 @@ class RequestStatus(enum.IntEnum):
 
 #: OpenAI finish_reason for each final status that has one.
 FINISH_REASONS = {
-    RequestStatus.FINISHED_STOPPED: "stop",
-    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_STOPPED: STOP,
+    RequestStatus.FINISHED_LENGTH: LENGTH,
 }
+FINISH_STATUSES = {reason: status for status, reason in FINISH_REASONS.items()}
 
 
 class Request:
@@ -50,7 +52,7 @@ class Request:
         "output_token_ids",
         "num_preemptions",
         "first_valid_step",
-        "_stop_ids",
+        "termination",
     )
 
     def __init__(self, admit: Admit, eos_token_ids: tuple[int, ...]):
@@ -75,7 +77,8 @@ class Request:
         self.num_preemptions = 0
         #: Results of steps before this one belong to an earlier (preempted) run: ignored.
         self.first_valid_step = 0
-        self._stop_ids = frozenset(admit.params.stop_ids(eos_token_ids))
+        #: When generation ends (shared with the runners: core/termination.py).
+        self.termination = Termination.of(admit.params, eos_token_ids)
 
     @property
     def max_tokens(self) -> int:
@@ -114,24 +117,21 @@ class Request:
     def append_tokens(
         self, token_ids: tuple[int, ...], logprobs: tuple[TokenLogprob, ...] = ()
     ) -> None:
-        """Record sampled tokens, stopping at EOS / a stop token id / ``max_tokens``.
+        """Record one step's accepted tokens (k >= 1 of them), stopping by :class:`Termination`.
 
-        Tokens after a stop are dropped (and their logprobs). A stop token is delivered (the
-        detokenizer skips special tokens) so the client's token count matches the model's.
-        EOS is ignored with ``ignore_eos``; no stop id counts before ``min_tokens``.
+        Tokens after the one that ends the request are dropped, and their logprobs. A stop
+        token is delivered (the detokenizer skips special tokens) so the client's token count
+        matches the model's. EOS is ignored with ``ignore_eos``; no stop id counts before
+        ``min_tokens``.
         """
-        for index, token_id in enumerate(token_ids):
-            self.undelivered.append(token_id)
-            self.output_token_ids.append(token_id)
-            if index < len(logprobs):
-                self.undelivered_logprobs.append(logprobs[index])
-            self.num_output_tokens += 1
-            if token_id in self._stop_ids and self.num_output_tokens > self.params.min_tokens:
-                self.status = RequestStatus.FINISHED_STOPPED
-                return
-            if self.num_output_tokens >= self.max_tokens:
-                self.status = RequestStatus.FINISHED_LENGTH
-                return
+        keep, reason = self.termination.scan(self.num_output_tokens, token_ids)
+        kept = token_ids[:keep]
+        self.undelivered.extend(kept)
+        self.output_token_ids.extend(kept)
+        self.undelivered_logprobs.extend(logprobs[:keep])
+        self.num_output_tokens += keep
+        if reason is not None:
+            self.status = FINISH_STATUSES[reason]
 
     def ready_to_deliver(self, stream_interval: int) -> bool:
         """The first token goes at once, then every ``stream_interval``, and the finish."""

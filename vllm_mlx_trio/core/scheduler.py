@@ -43,7 +43,7 @@ class Scheduler:
         self.max_running = max_running
         self.kv_budget_tokens = kv_budget_tokens
         #: Tokens a row may have computed that this scheduler has not seen yet (plans in
-        #: flight), plus the one the next step adds.
+        #: flight), plus those the next step adds: tokens, not steps (a step may give several).
         self.lookahead_tokens = lookahead_tokens
         self.num_preemptions = 0
         self.waiting: collections.deque[Request] = collections.deque()

@@ -128,6 +128,11 @@ class StopStringMatcher:
         self._stop = stop
         self._pending = ""
 
+    @property
+    def active(self) -> bool:
+        """Whether there are stop strings to look for at all."""
+        return bool(self._stop)
+
     def feed(self, text: str) -> tuple[str, bool]:
         """Return (text safe to emit, whether a stop string was hit)."""
         if not self._stop:

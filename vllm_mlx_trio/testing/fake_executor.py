@@ -3,13 +3,16 @@
 It speaks the executor's channel protocol (StepPlan in, StepResult out, ModelInfo on
 start) with a byte-level fake tokenizer and scripted tokens. A :class:`StepGate` lets a
 test release steps one at a time; ``trio.sleep(step_s)`` stands in for compute time, so
-under ``autojump_clock`` a test of many steps takes no real time.
+under ``autojump_clock`` a test of many steps takes no real time. ``tokens_per_step`` (an
+int, or a per-step script cycled by step id) makes a step give each sequence several tokens,
+as a speculative runner does; they are not cut at a stop or at ``max_tokens`` here, so the
+scheduler's own termination rule is what the tests exercise.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 import trio
@@ -105,6 +108,7 @@ class FakeExecutor:
         max_context_tokens: int = 4096,
         fail_at_step: int | None = None,
         kv_budget_tokens: int | None = None,
+        tokens_per_step: int | Sequence[int] = 1,
     ):
         self._plan_recv = plan_recv
         self._result_send = result_send
@@ -114,6 +118,7 @@ class FakeExecutor:
         self._max_context_tokens = max_context_tokens
         self._fail_at_step = fail_at_step
         self._kv_budget_tokens = kv_budget_tokens
+        self._tokens_per_step = (tokens_per_step,) if isinstance(tokens_per_step, int) else tuple(tokens_per_step)
         #: The most KV token slots the batch held in any step (rows x longest row).
         self.peak_kv_tokens = 0
         self.sequences: dict[RequestId, tuple[NewSequence, int]] = {}
@@ -149,13 +154,14 @@ class FakeExecutor:
         for seq in plan.new_seqs:  # a resumed sequence continues its script where it stopped
             self.sequences[seq.request_id] = (seq, seq.num_output_tokens)
         sampled, logprobs = [], []
+        k = self._tokens_per_step[plan.step_id % len(self._tokens_per_step)]
         for request_id in (*(s.request_id for s in plan.new_seqs), *plan.decode_ids):
             seq, index = self.sequences[request_id]
-            token = self._script(_as_first_run(seq), index)
-            sampled.append((request_id, (token,)))
+            tokens = tuple(self._script(as_first_run(seq), i) for i in range(index, index + k))
+            sampled.append((request_id, tokens))
             if seq.params.logprobs is not None:
-                logprobs.append((request_id, (fake_logprob(token, seq.params.logprobs),)))
-            self.sequences[request_id] = (seq, index + 1)
+                logprobs.append((request_id, tuple(fake_logprob(t, seq.params.logprobs) for t in tokens)))
+            self.sequences[request_id] = (seq, index + k)
         self._record_kv()
         return StepResult(
             step_id=plan.step_id,
@@ -173,7 +179,7 @@ class FakeExecutor:
             self.peak_kv_tokens = max(self.peak_kv_tokens, len(lengths) * max(lengths))
 
 
-def _as_first_run(seq: NewSequence) -> NewSequence:
+def as_first_run(seq: NewSequence) -> NewSequence:
     """The sequence as it first entered (a resumed one carries its output in its prompt)."""
     if not seq.num_output_tokens:
         return seq

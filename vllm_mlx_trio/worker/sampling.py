@@ -7,6 +7,9 @@ Processors have mlx-lm's signature ``(context, logits) -> logits`` and are calle
 generated token, in both modes: on the i-th call (from 0) the context ends with the i
 tokens generated so far (for i > 0, ``context[-1]`` is the newest one). Processors that need
 the generated tokens alone count their calls rather than trusting the context's length.
+A runner that accepts several tokens per step (speculative decoding) must call them, and draw
+from the sampler, once per accepted token, so ``min_tokens``, the penalties and a preempted
+request's PRNG advance (``num_drawn``) all count tokens, not steps.
 """
 
 from __future__ import annotations

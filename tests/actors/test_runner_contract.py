@@ -1,0 +1,232 @@
+"""The runner contract, under the real ExecutorActor and its thread bridge, with FakeRunner.
+
+Real threads: no autojump clock here. Every wait is on a channel or an event, bounded by
+``trio.fail_after``; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import attrs
+import pytest
+import trio
+
+from vllm_mlx_trio import SamplingParams
+from vllm_mlx_trio.actors.executor import ExecutorActor
+from vllm_mlx_trio.engine import open_engine
+from vllm_mlx_trio.errors import EngineStalledError, ExecutorCrashedError
+from vllm_mlx_trio.messages import NewSequence, RequestId, StepPlan
+from vllm_mlx_trio.testing.fake_executor import IM_END, letters_script, text_script
+from vllm_mlx_trio.testing.fake_runner import FakeRunner
+from vllm_mlx_trio.worker.registry import RUNNERS, register_runner
+
+A, B = RequestId("a"), RequestId("b")
+TIMEOUT_S = 10
+
+
+def new_seq(rid: RequestId, prompt=(10, 11), **params) -> NewSequence:
+    params.setdefault("max_tokens", 50)
+    return NewSequence(request_id=rid, prompt_token_ids=prompt, params=SamplingParams(**params))
+
+
+@contextlib.asynccontextmanager
+async def running_executor(runner: FakeRunner):
+    """The real ExecutorActor on ``runner``: yields (plan_send, result_recv)."""
+    plan_send, plan_recv = trio.open_memory_channel[StepPlan](0)
+    result_send, result_recv = trio.open_memory_channel(runner.plans_in_flight)
+    actor = ExecutorActor(plan_recv=plan_recv, result_send=result_send, runner_factory=lambda: runner)
+    async with trio.open_nursery() as nursery:
+        info = await nursery.start(actor.run)
+        assert info.model_path == "fake-runner"
+        with plan_send, result_recv:
+            yield plan_send, result_recv
+
+
+async def step(plan_send, result_recv, plan: StepPlan):
+    await plan_send.send(plan)
+    return await result_recv.receive()
+
+
+def expected(seq: NewSequence, start: int, count: int) -> tuple[int, ...]:
+    return tuple(letters_script(seq, i) for i in range(start, start + count))
+
+
+async def test_insert_step_remove_on_the_executor_thread():
+    runner = FakeRunner()
+    a, b = new_seq(A), new_seq(B, prompt=(20,))
+    with trio.fail_after(TIMEOUT_S):
+        async with running_executor(runner) as (plans, results):
+            first = await step(plans, results, StepPlan(step_id=0, new_seqs=(a, b)))
+            second = await step(plans, results, StepPlan(step_id=1, decode_ids=(A, B)))
+            live_before = runner.live_ids
+            third = await step(plans, results, StepPlan(step_id=2, decode_ids=(B,), finished_ids=(A,)))
+            live_after = runner.live_ids
+    assert first.sampled == ((A, expected(a, 0, 1)), (B, expected(b, 0, 1)))
+    assert second.sampled == ((A, expected(a, 1, 1)), (B, expected(b, 1, 1)))
+    assert third.sampled == ((B, expected(b, 2, 1)),)
+    assert (live_before, live_after) == ({A, B}, {B})
+    assert len(runner.thread_ids) == 1 and threading.get_ident() not in runner.thread_ids
+    assert runner.closed.is_set()
+
+
+async def test_per_request_failure_drops_that_request_only():
+    def fail_b(seq, step_index):
+        return "bad processor" if seq.request_id == B and step_index == 1 else None
+
+    runner = FakeRunner(fail_request=fail_b)
+    a, b = new_seq(A, logprobs=1), new_seq(B, logprobs=1)
+    with trio.fail_after(TIMEOUT_S):
+        async with running_executor(runner) as (plans, results):
+            await step(plans, results, StepPlan(step_id=0, new_seqs=(a, b)))
+            failed_step = await step(plans, results, StepPlan(step_id=1, decode_ids=(A, B)))
+            after = await step(plans, results, StepPlan(step_id=2, decode_ids=(A, B)))
+    assert failed_step.failed == ((B, "bad processor"),)
+    assert [rid for rid, _ in failed_step.sampled] == [A]
+    assert [rid for rid, _ in failed_step.logprobs] == [A]
+    assert [rid for rid, _ in after.sampled] == [A]  # B is gone from the runner
+    assert runner.live_ids == set()  # closed
+
+
+async def test_step_exception_crashes_the_executor():
+    runner = FakeRunner(raise_at_step=1)
+    with trio.fail_after(TIMEOUT_S):
+        with pytest.RaisesGroup(
+            pytest.RaisesExc(ExecutorCrashedError, match="injected failure at step 1"), flatten_subgroups=True
+        ):
+            async with running_executor(runner) as (plans, results):
+                await step(plans, results, StepPlan(step_id=0, new_seqs=(new_seq(A),)))
+                await plans.send(StepPlan(step_id=1, decode_ids=(A,)))
+                await trio.sleep_forever()  # the crash ends the actor and cancels this
+    assert runner.closed.is_set()
+
+
+async def test_normal_stop_sends_the_stop_marker_and_closes_the_runner():
+    runner = FakeRunner()
+    with trio.fail_after(TIMEOUT_S):
+        async with running_executor(runner) as (plans, results):
+            await step(plans, results, StepPlan(step_id=0, new_seqs=(new_seq(A),)))
+            plans.close()  # the plan channel closes: the actor sends the stop marker
+            with pytest.raises(trio.EndOfChannel):
+                await results.receive()  # the actor returned and closed its result end
+    assert runner.closed.is_set()
+    assert len(runner.thread_ids) == 1  # closed on the thread that loaded and stepped
+    assert len(runner.plans) == 1
+
+
+async def test_cancelling_abandons_a_blocked_step():
+    runner = FakeRunner(block_at_step=0)
+    with trio.fail_after(TIMEOUT_S):
+        with trio.CancelScope() as scope:
+            async with running_executor(runner) as (plans, _results):
+                await plans.send(StepPlan(step_id=0, new_seqs=(new_seq(A),)))
+                await plans.send(StepPlan(step_id=1, decode_ids=(A,)))  # queued behind it
+                await trio.to_thread.run_sync(runner.blocked.wait, abandon_on_cancel=True)
+                scope.cancel()
+        # the actor returned while its thread is still stuck in the step
+        assert not runner.closed.is_set()
+        runner.release.set()
+        await trio.to_thread.run_sync(runner.closed.wait, abandon_on_cancel=True)
+    assert len(runner.plans) == 1  # abandoned: the queued plan was never run
+
+
+async def test_several_tokens_per_step_stop_at_max_tokens_mid_step():
+    runner = FakeRunner(tokens_per_step=(3,))
+    a = new_seq(A, max_tokens=5, logprobs=0)
+    with trio.fail_after(TIMEOUT_S):
+        async with running_executor(runner) as (plans, results):
+            first = await step(plans, results, StepPlan(step_id=0, new_seqs=(a,)))
+            second = await step(plans, results, StepPlan(step_id=1, decode_ids=(A,)))
+            live = runner.live_ids
+            third = await step(plans, results, StepPlan(step_id=2, decode_ids=(A,)))  # a stale plan
+    assert first.sampled == ((A, expected(a, 0, 3)),)
+    assert second.sampled == ((A, expected(a, 3, 2)),)  # max_tokens falls mid-step
+    assert [len(lp) for _, lp in second.logprobs] == [2]  # the dropped token's logprob goes too
+    assert [lp.token_id for lp in second.logprobs[0][1]] == list(expected(a, 3, 2))
+    assert live == set()  # finished by the rule, so the runner let it go at once
+    assert third.sampled == ()
+
+
+async def test_stop_id_mid_step_respects_min_tokens():
+    def script(seq, index):
+        return IM_END if index in (1, 5) else letters_script(seq, index)
+
+    runner = FakeRunner(script=script, tokens_per_step=(4,))
+    eager, patient = new_seq(A), new_seq(B, min_tokens=3)
+    with trio.fail_after(TIMEOUT_S):
+        async with running_executor(runner) as (plans, results):
+            first = await step(plans, results, StepPlan(step_id=0, new_seqs=(eager, patient)))
+            second = await step(plans, results, StepPlan(step_id=1, decode_ids=(B,)))
+    sampled = dict(first.sampled)
+    assert sampled[A] == (script(eager, 0), IM_END)  # EOS at the second token ends it there
+    assert sampled[B] == tuple(script(patient, i) for i in range(4))  # held off by min_tokens
+    assert second.sampled == ((B, (script(patient, 4), IM_END)),)
+    assert runner.live_ids == set()
+
+
+class TwoTokenKind(FakeRunner):
+    """A runner kind as a program embedding the engine would register it."""
+
+    tokens_per_step = (2,)
+    script = staticmethod(text_script("Hello from a fake runner."))
+
+
+@pytest.fixture
+def two_token_kind():
+    register_runner("fake-two-token", TwoTokenKind)
+    yield "fake-two-token"
+    del RUNNERS["fake-two-token"]
+
+
+async def test_open_engine_runs_a_registered_kind(fake_cfg, two_token_kind):
+    cfg = attrs.evolve(fake_cfg, engine=attrs.evolve(fake_cfg.engine, mode=two_token_kind))
+    with trio.fail_after(TIMEOUT_S):
+        async with open_engine(cfg) as engine:  # the registry builds it on the executor thread
+            assert engine.model_info.model_path == "fake-runner"
+            with await engine.submit("hi", SamplingParams(max_tokens=9, logprobs=0)) as stream:
+                deltas = [d async for d in stream]
+            stats = engine.statistics()
+    assert "".join(d.text for d in deltas) == "Hello fro"  # max_tokens=9 falls mid-step
+    assert [len(d.token_ids) for d in deltas] == [2, 2, 2, 2, 1]
+    assert sum(len(d.logprobs) for d in deltas) == 9 and deltas[-1].finish_reason == "length"
+    assert stats.scheduler.num_steps == 5
+
+
+class BlockingKind(FakeRunner):
+    """A kind whose first step never returns until the test releases it."""
+
+    instances: list[FakeRunner] = []
+
+    def __init__(self, cfg):
+        super().__init__(cfg, block_at_step=0)
+        BlockingKind.instances.append(self)
+
+
+@pytest.fixture
+def blocking_kind():
+    register_runner("fake-blocking", BlockingKind)
+    yield "fake-blocking"
+    del RUNNERS["fake-blocking"]
+    for runner in BlockingKind.instances:
+        runner.release.set()  # let an abandoned thread finish
+    BlockingKind.instances.clear()
+
+
+async def test_a_stalled_runner_is_abandoned_and_fails_the_engine(fake_cfg, blocking_kind):
+    cfg = attrs.evolve(
+        fake_cfg,
+        engine=attrs.evolve(fake_cfg.engine, mode=blocking_kind),
+        limits=attrs.evolve(fake_cfg.limits, engine_stall_timeout_s=0.2),
+    )
+    with trio.fail_after(TIMEOUT_S):
+        with pytest.raises(EngineStalledError):
+            async with open_engine(cfg) as engine:
+                with pytest.raises(EngineStalledError):
+                    async for _delta in engine.generate("hi", SamplingParams(max_tokens=4)):
+                        pass
+        [runner] = BlockingKind.instances
+        assert runner.blocked.is_set() and not runner.closed.is_set()  # abandoned mid-step
+        runner.release.set()
+        await trio.to_thread.run_sync(runner.closed.wait, abandon_on_cancel=True)
+    assert len(runner.plans) == 1

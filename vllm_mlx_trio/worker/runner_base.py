@@ -1,0 +1,215 @@
+"""What every runner does the same way, on the executor's thread; imports no MLX.
+
+A runner kind subclasses :class:`RunnerBase` and writes only what differs: how it loads,
+inserts sequences, advances them one step and removes them (and, for the prefix cache,
+where a sequence's KV is). The base keeps the per-request bookkeeping: the live sequences
+by request id, who asked for logprobs, per-request failures (``guard_processors`` records
+them in :attr:`RunnerBase.failures`), the finish by the one termination rule
+(core/termination.py), the prefix blocks' plan operations, and the :class:`StepResult`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+
+from ..core.termination import Termination
+from ..messages import KVReady, ModelInfo, NewSequence, RequestId, StepPlan, StepResult, TokenLogprob
+
+if TYPE_CHECKING:
+    from ..config_sections import EngineConfig, EngineSection
+
+
+@attrs.define(slots=True, eq=False)
+class LiveSequence:
+    """One sequence in the model: what it was started with, what it has emitted since,
+    and the runner's own handle on it (a uid in a batch, a generator and its cache...)."""
+
+    seq: NewSequence
+    termination: Termination
+    handle: Any = None
+    emitted: list[int] = attrs.field(factory=list)
+
+    @property
+    def request_id(self) -> RequestId:
+        return self.seq.request_id
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Output tokens so far, counting those produced before a preemption."""
+        return self.seq.num_output_tokens + len(self.emitted)
+
+
+@attrs.frozen(slots=True)
+class Emission:
+    """What one step produced for one sequence: k >= 1 tokens, with the rows their logprobs
+    come from (one per token, or none when nobody asked). ``ended``: the runner has already
+    let the sequence go (its own stop logic); ``final``: runner data for the finished
+    sequence's KV (e.g. mlx-lm's prompt cache), read by :meth:`RunnerBase._finished_ready`."""
+
+    request_id: RequestId
+    tokens: tuple[int, ...]
+    rows: tuple[Any, ...] = ()
+    ended: bool = False
+    final: Any = None
+
+
+@attrs.frozen(slots=True)
+class Advance:
+    """One step of the model: each sequence's tokens, and the sequences whose prompt is now
+    fully processed (their prompt KV can go to the prefix store)."""
+
+    emissions: Sequence[Emission] = ()
+    prompts_done: Sequence[RequestId] = ()
+
+
+class RunnerBase:
+    """Executes step plans; created and used only on the executor's thread.
+
+    Subclasses implement :meth:`_load`, :meth:`_insert`, :meth:`_advance` and
+    :meth:`_remove`, and may override :meth:`_prompt_ready`, :meth:`_finished_ready`,
+    :meth:`_logprob`, :meth:`_memory` and :meth:`_close`.
+    """
+
+    plans_in_flight: ClassVar[int] = 1
+    max_tokens_per_step: ClassVar[int] = 1
+
+    @classmethod
+    def max_running(cls, engine: EngineSection) -> int:
+        return engine.max_num_seqs
+
+    def __init__(self, cfg: EngineConfig):
+        self._cfg = cfg
+        self._info: ModelInfo | None = None
+        self._live: dict[RequestId, LiveSequence] = {}
+        #: Requests whose own processing failed this step, with the cause.
+        self.failures: dict[str, str] = {}
+        #: The prefix store's side on this thread (a ``PrefixBlocks``), or None without one.
+        self._prefix: Any = None
+
+    # -- what a runner kind writes ---------------------------------------------------------
+
+    def _load(self) -> ModelInfo:
+        raise NotImplementedError
+
+    def _insert(self, live: list[LiveSequence]) -> None:
+        """Start these sequences (set each one's ``handle``)."""
+        raise NotImplementedError
+
+    def _advance(self, live: list[LiveSequence]) -> Advance:
+        """One step for these sequences (new ones first, in plan order)."""
+        raise NotImplementedError
+
+    def _remove(self, live: list[LiveSequence]) -> None:
+        """Let these sequences go (the runner's own handles on them)."""
+        raise NotImplementedError
+
+    def _prompt_ready(self, live: LiveSequence) -> KVReady | None:
+        return None
+
+    def _finished_ready(self, live: LiveSequence, emission: Emission) -> KVReady | None:
+        return None
+
+    def _logprob(self, row: Any, token: int, num_top: int) -> TokenLogprob:
+        raise NotImplementedError
+
+    def _memory(self, *, idle: bool) -> tuple[int, int, int]:
+        return (0, 0, 0)
+
+    def _close(self) -> None:
+        """Free the model and whatever else :meth:`_load` made."""
+
+    # -- the Runner protocol -----------------------------------------------------------------
+
+    def load(self) -> ModelInfo:
+        self._info = self._load()
+        return self._info
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self._live)
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        started = time.perf_counter()
+        assert self._info is not None, "load() first"
+        if self._prefix is not None:
+            self._prefix.apply(plan)
+        self._drop(plan.finished_ids)
+        new = [LiveSequence(seq, Termination.of(seq.params, self._info.eos_token_ids)) for seq in plan.new_seqs]
+        if new:
+            self._live.update((live.request_id, live) for live in new)
+            self._insert(new)
+        order = (*(s.request_id for s in plan.new_seqs), *plan.decode_ids)
+        # A plan built before the scheduler saw a finish may still name the sequence.
+        advance = self._advance([self._live[rid] for rid in order if rid in self._live])
+        kv_ready = [
+            self._prompt_ready(self._live[rid])
+            for rid in advance.prompts_done
+            if rid in self._live and rid not in self.failures
+        ]
+        sampled, logprobs = [], []
+        for emission in advance.emissions:
+            if emission.request_id in self.failures or emission.request_id not in self._live:
+                continue  # a failed request's tokens from this step are not delivered
+            tokens, token_logprobs, ready = self._accept(emission)
+            if emission.request_id in self.failures:
+                continue
+            sampled.append((emission.request_id, tokens))
+            if token_logprobs is not None:
+                logprobs.append((emission.request_id, token_logprobs))
+            kv_ready.append(ready)
+        failed = tuple((RequestId(rid), message) for rid, message in self.failures.items())
+        self.failures.clear()
+        self._drop(tuple(rid for rid, _ in failed))
+        return StepResult(
+            step_id=plan.step_id,
+            sampled=tuple(sampled),
+            logprobs=tuple(logprobs),
+            failed=failed,
+            kv_ready=tuple(ready for ready in kv_ready if ready is not None),
+            elapsed_s=time.perf_counter() - started,
+            memory=self._memory(idle=not self._live),
+        )
+
+    def _accept(self, emission: Emission) -> tuple[tuple[int, ...], tuple[TokenLogprob, ...] | None, KVReady | None]:
+        """Apply the termination rule to one emission: (tokens kept, their logprobs or None,
+        the finished sequence's KV). A finished sequence leaves the runner at once."""
+        live = self._live[emission.request_id]
+        keep, reason = live.termination.scan(live.num_output_tokens, emission.tokens)
+        tokens = emission.tokens[:keep]
+        num_top = live.seq.params.logprobs
+        token_logprobs = None
+        if num_top is not None:
+            token_logprobs = tuple(
+                self._logprob(row, token, num_top) for row, token in zip(emission.rows, tokens, strict=False)
+            )
+        live.emitted.extend(tokens)
+        ready = None
+        if reason is not None:
+            ready = self._finished_ready(live, emission)
+            self._drop((live.request_id,), already_ended=emission.ended)
+        elif emission.ended:  # the runner's own stop logic disagrees with the rule
+            self.failures[live.request_id] = (
+                f"the runner ended the sequence after {live.num_output_tokens} tokens, "
+                "before its termination rule did"
+            )
+            del self._live[live.request_id]
+        return tokens, token_logprobs, ready
+
+    def _drop(self, request_ids: Sequence[RequestId], *, already_ended: bool = False) -> None:
+        gone = [self._live.pop(rid) for rid in request_ids if rid in self._live]
+        if gone and not already_ended:
+            self._remove(gone)
+
+    def close(self) -> None:
+        try:
+            if self._live:
+                self._remove(list(self._live.values()))
+            self._live.clear()
+            if self._prefix is not None:
+                self._prefix.close()
+        finally:
+            self._close()
