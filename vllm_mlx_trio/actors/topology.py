@@ -27,7 +27,7 @@ import trio
 from ..config import EngineConfig
 from ..errors import ExecutorCrashedError, VllmMlxTrioError
 from ..health import EngineHealth
-from ..messages import ControlCommand, ModelInfo, StepPlan, StepResult, Submit
+from ..messages import Admit, ControlCommand, ModelInfo, StepPlan, StepResult, Submit
 from ..metrics import EngineMetrics, engine_snapshot
 from ..worker.registry import runner_class
 from .admission import AdmissionActor, AdmissionLimits
@@ -121,9 +121,7 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
     cache_send, cache_recv = trio.open_memory_channel(CACHE_BUFFER)
     match_send, match_recv = trio.open_memory_channel(1)
     health = EngineHealth()
-    stop_executor = trio.CancelScope()
-    executor = factory(plan_recv, result_send)
-    model_info: ModelInfo = await nursery.start(partial(run_supervised, executor.run, health, stop_executor))
+    model_info = await _start_executor(nursery, factory(plan_recv, result_send), health)
     cache = CacheManagerActor(command_recv=cache_recv, reply_send=match_send, cfg=cfg.cache)
     metrics = EngineMetrics(cfg.model_name, model_info.max_context_tokens)
     scheduler = SchedulerActor(
@@ -142,7 +140,42 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
         stall_timeout_s=cfg.limits.engine_stall_timeout_s,
         kv_budget_tokens=model_info.kv_budget_tokens,
     )
-    admission = AdmissionActor(
+    # Without a KV budget only the context length bounds the running KV.
+    kv_capacity = model_info.kv_budget_tokens or running * model_info.max_context_tokens
+    metrics.read_gauges_from(
+        lambda: engine_snapshot(scheduler.statistics(), cache.statistics(), kv_capacity_tokens=kv_capacity)
+    )
+    await nursery.start(cache.run)
+    await nursery.start(scheduler.run)
+    await nursery.start(_admission(cfg, model_info, submit_recv, admit_send).run)
+    return Topology(
+        model_info=model_info,
+        submit_send=submit_send,
+        control_send=control_send,
+        scheduler=scheduler,
+        cache=cache,
+        metrics=metrics,
+        health=health,
+        max_running=running,
+    )
+
+
+async def _start_executor(nursery: trio.Nursery, executor: Any, health: EngineHealth) -> ModelInfo:
+    """Start the executor supervised (its failure goes to ``health``), and stop it when the
+    engine fails for another reason; the loaded model's facts come back."""
+    stop_executor = trio.CancelScope()
+    model_info = await nursery.start(partial(run_supervised, executor.run, health, stop_executor))
+    nursery.start_soon(cancel_on_failure, health, stop_executor)
+    return model_info
+
+
+def _admission(
+    cfg: EngineConfig,
+    model_info: ModelInfo,
+    submit_recv: trio.MemoryReceiveChannel[Submit],
+    admit_send: trio.MemorySendChannel[Admit],
+) -> AdmissionActor:
+    return AdmissionActor(
         submit_recv=submit_recv,
         admit_send=admit_send,
         tokenizer=model_info.tokenizer,
@@ -153,25 +186,6 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
             max_stop_sequences=cfg.limits.max_stop_sequences,
             vocab_size=model_info.vocab_size,
         ),
-    )
-    # Without a KV budget only the context length bounds the running KV.
-    kv_capacity = model_info.kv_budget_tokens or running * model_info.max_context_tokens
-    metrics.read_gauges_from(
-        lambda: engine_snapshot(scheduler.statistics(), cache.statistics(), kv_capacity_tokens=kv_capacity)
-    )
-    nursery.start_soon(cancel_on_failure, health, stop_executor)
-    await nursery.start(cache.run)
-    await nursery.start(scheduler.run)
-    await nursery.start(admission.run)
-    return Topology(
-        model_info=model_info,
-        submit_send=submit_send,
-        control_send=control_send,
-        scheduler=scheduler,
-        cache=cache,
-        metrics=metrics,
-        health=health,
-        max_running=running,
     )
 
 
