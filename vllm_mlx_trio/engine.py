@@ -109,17 +109,22 @@ class Engine:
     async def clear_prefix_cache(self) -> int:
         """Drop every cached prefix block no running request holds; return how many."""
         reply_send, reply_recv = trio.open_memory_channel[int](1)
+        closed = EngineClosedError("The engine stopped before the cache was cleared.")
         with reply_recv:
             async with self._clear_lock:
+                handed_over = False
                 try:
                     await self._control_send.send(ClearPrefixCache(reply=reply_send))
+                    handed_over = True  # the scheduler owns the reply channel from here
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    reply_send.close()  # never handed over: still ours to close
-                    raise EngineClosedError("The engine stopped before the cache was cleared.") from None
+                    raise closed from None
+                finally:
+                    if not handed_over:
+                        reply_send.close()
                 try:
                     return await reply_recv.receive()
                 except trio.EndOfChannel:
-                    raise EngineClosedError("The engine stopped before the cache was cleared.") from None
+                    raise closed from None
 
     @property
     def num_requests(self) -> int:
