@@ -4,6 +4,7 @@ stops the scheduler's stepping, and the facade's cheap questions (``wait_empty``
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -16,7 +17,7 @@ from vllm_mlx_trio.actors.topology import CONTROL_BUFFER
 from vllm_mlx_trio.errors import EngineClosedError, EngineStalledError
 from vllm_mlx_trio.health import EngineHealth
 from vllm_mlx_trio.http.request_log import EngineIds
-from vllm_mlx_trio.messages import Admit, ClearPrefixCache, FailAll, RequestFailed, RequestId
+from vllm_mlx_trio.messages import Admit, ClearPrefixCache, FailAll, PrefixLookup, RequestFailed, RequestId
 from vllm_mlx_trio.testing.fake_executor import IM_END, StepGate, text_script
 from vllm_mlx_trio.testing.harness import open_fake_engine
 
@@ -95,48 +96,89 @@ async def test_unanswered_commands_are_refused_when_the_scheduler_stops():
             reply_recv.receive_nowait()
 
 
+@attrs.define
+class Wired:
+    """A SchedulerActor on hand-held channels: the test plays the executor and, optionally,
+    the cache manager."""
+
+    scheduler: SchedulerActor
+    health: EngineHealth
+    admit_send: trio.MemorySendChannel
+    control_send: trio.MemorySendChannel
+    plan_recv: trio.MemoryReceiveChannel
+    result_send: trio.MemorySendChannel
+    cache_recv: trio.MemoryReceiveChannel
+    match_send: trio.MemorySendChannel
+
+    @classmethod
+    def build(cls) -> Wired:
+        health = EngineHealth()
+        admit_send, admit_recv = trio.open_memory_channel(1)
+        control_send, control_recv = trio.open_memory_channel(1)
+        plan_send, plan_recv = trio.open_memory_channel(0)
+        result_send, result_recv = trio.open_memory_channel(1)
+        cache_send, cache_recv = trio.open_memory_channel(8)
+        match_send, match_recv = trio.open_memory_channel(1)
+        scheduler = SchedulerActor(
+            admit_recv=admit_recv,
+            control_recv=control_recv,
+            plan_send=plan_send,
+            result_recv=result_recv,
+            cache_send=cache_send,
+            match_recv=match_recv,
+            eos_token_ids=(IM_END,),
+            health=health,
+        )
+        return cls(scheduler, health, admit_send, control_send, plan_recv, result_send, cache_recv, match_send)
+
+    async def admit(self) -> trio.MemoryReceiveChannel:
+        """Admit one request; its outbox."""
+        outbox_send, outbox_recv = trio.open_memory_channel(4)
+        await self.admit_send.send(
+            Admit(request_id=RequestId("r"), prompt_token_ids=(5, 6, 7), params=SamplingParams(max_tokens=5),
+                  outbox=outbox_send, arrival_time=0.0)  # fmt: skip
+        )
+        return outbox_recv
+
+
 async def test_a_failure_in_health_stops_a_step_that_never_returns(autojump_clock):
     """The executor edge stays open and the step never answers: only the failure event (not a
     closed channel) can wake the scheduler; every request fails with the recorded cause, and
     a cache clear sent afterwards hears that the engine has stopped."""
-    cfg = load_config(None, environ={})
-    health = EngineHealth()
-    admit_send, admit_recv = trio.open_memory_channel(1)
-    control_send, control_recv = trio.open_memory_channel(1)
-    plan_send, plan_recv = trio.open_memory_channel(0)
-    result_send, result_recv = trio.open_memory_channel(1)
-    cache_send, cache_recv = trio.open_memory_channel(8)
-    match_send, match_recv = trio.open_memory_channel(1)
-    outbox_send, outbox_recv = trio.open_memory_channel(4)
-    cache = CacheManagerActor(command_recv=cache_recv, reply_send=match_send, cfg=cfg.cache)
-    scheduler = SchedulerActor(
-        admit_recv=admit_recv,
-        control_recv=control_recv,
-        plan_send=plan_send,
-        result_recv=result_recv,
-        cache_send=cache_send,
-        match_recv=match_recv,
-        eos_token_ids=(IM_END,),
-        health=health,
-    )
-    params = SamplingParams(max_tokens=5)
-    with trio.fail_after(10), plan_recv, result_send:
+    wired = Wired.build()
+    cfg = load_config(None, environ={}).cache
+    cache = CacheManagerActor(command_recv=wired.cache_recv, reply_send=wired.match_send, cfg=cfg)
+    with trio.fail_after(10), wired.plan_recv, wired.result_send:
         async with trio.open_nursery() as nursery:
             await nursery.start(cache.run)
-            await nursery.start(scheduler.run)
-            admit = Admit(request_id=RequestId("r"), prompt_token_ids=(5, 6, 7), params=params,
-                          outbox=outbox_send, arrival_time=0.0)  # fmt: skip
-            await admit_send.send(admit)
-            plan = await plan_recv.receive()  # a step in flight, never answered
+            await nursery.start(wired.scheduler.run)
+            outbox = await wired.admit()
+            plan = await wired.plan_recv.receive()  # a step in flight, never answered
             assert [s.request_id for s in plan.new_seqs] == ["r"]
-            health.fail(EngineStalledError("stuck"))
-            failed = await outbox_recv.receive()
+            wired.health.fail(EngineStalledError("stuck"))
+            failed = await outbox.receive()
             reply_send, reply_recv = trio.open_memory_channel[int](1)
-            await control_send.send(ClearPrefixCache(reply=reply_send))
+            await wired.control_send.send(ClearPrefixCache(reply=reply_send))
             with pytest.raises(trio.EndOfChannel):
                 await reply_recv.receive()
-            admit_send.close()
-    assert isinstance(failed, RequestFailed) and failed.error is health.error
+            wired.admit_send.close()
+    assert isinstance(failed, RequestFailed) and failed.error is wired.health.error
+
+
+async def test_a_failure_during_a_prefix_lookup_still_fails_the_request(autojump_clock):
+    """The stepping is cancelled while a request is between the queue and the batch (its
+    prefix lookup unanswered): it must not be lost, its client gets the cause."""
+    wired = Wired.build()
+    with trio.fail_after(10), wired.plan_recv, wired.result_send, wired.cache_recv, wired.match_send:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(wired.scheduler.run)
+            outbox = await wired.admit()
+            lookup = await wired.cache_recv.receive()  # never answered
+            assert isinstance(lookup, PrefixLookup)
+            wired.health.fail(EngineStalledError("stuck"))
+            failed = await outbox.receive()
+            wired.admit_send.close()
+    assert isinstance(failed, RequestFailed) and failed.error is wired.health.error
 
 
 async def test_wait_empty_wakes_when_the_last_stream_closes(autojump_clock):

@@ -267,7 +267,11 @@ class SchedulerActor:
             if request.client_gone:
                 self._finish_aborted(request)
                 continue
-            match = await self._cache.lookup(request)
+            try:
+                match = await self._cache.lookup(request)
+            except BaseException:  # cancelled (the engine failed or stops): not swallowed
+                self._scheduler.waiting.appendleft(request)  # back where whoever cleans up finds it
+                raise
             self._scheduler.start(
                 request, num_cached_tokens=match.num_cached_tokens, block_ids=match.block_ids
             )
