@@ -1,10 +1,9 @@
 """The engine facade: ``async with open_engine(cfg) as engine`` from any Trio program.
 
-It wires the four actors in one nursery (one failure domain) and turns a request's outbox
-into a stream of text deltas. It talks to the actors through the submit channel and each
-request's outbox, and reads their ``statistics()``. Two operator actions are sync requests
-to the scheduler instead of channel messages: ``clear_prefix_cache`` and ``fail_requests``
-set a flag and wake its loop, which does the work between steps.
+It holds the outside ends of the actors' wiring (``actors/topology.py``): it turns a
+request into a ``Submit`` on the submit channel and the request's outbox into a stream of
+text deltas, sends operator actions (``fail_requests``, ``clear_prefix_cache``) as commands
+on the control channel, and reads the actors' ``statistics()``.
 """
 
 from __future__ import annotations
@@ -14,50 +13,29 @@ import itertools
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 import trio
 
-from .actors.admission import AdmissionActor, AdmissionLimits
-from .actors.cache_manager import CacheManagerActor, CacheStatistics
-from .actors.scheduler import SchedulerActor
+from .actors.cache_manager import CacheStatistics
 from .actors.scheduler_stats import SchedulerStatistics
+from .actors.topology import ExecutorFactory, Topology, max_running, mlx_executor_factory, open_topology
 from .config import EngineConfig
 from .core.params import SamplingParams
 from .errors import EngineClosedError, QueueFullError, VllmMlxTrioError
-from .health import EngineHealth, cancel_on_failure, run_supervised
-from .messages import ChatMessage, ModelInfo, RequestId, StepPlan, StepResult, Submit
-from .metrics import EngineMetrics, engine_snapshot
+from .messages import ChatMessage, ClearPrefixCache, FailAll, RequestId, Submit
 from .stream import Delta, RequestStream
-from .worker.registry import runner_class
+
+__all__ = ["Engine", "EngineStatistics", "ExecutorFactory", "max_running", "mlx_executor_factory", "open_engine"]
 
 logger = logging.getLogger(__name__)
 
-#: Buffer of the facade -> admission edge: a burst of submits waits here, never unbounded
-#: because the admission semaphore caps requests in the engine.
-SUBMIT_BUFFER = 16
-#: Buffer of admission -> scheduler: the scheduler drains it every step.
-ADMIT_BUFFER = 16
 #: Buffer of a request's outbox. One slot is reserved for the final output; the rest let a
 #: slightly slow consumer smooth jitter before its tokens start to be coalesced.
 OUTBOX_BUFFER = 4
-#: scheduler -> cache manager: releases are fire and forget; lookups, commits and clears wait
-#: for their answer (one at a time, on a channel of 1).
-CACHE_BUFFER = 8
 
 PromptInput = str | list[dict[str, Any]] | tuple[ChatMessage, ...]
-
-
-class ExecutorFactory(Protocol):
-    """Builds the executor actor on the plan/result edge (the real one or a fake)."""
-
-    def __call__(
-        self,
-        plan_recv: trio.MemoryReceiveChannel[StepPlan],
-        result_send: trio.MemorySendChannel[StepResult],
-    ) -> Any: ...
 
 
 @attrs.frozen(kw_only=True)
@@ -67,25 +45,6 @@ class EngineStatistics:
     num_requests: int
     scheduler: SchedulerStatistics
     cache: CacheStatistics
-
-
-def mlx_executor_factory(cfg: EngineConfig) -> ExecutorFactory:
-    """The real executor: a dedicated MLX thread running the configured mode's runner."""
-
-    def build(plan_recv, result_send):
-        from .actors.executor import ExecutorActor
-
-        Runner = runner_class(cfg.engine.mode)
-        return ExecutorActor(
-            plan_recv=plan_recv, result_send=result_send, runner_factory=lambda: Runner(cfg)
-        )
-
-    return build
-
-
-def max_running(cfg: EngineConfig) -> int:
-    """Sequences in the model at once, as the configured runner kind holds them."""
-    return runner_class(cfg.engine.mode).max_running(cfg.engine)
 
 
 @contextlib.asynccontextmanager
@@ -99,96 +58,33 @@ async def open_engine(
     the engine fails with the cause, new ones are refused (``engine.health``), and leaving the
     block raises the cause.
     """
-    factory = executor_factory or mlx_executor_factory(cfg)
-    async with trio.open_nursery() as nursery:
-        engine = await Engine._start(cfg, nursery, factory)
-        try:
-            yield engine
-        finally:
-            engine._stop_admissions()
-    if engine.health.error is not None:
-        raise engine.health.error
+    async with open_topology(cfg, executor_factory or mlx_executor_factory(cfg)) as topology:
+        yield Engine(cfg, topology)
 
 
 class Engine:
     """Submit requests and read their outputs. Create it with :func:`open_engine`."""
 
-    def __init__(self, cfg: EngineConfig, model_info: ModelInfo, submit_send, actors):
+    def __init__(self, cfg: EngineConfig, topology: Topology):
         self.cfg = cfg
-        self.model_info = model_info
-        self._submit_send: trio.MemorySendChannel[Submit] = submit_send
-        self._scheduler: SchedulerActor = actors[0]
-        self._cache: CacheManagerActor = actors[1]
-        self.capacity = cfg.limits.max_waiting + max_running(cfg)
+        self.model_info = topology.model_info
+        self._submit_send = topology.submit_send
+        self._control_send = topology.control_send
+        self._scheduler = topology.scheduler
+        self._cache = topology.cache
+        self.metrics = topology.metrics
+        self.health = topology.health
+        self.capacity = cfg.limits.max_waiting + topology.max_running
         self._slots = trio.Semaphore(self.capacity, max_value=self.capacity)
-        self.metrics: EngineMetrics = actors[2]
-        self.health: EngineHealth = actors[3]
+        #: Set whenever the last request inside has left; replaced when a waiter needs a new one.
+        self._empty = trio.Event()
+        self._empty.set()
+        #: Cache clears go one at a time, so at most one is queued on the control channel.
+        self._clear_lock = trio.Lock()
         self.started_at = trio.current_time()
         #: Set when a shutdown begins: new requests are refused, the ones inside go on.
         self.draining = False
         self._ids = itertools.count()
-
-    @classmethod
-    async def _start(cls, cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFactory):
-        submit_send, submit_recv = trio.open_memory_channel[Submit](SUBMIT_BUFFER)
-        admit_send, admit_recv = trio.open_memory_channel(ADMIT_BUFFER)
-        runner = runner_class(cfg.engine.mode)
-        in_flight = runner.plans_in_flight
-        plan_send, plan_recv = trio.open_memory_channel(0)
-        result_send, result_recv = trio.open_memory_channel(in_flight)
-        cache_send, cache_recv = trio.open_memory_channel(CACHE_BUFFER)
-        match_send, match_recv = trio.open_memory_channel(1)
-        health = EngineHealth()
-        executor = factory(plan_recv, result_send)
-        stop_executor = trio.CancelScope()
-        model_info: ModelInfo = await nursery.start(
-            partial(run_supervised, executor.run, health, stop_executor)
-        )
-        cache = CacheManagerActor(command_recv=cache_recv, reply_send=match_send, cfg=cfg.cache)
-        holder: list[Engine] = []
-        metrics = EngineMetrics(
-            cfg.model_name,
-            model_info.max_context_tokens,
-            lambda: engine_snapshot(holder[0].statistics()) if holder else {},
-        )
-        scheduler = SchedulerActor(
-            admit_recv=admit_recv,
-            plan_send=plan_send,
-            result_recv=result_recv,
-            cache_send=cache_send,
-            match_recv=match_recv,
-            eos_token_ids=model_info.eos_token_ids,
-            max_running=max_running(cfg),
-            plans_in_flight=in_flight,
-            max_tokens_per_step=runner.max_tokens_per_step,
-            stream_interval=cfg.engine.stream_interval,
-            metrics=metrics,
-            health=health,
-            stall_timeout_s=cfg.limits.engine_stall_timeout_s,
-            kv_budget_tokens=model_info.kv_budget_tokens,
-        )
-        admission = AdmissionActor(
-            submit_recv=submit_recv,
-            admit_send=admit_send,
-            tokenizer=model_info.tokenizer,
-            limits=AdmissionLimits(
-                max_context_tokens=model_info.max_context_tokens,
-                kv_budget_tokens=model_info.kv_budget_tokens,
-                default_max_tokens=cfg.engine.default_max_tokens,
-                max_stop_sequences=cfg.limits.max_stop_sequences,
-                vocab_size=model_info.vocab_size,
-            ),
-        )
-        nursery.start_soon(cancel_on_failure, health, stop_executor)
-        await nursery.start(cache.run)
-        await nursery.start(scheduler.run)
-        await nursery.start(admission.run)
-        engine = cls(cfg, model_info, submit_send, (scheduler, cache, metrics, health))
-        holder.append(engine)
-        return engine
-
-    def _stop_admissions(self) -> None:
-        self._submit_send.close()
 
     def start_draining(self) -> None:
         """Refuse new requests from now on (503); the ones inside go on. ``serve`` calls it
@@ -197,21 +93,61 @@ class Engine:
 
     def fail_requests(self, error: VllmMlxTrioError) -> None:
         """Fail every request in the engine now with ``error`` (their streams raise it); new
-        requests are still accepted. ``serve`` calls it at the drain deadline."""
-        self._scheduler.fail_all(error)
+        requests are still accepted. ``serve`` calls it at the drain deadline.
+
+        A :class:`~vllm_mlx_trio.messages.FailAll` command to the scheduler, which acts on it
+        between two steps. Should the control channel be full, the commands ahead of this one
+        are failures not yet acted on, which will fail everything held by then: this one adds
+        nothing and is dropped."""
+        try:
+            self._control_send.send_nowait(FailAll(error=error))
+        except trio.WouldBlock:
+            logger.warning("fail_requests: the control channel is full of failures not acted on yet; they cover it")
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the scheduler has stopped: no request is left to fail
 
     async def clear_prefix_cache(self) -> int:
         """Drop every cached prefix block no running request holds; return how many."""
-        request = self._scheduler.request_cache_clear()
-        await request.done.wait()
-        if request.closed:
-            raise EngineClosedError("The engine stopped before the cache was cleared.")
-        return request.num_dropped
+        reply_send, reply_recv = trio.open_memory_channel[int](1)
+        closed = EngineClosedError("The engine stopped before the cache was cleared.")
+        with reply_recv:
+            async with self._clear_lock:
+                handed_over = False
+                try:
+                    await self._control_send.send(ClearPrefixCache(reply=reply_send))
+                    handed_over = True  # the scheduler owns the reply channel from here
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    raise closed from None
+                finally:
+                    if not handed_over:
+                        reply_send.close()
+                try:
+                    return await reply_recv.receive()
+                except trio.EndOfChannel:
+                    raise closed from None
 
     @property
     def num_requests(self) -> int:
         """Requests inside the engine (admitted, queued or running, streams not yet closed)."""
         return self.capacity - self._slots.value
+
+    async def wait_empty(self) -> None:
+        """Return once no request is inside the engine (at once when none is). Woken by the
+        last stream's close, never by polling."""
+        while self.num_requests:
+            if self._empty.is_set():
+                self._empty = trio.Event()
+            await self._empty.wait()
+
+    def _release_slot(self) -> None:
+        self._slots.release()
+        if not self.num_requests:
+            self._empty.set()
+
+    def holds_request(self, request_id: str) -> bool:
+        """Whether a request with this id is still in the scheduler (queued or running), without
+        building a statistics snapshot: HTTP checks this for every new request's id."""
+        return self._scheduler.holds(request_id)
 
     def statistics(self) -> EngineStatistics:
         return EngineStatistics(
@@ -253,7 +189,7 @@ class Engine:
             self.model_info.tokenizer,
             params.stop,
             token_bytes=self.model_info.token_bytes,
-            on_close=self._slots.release,
+            on_close=self._release_slot,
             timer=self.metrics.request_timer(trio.current_time()),
             min_tokens=params.min_tokens,
         )

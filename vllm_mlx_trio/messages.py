@@ -3,14 +3,19 @@
 Messages are frozen, hold tuples (never lists), and never hold an ``mx.array``: plans and
 results carry token ids, block ids and numbers only. An outbox (``MemorySendChannel``)
 travels inside a message; whoever holds the message owns the outbox and must close it.
+
+Trio is imported for type checking only: the pure ``core/`` imports this module, and must
+not import Trio (``python -c "import vllm_mlx_trio.core"`` stays free of it).
 """
 
 from __future__ import annotations
 
-from typing import Any, NewType, TypeAlias
+from typing import TYPE_CHECKING, Any, NewType, TypeAlias
 
 import attrs
-import trio
+
+if TYPE_CHECKING:
+    import trio
 
 from .core.params import SamplingParams
 from .errors import VllmMlxTrioError
@@ -72,7 +77,7 @@ class RequestFailed:
 
 
 Output: TypeAlias = Accepted | RequestOutput | RequestFailed
-Outbox: TypeAlias = trio.MemorySendChannel[Output]
+Outbox: TypeAlias = "trio.MemorySendChannel[Output]"
 
 
 # -- engine facade -> AdmissionActor -----------------------------------------------------
@@ -293,3 +298,27 @@ class ModelInfo:
     kv_budget_tokens: int | None = None
     #: KV bytes one token takes across all layers (0 when unknown).
     kv_bytes_per_token: int = 0
+
+
+# -- engine facade -> SchedulerActor (the control channel: operator actions) -------------
+
+
+@_frozen
+class FailAll:
+    """Fail every request the scheduler holds now (queued or running) with ``error``, in-band;
+    the engine goes on and still accepts new requests. Sent at the shutdown drain's deadline."""
+
+    error: VllmMlxTrioError
+
+
+@_frozen
+class ClearPrefixCache:
+    """Drop every cached prefix block no running request holds (``DELETE /v1/cache``).
+
+    ``reply`` is a one-shot channel: whoever holds the message owns it and closes it, after
+    sending the number of blocks dropped, or without an answer when the engine stopped first."""
+
+    reply: trio.MemorySendChannel[int]
+
+
+ControlCommand: TypeAlias = FailAll | ClearPrefixCache

@@ -33,7 +33,8 @@ FINISH_REASONS = ("stop", "length", "abort", "error")
 GAUGES = {
     "vllm:num_requests_running": ("Requests in the model batch.", "num_running"),
     "vllm:num_requests_waiting": ("Requests waiting for a batch slot.", "num_waiting"),
-    "vllm:kv_cache_usage_perc": ("Prefix-cache usage, 0..1 of its budget.", "kv_cache_usage"),
+    "vllm:kv_cache_usage_perc": ("KV cache usage of the running requests, 0..1 of the KV budget.", "kv_cache_usage"),
+    "vllm_mlx_trio_prefix_cache_usage_perc": ("Prefix-cache fill, 0..1 of its budget.", "prefix_cache_usage"),
     "vllm_mlx_trio_mlx_active_memory_bytes": ("MLX active memory.", "mlx_active_bytes"),
     "vllm_mlx_trio_mlx_peak_memory_bytes": ("MLX peak memory.", "mlx_peak_bytes"),
     "vllm_mlx_trio_mlx_cache_memory_bytes": ("MLX buffer-cache memory.", "mlx_cache_bytes"),
@@ -75,10 +76,9 @@ class _SnapshotGauges(Collector):
 class EngineMetrics:
     """One engine's metrics. Every method is cheap and never blocks."""
 
-    def __init__(self, model_name: str, max_model_len: int, snapshot: Callable[[], dict[str, float]]):
+    def __init__(self, model_name: str, max_model_len: int):
         self.model_name = model_name
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(_SnapshotGauges(model_name, snapshot))
         tokens = token_buckets(max_model_len)
         self._counters = {
             name: Counter(name, help_text, ["model_name"], registry=self.registry).labels(model_name)
@@ -112,6 +112,11 @@ class EngineMetrics:
             )
         }  # fmt: skip
         self._counters["vllm:num_preemptions"].inc(0)
+
+    def read_gauges_from(self, snapshot: Callable[[], dict[str, float]]) -> None:
+        """Serve the gauges from ``snapshot`` (called at each scrape), once the engine's actors
+        exist to answer it."""
+        self.registry.register(_SnapshotGauges(self.model_name, snapshot))
 
     def render(self) -> bytes:
         """The text exposition format."""
@@ -181,16 +186,23 @@ class RequestTimer:
         metrics.count("vllm:prompt_tokens", prompt_tokens)
 
 
-def engine_snapshot(statistics: Any) -> dict[str, float]:
-    """The gauges' values from an ``EngineStatistics``."""
-    pool = statistics.cache.pool
+def engine_snapshot(scheduler: Any, cache: Any, *, kv_capacity_tokens: int) -> dict[str, float]:
+    """The gauges' values from the scheduler's and the cache manager's statistics.
+
+    ``vllm:kv_cache_usage_perc`` is what vLLM means by it: the KV the running requests hold
+    over the KV they may hold. Here that is the batch's token slots (rows x longest row) over
+    the KV budget, or, with no budget, over what the context length allows the batch
+    (``max_num_seqs`` x ``max_context_tokens``), the ceiling it can grow to either way.
+    """
+    pool = cache.pool
     limit = pool.max_bytes or 0
-    usage = pool.bytes_used / limit if limit else (pool.num_blocks / pool.max_blocks if pool.max_blocks else 0.0)
-    scheduler = statistics.scheduler
+    prefix_usage = pool.bytes_used / limit if limit else (pool.num_blocks / pool.max_blocks if pool.max_blocks else 0.0)
+    kv_usage = scheduler.kv_tokens_held / kv_capacity_tokens if kv_capacity_tokens > 0 else 0.0
     return {
         "num_running": scheduler.num_running,
         "num_waiting": scheduler.num_waiting,
-        "kv_cache_usage": min(usage, 1.0),
+        "kv_cache_usage": min(kv_usage, 1.0),
+        "prefix_cache_usage": min(prefix_usage, 1.0),
         "prefix_blocks": pool.num_blocks,
         "prefix_bytes": pool.bytes_used,
         "mlx_active_bytes": scheduler.mlx_active_bytes,

@@ -30,8 +30,6 @@ LOADING_GRACE_S = 1.0
 #: How long before the drain deadline the remaining requests get their in-band error, so the
 #: error event is written before Hypercorn closes the connection.
 DRAIN_ERROR_MARGIN_S = 1.0
-#: How often the drain checks whether the requests inside have all finished.
-DRAIN_POLL_S = 0.05
 
 
 def hypercorn_config(cfg: EngineConfig) -> hypercorn.Config:
@@ -163,8 +161,7 @@ def _drain_first(
         engine.start_draining()
         drain_s = engine.cfg.server.drain_timeout_s
         with trio.move_on_after(max(0.0, drain_s - min(DRAIN_ERROR_MARGIN_S, drain_s / 2))):
-            while engine.num_requests:
-                await trio.sleep(DRAIN_POLL_S)
+            await engine.wait_empty()  # woken when the last request's stream closes
         if engine.num_requests:
             engine.fail_requests(
                 EngineClosedError("The server is shutting down; the request was not finished.")

@@ -9,8 +9,9 @@ import attrs
 import httpx
 import trio
 
-from vllm_mlx_trio.testing.fake_executor import text_script
-from vllm_mlx_trio.testing.harness import fake_executor_factory, open_server
+from vllm_mlx_trio.serve import _drain_first
+from vllm_mlx_trio.testing.fake_executor import StepGate, text_script
+from vllm_mlx_trio.testing.harness import fake_executor_factory, open_fake_engine, open_server
 
 CHAT = [{"role": "user", "content": "hello"}]
 
@@ -69,3 +70,25 @@ async def test_while_draining_new_requests_get_503_and_health_says_draining(fake
     assert seen["health"].status_code == 503 and seen["health"].json() == {"status": "draining"}
     assert seen["new"].status_code == 503
     assert lines[-1] == "data: [DONE]"  # the stream inside finished normally
+
+
+async def test_the_drain_ends_the_instant_the_last_request_leaves(autojump_clock):
+    """No polling: the drain is woken by the last stream's close, at that very instant."""
+    gate = StepGate()
+    closed_at: list[float] = []
+    with trio.fail_after(30):
+        async with open_fake_engine(overrides=("server.drain_timeout_s=60",), gate=gate) as fake:
+            stream = await fake.engine.submit(CHAT)
+
+            async def leave_later() -> None:
+                await trio.sleep(5.003)
+                stream.close()
+                closed_at.append(trio.current_time())
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(leave_later)
+                await _drain_first(fake.engine, trio.lowlevel.checkpoint)()
+                drained_at = trio.current_time()
+            draining = fake.engine.draining
+            gate.allow(100)
+    assert draining and drained_at == closed_at[0]

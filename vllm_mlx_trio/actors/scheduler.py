@@ -4,6 +4,7 @@ step, and fans each step's tokens out to the requests' outboxes without ever awa
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 
 import trio
@@ -22,6 +23,9 @@ from ..messages import (
     BlockStore,
     CacheCommand,
     CacheReply,
+    ClearPrefixCache,
+    ControlCommand,
+    FailAll,
     KVReady,
     RequestFailed,
     RequestOutput,
@@ -30,7 +34,8 @@ from ..messages import (
 )
 from ..metrics import EngineMetrics
 from .cache_client import CacheClient
-from .scheduler_stats import ClearRequest, RequestSnapshot, SchedulerStatistics
+from .control_inbox import ControlInbox
+from .scheduler_stats import RequestSnapshot, SchedulerStatistics
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +43,10 @@ logger = logging.getLogger(__name__)
 class SchedulerActor:
     """Decides who runs and delivers what they produce.
 
-    Inputs: ``admit_recv`` (from admission), ``result_recv`` (from the executor) and
-    ``match_recv`` (from the cache manager). Outputs: ``plan_send``, ``cache_send`` and each
-    request's own outbox. At most ``plans_in_flight`` plans are outstanding on the executor
+    Inputs: ``admit_recv`` (from admission), ``control_recv`` (operator commands from the
+    facade, acted on between steps), ``result_recv`` (from the executor) and ``match_recv``
+    (from the cache manager). Outputs: ``plan_send``, ``cache_send`` and each request's own
+    outbox. At most ``plans_in_flight`` plans are outstanding on the executor
     edge (1 is lock-step; 2 lets the executor start the next step while this actor handles
     the last result), and the result channel holds that many, so neither side can fill the
     other's buffer. A plan built while an earlier one is in flight may still name a request
@@ -57,6 +63,7 @@ class SchedulerActor:
         self,
         *,
         admit_recv: trio.MemoryReceiveChannel[Admit],
+        control_recv: trio.MemoryReceiveChannel[ControlCommand],
         plan_send: trio.MemorySendChannel[StepPlan],
         result_recv: trio.MemoryReceiveChannel[StepResult],
         cache_send: trio.MemorySendChannel[CacheCommand],
@@ -72,6 +79,8 @@ class SchedulerActor:
         kv_budget_tokens: int | None = None,
     ):
         self._admit_recv = admit_recv
+        self._control_recv = control_recv
+        self._control = ControlInbox(control_recv, wake=self._wake_loop)
         self._plan_send = plan_send
         self._result_recv = result_recv
         self._cache_send = cache_send
@@ -92,11 +101,10 @@ class SchedulerActor:
         self._last_progress = trio.current_time()
         self._memory = (0, 0, 0)
         self._admissions_open = True
-        self._admitted = trio.Event()
-        self._clear_requests: list[ClearRequest] = []
-        #: Set by :meth:`fail_all`: every request held now fails with it (drain deadline).
-        self._fail_all_error: VllmMlxTrioError | None = None
-        self._stopped = False
+        #: Set when there may be something to do: an admission, a command, admission closing.
+        self._wake = trio.Event()
+        #: The stepping part of the loop; cancelled when the engine fails.
+        self._stepping = trio.CancelScope()
         self._num_steps = 0
         self._num_finished = 0
         self._num_aborted = 0
@@ -137,48 +145,66 @@ class SchedulerActor:
         Cancellation (engine shutdown) closes every outstanding outbox without a final
         output; the client reads that as "the engine stopped".
         """
-        with self._admit_recv, self._plan_send, self._result_recv, self._cache_send, self._match_recv:
+        with (
+            self._admit_recv,
+            self._control_recv,
+            self._plan_send,
+            self._result_recv,
+            self._cache_send,
+            self._match_recv,
+        ):
             try:
                 task_status.started()
                 await self._loop()
             finally:
                 self._close_all_outboxes()
-                self._stopped = True
-                for request in self._clear_requests:  # nobody will serve them now
-                    request.closed = True
-                    request.done.set()
+                self._control.refuse_all()  # nobody will act on them now
 
     async def _loop(self) -> None:
-        """Step while there is work; admissions are taken in concurrently, even mid-step."""
+        """Step while there is work; admissions and commands are taken in concurrently, even
+        mid-step. An engine failure cancels the stepping (woken by ``health.failed``, never
+        polled); from then on everything admitted fails at once."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._receive_admissions)
+            nursery.start_soon(self._control.receive)
+            nursery.start_soon(self._stop_stepping_on_failure)
             if self._stall_timeout_s is not None:
                 nursery.start_soon(self._watchdog)
-            while self._admissions_open or self._scheduler.has_work or self._in_flight:
-                if self._health.error is not None:
-                    await self._refuse_while_failed()
-                    continue
-                if self._fail_all_error is not None:
-                    self._fail_held(self._fail_all_error)
-                if self._clear_requests:
-                    await self._clear_cache()
-                if not (self._scheduler.has_work or self._in_flight):
-                    await self._admitted.wait()
-                    self._admitted = trio.Event()
-                    continue
-                await self._start_waiting()
-                await self._send_plans()
-                if self._in_flight:
-                    await self._finish_step()
+            with self._stepping:
+                await self._step_until_done()
+            if self._health.error is not None:
+                await self._refuse_while_failed()
             nursery.cancel_scope.cancel()
+
+    async def _step_until_done(self) -> None:
+        while self._admissions_open or self._scheduler.has_work or self._in_flight:
+            await self._act_on_command()
+            if not (self._scheduler.has_work or self._in_flight):
+                await self._wait_for_work()
+                continue
+            await self._start_waiting()
+            await self._send_plans()
+            if self._in_flight:
+                await self._finish_step()
+
+    def _wake_loop(self) -> None:
+        self._wake.set()
+
+    async def _wait_for_work(self) -> None:
+        await self._wake.wait()
+        self._wake = trio.Event()
+
+    async def _stop_stepping_on_failure(self) -> None:
+        await self._health.failed.wait()
+        self._stepping.cancel()
 
     async def _receive_admissions(self) -> None:
         """Queue every admission as it arrives (the waiting count is always current)."""
         async for admit in self._admit_recv:
             self._scheduler.add(Request(admit, self._eos_token_ids))
-            self._admitted.set()
+            self._wake_loop()
         self._admissions_open = False
-        self._admitted.set()
+        self._wake_loop()
 
     async def _send_plans(self) -> None:
         """Top the executor up to ``plans_in_flight`` outstanding plans."""
@@ -196,8 +222,9 @@ class SchedulerActor:
 
     async def _watchdog(self) -> None:
         """Declare the engine dead when a step (or handing over a plan) takes longer than
-        ``stall_timeout_s``: closing our ends of the executor edge wakes the loop, which
-        then fails every request. One task, so the per-step path carries no timer."""
+        ``stall_timeout_s``: the failure stops the stepping, which then fails every request,
+        and closing our ends of the executor edge lets the executor go. One task, so the
+        per-step path carries no timer."""
         timeout = self._stall_timeout_s
         assert timeout is not None
         while True:
@@ -213,8 +240,12 @@ class SchedulerActor:
                 self._last_progress = max(self._last_progress, trio.current_time())
 
     def _executor_gone(self) -> None:
-        """The executor stopped: fail every request with its cause, from now on refuse all."""
+        """The executor stopped: fail every request with its cause; the failure (recorded in
+        ``health``) then stops the stepping."""
         self._health.fail(ExecutorCrashedError("the executor stopped in the middle of a step"))
+        self._fail_everything()
+
+    def _fail_everything(self) -> None:
         error = self._health.error
         assert error is not None
         for request in [*self._scheduler.running.values(), *self._scheduler.waiting]:
@@ -224,18 +255,26 @@ class SchedulerActor:
         self._in_flight.clear()
 
     async def _refuse_while_failed(self) -> None:
-        """After a failure: fail whatever is admitted until admission closes."""
-        self._executor_gone()
-        if self._admissions_open:
-            await self._admitted.wait()
-            self._admitted = trio.Event()
+        """After a failure: fail whatever is held or admitted, and answer no command, until
+        admission closes."""
+        while True:
+            self._fail_everything()
+            with self._control.next_command():
+                pass  # a cache clear's caller hears that the engine stopped
+            if not self._admissions_open:
+                return
+            await self._wait_for_work()
 
     async def _start_waiting(self) -> None:
         for request in self._scheduler.pop_startable():
             if request.client_gone:
                 self._finish_aborted(request)
                 continue
-            match = await self._cache.lookup(request)
+            try:
+                match = await self._cache.lookup(request)
+            except BaseException:  # cancelled (the engine failed or stops): not swallowed
+                self._scheduler.waiting.appendleft(request)  # back where whoever cleans up finds it
+                raise
             self._scheduler.start(
                 request, num_cached_tokens=match.num_cached_tokens, block_ids=match.block_ids
             )
@@ -298,37 +337,30 @@ class SchedulerActor:
                 drop=stored.evicted,
             )
 
-    def fail_all(self, error: VllmMlxTrioError) -> None:
-        """Fail every request held now (queued or running) with ``error``, in-band; the engine
-        itself goes on. Used at the shutdown drain's deadline."""
-        self._fail_all_error = error
-        self._admitted.set()  # wake the loop if it is idle
+    async def _act_on_command(self) -> None:
+        """Between two steps: act on the operator's waiting command, if any."""
+        with self._control.next_command() as command:
+            match command:
+                case FailAll(error=error):
+                    self._fail_held(error)
+                case ClearPrefixCache(reply=reply):
+                    evicted = await self._cache.clear()
+                    self._scheduler.queue_block_ops(drop=evicted)
+                    with contextlib.suppress(trio.BrokenResourceError):  # the caller left
+                        reply.send_nowait(len(evicted))
+
+    def holds(self, request_id: str) -> bool:
+        """Whether a request with this id is queued or running (no snapshot built)."""
+        s = self._scheduler
+        return request_id in s.running or any(r.request_id == request_id for r in s.waiting)
 
     def _fail_held(self, error: VllmMlxTrioError) -> None:
-        self._fail_all_error = None
+        """Fail every request held now (queued or running) with ``error``, in-band; the engine
+        itself goes on. The shutdown drain's deadline."""
         for request in [*self._scheduler.running.values(), *self._scheduler.waiting]:
             self._scheduler.abort(request.request_id, RequestStatus.FINISHED_ERROR)
             self._time_end(request)
             self._fail(request, error)
-
-    def request_cache_clear(self) -> ClearRequest:
-        """Ask the loop to drop every unleased prefix block; await the result's ``done``."""
-        request = ClearRequest()
-        if self._stopped:
-            request.closed = True
-            request.done.set()
-            return request
-        self._clear_requests.append(request)
-        self._admitted.set()  # wake the loop if it is idle
-        return request
-
-    async def _clear_cache(self) -> None:
-        requests, self._clear_requests = self._clear_requests, []
-        evicted = await self._cache.clear()
-        self._scheduler.queue_block_ops(drop=evicted)
-        for request in requests:
-            request.num_dropped = len(evicted)
-            request.done.set()
 
     def _deliver(self, request: Request) -> None:
         """Hand undelivered tokens to the client without waiting; see the class docstring."""

@@ -1,21 +1,10 @@
-"""What the scheduler reports: its statistics, each request's snapshot, a pending clear."""
+"""What the scheduler reports: its statistics and each request's snapshot."""
 
 from __future__ import annotations
 
 import attrs
-import trio
 
 from ..core.request import Request
-
-
-@attrs.define
-class ClearRequest:
-    """A pending ``DELETE /v1/cache``: set once the blocks are gone from the store."""
-
-    done: trio.Event = attrs.Factory(trio.Event)
-    num_dropped: int = 0
-    #: The scheduler stopped before serving it.
-    closed: bool = False
 
 
 @attrs.frozen(slots=True, kw_only=True)

@@ -73,12 +73,10 @@ class EngineIds:
 
     def reserve(self, base: str, n: int) -> list[str]:
         """Ids for ``n`` choices: ``base`` alone, or ``base-0``, ``base-1``... when n > 1."""
-        scheduler = self._engine.statistics().scheduler
-        taken = self._ids | set(scheduler.running_ids) | set(scheduler.waiting_ids)
         stem, attempt = base, 1
         while True:
             ids = [stem] if n == 1 else [f"{stem}-{i}" for i in range(n)]
-            if taken.isdisjoint(ids):
+            if not any(i in self._ids or self._engine.holds_request(i) for i in ids):
                 self._ids.update(ids)
                 return ids
             attempt += 1

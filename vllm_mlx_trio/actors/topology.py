@@ -1,0 +1,262 @@
+"""The engine's wiring: every channel between the actors, the nursery they run in, and the
+executor's supervision. :class:`~vllm_mlx_trio.engine.Engine` (the facade) only holds the
+outside ends that :func:`open_topology` yields.
+
+```
+facade ──Submit──► admission ──Admit──► scheduler ◄──StepPlan/StepResult──► executor (MLX thread)
+facade ──FailAll / ClearPrefixCache──►      ▲ │
+                              cache manager ┘ ▼ (PrefixLookup / Commit / Release / Clear)
+```
+
+The runner kind (``engine.mode``) decides two facts of the wiring, read from the runner
+registry: how many plans may be in flight on the executor edge, and how many sequences run
+at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from ..config import EngineConfig
+from ..errors import ExecutorCrashedError, VllmMlxTrioError
+from ..health import EngineHealth
+from ..messages import Admit, ControlCommand, ModelInfo, StepPlan, StepResult, Submit
+from ..metrics import EngineMetrics, engine_snapshot
+from ..worker.registry import runner_class
+from .admission import AdmissionActor, AdmissionLimits
+from .cache_manager import CacheManagerActor
+from .scheduler import SchedulerActor
+
+logger = logging.getLogger(__name__)
+
+#: Buffer of the facade -> admission edge: a burst of submits waits here, never unbounded
+#: because the admission semaphore caps requests in the engine.
+SUBMIT_BUFFER = 16
+#: Buffer of admission -> scheduler: the scheduler drains it every step.
+ADMIT_BUFFER = 16
+#: scheduler -> cache manager: releases are fire and forget; lookups, commits and clears wait
+#: for their answer (one at a time, on a channel of 1).
+CACHE_BUFFER = 8
+#: facade -> scheduler (operator actions). They are rare: a drain's ``FailAll``, and prefix
+#: cache clears, one at a time (the facade serialises them). The scheduler's control task
+#: moves each command to its loop as soon as it arrives, so this only absorbs the commands
+#: sent between two of its turns; ``Engine.fail_requests`` (sync) never has to wait.
+CONTROL_BUFFER = 8
+
+
+class ExecutorFactory(Protocol):
+    """Builds the executor actor on the plan/result edge (the real one or a fake)."""
+
+    def __call__(
+        self,
+        plan_recv: trio.MemoryReceiveChannel[StepPlan],
+        result_send: trio.MemorySendChannel[StepResult],
+    ) -> Any: ...
+
+
+def mlx_executor_factory(cfg: EngineConfig) -> ExecutorFactory:
+    """The real executor: a dedicated MLX thread running the configured mode's runner."""
+
+    def build(plan_recv, result_send):
+        from .executor import ExecutorActor
+
+        Runner = runner_class(cfg.engine.mode)
+        return ExecutorActor(plan_recv=plan_recv, result_send=result_send, runner_factory=lambda: Runner(cfg))
+
+    return build
+
+
+def max_running(cfg: EngineConfig) -> int:
+    """Sequences in the model at once, as the configured runner kind holds them."""
+    return runner_class(cfg.engine.mode).max_running(cfg.engine)
+
+
+@attrs.frozen(kw_only=True)
+class Topology:
+    """The running engine seen from outside: the facade's channel ends (owned and closed by
+    :func:`open_topology`), the actors it reads statistics from, metrics and health."""
+
+    model_info: ModelInfo
+    submit_send: trio.MemorySendChannel[Submit]
+    control_send: trio.MemorySendChannel[ControlCommand]
+    scheduler: SchedulerActor
+    cache: CacheManagerActor
+    metrics: EngineMetrics
+    health: EngineHealth
+    max_running: int
+
+
+@contextlib.asynccontextmanager
+async def open_topology(cfg: EngineConfig, factory: ExecutorFactory) -> AsyncIterator[Topology]:
+    """Load the model and run the four actors in one nursery (one failure domain).
+
+    Leaving the block closes the submit and control channels: admission stops, and the
+    scheduler finishes the requests already inside before the actors return. If the executor
+    failed meanwhile, leaving the block raises its cause.
+    """
+    async with trio.open_nursery() as nursery:
+        topology = await _start(cfg, nursery, factory)
+        with topology.submit_send, topology.control_send:
+            yield topology
+    if topology.health.error is not None:
+        raise topology.health.error
+
+
+async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFactory) -> Topology:
+    runner = runner_class(cfg.engine.mode)
+    in_flight = runner.plans_in_flight
+    running = runner.max_running(cfg.engine)
+    submit_send, submit_recv = trio.open_memory_channel[Submit](SUBMIT_BUFFER)
+    control_send, control_recv = trio.open_memory_channel[ControlCommand](CONTROL_BUFFER)
+    admit_send, admit_recv = trio.open_memory_channel(ADMIT_BUFFER)
+    plan_send, plan_recv = trio.open_memory_channel(0)
+    result_send, result_recv = trio.open_memory_channel(in_flight)
+    cache_send, cache_recv = trio.open_memory_channel(CACHE_BUFFER)
+    match_send, match_recv = trio.open_memory_channel(1)
+    health = EngineHealth()
+    model_info = await _start_executor(nursery, factory(plan_recv, result_send), health)
+    cache = CacheManagerActor(command_recv=cache_recv, reply_send=match_send, cfg=cfg.cache)
+    metrics = EngineMetrics(cfg.model_name, model_info.max_context_tokens)
+    scheduler = SchedulerActor(
+        admit_recv=admit_recv,
+        control_recv=control_recv,
+        plan_send=plan_send,
+        result_recv=result_recv,
+        cache_send=cache_send,
+        match_recv=match_recv,
+        eos_token_ids=model_info.eos_token_ids,
+        max_running=running,
+        plans_in_flight=in_flight,
+        max_tokens_per_step=runner.max_tokens_per_step,
+        stream_interval=cfg.engine.stream_interval,
+        metrics=metrics,
+        health=health,
+        stall_timeout_s=cfg.limits.engine_stall_timeout_s,
+        kv_budget_tokens=model_info.kv_budget_tokens,
+    )
+    # Without a KV budget only the context length bounds the running KV.
+    kv_capacity = model_info.kv_budget_tokens or running * model_info.max_context_tokens
+    metrics.read_gauges_from(
+        lambda: engine_snapshot(scheduler.statistics(), cache.statistics(), kv_capacity_tokens=kv_capacity)
+    )
+    await nursery.start(cache.run)
+    await nursery.start(scheduler.run)
+    await nursery.start(_admission(cfg, model_info, submit_recv, admit_send).run)
+    return Topology(
+        model_info=model_info,
+        submit_send=submit_send,
+        control_send=control_send,
+        scheduler=scheduler,
+        cache=cache,
+        metrics=metrics,
+        health=health,
+        max_running=running,
+    )
+
+
+async def _start_executor(nursery: trio.Nursery, executor: Any, health: EngineHealth) -> ModelInfo:
+    """Start the executor supervised (its failure goes to ``health``), and stop it when the
+    engine fails for another reason; the loaded model's facts come back."""
+    stop_executor = trio.CancelScope()
+    model_info = await nursery.start(partial(run_supervised, executor.run, health, stop_executor))
+    nursery.start_soon(cancel_on_failure, health, stop_executor)
+    return model_info
+
+
+def _admission(
+    cfg: EngineConfig,
+    model_info: ModelInfo,
+    submit_recv: trio.MemoryReceiveChannel[Submit],
+    admit_send: trio.MemorySendChannel[Admit],
+) -> AdmissionActor:
+    return AdmissionActor(
+        submit_recv=submit_recv,
+        admit_send=admit_send,
+        tokenizer=model_info.tokenizer,
+        limits=AdmissionLimits(
+            max_context_tokens=model_info.max_context_tokens,
+            kv_budget_tokens=model_info.kv_budget_tokens,
+            default_max_tokens=cfg.engine.default_max_tokens,
+            max_stop_sequences=cfg.limits.max_stop_sequences,
+            vocab_size=model_info.vocab_size,
+        ),
+    )
+
+
+# -- supervision: the executor's failure becomes the engine's health -------------------------
+
+
+class _StartedReporter:
+    """A ``task_status`` that remembers whether ``started`` was called."""
+
+    def __init__(self, task_status: trio.TaskStatus[Any]):
+        self._task_status = task_status
+        self.started_once = False
+
+    def started(self, value: Any = None) -> None:
+        self.started_once = True
+        self._task_status.started(value)
+
+
+async def run_supervised(
+    run: Callable[..., Awaitable[None]],
+    health: EngineHealth,
+    stop: trio.CancelScope,
+    *,
+    task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run an actor; once it has started, its failure is recorded in ``health`` instead of
+    cancelling its siblings (a failure while starting, such as a model that cannot load,
+    still raises at once). ``stop`` is cancelled when a failure is recorded elsewhere (the
+    scheduler's watchdog), which stops the actor too: see :func:`cancel_on_failure`.
+
+    The failure is recorded before anything else runs (no checkpoint between the actor's
+    exit and the ``except``), so every request fails with the actor's own cause.
+    """
+    reporter = _StartedReporter(task_status)
+    try:
+        with stop:
+            await run(task_status=reporter)
+    except Exception as exc:  # boundary: a running actor's failure becomes the engine's
+        if not reporter.started_once:
+            raise
+        health.fail(_our_error(exc))
+    finally:
+        health.executor_exited.set()
+
+
+async def cancel_on_failure(health: EngineHealth, stop: trio.CancelScope) -> None:
+    """Cancel ``stop`` if the engine fails; return once the executor has exited either way
+    (run in the engine's nursery)."""
+    async with trio.open_nursery() as nursery:
+
+        async def on_failure() -> None:
+            await health.failed.wait()
+            stop.cancel()
+
+        nursery.start_soon(on_failure)
+        await health.executor_exited.wait()
+        nursery.cancel_scope.cancel()
+
+
+def _our_error(exc: BaseException) -> VllmMlxTrioError:
+    """The first of our errors in ``exc`` (Trio wraps task failures in groups), else a
+    translation of ``exc`` into an :class:`ExecutorCrashedError`."""
+    if isinstance(exc, VllmMlxTrioError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _our_error(inner)
+            if not (type(found) is ExecutorCrashedError and found.__cause__ is inner):
+                return found
+        return _our_error(exc.exceptions[0])
+    error = ExecutorCrashedError(f"{type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error
