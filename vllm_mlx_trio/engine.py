@@ -176,6 +176,7 @@ class Engine:
                 max_stop_sequences=cfg.limits.max_stop_sequences,
                 vocab_size=model_info.vocab_size,
             ),
+            preprocess_threads=cfg.limits.preprocess_threads,
         )
         nursery.start_soon(cancel_on_failure, health, stop_executor)
         await nursery.start(cache.run)
@@ -294,6 +295,8 @@ class Engine:
 
 
 def _as_prompt(prompt: PromptInput) -> str | tuple[ChatMessage, ...]:
+    """Chat turns as ChatMessages; a dict's ``content`` may be a string (one text part) or
+    content parts already built (TextPart, ImagePart...)."""
     if isinstance(prompt, str):
         return prompt
     return tuple(

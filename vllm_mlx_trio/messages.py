@@ -7,7 +7,8 @@ travels inside a message; whoever holds the message owns the outbox and must clo
 
 from __future__ import annotations
 
-from typing import Any, NewType, TypeAlias
+from collections.abc import Iterable
+from typing import Any, ClassVar, NewType, TypeAlias
 
 import attrs
 import trio
@@ -22,13 +23,64 @@ _frozen = attrs.frozen(slots=True, kw_only=True)
 
 
 @_frozen
+class TextPart:
+    """Text in a chat turn."""
+
+    text: str
+
+
+@_frozen
+class ImagePart:
+    """An image in a chat turn: a reference (the bytes, or a path or URL, as given) and a
+    hash of its content that keys the prefix cache. Never pixels or an ``mx.array``: a
+    runner that takes images loads them on its own thread."""
+
+    ref: bytes | str = attrs.field(repr=False)
+    content_hash: str
+    #: The OpenAI content-part type this came as, for error messages.
+    kind: ClassVar[str] = "image_url"
+
+
+@_frozen
+class VideoPart:
+    """A video in a chat turn, referenced and hashed like :class:`ImagePart`."""
+
+    ref: bytes | str = attrs.field(repr=False)
+    content_hash: str
+    kind: ClassVar[str] = "video_url"
+
+
+ContentPart: TypeAlias = TextPart | ImagePart | VideoPart
+MediaPart: TypeAlias = ImagePart | VideoPart
+
+
+def _as_parts(content: str | Iterable[ContentPart]) -> tuple[ContentPart, ...]:
+    """A plain string is one text part (the library API's ``{"content": "hi"}``)."""
+    if isinstance(content, str):
+        return (TextPart(text=content),)
+    return tuple(content)
+
+
+@_frozen
 class ChatMessage:
-    """One chat turn, already reduced to plain text; ``name`` (a participant's name) goes to
-    the chat template as given, for templates that use it."""
+    """One chat turn: its parts in order; ``name`` (a participant's name) goes to the chat
+    template as given, for templates that use it."""
 
     role: str
-    content: str
+    content: tuple[ContentPart, ...] = attrs.field(converter=_as_parts)
     name: str | None = None
+
+    @property
+    def text(self) -> str | None:
+        """The turn as one string when every part is text (what chat templates get), else None."""
+        if all(isinstance(p, TextPart) for p in self.content):
+            return "".join(p.text for p in self.content)  # type: ignore[union-attr]
+        return None
+
+    @property
+    def media(self) -> tuple[tuple[int, MediaPart], ...]:
+        """The media parts with their index in ``content``."""
+        return tuple((i, p) for i, p in enumerate(self.content) if not isinstance(p, TextPart))
 
 
 # -- engine facade -> client (through the request's outbox) -------------------------------
@@ -101,6 +153,14 @@ class Admit:
     params: SamplingParams
     outbox: Outbox
     arrival_time: float
+    #: Prefix-cache keys beyond the params' own (``cache_salt``): the hashes of the prompt's
+    #: media, so blocks are shared only between prompts showing the same images.
+    extra_keys: tuple = ()
+
+    @property
+    def cache_keys(self) -> tuple:
+        """Every extra key of this request's prefix-cache blocks."""
+        return self.params.cache_keys + self.extra_keys
 
 
 # -- SchedulerActor <-> CacheManagerActor ------------------------------------------------
