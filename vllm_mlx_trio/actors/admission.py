@@ -84,8 +84,9 @@ class AdmissionActor:
         """Admit until the engine facade closes the submit channel, then let the requests
         still in preprocessing finish."""
         with self._submit_recv, self._admit_send:
-            if self._threads:
-                self._free_tokenizers = await trio.to_thread.run_sync(self._copy_tokenizers)
+            # Once, at engine start (before any request; in the loop, not a thread: a test's
+            # autojump clock would jump past a thread it cannot see).
+            self._free_tokenizers = self._copy_tokenizers()
             async with trio.open_nursery() as nursery:
                 task_status.started()
                 async for submit in self._submit_recv:
