@@ -12,16 +12,18 @@ HTTP and library callers alike; only what OpenAI bounds per route (completions' 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import attrs
 import msgspec
 
 from ..core.params import SamplingParams
-from ..errors import ModelNotFoundError
+from ..errors import InvalidRequestError, ModelNotFoundError
 from ..messages import ChatMessage, ContentPart, ImagePart, TextPart, VideoPart
 from . import schemas
-from .schema_errors import bad, explain, is_off_value, logit_bias_pairs, part_error, without_surrogates
+from .schema_errors import bad, check_position, is_off_value, logit_bias_pairs, part_error, type_faults
 
 #: Legacy completions return at most this many alternatives per token (OpenAI's limit).
 MAX_COMPLETION_LOGPROBS = 5
@@ -44,7 +46,14 @@ class ParsedRequest:
 
 
 def parse_chat(body: Any, *, model_name: str, max_n: int) -> ParsedRequest:
-    chat: schemas.ChatBody = _decode(body, schemas.ChatBody, _CHAT_NAMES, model_name)
+    return _parse(body, schemas.ChatBody, _CHAT_NAMES, model_name, partial(_chat, max_n=max_n))
+
+
+def parse_completion(body: Any, *, model_name: str, max_n: int) -> ParsedRequest:
+    return _parse(body, schemas.CompletionBody, _COMPLETION_NAMES, model_name, partial(_completion, max_n=max_n))
+
+
+def _chat(chat: schemas.ChatBody, body: dict, *, max_n: int) -> ParsedRequest:
     max_tokens = chat.max_completion_tokens if chat.max_completion_tokens is not None else chat.max_tokens
     if not chat.messages:
         raise bad("messages must be a non-empty array of message objects.", "messages")
@@ -52,8 +61,7 @@ def parse_chat(body: Any, *, model_name: str, max_n: int) -> ParsedRequest:
     return _parsed(chat, prompt, max_tokens, max_n, _chat_logprobs(chat))
 
 
-def parse_completion(body: Any, *, model_name: str, max_n: int) -> ParsedRequest:
-    completion: schemas.CompletionBody = _decode(body, schemas.CompletionBody, _COMPLETION_NAMES, model_name)
+def _completion(completion: schemas.CompletionBody, body: dict, *, max_n: int) -> ParsedRequest:
     prompt = completion.prompt
     if isinstance(prompt, list) and len(prompt) == 1:
         prompt = prompt[0]
@@ -65,8 +73,8 @@ def parse_completion(body: Any, *, model_name: str, max_n: int) -> ParsedRequest
     return _parsed(completion, prompt, completion.max_tokens, max_n, logprobs)
 
 
-def _decode(body: Any, schema: type, names: frozenset[str], model_name: str) -> Any:
-    """The body as ``schema``; field names and the model first, in the body's order."""
+def _parse(body: Any, schema: type, names: frozenset[str], model_name: str, build: Callable) -> ParsedRequest:
+    """Check field names and the model (in the body's order), decode, then ``build``."""
     if not isinstance(body, dict):
         raise bad("The request body must be a JSON object.", None)
     for name, value in body.items():
@@ -81,15 +89,23 @@ def _decode(body: Any, schema: type, names: frozenset[str], model_name: str) -> 
     if model != model_name:
         raise ModelNotFoundError(model)
     try:
-        return msgspec.convert(body, schema)
-    except msgspec.ValidationError as exc:
-        raise explain(str(exc), body, schema) from None
-    except UnicodeEncodeError:  # a lone surrogate where msgspec matches a name: find where
-        try:
-            msgspec.convert(without_surrogates(body), schema)
-        except msgspec.ValidationError as exc:
-            raise explain(str(exc), body, schema) from None
-        raise  # noqa: B904 - unreachable unless msgspec changes; a 500 that names the cause
+        decoded = msgspec.convert(body, schema)
+    except (msgspec.ValidationError, UnicodeEncodeError):  # the latter: a lone surrogate in a name
+        raise _first_error(body, schema, build) from None
+    return build(decoded, body)
+
+
+def _first_error(body: dict, schema: type, build: Callable) -> InvalidRequestError:
+    """A body with a field of the wrong shape may have other faults: the answer names the one
+    met first in :data:`CHECK_ORDER` (shape or value), whatever the order of the body's keys."""
+    faults = type_faults(body, schema)
+    rest = {name: value for name, value in body.items() if name not in faults}
+    try:
+        build(msgspec.convert(rest, schema), rest)
+    except InvalidRequestError as later:
+        if check_position(schema, later.param) < check_position(schema, next(iter(faults))):
+            return later
+    return next(iter(faults.values()))
 
 
 def _chat_logprobs(chat: schemas.ChatBody) -> int | None:
@@ -157,8 +173,9 @@ def _message(message: schemas.MessageIn, raw: dict, index: int) -> ChatMessage:
         parts: tuple[ContentPart, ...] = (TextPart(text=content),)
     else:
         parts = tuple(_part(part, raw["content"][j], f"{where}.content[{j}]") for j, part in enumerate(content))
-    for key, off in schemas.MESSAGE_OFF.items():
-        if key in raw and not is_off_value(raw[key], off):
+    for key, value in raw.items():  # in the body's order
+        off = schemas.MESSAGE_OFF.get(key)
+        if off is not None and not is_off_value(value, off):
             raise bad(f"{where}.{key} is not supported by this server yet.", f"{where}.{key}", "unsupported_parameter")
     return ChatMessage(role=message.role, content=parts, name=message.name)
 

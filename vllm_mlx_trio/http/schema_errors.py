@@ -13,6 +13,8 @@ import math
 import re
 from typing import Any
 
+import msgspec
+
 from ..errors import InvalidRequestError
 from . import schemas
 
@@ -37,15 +39,61 @@ def is_off_value(value: Any, off_values: tuple) -> bool:
     return any(type(value) is type(off) and value == off for off in off_values)
 
 
+#: The order in which fields are checked, so a body with several faults gets the same answer
+#: whatever the order of its keys (the order of the hand-written checks this replaced).
+_SAMPLING_ORDER = (
+    "n", "user", "stream", "stream_options", "stop", "top_k", "temperature", "top_p", "min_p", "seed",
+    "repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens", "ignore_eos",
+    "stream_interval", "cache_salt", "stop_token_ids", "logit_bias",
+)  # fmt: skip
+CHECK_ORDER = {
+    schemas.ChatBody: ("max_completion_tokens", "max_tokens", "messages", "logprobs", "top_logprobs", *_SAMPLING_ORDER),
+    schemas.CompletionBody: ("prompt", "logprobs", "max_tokens", *_SAMPLING_ORDER),
+}
+
+
+def type_faults(body: dict, schema: type) -> dict[str, InvalidRequestError]:
+    """Every top-level field that does not match its declaration, with its 400, in
+    :data:`CHECK_ORDER` (never empty for a body msgspec refused: every field is checked)."""
+    faults: dict[str, InvalidRequestError] = {}
+    for name in CHECK_ORDER[schema]:
+        if name not in body:
+            continue
+        if name == "messages":
+            error = _messages_fault(body[name])
+        else:
+            text = mismatch({name: body[name]}, schema)
+            error = explain(text, body, schema) if text else None
+        if error:
+            faults[name] = error
+    return faults or {"": bad("The request body does not match the API.", None)}
+
+
+def check_position(schema: type, param: str | None) -> int:
+    """Where the field a ``param`` path starts with comes in :data:`CHECK_ORDER` (last if not in it)."""
+    order = CHECK_ORDER[schema]
+    name = re.split(r"[.\[]", param or "", maxsplit=1)[0]
+    return order.index(name) if name in order else len(order)
+
+
+def mismatch(value: Any, kind: Any) -> str | None:
+    """msgspec's complaint about ``value`` as ``kind``, or None when it fits."""
+    try:
+        msgspec.convert(value, kind)
+    except msgspec.ValidationError as exc:
+        return str(exc)
+    except UnicodeEncodeError:  # a lone surrogate where msgspec matches a name; the answer quotes the original
+        return mismatch(without_surrogates(value), kind)
+    return None
+
+
 def explain(text: str, body: dict, schema: type) -> InvalidRequestError:
-    """The 400 for msgspec's error ``text`` on ``body`` decoded as ``schema``."""
+    """The 400 for msgspec's error ``text`` about one top-level field of ``body``."""
     match = _AT.search(text)
     path = [a or b for a, b in _STEP.findall(match["path"])] if match else []
-    if not path:  # the pre-checks catch every top-level fault; kept as a safety net
+    if not path:
         return bad(f"The request body does not match the API: {text}", None)
     field, raw = path[0], body.get(path[0])
-    if field == "messages":
-        return _message_error(raw, path[1:], text)
     if field in _SHAPE_MESSAGES:
         return bad(_SHAPE_MESSAGES[field], field)
     if field == "logit_bias":
@@ -85,28 +133,40 @@ def _stream_options_error(raw: Any, body: dict) -> InvalidRequestError:
     return bad(f"stream_options.include_usage must be a boolean, got {kind}.", "stream_options.include_usage")
 
 
-def _message_error(messages: Any, path: list[str], text: str) -> InvalidRequestError:
-    """The 400 for a fault inside ``messages`` (``path`` below it: index, field, part...)."""
-    if not path or not isinstance(messages, list):
+def _messages_fault(messages: Any) -> InvalidRequestError | None:
+    if not isinstance(messages, list):
         return bad("messages must be a non-empty array of message objects.", "messages")
-    where = f"messages[{path[0]}]"
-    message = messages[int(path[0])]
+    for index, message in enumerate(messages):
+        error = _message_fault(message, f"messages[{index}]")
+        if error:
+            return error
+    return None
+
+
+def _message_fault(message: Any, where: str) -> InvalidRequestError | None:
+    """A message's first fault: its role, its content (part by part), its fields, its name."""
     if not isinstance(message, dict):
         return bad(f"{where} must be an object.", where)
-    field = path[1] if len(path) > 1 else None
-    if field is None and "unknown field" in text:
-        key = next(k for k in message if k not in _MESSAGE_NAMES)
-        return bad(f"Unrecognized field in {where}: {key!r:.60}", f"{where}.{key:.60}", "unknown_parameter")
-    if field == "role" or (field is None and "`role`" in text):
-        roles = ", ".join(schemas.ROLES)
-        return bad(f"{where}.role must be one of {roles}, got {message.get('role')!r:.50}.", f"{where}.role")
-    if field == "content" and len(path) > 2:
-        return part_error(message["content"][int(path[2])], f"{where}.content[{path[2]}]")
-    if field == "content" or field is None:
+    role = message.get("role")
+    if not isinstance(role, str) or role not in schemas.ROLES:
+        return bad(f"{where}.role must be one of {', '.join(schemas.ROLES)}, got {role!r:.50}.", f"{where}.role")
+    content = message.get("content")
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            refused_kind = isinstance(part, dict) and part.get("type") == "input_audio"  # no audio runner yet
+            if refused_kind or mismatch(part, schemas.ContentPartIn):
+                return part_error(part, f"{where}.content[{j}]")
+    elif not isinstance(content, str):
         return bad(f"{where}.content must be a string or an array of text parts.", f"{where}.content")
-    if field == "name":
+    for key, value in message.items():
+        if key not in _MESSAGE_NAMES:
+            return bad(f"Unrecognized field in {where}: {key!r:.60}", f"{where}.{key:.60}", "unknown_parameter")
+        off = schemas.MESSAGE_OFF.get(key)
+        if off is not None and not is_off_value(value, off):
+            return bad(f"{where}.{key} is not supported by this server yet.", f"{where}.{key}", "unsupported_parameter")
+    if mismatch(message.get("name"), schemas.Name | None):
         return bad(f"{where}.name must be a string of 1 to {schemas.MAX_NAME_CHARS} characters.", f"{where}.name")
-    return bad(f"{where}.{field} is not supported by this server yet.", f"{where}.{field}", "unsupported_parameter")
+    return None
 
 
 def part_error(part: Any, where: str) -> InvalidRequestError:

@@ -30,8 +30,9 @@ class _Object(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """A JSON object with exactly the declared fields (an unknown one is an error)."""
 
 
-class _Part(_Object, tag_field="type"):
-    """A message content part, told apart by its ``type``."""
+class _Part(msgspec.Struct, tag_field="type", frozen=True):
+    """A message content part, told apart by its ``type``. Other keys of a part are ignored,
+    as this server always did (clients add their own, e.g. ``cache_control``)."""
 
 
 # -- message content parts ---------------------------------------------------------------
@@ -139,13 +140,17 @@ ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
 # -- messages ------------------------------------------------------------------------------
 
 
+#: A participant's name (templates paste it as given).
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_CHARS)]
+
+
 class MessageIn(_Object):
     """One chat turn. ``role`` is checked against :data:`ROLES` by the converter (its message
     names the value given); the tool and audio fields are accepted only when off."""
 
     role: str
     content: str | list[ContentPartIn]
-    name: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_CHARS)] | None = None
+    name: Name | None = None
     refusal: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
