@@ -12,6 +12,7 @@ alternate between the two settings; the row gives the median of the runs and the
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 import attrs
 import trio
@@ -88,11 +89,17 @@ def _with_threads(cfg: EngineConfig, threads: int) -> EngineConfig:
     return attrs.evolve(cfg, limits=attrs.evolve(cfg.limits, preprocess_threads=threads))
 
 
-async def measure_preprocess(cfg: EngineConfig, runs: int = 3, num_tokens: int = BIG_PROMPT_TOKENS) -> list[dict]:
+async def measure_preprocess(
+    cfg: EngineConfig, runs: int = 3, num_tokens: int = BIG_PROMPT_TOKENS, *, executor_factory: Any = None
+) -> list[dict]:
     """Alternating runs of each setting; one row per setting (medians, min-max spread)."""
     results: dict[int, list[dict]] = {t: [] for t in SETTINGS}
-    async with open_engine(_with_threads(cfg, SETTINGS[0])) as inline, open_engine(_with_threads(cfg, 1)) as threaded:
-        engines = {0: inline, 1: threaded}
+    inline_cfg, threaded_cfg = _with_threads(cfg, SETTINGS[0]), _with_threads(cfg, SETTINGS[1])
+    async with (
+        open_engine(inline_cfg, executor_factory=executor_factory) as inline,
+        open_engine(threaded_cfg, executor_factory=executor_factory) as threaded,
+    ):
+        engines = {SETTINGS[0]: inline, SETTINGS[1]: threaded}
         prompt = await big_prompt(inline, num_tokens)
         for _run in range(runs):
             for threads in SETTINGS:

@@ -1,0 +1,20 @@
+"""``bench preprocess`` on the fake executor: both settings measured, the big prompt tokenized
+(and refused by the fake's 4,096-token context). Nothing here asserts on measured speed."""
+
+from __future__ import annotations
+
+import trio
+
+from vllm_mlx_trio.bench.preprocess_bench import measure_preprocess
+from vllm_mlx_trio.testing.harness import fake_executor_factory
+
+
+async def test_bench_preprocess_on_the_fake_executor(fake_cfg):
+    with trio.fail_after(60):
+        rows = await measure_preprocess(
+            fake_cfg, runs=1, num_tokens=8_000, executor_factory=fake_executor_factory(step_s=0.002)
+        )
+    assert [r["path"] for r in rows] == ["inline (preprocess_threads=0)", "thread (preprocess_threads=1)"]
+    assert all(r["runs"] == 1 and r["prompt_chars"] >= 8_000 for r in rows)
+    assert all(r["big_prompt"] == "refused (context_length_exceeded)" for r in rows)
+    assert all(r["itl_p95_ms"] != "-" and r["max_gap_ms"] != "-" for r in rows)
