@@ -15,6 +15,6 @@ async def test_bench_preprocess_on_the_fake_executor(fake_cfg):
             fake_cfg, runs=1, num_tokens=8_000, executor_factory=fake_executor_factory(step_s=0.002)
         )
     assert [r["path"] for r in rows] == ["inline (preprocess_threads=0)", "thread (preprocess_threads=1)"]
-    assert all(r["runs"] == 1 and r["prompt_chars"] >= 8_000 for r in rows)
+    assert all(r["runs"] == 1 and r["prompt_chars"] > 4096 for r in rows)  # beyond the fake context
     assert all(r["big_prompt"] == "refused (context_length_exceeded)" for r in rows)
     assert all(r["itl_p95_ms"] != "-" and r["max_gap_ms"] != "-" for r in rows)

@@ -54,11 +54,20 @@ ContentPart: TypeAlias = TextPart | ImagePart | VideoPart
 MediaPart: TypeAlias = ImagePart | VideoPart
 
 
-def _as_parts(content: str | Iterable[ContentPart]) -> tuple[ContentPart, ...]:
-    """A plain string is one text part (the library API's ``{"content": "hi"}``)."""
+def _as_parts(content: str | Iterable[ContentPart | dict]) -> tuple[ContentPart, ...]:
+    """A plain string is one text part (the library API's ``{"content": "hi"}``), and so is an
+    OpenAI text part given as a dict; parts already built are kept."""
     if isinstance(content, str):
         return (TextPart(text=content),)
-    return tuple(content)
+    return tuple(_as_part(part) for part in content)
+
+
+def _as_part(part: ContentPart | dict) -> ContentPart:
+    if isinstance(part, TextPart | ImagePart | VideoPart):
+        return part
+    if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+        return TextPart(text=part["text"])
+    raise TypeError(f"a content part is a TextPart, ImagePart, VideoPart or a text part dict, not {part!r:.80}")
 
 
 @_frozen

@@ -184,4 +184,8 @@ def attrs_evolve(submit_: Submit, **changes) -> Submit:
 def test_library_messages_with_a_string_are_one_text_part():
     message = ChatMessage(role="user", content="hi")
     assert message.content == (TextPart(text="hi"),) and message.text == "hi"
+    parts = ChatMessage(role="user", content=[{"type": "text", "text": "a"}, TextPart(text="b")])
+    assert parts.content == (TextPart(text="a"), TextPart(text="b")) and parts.text == "ab"
+    with pytest.raises(TypeError):
+        ChatMessage(role="user", content=[{"type": "image_url", "image_url": {"url": "x"}}])
     assert ChatMessage(role="user", content=image_prompt()[0].content).text is None
