@@ -27,6 +27,7 @@ from vllm_mlx_trio.messages import (
     TextPart,
 )
 from vllm_mlx_trio.testing.fake_executor import FakeTokenizer
+from vllm_mlx_trio.testing.harness import open_fake_engine
 
 LIMITS = AdmissionLimits(max_context_tokens=100_000, default_max_tokens=4, max_stop_sequences=4, vocab_size=259)
 LONG = "L" * PREPROCESS_INLINE_CHARS  # preprocessed in a thread
@@ -71,8 +72,13 @@ async def run_actor(nursery, tokenizer, threads: int, limits=LIMITS):
     return submit_send, admit_recv
 
 
-@pytest.mark.parametrize(("threads", "order"), [(1, ["long", "short"]), (2, ["short", "long"])])
-async def test_order_into_the_scheduler(threads, order):
+@pytest.mark.parametrize(
+    ("threads", "short", "order"),
+    [(1, SHORT, ["long", "short"]), (1, "hi", ["long", "short"]), (2, SHORT, ["short", "long"]),
+     (2, "hi", ["short", "long"])],
+    ids=["1-thread", "1-thread-inline-short", "2-threads", "2-threads-inline-short"],
+)  # fmt: skip
+async def test_order_into_the_scheduler(threads, short, order):
     tokenizer = GatedTokenizer()
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
@@ -80,7 +86,7 @@ async def test_order_into_the_scheduler(threads, order):
             outboxes = [trio.open_memory_channel(4) for _ in range(2)]
             await submits.send(submit("long", LONG, outboxes[0][0]))
             await wait_thread_event(tokenizer.started)
-            await submits.send(submit("short", SHORT, outboxes[1][0]))
+            await submits.send(submit("short", short, outboxes[1][0]))
             if threads == 2:  # the short one is admitted while the long one is still tokenizing
                 first = await admits.receive()
                 assert first.request_id == "short" and not tokenizer.release.is_set()
@@ -91,7 +97,8 @@ async def test_order_into_the_scheduler(threads, order):
                 got = [(await admits.receive()).request_id, (await admits.receive()).request_id]
             submits.close()
     assert got == order
-    assert all(ident != threading.get_ident() for _, ident in tokenizer.threads)  # never on the event loop
+    on_the_loop = [text for text, ident in tokenizer.threads if ident == threading.get_ident()]
+    assert on_the_loop == (["h"] if short == "hi" else [])  # a long prompt never is
 
 
 async def test_threads_zero_preprocesses_inline():
@@ -189,3 +196,30 @@ def test_library_messages_with_a_string_are_one_text_part():
     with pytest.raises(TypeError):
         ChatMessage(role="user", content=[{"type": "image_url", "image_url": {"url": "x"}}])
     assert ChatMessage(role="user", content=image_prompt()[0].content).text is None
+
+
+async def test_engine_slot_comes_back_when_the_client_leaves_during_preprocessing(monkeypatch):
+    release, started = threading.Event(), threading.Event()
+    encode = FakeTokenizer.encode
+
+    def gated(self, text, add_special_tokens=True):
+        if text.count("L") >= PREPROCESS_INLINE_CHARS:
+            started.set()
+            assert release.wait(10), "test never released the gate"
+        return encode(self, text[:16], add_special_tokens)
+
+    monkeypatch.setattr(FakeTokenizer, "encode", gated)  # the admission's copies too
+    with trio.fail_after(20):
+        async with open_fake_engine(step_s=0.001) as fake:
+            engine = fake.engine
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(engine.submit, LONG)
+                await wait_thread_event(started)
+                assert engine.num_requests == 1
+                nursery.cancel_scope.cancel()  # the client leaves while its prompt is tokenized
+            assert engine.num_requests == 0  # its slot is back at once
+            release.set()
+            text = "".join([d.text async for d in engine.generate("hi", SamplingParams(max_tokens=2))])
+            stats = engine.statistics()
+    assert len(text) == 2  # served after the long one was dropped (one thread: in order)
+    assert (stats.num_requests, stats.scheduler.num_finished, stats.scheduler.num_aborted) == (0, 1, 0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+from functools import partial
 from typing import Any, Protocol
 
 import attrs
@@ -92,14 +93,18 @@ class AdmissionActor:
             async with trio.open_nursery() as nursery:
                 task_status.started()
                 async for submit in self._submit_recv:
-                    if self._threads == 0 or _prompt_chars(submit.prompt) < PREPROCESS_INLINE_CHARS:
-                        await self._admit(submit, None)
+                    if self._threads == 0:
+                        await self._admit(submit, None, in_thread=False)
                         continue
-                    # Taken here, in arrival order (tasks start in no set order), and given
-                    # back by the task once its prompt is tokenized.
+                    # Every request takes a token here, in arrival order (tasks start in no
+                    # set order), even a short one done inline: with one thread nothing
+                    # overtakes a long prompt. The token is given back once it is tokenized.
                     borrower = object()
                     await self._limiter.acquire_on_behalf_of(borrower)
-                    nursery.start_soon(self._admit, submit, borrower)
+                    if _prompt_chars(submit.prompt) < PREPROCESS_INLINE_CHARS:
+                        await self._admit(submit, borrower, in_thread=False)
+                    else:
+                        nursery.start_soon(partial(self._admit, submit, borrower, in_thread=True))
 
     def _copy_tokenizers(self) -> list[Tokenizer]:
         try:
@@ -108,14 +113,14 @@ class AdmissionActor:
             logger.warning("tokenizer cannot be copied (%s); preprocessing threads share it", exc)
             return [self._tokenizer] * self._threads
 
-    async def _admit(self, submit: Submit, borrower: object | None) -> None:
+    async def _admit(self, submit: Submit, borrower: object | None, *, in_thread: bool) -> None:
         """Preprocess and check one request. Its outbox is closed here unless the scheduler
         gets it (refused, client gone, or cancelled at shutdown)."""
         outbox = submit.outbox
         with contextlib.ExitStack() as owned:
             owned.callback(outbox.close)
             try:
-                prompt_token_ids = await self._preprocess(submit.prompt, outbox, borrower)
+                prompt_token_ids = await self._preprocess(submit.prompt, outbox, borrower, in_thread=in_thread)
                 if prompt_token_ids is None:
                     return  # the client left before its turn: never tokenized
                 params = self.resolve_params(submit.params, len(prompt_token_ids))
@@ -138,12 +143,14 @@ class AdmissionActor:
             await self._admit_send.send(admit)
             owned.pop_all()  # the scheduler owns the outbox now
 
-    async def _preprocess(self, prompt: Prompt, outbox: Outbox, borrower: object | None) -> list[int] | None:
-        """The prompt's token ids (None: the client left first). ``borrower`` holds a limiter
-        token for a thread; None: inline."""
+    async def _preprocess(
+        self, prompt: Prompt, outbox: Outbox, borrower: object | None, *, in_thread: bool
+    ) -> list[int] | None:
+        """The prompt's token ids (None: the client left first), here or in a thread.
+        ``borrower`` holds a limiter token (None: ``preprocess_threads = 0``)."""
         try:
             self.check_media(prompt)
-            if borrower is None:
+            if not in_thread:
                 return self.tokenize(prompt)
             if outbox.statistics().open_receive_channels == 0:
                 return None
