@@ -27,10 +27,8 @@ from .schema_errors import bad, check_position, is_off_value, logit_bias_pairs, 
 
 #: Legacy completions return at most this many alternatives per token (OpenAI's limit).
 MAX_COMPLETION_LOGPROBS = 5
-MAX_NAME_CHARS = schemas.MAX_NAME_CHARS
 _CHAT_NAMES = schemas.field_names(schemas.ChatBody)
 _COMPLETION_NAMES = schemas.field_names(schemas.CompletionBody)
-_MESSAGE_NAMES = schemas.field_names(schemas.MessageIn)
 
 
 @attrs.frozen(kw_only=True)
@@ -105,6 +103,8 @@ def _first_error(body: dict, schema: type, build: Callable) -> InvalidRequestErr
     except InvalidRequestError as later:
         if check_position(schema, later.param) < check_position(schema, next(iter(faults))):
             return later
+    except (msgspec.ValidationError, UnicodeEncodeError):
+        pass  # a fault type_faults did not single out: its safety-net answer below
     return next(iter(faults.values()))
 
 
