@@ -54,6 +54,16 @@ class GatedTokenizer(FakeTokenizer):
         return super().encode(text[:8], add_special_tokens)
 
 
+class RecordingTokenizer(FakeTokenizer):
+    """Keeps the turns the chat template got."""
+
+    turns: list = []
+
+    def apply_chat_template(self, messages, **kwargs):
+        self.turns = messages
+        return super().apply_chat_template(messages, **kwargs)
+
+
 def submit(rid: str, prompt, outbox) -> Submit:
     return Submit(request_id=RequestId(rid), prompt=prompt, params=SamplingParams(), outbox=outbox, arrival_time=0.0)
 
@@ -163,13 +173,15 @@ async def test_media_hashes_become_prefix_cache_keys():
     )  # fmt: skip
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
-            submits, admits = await run_actor(nursery, FakeTokenizer(), 1, limits)
+            tokenizer = RecordingTokenizer()
+            submits, admits = await run_actor(nursery, tokenizer, 1, limits)
             send, _recv = trio.open_memory_channel(4)
             params = SamplingParams(cache_salt="s")
             await submits.send(attrs_evolve(submit("img", image_prompt(), send), params=params))
             admit: Admit = await admits.receive()
             submits.close()
     assert admit.extra_keys == (("image_url", "h1"),)
+    assert tokenizer.turns == [{"role": "user", "content": [{"type": "text", "text": "look: "}, {"type": "image"}]}]
     request = Request(admit, eos_token_ids=(1,))
     assert request.cache_keys == (("cache_salt", "s"), ("image_url", "h1"))
     # ... and the scheduler's cache client sends them with the lookup
