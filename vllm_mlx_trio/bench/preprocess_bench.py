@@ -5,8 +5,9 @@ about 32k tokens is submitted. Its template and tokenizer run on the event loop 
 ``limits.preprocess_threads = 0`` (the old inline path) and in a thread with 1. The table gives
 the inter-token latency (gap between two deltas of one stream) of the eight streams during
 the window from the big submit until its answer (admitted, or refused when the model's
-context is smaller, which still needs the whole prompt tokenized), and the longest gap. Runs
-alternate between the two settings; the row gives the median of the runs and their spread.
+context is smaller, which still needs the whole prompt tokenized), and the longest gap. A
+third row measures the streams alone (no big prompt) for comparison. Runs alternate between
+the paths; each row gives the median of its runs and their spread (min-max).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ BIG_PROMPT_TOKENS = 32_768
 SETTINGS = (0, 1)
 #: Seconds of steady streaming before the big prompt, and measured after its answer.
 SETTLE_S = 0.5
+#: The measured window of the baseline run (no big prompt): about a big prompt's admission.
+BASELINE_WINDOW_S = 0.25
 
 
 async def big_prompt(engine: Engine, num_tokens: int) -> list[dict]:
@@ -58,8 +61,9 @@ async def _admit_big(engine: Engine, prompt: list[dict]) -> str:
         return f"refused ({exc.code})"
 
 
-async def measure_once(engine: Engine, prompt: list[dict]) -> dict:
-    """One run: the streams' gaps while the big prompt is submitted and answered."""
+async def measure_once(engine: Engine, prompt: list[dict] | None) -> dict:
+    """One run: the streams' gaps while the big prompt is submitted and answered (None: no
+    prompt, a window of :data:`BASELINE_WINDOW_S`, for the streams' own ITL)."""
     arrivals: list[list[float]] = [[] for _ in range(NUM_STREAMS)]
     async with trio.open_nursery() as nursery:
         started = [trio.Event() for _ in range(NUM_STREAMS)]
@@ -69,7 +73,11 @@ async def measure_once(engine: Engine, prompt: list[dict]) -> dict:
             await event.wait()
         await trio.sleep(SETTLE_S)
         begin = trio.current_time()
-        outcome = await _admit_big(engine, prompt)
+        if prompt is None:
+            await trio.sleep(BASELINE_WINDOW_S)
+            outcome = "none"
+        else:
+            outcome = await _admit_big(engine, prompt)
         end = trio.current_time()
         await trio.sleep(SETTLE_S)
         nursery.cancel_scope.cancel()
@@ -89,22 +97,27 @@ def _with_threads(cfg: EngineConfig, threads: int) -> EngineConfig:
 async def measure_preprocess(
     cfg: EngineConfig, runs: int = 3, num_tokens: int = BIG_PROMPT_TOKENS, *, executor_factory: Any = None
 ) -> list[dict]:
-    """Alternating runs of each setting; one row per setting (medians, min-max spread)."""
-    results: dict[int, list[dict]] = {t: [] for t in SETTINGS}
+    """Alternating runs of each path; one row per path (medians, min-max spread): inline, in a
+    thread, and the streams alone (the threaded engine, no big prompt)."""
     inline_cfg, threaded_cfg = _with_threads(cfg, SETTINGS[0]), _with_threads(cfg, SETTINGS[1])
     async with (
         open_engine(inline_cfg, executor_factory=executor_factory) as inline,
         open_engine(threaded_cfg, executor_factory=executor_factory) as threaded,
     ):
-        engines = {SETTINGS[0]: inline, SETTINGS[1]: threaded}
         prompt = await big_prompt(inline, num_tokens)
+        paths = {
+            f"inline (preprocess_threads={SETTINGS[0]})": (inline, prompt),
+            f"thread (preprocess_threads={SETTINGS[1]})": (threaded, prompt),
+            "no big prompt (baseline)": (threaded, None),
+        }
+        results: dict[str, list[dict]] = {path: [] for path in paths}
         for _run in range(runs):
-            for threads in SETTINGS:
-                results[threads].append(await measure_once(engines[threads], prompt))
-    return [_row(threads, results[threads], len(prompt[0]["content"])) for threads in SETTINGS]
+            for path, (engine, big) in paths.items():
+                results[path].append(await measure_once(engine, big))
+    return [_row(path, results[path], len(prompt[0]["content"])) for path in paths]
 
 
-def _row(threads: int, runs: list[dict], prompt_chars: int) -> dict:
+def _row(path: str, runs: list[dict], prompt_chars: int) -> dict:
     def spread(key: str, digits: int = 1) -> str:
         values = [r[key] for r in runs if r[key] is not None]
         if not values:
@@ -112,9 +125,9 @@ def _row(threads: int, runs: list[dict], prompt_chars: int) -> dict:
         return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
     return {
-        "path": "inline (preprocess_threads=0)" if threads == 0 else f"thread (preprocess_threads={threads})",
+        "path": path,
         "runs": len(runs),
-        "prompt_chars": prompt_chars,
+        "prompt_chars": prompt_chars if runs[0]["outcome"] != "none" else 0,
         "itl_p95_ms": spread("itl_p95_ms"),
         "max_gap_ms": spread("max_gap_ms"),
         "admit_s": spread("admit_s", 2),
