@@ -234,7 +234,7 @@ def _preprocess(cfg, args: argparse.Namespace) -> int:
     rows = trio.run(measure_preprocess, cfg, args.runs, args.prompt_tokens)
     notes = [
         f"model {cfg.model.path}; {NUM_STREAMS} greedy streams; ~{args.prompt_tokens} prompt tokens once per run",
-        "itl over the window from the big submit to its answer; median (min-max) of the runs",
+        "window_s: from the big submit to its answer; itl over that window; median (min-max) of the runs",
     ]
     title = "== streams while a huge prompt is admitted"
     lines = [title, format_machine(machine_info()), format_table(rows, list(rows[0]))]

@@ -83,7 +83,7 @@ async def measure_once(engine: Engine, prompt: list[dict] | None) -> dict:
         nursery.cancel_scope.cancel()
     gaps = [b - a for times in arrivals for a, b in zip(times, times[1:], strict=False) if b > begin and a < end]
     return {
-        "admit_s": end - begin,
+        "window_s": end - begin,
         "itl_p95_ms": percentile(gaps, 95) * 1000 if gaps else None,
         "max_gap_ms": max(gaps) * 1000 if gaps else None,
         "outcome": outcome,
@@ -130,6 +130,6 @@ def _row(path: str, runs: list[dict], prompt_chars: int) -> dict:
         "prompt_chars": prompt_chars if runs[0]["outcome"] != "none" else 0,
         "itl_p95_ms": spread("itl_p95_ms"),
         "max_gap_ms": spread("max_gap_ms"),
-        "admit_s": spread("admit_s", 2),
+        "window_s": spread("window_s", 2),
         "big_prompt": runs[0]["outcome"],
     }
