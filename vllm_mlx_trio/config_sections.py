@@ -132,6 +132,10 @@ class LimitsConfig:
     engine_stall_timeout_s: float | None = _option(300.0, _in_range(0.001), converter=_to_float)
     #: Largest ``n`` (choices per request) accepted (>= 1); each choice takes an engine slot.
     max_n: int = _option(8, _in_range(1))
+    #: Threads that apply chat templates and tokenize long prompts, off the event loop
+    #: (>= 0). One keeps admission in arrival order; more let a short prompt overtake a long
+    #: one. 0 does it on the event loop, stalling every stream meanwhile (for comparison).
+    preprocess_threads: int = _option(1, _in_range(0))
 
 
 @attrs.frozen(kw_only=True)

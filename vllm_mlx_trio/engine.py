@@ -233,6 +233,8 @@ class Engine:
 
 
 def _as_prompt(prompt: PromptInput) -> str | tuple[ChatMessage, ...]:
+    """Chat turns as ChatMessages; a dict's ``content`` may be a string (one text part) or
+    content parts already built (TextPart, ImagePart...)."""
     if isinstance(prompt, str):
         return prompt
     return tuple(

@@ -10,7 +10,8 @@ not import Trio (``python -c "import vllm_mlx_trio.core"`` stays free of it).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, NewType, TypeAlias
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, ClassVar, NewType, TypeAlias
 
 import attrs
 
@@ -27,13 +28,73 @@ _frozen = attrs.frozen(slots=True, kw_only=True)
 
 
 @_frozen
+class TextPart:
+    """Text in a chat turn."""
+
+    text: str
+
+
+@_frozen
+class ImagePart:
+    """An image in a chat turn: a reference (the bytes, or a path or URL, as given) and a
+    hash of its content that keys the prefix cache. Never pixels or an ``mx.array``: a
+    runner that takes images loads them on its own thread."""
+
+    ref: bytes | str = attrs.field(repr=False)
+    content_hash: str
+    #: The OpenAI content-part type this came as, for error messages.
+    kind: ClassVar[str] = "image_url"
+
+
+@_frozen
+class VideoPart:
+    """A video in a chat turn, referenced and hashed like :class:`ImagePart`."""
+
+    ref: bytes | str = attrs.field(repr=False)
+    content_hash: str
+    kind: ClassVar[str] = "video_url"
+
+
+ContentPart: TypeAlias = TextPart | ImagePart | VideoPart
+MediaPart: TypeAlias = ImagePart | VideoPart
+
+
+def _as_parts(content: str | Iterable[ContentPart | dict]) -> tuple[ContentPart, ...]:
+    """A plain string is one text part (the library API's ``{"content": "hi"}``), and so is an
+    OpenAI text part given as a dict; parts already built are kept."""
+    if isinstance(content, str):
+        return (TextPart(text=content),)
+    return tuple(_as_part(part) for part in content)
+
+
+def _as_part(part: ContentPart | dict) -> ContentPart:
+    if isinstance(part, TextPart | ImagePart | VideoPart):
+        return part
+    if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+        return TextPart(text=part["text"])
+    raise TypeError(f"a content part is a TextPart, ImagePart, VideoPart or a text part dict, not {part!r:.80}")
+
+
+@_frozen
 class ChatMessage:
-    """One chat turn, already reduced to plain text; ``name`` (a participant's name) goes to
-    the chat template as given, for templates that use it."""
+    """One chat turn: its parts in order; ``name`` (a participant's name) goes to the chat
+    template as given, for templates that use it."""
 
     role: str
-    content: str
+    content: tuple[ContentPart, ...] = attrs.field(converter=_as_parts)
     name: str | None = None
+
+    @property
+    def text(self) -> str | None:
+        """The turn as one string when every part is text (what chat templates get), else None."""
+        if all(isinstance(p, TextPart) for p in self.content):
+            return "".join(p.text for p in self.content)  # type: ignore[union-attr]
+        return None
+
+    @property
+    def media(self) -> tuple[tuple[int, MediaPart], ...]:
+        """The media parts with their index in ``content``."""
+        return tuple((i, p) for i, p in enumerate(self.content) if not isinstance(p, TextPart))
 
 
 # -- engine facade -> client (through the request's outbox) -------------------------------
@@ -106,6 +167,14 @@ class Admit:
     params: SamplingParams
     outbox: Outbox
     arrival_time: float
+    #: Prefix-cache keys beyond the params' own (``cache_salt``): the hashes of the prompt's
+    #: media, so blocks are shared only between prompts showing the same images.
+    extra_keys: tuple = ()
+
+    @property
+    def cache_keys(self) -> tuple:
+        """Every extra key of this request's prefix-cache blocks."""
+        return self.params.cache_keys + self.extra_keys
 
 
 # -- SchedulerActor <-> CacheManagerActor ------------------------------------------------

@@ -43,7 +43,7 @@ class CacheClient:
             PrefixLookup(
                 request_id=request.request_id,
                 prompt_token_ids=request.all_token_ids,
-                extra_keys=request.params.cache_keys,
+                extra_keys=request.cache_keys,
             )
         )
         match = await self._recv.receive()

@@ -187,6 +187,7 @@ def _admission(
             max_stop_sequences=cfg.limits.max_stop_sequences,
             vocab_size=model_info.vocab_size,
         ),
+        preprocess_threads=cfg.limits.preprocess_threads,
     )
 
 

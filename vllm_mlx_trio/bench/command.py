@@ -79,6 +79,11 @@ def add_bench_parser(commands, config_args: ConfigArgs) -> None:
     ttft.add_argument("--samples", type=int, default=8, help="samples per path (default 8)")
     ttft.add_argument("--json", dest="json_path", default=None, help="also write the rows here")
 
+    pre = sub.add_parser("preprocess", help="ITL of 8 streams while a 32k-token prompt is admitted")
+    config_args(pre)
+    pre.add_argument("--runs", type=_positive, default=3, help="runs per setting, alternating (default 3)")
+    pre.add_argument("--prompt-tokens", type=_positive, default=32_768, help="big prompt size (default 32768)")
+
     prefix = sub.add_parser("prefix-cache", help="pass/fail table of prefix-cache hits and misses")
     config_args(prefix)
     prefix.add_argument("--model", default=None, help="model path (default: the config's, demo:tiny)")
@@ -123,6 +128,8 @@ def run_bench(cfg, args: argparse.Namespace) -> int:
         return _single(cfg, args)
     if args.bench_command == "ttft":
         return _ttft(cfg, args)
+    if args.bench_command == "preprocess":
+        return _preprocess(cfg, args)
     if args.bench_command == "soak":
         from .soak import run_soak_command
 
@@ -214,4 +221,22 @@ def _ttft(cfg, args: argparse.Namespace) -> int:
     print(format_section("time to first token, idle", rows, machine, notes), flush=True)
     if args.json_path:
         write_json(args.json_path, {"kind": "ttft", "model": cfg.model.path, "machine": machine, "rows": rows})
+    return 0
+
+
+def _preprocess(cfg, args: argparse.Namespace) -> int:
+    import trio
+
+    from .machine import format_machine, machine_info
+    from .preprocess_bench import NUM_STREAMS, measure_preprocess
+    from .report import format_table
+
+    rows = trio.run(measure_preprocess, cfg, args.runs, args.prompt_tokens)
+    notes = [
+        f"model {cfg.model.path}; {NUM_STREAMS} greedy streams; ~{args.prompt_tokens} prompt tokens once per run",
+        "window_s: from the big submit to its answer; itl over that window; median (min-max) of the runs",
+    ]
+    title = "== streams while a huge prompt is admitted"
+    lines = [title, format_machine(machine_info()), format_table(rows, list(rows[0]))]
+    print("\n".join(lines + [f"note: {n}" for n in notes]), flush=True)
     return 0

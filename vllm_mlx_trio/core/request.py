@@ -39,6 +39,7 @@ class Request:
         "request_id",
         "prompt_token_ids",
         "params",
+        "cache_keys",
         "outbox",
         "arrival_time",
         "status",
@@ -59,6 +60,8 @@ class Request:
         self.request_id: RequestId = admit.request_id
         self.prompt_token_ids = admit.prompt_token_ids
         self.params: SamplingParams = admit.params
+        #: Extra keys of its prefix-cache blocks: the cache salt and the media hashes.
+        self.cache_keys: tuple = admit.cache_keys
         self.outbox: Outbox = admit.outbox
         self.arrival_time = admit.arrival_time
         self.status = RequestStatus.WAITING

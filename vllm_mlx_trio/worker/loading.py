@@ -47,6 +47,8 @@ def load_model(model_cfg: ModelConfig) -> tuple[Any, Any, dict]:
             f"could not load model {model_cfg.path!r}: {type(exc).__name__}: {exc}"
         ) from exc
     if model_cfg.chat_template is not None:
+        # The last change to the tokenizer on this thread: it is handed to the Trio side in
+        # ModelInfo and never touched here again (docs/architecture.md, "Who owns the tokenizer").
         tokenizer._tokenizer.chat_template = model_cfg.chat_template
     return model, tokenizer, config
 
