@@ -37,6 +37,7 @@ DRAIN_POLL_S = 0.05
 def hypercorn_config(cfg: EngineConfig) -> hypercorn.Config:
     hc = hypercorn.Config()
     hc.bind = [f"{cfg.server.host}:{cfg.server.port}"]
+    hc.backlog = cfg.server.backlog  # a burst of clients waits in the queue instead of being reset
     hc.graceful_timeout = cfg.server.drain_timeout_s  # in-flight streams get this long on stop
     hc.accesslog = None
     hc.errorlog = logging.getLogger("hypercorn.error")
