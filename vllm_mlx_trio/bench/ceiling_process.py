@@ -49,12 +49,9 @@ class CeilingProcess:
     """
 
     def __init__(self, cfg: EngineConfig):
-        package_root = pathlib.Path(__file__).resolve().parents[2]  # the child imports this same package
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(package_root),
-                                                                           os.environ.get("PYTHONPATH")]))}  # fmt: skip
         self._child = subprocess.Popen(
             [sys.executable, "-m", "vllm_mlx_trio.worker.ceiling"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_child_environ(),
         )  # fmt: skip
         try:
             self.machine: dict = self._call("load", config=config_to_dict(cfg))
@@ -109,3 +106,11 @@ class CeilingProcess:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _child_environ() -> dict[str, str]:
+    """This environment, with this package's directory first on the path: the child runs the
+    same code as the benchmark (a source checkout, not another installed copy)."""
+    package_root = str(pathlib.Path(__file__).resolve().parents[2])
+    path = [package_root, *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
