@@ -136,11 +136,15 @@ async def test_real_model_drops_a_cancelled_request_after_the_steps_in_flight(mo
     # Record every plan the real runner executes, and the thread it runs on.
     runner = SimpleRunner if mode == "simple" else BatchRunner
     plans, threads = [], set()
+    dropped = trio.Event()  # set (from the model thread) by the plan that drops "cancel-me"
+    trio_token = trio.lowlevel.current_trio_token()
     execute = runner.execute
 
     def recording_execute(self, plan):
         threads.add(threading.current_thread().name)
         plans.append(plan)
+        if "cancel-me" in plan.finished_ids:
+            trio_token.run_sync_soon(dropped.set)
         return execute(self, plan)
 
     monkeypatch.setattr(runner, "execute", recording_execute)
@@ -160,9 +164,8 @@ async def test_real_model_drops_a_cancelled_request_after_the_steps_in_flight(mo
             assert scope.cancelled_caught
             assert engine.statistics().num_requests == 0  # the slot is back at once
 
-            # The model thread is not gated: wait (real time) for the plan that drops it.
-            while not any("cancel-me" in p.finished_ids for p in plans):
-                await trio.sleep(0.01)
+            # The model thread is not gated: wait for the plan that drops it.
+            await dropped.wait()
             stats = engine.statistics()
             assert "cancel-me" not in stats.scheduler.running_ids
             assert stats.scheduler.num_aborted == 1 and stats.cache.num_leased == 0

@@ -184,3 +184,54 @@ def test_ttft_rows_report_medians_and_distance_to_the_ceiling():
     assert by_path["engine batched"]["ttft_p50_ms"] == 14.0
     assert by_path["engine batched"]["vs_ceiling_ms"] == 3.0
     assert by_path["engine simple"]["ttft_max_ms"] == 30.0
+
+
+def test_shipped_code_imports_nothing_from_testing():
+    """bench/ and everything else outside vllm_mlx_trio/testing/ use only the public pieces."""
+    import ast
+    import pathlib
+
+    package = pathlib.Path(__file__).resolve().parents[1] / "vllm_mlx_trio"
+    offenders = []
+    for path in package.rglob("*.py"):
+        if "testing" in path.relative_to(package).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                names = [("." * node.level) + (node.module or "")]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            offenders += [f"{path.relative_to(package)}: {n}" for n in names if "testing" in n.split(".")]
+    assert not offenders
+
+
+CEILING_IN_A_CHILD = """
+import sys
+from vllm_mlx_trio.bench.ceiling_bench import run_ceiling_bench
+from vllm_mlx_trio.bench.workload import Workload
+from vllm_mlx_trio.config import load_config
+
+cfg = load_config(None, overrides=["model.demo_cache_dir=" + sys.argv[1]], environ={})
+result = run_ceiling_bench(cfg, Workload(max_tokens=3, concurrency=(1, 2), min_requests=2))
+print([row["tok_per_req"] for row in result.rows], result.machine["device"], "mlx.core" in sys.modules)
+"""
+
+
+@pytest.mark.mlx
+def test_the_ceiling_runs_mlx_in_a_child_process_only(demo_cache_dir):
+    out = subprocess.run([sys.executable, "-c", CEILING_IN_A_CHILD, demo_cache_dir], capture_output=True,
+                         text=True, timeout=300, check=True).stdout  # fmt: skip
+    rows, device, mlx_here = out.strip().rsplit(" ", 2)
+    assert rows == "['3', '3']" and device != "n/a" and mlx_here == "False", out
+
+
+def test_the_ceiling_process_reports_failures():
+    import io
+
+    from vllm_mlx_trio.worker.ceiling import serve_commands
+
+    replies = io.StringIO()
+    serve_commands(io.StringIO('{"op": "encode", "messages": []}\n'), replies)
+    assert json.loads(replies.getvalue()) == {"error": "RuntimeError: 'encode' before 'load'"}

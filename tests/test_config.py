@@ -359,7 +359,7 @@ def test_round_trip_with_every_option_set():
     template = '{% for m in messages %}{{ m.role }}: "{{ m.content }}"\n{% endfor %}'
     data = {
         "server": {"host": "0.0.0.0", "port": 0, "drain_timeout_s": 2.5, "served_model_name": "m",
-                   "api_key_file": "/etc/keys", "cors_origins": ["https://a.example", "*"]},
+                   "api_key_file": "/etc/keys", "cors_origins": ["https://a.example", "*"], "backlog": 512},
         "model": {"path": "demo:small", "revision": "abc", "trust_remote_code": True,
                   "chat_template": template, "demo_cache_dir": "/tmp/demo"},
         "engine": {"mode": "simple", "prefill_step_size": 64, "max_num_seqs": 3,

@@ -45,6 +45,9 @@ class ServerConfig:
     #: Origins allowed to call the API from a browser (CORS), e.g. ["https://app.example.com"];
     #: "*" allows any. Empty: no CORS headers are sent.
     cors_origins: tuple[str, ...] = _option((), _origins, converter=_to_tuple)
+    #: Connections the listener queues before the server accepts them (>= 1; the OS caps it at
+    #: its somaxconn). Too small, and a burst of clients gets connection resets, not answers.
+    backlog: int = _option(2048, _in_range(1))
 
 
 @attrs.frozen(kw_only=True)

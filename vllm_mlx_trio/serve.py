@@ -35,6 +35,7 @@ DRAIN_ERROR_MARGIN_S = 1.0
 def hypercorn_config(cfg: EngineConfig) -> hypercorn.Config:
     hc = hypercorn.Config()
     hc.bind = [f"{cfg.server.host}:{cfg.server.port}"]
+    hc.backlog = cfg.server.backlog  # a burst of clients waits in the queue instead of being reset
     hc.graceful_timeout = cfg.server.drain_timeout_s  # in-flight streams get this long on stop
     hc.accesslog = None
     hc.errorlog = logging.getLogger("hypercorn.error")

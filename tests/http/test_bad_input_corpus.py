@@ -219,7 +219,8 @@ def f_unknown_field(rng: random.Random) -> Bad:
     known = CHAT_TYPED.keys() | COMPLETION_TYPED.keys() | {"model", "messages", "prompt", "stop", "user"}
     name = rng.choice(["frobnicate", "functions", "function_call", "modalities", "prediction", "audio",
                        "metadata", "store", "service_tier", "reasoning_effort", "Model", "MESSAGES", " model",
-                       "max-tokens", "temperature ", "", "x" * rng.randint(1, 40), "\u00e9t\u00e9", "日本"])  # fmt: skip
+                       "max-tokens", "temperature ", "", "x" * rng.randint(1, 40), "\u00e9t\u00e9",
+                       "日本"])  # fmt: skip
     assert name not in known
     body[name] = rng.choice([1, "x", None, [], {}, True])
     return Bad("unknown field", CHAT if chat else COMPLETIONS, _dump(body), 400)
@@ -511,7 +512,8 @@ def large_bodies() -> tuple[Bad, ...]:
         Bad("exactly the limit, not JSON", CHAT, b"x" * MAX_BODY, 400),
         Bad("limit + 1", CHAT, b'{"model": "' + b"a" * (MAX_BODY - 10), 413),
         Bad("~10 MB", CHAT, json.dumps({"model": MODEL, "prompt": "a" * (10 * mb)}).encode(), 413),
-        Bad("~10 MB chat", CHAT, json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "b" * (10 * mb)}]}).encode(), 413),
+        Bad("~10 MB chat", CHAT,
+            json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "b" * (10 * mb)}]}).encode(), 413),
     )  # fmt: skip
 
 
@@ -702,11 +704,13 @@ _not_bool = st.one_of(st.integers(), st.floats(**_finite), st.text(max_size=5), 
 
 def _outside(lo: float, hi: float, *, low_open: bool = False):
     """Finite floats (or ints) outside [lo, hi] ((lo, hi] when low_open)."""
-    below = st.floats(max_value=lo, exclude_max=not low_open, **_finite).filter(lambda x: x < lo or (low_open and x == lo))
+    below = st.floats(max_value=lo, exclude_max=not low_open, **_finite).filter(
+        lambda x: x < lo or (low_open and x == lo))
     above = st.floats(min_value=hi, exclude_min=True, **_finite)
     # Integers stay within float range: beyond it is pinned separately (see FORMER_BUGS).
     top = math.floor(lo) - (0 if low_open and lo == int(lo) else 1)
-    ints = st.one_of(st.integers(min_value=-(10**100), max_value=top), st.integers(min_value=math.floor(hi) + 1, max_value=10**100))
+    ints = st.one_of(st.integers(min_value=-(10**100), max_value=top),
+                     st.integers(min_value=math.floor(hi) + 1, max_value=10**100))
     return st.one_of(below, above, ints, _not_number)  # fmt: skip
 
 
@@ -735,9 +739,11 @@ WRONG_VALUES: dict[str, st.SearchStrategy] = {
         st.integers(),
         st.just(""),
     ),
-    "stop_token_ids": st.lists(st.one_of(st.integers(max_value=-1), st.integers(min_value=VOCAB)), min_size=1, max_size=4),
+    "stop_token_ids": st.lists(st.one_of(st.integers(max_value=-1), st.integers(min_value=VOCAB)),
+                               min_size=1, max_size=4),
     "logit_bias": st.one_of(
-        st.dictionaries(st.from_regex(r"[0-9]{0,3}[^0-9][0-9]{0,3}", fullmatch=True).filter(lambda k: len(k) < 12), st.integers(-100, 100), min_size=1, max_size=3),
+        st.dictionaries(st.from_regex(r"[0-9]{0,3}[^0-9][0-9]{0,3}", fullmatch=True).filter(lambda k: len(k) < 12),
+                        st.integers(-100, 100), min_size=1, max_size=3),
         st.dictionaries(st.integers(0, VOCAB - 1).map(str), _outside(-100.0, 100.0), min_size=1, max_size=3),
         st.dictionaries(st.integers(VOCAB, 10**9).map(str), st.integers(-100, 100), min_size=1, max_size=3),
     ),
@@ -777,7 +783,8 @@ async def test_hypothesis_wrong_values_one_by_one(fake_cfg, caplog):
         async with fake_server(fake_cfg) as srv, httpx.AsyncClient(timeout=10) as http:
             for field, value in cases:
                 body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, field: value}
-                bad = Bad(f"hypothesis: {field}={value!r:.80}", CHAT, json.dumps(body).encode(), 404 if field == "model" else 400)
+                bad = Bad(f"hypothesis: {field}={value!r:.80}", CHAT, json.dumps(body).encode(),
+                          404 if field == "model" else 400)
                 error = check_error(await post(http, srv.url, bad), bad)
                 seen.append((field, error["param"]))
             good = await run_good(http, srv.url, *good_requests()[0])
@@ -828,12 +835,17 @@ FORMER_BUGS = [
         id="control-chars-in-model",
     ),
     pytest.param(
-        json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "user": 5}).encode(),
+        json.dumps(
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "user": 5}
+        ).encode(),
         400,
         id="user-wrong-type",
     ),
     pytest.param(
-        json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2, "parallel_tool_calls": 1, "best_of": True}).encode(),
+        json.dumps(
+            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+             "parallel_tool_calls": 1, "best_of": True}
+        ).encode(),
         400,
         id="not-yet-field-compared-by-equality",
     ),

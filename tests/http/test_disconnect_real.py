@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_mlx_trio.config import load_config
 from vllm_mlx_trio.testing.harness import open_server
+from vllm_mlx_trio.testing.polling import wait_until
 
 pytestmark = pytest.mark.mlx
 
@@ -78,11 +79,15 @@ async def request_status(http: httpx.AsyncClient, url: str, request_id: str) -> 
 
 async def wait_phase(http: httpx.AsyncClient, url: str, request_id: str, phase: str) -> dict:
     """Poll ``/v1/status`` until the request is in ``phase``; its entry."""
+    seen = []
+
+    async def entry() -> dict | None:
+        seen.append(await request_status(http, url, request_id))
+        return seen[-1]
+
     with trio.move_on_after(LEAVE_S):
-        while (entry := await request_status(http, url, request_id)) is None or entry["phase"] != phase:
-            await trio.sleep(0.005)
-        return entry
-    raise AssertionError(f"{request_id} never reached phase {phase!r}: last seen {entry}")
+        return await wait_until(entry, until=lambda e: e is not None and e["phase"] == phase, poll_s=0.005)
+    raise AssertionError(f"{request_id} never reached phase {phase!r}: last seen {seen[-1:]}")
 
 
 async def disconnects(http: httpx.AsyncClient, url: str) -> float:
@@ -107,8 +112,7 @@ def num_steps(engine) -> int:
 async def steps_until_gone(engine, request_id: str, steps_before: int) -> int:
     """Wait (bounded) until the scheduler drops the request; the steps run since ``steps_before``."""
     with trio.move_on_after(LEAVE_S):
-        while held(engine, request_id):
-            await trio.sleep(0.001)
+        await wait_until(lambda: not held(engine, request_id), poll_s=0.001)
         return num_steps(engine) - steps_before
     raise AssertionError(f"{request_id} still held {LEAVE_S} s after its client left")
 
@@ -131,16 +135,15 @@ async def assert_released(http: httpx.AsyncClient, srv, before: Before):
     """Bounded: the engine goes idle with nothing leased; one abort, one counted disconnect."""
     engine = srv.engine
     with trio.move_on_after(LEAVE_S):
-        while (stats := engine.statistics()).num_requests or stats.cache.num_leased:
-            await trio.sleep(0.01)
+        await wait_until(engine.statistics, until=lambda s: not s.num_requests and not s.cache.num_leased, poll_s=0.01)
+    stats = engine.statistics()
     assert stats.num_requests == 0, stats
     assert stats.scheduler.num_running == 0 and stats.scheduler.num_waiting == 0, stats.scheduler
     assert stats.cache.num_leased == 0 and stats.cache.pool.num_in_use == 0, stats.cache
     assert stats.cache.pool.num_shared == 0, stats.cache.pool
     assert stats.scheduler.num_aborted == before.num_aborted + 1, stats.scheduler
     with trio.move_on_after(LEAVE_S):  # counted as the handler unwinds
-        while await disconnects(http, srv.url) < before.disconnects + 1:
-            await trio.sleep(0.01)
+        await wait_until(lambda: disconnects(http, srv.url), until=lambda n: n >= before.disconnects + 1, poll_s=0.01)
     assert await disconnects(http, srv.url) == before.disconnects + 1
     return stats
 

@@ -11,6 +11,7 @@ import trio
 
 from vllm_mlx_trio.testing.fake_executor import text_script
 from vllm_mlx_trio.testing.harness import fake_executor_factory, open_server
+from vllm_mlx_trio.testing.polling import engine_idle, wait_until
 
 MODEL = "demo:tiny"
 CHAT = [{"role": "user", "content": "hi"}]
@@ -160,7 +161,6 @@ async def test_disconnect_mid_stream_frees_the_request(fake_cfg):
                     for _ in range(6):
                         await lines.__anext__()
             # the client has gone: within a few steps the engine holds nothing for it
-            while srv.engine.statistics().num_requests or srv.engine.statistics().scheduler.num_running:
-                await trio.sleep(0.01)
+            await wait_until(srv.engine.statistics, until=engine_idle, poll_s=0.01)
             stats = srv.engine.statistics()
     assert stats.scheduler.num_aborted == 1 and stats.cache.num_leased == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import httpx
 import trio
@@ -22,9 +24,15 @@ async def test_health_says_loading_until_the_model_is_ready(fake_cfg):
         return executor
 
     url = f"http://127.0.0.1:{port}"
+    serving = trio.Event()  # serve() reports started once the real app listens
+
+    async def run_server(nursery: trio.Nursery) -> None:
+        await nursery.start(functools.partial(serve, cfg, shutdown_trigger=stop.wait, executor_factory=factory))
+        serving.set()
+
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(lambda: serve(cfg, shutdown_trigger=stop.wait, executor_factory=factory))
+            nursery.start_soon(run_server, nursery)
             async with httpx.AsyncClient(timeout=5) as client:
                 while True:  # the loading app binds first
                     try:
@@ -34,12 +42,13 @@ async def test_health_says_loading_until_the_model_is_ready(fake_cfg):
                         await trio.sleep(0.02)
                 models = await client.get(f"{url}/v1/models")
                 loaded.set()
-                while (ready := await _health(client, url)) is None or ready.status_code != 200:
-                    await trio.sleep(0.02)
+                await serving.wait()
+                ready = await _health(client, url)
             stop.set()
     assert (loading.status_code, loading.json()) == (503, {"status": "loading"})
     assert models.status_code == 503 and models.headers["retry-after"]
     assert models.json()["error"]["code"] == "model_loading"
+    assert ready is not None and ready.status_code == 200
     assert ready.json() == {"status": "ok"}
 
 

@@ -12,6 +12,7 @@ import trio
 
 from vllm_mlx_trio import SamplingParams, open_engine
 from vllm_mlx_trio.testing.harness import open_server
+from vllm_mlx_trio.testing.polling import engine_idle, wait_until
 
 pytestmark = pytest.mark.mlx
 
@@ -85,8 +86,7 @@ async def test_disconnect_mid_stream_leaves_no_state(demo_cfg):
                     lines = resp.aiter_lines()
                     for _ in range(6):
                         await lines.__anext__()
-            while srv.engine.statistics().scheduler.num_running or srv.engine.statistics().num_requests:
-                await trio.sleep(0.05)
+            await wait_until(srv.engine.statistics, until=engine_idle, poll_s=0.05)
             stats = srv.engine.statistics()
             async with client(srv.url) as c:  # and the engine still serves
                 after = await c.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5)

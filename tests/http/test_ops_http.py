@@ -20,6 +20,7 @@ from vllm_mlx_trio.http.request_log import MAX_REQUEST_ID_CHARS, request_id_from
 from vllm_mlx_trio.logs import FIELDS, TextFormatter, configure_logging, escape_control, logfmt, make_formatter
 from vllm_mlx_trio.testing.fake_executor import StepGate, text_script
 from vllm_mlx_trio.testing.harness import fake_executor_factory, open_server
+from vllm_mlx_trio.testing.polling import wait_until
 
 MODEL = "demo:tiny"
 TEXT = "Hello, world!"
@@ -59,9 +60,7 @@ async def scrape(http: httpx.AsyncClient, url: str) -> str:
 
 async def poll(fetch, predicate, interval: float = 0.01):
     """``await fetch()`` until ``predicate`` holds for its value; that value."""
-    while not predicate(value := await fetch()):
-        await trio.sleep(interval)
-    return value
+    return await wait_until(fetch, until=predicate, poll_s=interval)
 
 
 def request_lines(caplog) -> list[logging.LogRecord]:

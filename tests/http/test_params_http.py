@@ -20,6 +20,7 @@ from vllm_mlx_trio.messages import Accepted, RequestFailed, RequestId, RequestOu
 from vllm_mlx_trio.stream import RequestStream, Usage
 from vllm_mlx_trio.testing.fake_executor import FakeExecutor, FakeTokenizer, text_script
 from vllm_mlx_trio.testing.harness import open_server
+from vllm_mlx_trio.testing.polling import engine_idle, wait_until
 
 MODEL = "demo:tiny"
 CHAT = [{"role": "user", "content": "hi"}]
@@ -286,8 +287,7 @@ async def test_disconnect_mid_stream_aborts_every_choice(fake_cfg):
                     lines = resp.aiter_lines()
                     for _ in range(12):
                         await lines.__anext__()
-            while srv.engine.statistics().num_requests or srv.engine.statistics().scheduler.num_running:
-                await trio.sleep(0.01)
+            await wait_until(srv.engine.statistics, until=engine_idle, poll_s=0.01)
             stats = srv.engine.statistics()
     assert stats.scheduler.num_aborted == 3 and stats.cache.num_leased == 0
 

@@ -11,6 +11,7 @@ import trio
 
 from vllm_mlx_trio.testing.fake_executor import StepGate
 from vllm_mlx_trio.testing.harness import fake_executor_factory, open_server
+from vllm_mlx_trio.testing.polling import wait_until
 
 CHAT = [{"role": "user", "content": "hello"}]
 
@@ -30,8 +31,7 @@ async def test_control_endpoints_answer_while_saturated(fake_cfg):
             async with httpx.AsyncClient(timeout=5) as client, trio.open_nursery() as nursery:
                 for _ in range(4):  # 2 running + 2 waiting: the engine is full
                     nursery.start_soon(functools.partial(client.post, f"{srv.url}/v1/chat/completions", json=body))
-                while srv.engine.statistics().num_requests < 4:
-                    await trio.sleep(0.01)
+                await wait_until(lambda: srv.engine.statistics().num_requests >= 4, poll_s=0.01)
                 replies = {
                     path: await client.get(f"{srv.url}{path}") for path in ("/health", "/metrics", "/v1/models")
                 }

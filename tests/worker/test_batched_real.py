@@ -155,10 +155,13 @@ async def test_long_prompt_prefill_is_chunked_between_decode_steps(float32_dir):
     """While a long prompt prefills in 16-token chunks, a running stream keeps getting tokens."""
     long_prompt = [{"role": "user", "content": "the sea and the sky " * 120}]
     arrivals: list[str] = []
+    streaming = trio.Event()  # the short stream has its first 5 tokens
 
     async def short():
         async for delta in engine.generate(chat(1), attrs.evolve(GREEDY, max_tokens=200)):
             arrivals.extend("s" * len(delta.token_ids))
+            if len(arrivals) >= 5:
+                streaming.set()
 
     async def long(started: trio.Event):
         await started.wait()
@@ -173,8 +176,7 @@ async def test_long_prompt_prefill_is_chunked_between_decode_steps(float32_dir):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(short)
                 nursery.start_soon(long, started)
-                while len(arrivals) < 5:
-                    await trio.sleep(0.01)
+                await streaming.wait()
                 started.set()
     window = arrivals[arrivals.index("L-submitted") : arrivals.index("L")]
     # ~600 prompt tokens at 16 per step: dozens of steps, each one decoding the short stream

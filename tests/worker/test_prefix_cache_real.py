@@ -15,6 +15,7 @@ import trio
 from vllm_mlx_trio import SamplingParams, open_engine
 from vllm_mlx_trio.actors.executor import ExecutorActor
 from vllm_mlx_trio.config import load_config
+from vllm_mlx_trio.testing.polling import wait_until
 
 pytestmark = pytest.mark.mlx
 
@@ -179,9 +180,7 @@ async def run_many(engine, jobs: dict, *, concurrency: int, params: SamplingPara
 async def eventually(predicate: Callable[[], bool], timeout_s: float = 10.0) -> bool:
     """Poll ``predicate`` until it holds (True) or ``timeout_s`` passes (False)."""
     with trio.move_on_after(timeout_s):
-        while not predicate():
-            await trio.sleep(0.005)
-        return True
+        return await wait_until(predicate, poll_s=0.005)
     return False
 
 

@@ -1,8 +1,9 @@
-"""``bench ceiling``: mlx-lm's own loops in-process, the figures the engine is measured against.
+"""``bench ceiling``: mlx-lm's own loops, the figures the engine is measured against.
 
 Concurrency 1 runs ``generate_step`` one request at a time; every higher level inserts that
 many prompts at once into mlx-lm's ``BatchGenerator`` (TTFT is from the insert to each
 sequence's first token). Greedy, no EOS stop: every request yields exactly ``max_tokens``.
+The loops run in a child process of their own (:class:`CeilingProcess`).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import attrs
 
 from ..config import EngineConfig
+from .ceiling_process import CeilingProcess
 from .stats import RequestTrace, add_ratio, summarize
 from .workload import PromptBlocks, Workload, chat
 
@@ -19,6 +21,8 @@ class CeilingResult:
     rows: list[dict]
     #: concurrency -> aggregate completion tokens/s: what the engine's rows are divided by.
     agg_tok_s: dict[int, float]
+    #: The machine info of the process that ran the loops (its MLX device and BLAS).
+    machine: dict
 
     def reference(self, concurrency: int) -> float | None:
         return self.agg_tok_s.get(concurrency)
@@ -44,13 +48,10 @@ def traces_from_runs(runs) -> list[RequestTrace]:
 
 
 def run_ceiling_bench(cfg: EngineConfig, workload: Workload) -> CeilingResult:
-    """Load the model once on this thread, run every level, and free the model again."""
-    from ..worker.ceiling import CeilingModel
-
-    model = CeilingModel(cfg.model, cfg.engine)
+    """Load the model once in a child process, run every level, and end the child again."""
     blocks = PromptBlocks()
     rows, agg = [], {}
-    try:
+    with CeilingProcess(cfg) as model:
         for concurrency in workload.concurrency:
             prompts = [chat(p) for p in blocks.take(workload.num_requests(concurrency))]
             if concurrency == 1:
@@ -60,12 +61,10 @@ def run_ceiling_bench(cfg: EngineConfig, workload: Workload) -> CeilingResult:
             row = summarize(path_name(concurrency), concurrency, traces_from_runs(runs))
             rows.append(add_ratio(row, row["agg_tok_s"]))
             agg[concurrency] = row["agg_tok_s"]
-    finally:
-        model.close()
-    return CeilingResult(rows=rows, agg_tok_s=agg)
+    return CeilingResult(rows=rows, agg_tok_s=agg, machine=model.machine)
 
 
-def _batched(model, prompts: list[list[dict]], concurrency: int, max_tokens: int):
+def _batched(model: CeilingProcess, prompts: list[list[dict]], concurrency: int, max_tokens: int):
     """Waves of ``concurrency`` prompts, each wave one BatchGenerator run."""
     runs = []
     for i in range(0, len(prompts), concurrency):

@@ -188,10 +188,10 @@ async def bench_url(
 async def bench_own_server(cfg, workload: Workload, *, ignore_eos: str = "auto", seeds: bool = True,
                            executor_factory=None) -> dict:  # fmt: skip
     """Start our server in-process on a free port and run :func:`bench_url` against it."""
-    from ..testing.harness import open_server
+    from ..local_server import open_local_server
 
     cfg = attrs.evolve(cfg, server=attrs.evolve(cfg.server, port=0, drain_timeout_s=1.0))
-    async with open_server(cfg, executor_factory=executor_factory) as srv:
+    async with open_local_server(cfg, executor_factory=executor_factory) as srv:
         label = f"our HTTP ({cfg.engine.mode})"
         return await bench_url(srv.url, workload, model=cfg.model_name, ignore_eos=ignore_eos,
                                label=label, seeds=seeds)  # fmt: skip

@@ -90,17 +90,14 @@ def _version(package: str) -> str:
         return "not installed"
 
 
-def machine_info(*, server_pid: int | None = None) -> dict:
+def machine_info(*, server_pid: int | None = None, device: str | None = None) -> dict:
     """Platform, CPUs, MLX version and device, and the BLAS of the MLX process.
 
     The MLX process is this one unless ``server_pid`` names another (a peer server). The
-    device is only asked of MLX when this process already imported it.
+    device, unless given, is only asked of MLX when this process already imported it.
     """
-    device = "n/a (mlx not loaded in this process)"
-    if "mlx.core" in sys.modules:
-        from ..worker.ceiling import mlx_device
-
-        device = mlx_device()
+    if device is None:
+        device = _device_of_this_process()
     if server_pid is None and "mlx.core" not in sys.modules:
         blas = "n/a (mlx not loaded in this process)"
     else:
@@ -114,6 +111,14 @@ def machine_info(*, server_pid: int | None = None) -> dict:
         "device": device,
         "blas": blas,
     }
+
+
+def _device_of_this_process() -> str:
+    if "mlx.core" not in sys.modules:
+        return "n/a (mlx not loaded in this process)"
+    from ..worker.ceiling import mlx_device
+
+    return mlx_device()
 
 
 def format_machine(info: dict) -> str:

@@ -1,8 +1,8 @@
 """``vllm-mlx-trio bench single``: one streamed request at a time, against mlx-lm's own loop.
 
-Three paths on the same prompts and the same greedy tokens, in one process, one after the
-other: mlx-lm's ``generate_step`` loop (the ceiling), our engine in-process (``open_engine``),
-and our HTTP server over a real socket (streaming). Figures are medians over the prompts;
+Three paths on the same prompts and the same greedy tokens, one after the other: mlx-lm's
+``generate_step`` loop (the ceiling, in a child process of its own), our engine in-process
+(``open_engine``), and our HTTP server over a real socket (streaming). Figures are medians over the prompts;
 the last column is the ratio of decode speed to the ceiling's.
 """
 
@@ -19,7 +19,8 @@ import trio
 from ..config import EngineConfig
 from ..core.params import SamplingParams
 from ..engine import open_engine
-from ..testing.harness import open_server
+from ..local_server import open_local_server
+from .ceiling_process import CeilingProcess
 from .report import format_table as _format_table
 from .workload import SEED_PROMPTS
 
@@ -64,7 +65,7 @@ async def _engine_timings(cfg: EngineConfig, max_tokens: int) -> list[Timing]:
 async def _http_timings(cfg: EngineConfig, max_tokens: int) -> list[Timing]:
     cfg = attrs.evolve(cfg, server=attrs.evolve(cfg.server, port=0, drain_timeout_s=1.0))
     timings = []
-    async with open_server(cfg) as srv, httpx.AsyncClient(timeout=600) as http:
+    async with open_local_server(cfg) as srv, httpx.AsyncClient(timeout=600) as http:
         for prompt in (PROMPTS[0], *PROMPTS):
             body = {
                 "model": cfg.model_name, "messages": _chat(prompt), "max_tokens": max_tokens,
@@ -103,9 +104,8 @@ def _row(name: str, timings: list[Timing], ceiling_tps: float) -> dict:
 
 def run_single(cfg: EngineConfig, *, max_tokens: int) -> list[dict]:
     """Run the three paths; return one row per path (the ceiling first)."""
-    from ..worker.ceiling import run_ceiling
-
-    ceiling = run_ceiling(cfg.model, [_chat(p) for p in PROMPTS], num_tokens=max_tokens)
+    with CeilingProcess(cfg) as process:
+        ceiling = process.single([_chat(p) for p in PROMPTS], num_tokens=max_tokens)
     ceiling_timings = [
         Timing(num_tokens=len(r.token_ids), ttft_s=r.ttft_s, total_s=r.total_s) for r in ceiling
     ]

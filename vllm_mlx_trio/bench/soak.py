@@ -174,13 +174,13 @@ async def run_mix(http: httpx.AsyncClient, requests: list[SoakRequest], options:
 
 async def run_soak(cfg, options: SoakOptions, *, executor_factory=None) -> SoakResult:
     """Start our server in-process, warm up, measure, soak, measure again."""
-    from ..testing.harness import open_server
+    from ..local_server import open_local_server
 
     cfg = attrs.evolve(cfg, server=attrs.evolve(cfg.server, host="127.0.0.1", port=0, drain_timeout_s=1.0))
     if cfg.cache.memory_mb is None:
         cfg = attrs.evolve(cfg, cache=attrs.evolve(cfg.cache, memory_mb=SOAK_CACHE_MB))
     model, timeout = cfg.model_name, options.quiesce_timeout_s
-    async with open_server(cfg, executor_factory=executor_factory) as srv, soak_client(srv.url, options) as http:
+    async with open_local_server(cfg, executor_factory=executor_factory) as srv, soak_client(srv.url, options) as http:
         start_rss = rss_bytes()
         warm = plan_requests(options.warmup, options.seed + 1, model, options.max_tokens)
         warmup = await run_mix(http, every_malformed_case(model) + warm, options)

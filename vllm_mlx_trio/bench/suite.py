@@ -37,7 +37,7 @@ def workload_note(cfg: EngineConfig, workload) -> str:
 
 def ceiling_section(cfg: EngineConfig, workload, out: Printer = _print) -> tuple[CeilingResult, dict]:
     result = run_ceiling_bench(cfg, workload)
-    section = {"kind": "ceiling", "model": cfg.model.path, "machine": machine_info(), "rows": result.rows}
+    section = {"kind": "ceiling", "model": cfg.model.path, "machine": result.machine, "rows": result.rows}
     notes = [workload_note(cfg, workload), "no EOS stop: mlx-lm's loops generate exactly max_tokens"]
     title = f"ceiling: mlx-lm in-process ({cfg.model.path})"
     out(format_section(title, result.rows, section["machine"], notes))

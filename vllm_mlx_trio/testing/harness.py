@@ -11,6 +11,7 @@ import attrs
 
 from ..config import EngineConfig, load_config
 from ..engine import Engine, open_engine
+from ..local_server import open_local_server
 from .fake_executor import FakeExecutor
 
 
@@ -46,34 +47,8 @@ async def open_fake_engine(
         yield FakeEngine(engine=engine, executor=holder[0])
 
 
-@attrs.define
-class TestServer:
-    """A running server: its base URL and the engine behind it."""
-
-    url: str
-    engine: Engine
-
-
-@contextlib.asynccontextmanager
-async def open_server(cfg: EngineConfig, *, executor_factory: Any = None) -> AsyncIterator[TestServer]:
-    """Serve ``cfg`` (use ``server.port = 0`` for a free port) until the block is left.
-
-    Leaving the block triggers the graceful shutdown and waits for it.
-    """
-    import trio
-
-    from ..serve import serve_engine
-
-    stop = trio.Event()
-    async with open_engine(cfg, executor_factory=executor_factory) as engine:
-        async with trio.open_nursery() as nursery:
-            binds = await nursery.start(
-                lambda task_status: serve_engine(engine, shutdown_trigger=stop.wait, task_status=task_status)
-            )
-            try:
-                yield TestServer(url=binds[0], engine=engine)
-            finally:
-                stop.set()
+#: The public :func:`open_local_server` (the URL and the engine), under the tests' name.
+open_server = open_local_server
 
 
 def fake_executor_factory(**fake_kwargs: Any):
