@@ -27,15 +27,15 @@ from ..messages import (
     ControlCommand,
     FailAll,
     KVReady,
-    RequestFailed,
-    RequestOutput,
     StepPlan,
     StepResult,
 )
 from ..metrics import EngineMetrics
 from .cache_client import CacheClient
 from .control_inbox import ControlInbox
+from .delivery import Delivery
 from .scheduler_stats import RequestSnapshot, SchedulerStatistics
+from .watchdog import StepWatchdog
 
 logger = logging.getLogger(__name__)
 
@@ -52,11 +52,9 @@ class SchedulerActor:
     other's buffer. A plan built while an earlier one is in flight may still name a request
     that the earlier step finishes; that step's token for it is dropped.
 
-    Delivery never blocks: a full outbox means the tokens stay in ``Request.undelivered`` and
-    are coalesced into the next send; one slot of every outbox is kept free for the final
-    output. Tokens also wait until ``stream_interval`` of them are ready (the first token
-    and the finish go at once). A closed outbox (client gone) aborts the request before the
-    next step.
+    Delivery never blocks (actors/delivery.py): tokens a full outbox cannot take are
+    coalesced into the next send. A closed outbox (client gone) aborts the request before
+    the next step. A step that stalls is caught by the watchdog (actors/watchdog.py).
     """
 
     def __init__(
@@ -93,12 +91,14 @@ class SchedulerActor:
         self._max_running = max_running
         self._scheduler = self._new_scheduler()
         self._in_flight: collections.deque[StepPlan] = collections.deque()
-        self._stream_interval = stream_interval
+        self._delivery = Delivery(stream_interval=stream_interval, metrics=metrics)
         self._metrics = metrics
         self._health = health or EngineHealth()
-        self._stall_timeout_s = stall_timeout_s
-        #: When the executor edge last moved (a plan taken, a result back): the watchdog's clock.
-        self._last_progress = trio.current_time()
+        self._watchdog = (
+            None
+            if stall_timeout_s is None
+            else StepWatchdog(stall_timeout_s, busy=lambda: bool(self._in_flight), on_stall=self._declare_stalled)
+        )
         self._memory = (0, 0, 0)
         self._admissions_open = True
         #: Set when there may be something to do: an admission, a command, admission closing.
@@ -106,8 +106,6 @@ class SchedulerActor:
         #: The stepping part of the loop; cancelled when the engine fails.
         self._stepping = trio.CancelScope()
         self._num_steps = 0
-        self._num_finished = 0
-        self._num_aborted = 0
 
     def _new_scheduler(self) -> Scheduler:
         return Scheduler(
@@ -124,8 +122,8 @@ class SchedulerActor:
             num_waiting=s.num_waiting,
             num_running=s.num_running,
             num_steps=self._num_steps,
-            num_finished=self._num_finished,
-            num_aborted=self._num_aborted,
+            num_finished=self._delivery.num_finished,
+            num_aborted=self._delivery.num_aborted,
             running_ids=tuple(s.running),
             waiting_ids=tuple(r.request_id for r in s.waiting),
             requests=tuple(RequestSnapshot.of(r) for r in (*s.running.values(), *s.waiting)),
@@ -168,8 +166,8 @@ class SchedulerActor:
             nursery.start_soon(self._receive_admissions)
             nursery.start_soon(self._control.receive)
             nursery.start_soon(self._stop_stepping_on_failure)
-            if self._stall_timeout_s is not None:
-                nursery.start_soon(self._watchdog)
+            if self._watchdog is not None:
+                nursery.start_soon(self._watchdog.run)
             with self._stepping:
                 await self._step_until_done()
             if self._health.error is not None:
@@ -218,26 +216,21 @@ class SchedulerActor:
                 self._executor_gone()  # the executor stopped, or the watchdog gave up on it
                 return
             self._in_flight.append(plan)
-            self._last_progress = trio.current_time()
+            self._progress()
 
-    async def _watchdog(self) -> None:
-        """Declare the engine dead when a step (or handing over a plan) takes longer than
-        ``stall_timeout_s``: the failure stops the stepping, which then fails every request,
-        and closing our ends of the executor edge lets the executor go. One task, so the
-        per-step path carries no timer."""
-        timeout = self._stall_timeout_s
-        assert timeout is not None
-        while True:
-            waiting_since = self._last_progress
-            await trio.sleep_until(waiting_since + timeout)
-            stuck = bool(self._in_flight)
-            if stuck and self._last_progress == waiting_since and self._health.ok:
-                self._health.fail(EngineStalledError(f"a model step took longer than {timeout} s"))
-                self._plan_send.close()
-                self._result_recv.close()
-                return
-            if not stuck:
-                self._last_progress = max(self._last_progress, trio.current_time())
+    def _declare_stalled(self) -> None:
+        """The watchdog saw no progress for ``stall_timeout_s``: the failure stops the stepping,
+        which then fails every request, and closing our ends of the executor edge lets the
+        executor go."""
+        if self._health.ok:
+            assert self._watchdog is not None
+            self._health.fail(EngineStalledError(f"a model step took longer than {self._watchdog.timeout_s} s"))
+            self._plan_send.close()
+            self._result_recv.close()
+
+    def _progress(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.progress()
 
     def _executor_gone(self) -> None:
         """The executor stopped: fail every request with its cause; the failure (recorded in
@@ -250,7 +243,7 @@ class SchedulerActor:
         assert error is not None
         for request in [*self._scheduler.running.values(), *self._scheduler.waiting]:
             request.status = RequestStatus.FINISHED_ERROR
-            self._fail(request, error)
+            self._delivery.fail(request, error)
         self._scheduler = self._new_scheduler()
         self._in_flight.clear()
 
@@ -268,7 +261,7 @@ class SchedulerActor:
     async def _start_waiting(self) -> None:
         for request in self._scheduler.pop_startable():
             if request.client_gone:
-                self._finish_aborted(request)
+                self._delivery.finish_aborted(request)
                 continue
             try:
                 match = await self._cache.lookup(request)
@@ -292,7 +285,7 @@ class SchedulerActor:
         except (trio.EndOfChannel, trio.ClosedResourceError):
             self._executor_gone()  # the executor stopped, or the watchdog gave up on it
             return
-        self._last_progress = trio.current_time()
+        self._progress()
         plan = self._in_flight.popleft()
         assert result.step_id == plan.step_id, "results arrive in plan order"
         self._num_steps += 1
@@ -303,13 +296,13 @@ class SchedulerActor:
         if self._metrics is not None:
             self._metrics.on_step(num_tokens, result.elapsed_s)
         for request in self._scheduler.apply(result):
-            self._time_request(request)
+            self._delivery.time_request(request)
             self._deliver(request)
         for request_id, message in result.failed:
             request = self._scheduler.running.get(request_id)
             if request is not None and result.step_id >= request.first_valid_step:
                 self._scheduler.abort(request_id, RequestStatus.FINISHED_ERROR)
-                self._fail(request, RequestProcessingError(f"The request failed: {message}"))
+                self._delivery.fail(request, RequestProcessingError(f"The request failed: {message}"))
         self._preempt_for_growth()
         await self._release_finished()
 
@@ -359,62 +352,15 @@ class SchedulerActor:
         itself goes on. The shutdown drain's deadline."""
         for request in [*self._scheduler.running.values(), *self._scheduler.waiting]:
             self._scheduler.abort(request.request_id, RequestStatus.FINISHED_ERROR)
-            self._time_end(request)
-            self._fail(request, error)
+            self._delivery.time_end(request)
+            self._delivery.fail(request, error)
 
     def _deliver(self, request: Request) -> None:
-        """Hand undelivered tokens to the client without waiting; see the class docstring."""
-        finished = request.status.is_finished
-        if not request.ready_to_deliver(request.params.stream_interval or self._stream_interval):
-            return
-        outbox = request.outbox
-        stats = outbox.statistics()
-        if not finished and stats.current_buffer_used >= stats.max_buffer_size - 1:
-            return  # keep coalescing; the last slot is reserved for the final output
-        token_ids, logprobs = request.take_undelivered()
-        output = RequestOutput(
-            token_ids=token_ids,
-            finish_reason=request.finish_reason,
-            num_cached_tokens=request.num_cached_tokens,
-            logprobs=logprobs,
-        )
-        try:
-            outbox.send_nowait(output)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            if not finished:
+        """Hand the request's tokens out; a client found gone aborts the request."""
+        if not self._delivery.deliver(request):
+            if not request.status.is_finished:
                 self._scheduler.abort(request.request_id, RequestStatus.FINISHED_ABORTED)
-            self._finish_aborted(request)
-            return
-        if finished:
-            self._num_finished += 1
-            outbox.close()
-
-    def _time_request(self, request: Request) -> None:
-        """Prefill time at a request's first token, decode time when it leaves the batch."""
-        now = trio.current_time()
-        if request.first_token_time is None and request.num_output_tokens:
-            request.first_token_time = now
-            if self._metrics is not None and request.scheduled_time is not None:
-                self._metrics.observe("vllm:request_prefill_time_seconds", now - request.scheduled_time)
-        if request.status.is_finished:
-            self._time_end(request)
-
-    def _time_end(self, request: Request) -> None:
-        if self._metrics is not None and request.first_token_time is not None:
-            self._metrics.observe("vllm:request_decode_time_seconds", trio.current_time() - request.first_token_time)
-
-    def _fail(self, request: Request, error: VllmMlxTrioError) -> None:
-        try:
-            request.outbox.send_nowait(RequestFailed(error=error))
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the client is gone: there is nobody left to tell
-        request.outbox.close()
-
-    def _finish_aborted(self, request: Request) -> None:
-        self._time_end(request)
-        request.status = RequestStatus.FINISHED_ABORTED
-        self._num_aborted += 1
-        request.outbox.close()
+            self._delivery.finish_aborted(request)
 
     def _abort_departed(self) -> None:
         """Abort every request whose client has gone, queued or running."""
@@ -423,7 +369,7 @@ class SchedulerActor:
         ]
         for request in departed:
             self._scheduler.abort(request.request_id, RequestStatus.FINISHED_ABORTED)
-            self._finish_aborted(request)
+            self._delivery.finish_aborted(request)
 
     async def _release_finished(self) -> None:
         self._abort_departed()
