@@ -159,9 +159,10 @@ async def test_real_model_drops_a_cancelled_request_after_the_steps_in_flight(mo
                 async for _delta in engine.generate(CHAT, params, request_id="cancel-me"):
                     received += 1
                     if received == 3:
-                        steps_at_cancel = engine.statistics().scheduler.num_steps
                         scope.cancel()  # the loop's next await raises Cancelled
             assert scope.cancelled_caught
+            # The stream is closed now: steps the scheduler has handled since the client left.
+            steps_at_cancel = engine.statistics().scheduler.num_steps
             assert engine.statistics().num_requests == 0  # the slot is back at once
 
             # The model thread is not gated: wait for the plan that drops it.
