@@ -54,3 +54,17 @@ def test_an_unknown_name_is_an_attribute_error():
 
     with pytest.raises(AttributeError, match="no_such_name"):
         vllm_mlx_trio.no_such_name  # noqa: B018 (the attribute access is what is tested)
+
+
+def test_core_imports_nothing_above_it_but_the_error_tree():
+    """core/ plans with its own data (core/plan.py); only errors.py, a leaf, comes from above."""
+    import ast
+
+    above = set()
+    for path in (REPO / "vllm_mlx_trio" / "core").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level >= 2:
+                above.add(node.module)
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("vllm_mlx_trio."):
+                above.add(node.module)
+    assert above <= {"errors"}, above

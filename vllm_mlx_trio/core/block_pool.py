@@ -21,8 +21,8 @@ from typing import Literal
 
 import attrs
 
-from ..messages import BlockId, RequestId
 from .block_hash import block_hash
+from .plan import BlockId, RequestId
 
 _frozen = attrs.frozen(slots=True, kw_only=True)
 

@@ -3,10 +3,34 @@
 from __future__ import annotations
 
 import enum
+from typing import Any, Protocol
 
-from ..messages import Admit, Outbox, RequestId, TokenLogprob
 from .params import SamplingParams
+from .plan import RequestId, TokenLogprob
 from .termination import LENGTH, STOP, Termination
+
+
+class Outbox(Protocol):
+    """The request's reply channel as the scheduler uses it (a Trio ``MemorySendChannel``)."""
+
+    def send_nowait(self, value: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+    def statistics(self) -> Any: ...
+
+
+class Admitted(Protocol):
+    """What the scheduler is handed for a new request (``messages.Admit``)."""
+
+    request_id: RequestId
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    outbox: Outbox
+    arrival_time: float
+
+    @property
+    def cache_keys(self) -> tuple: ...
 
 
 class RequestStatus(enum.IntEnum):
@@ -56,7 +80,7 @@ class Request:
         "termination",
     )
 
-    def __init__(self, admit: Admit, eos_token_ids: tuple[int, ...]):
+    def __init__(self, admit: Admitted, eos_token_ids: tuple[int, ...]):
         self.request_id: RequestId = admit.request_id
         self.prompt_token_ids = admit.prompt_token_ids
         self.params: SamplingParams = admit.params

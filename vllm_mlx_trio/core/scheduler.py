@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 from collections.abc import Iterator
 
-from ..messages import BlockId, BlockStore, NewSequence, RequestId, StepPlan, StepResult
+from .plan import BlockId, BlockStore, NewSequence, RequestId, StepPlan, StepResult
 from .request import Request, RequestStatus
 
 #: Room to grow, in tokens per row, a batch must have left before a new sequence joins it,

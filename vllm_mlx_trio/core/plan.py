@@ -1,0 +1,118 @@
+"""The scheduler <-> executor edge as pure data: what a step should do and what it produced.
+
+``core/`` plans with these and ``messages.py`` re-exports them with the other messages.
+Frozen, tuples only, never an ``mx.array``: token ids, block ids and numbers.
+"""
+
+from __future__ import annotations
+
+from typing import NewType
+
+import attrs
+
+from .params import SamplingParams
+
+RequestId = NewType("RequestId", str)
+BlockId = NewType("BlockId", int)
+
+_frozen = attrs.frozen(slots=True, kw_only=True)
+
+
+@_frozen
+class TokenLogprob:
+    """A sampled token's log-probability and the ``top`` most likely (id, logprob) pairs."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@_frozen
+class NewSequence:
+    """A sequence entering the model: prefill ``prompt_token_ids[num_cached_tokens:]``.
+
+    A preempted request comes back with the tokens it had already produced appended to its
+    prompt (``num_output_tokens`` of them): it is recomputed, and its sampler, penalties and
+    ``max_tokens`` carry on from where it stopped.
+    """
+
+    request_id: RequestId
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams
+    num_cached_tokens: int = 0
+    cached_block_ids: tuple[BlockId, ...] = ()
+    num_output_tokens: int = 0
+
+    @property
+    def output_token_ids(self) -> tuple[int, ...]:
+        """The tokens produced before a preemption (the tail of ``prompt_token_ids``)."""
+        return self.prompt_token_ids[len(self.prompt_token_ids) - self.num_output_tokens :]
+
+    @property
+    def max_new_tokens(self) -> int:
+        """Tokens still to generate: ``max_tokens`` less those produced before."""
+        assert self.params.max_tokens is not None, "admission resolves max_tokens"
+        return self.params.max_tokens - self.num_output_tokens
+
+
+@_frozen
+class BlockStore:
+    """Keep the executor's copy ``block_index`` of commit ``ready_id`` as prefix block ``block_id``."""
+
+    ready_id: int
+    block_index: int
+    block_id: BlockId
+
+
+@_frozen
+class StepPlan:
+    """One model step. In order: keep the ``store_blocks`` copies (and free the other copies
+    of their ``ready_id``s), drop the ``drop_blocks`` arrays, drop ``finished_ids``, start
+    ``new_seqs`` (splicing their cached blocks), decode ``decode_ids``."""
+
+    step_id: int
+    new_seqs: tuple[NewSequence, ...] = ()
+    decode_ids: tuple[RequestId, ...] = ()
+    finished_ids: tuple[RequestId, ...] = ()
+    store_blocks: tuple[BlockStore, ...] = ()
+    released_ready_ids: tuple[int, ...] = ()
+    drop_blocks: tuple[BlockId, ...] = ()
+
+    @property
+    def is_empty(self) -> bool:
+        return not (
+            self.new_seqs
+            or self.decode_ids
+            or self.finished_ids
+            or self.released_ready_ids
+            or self.drop_blocks
+        )
+
+
+@_frozen
+class KVReady:
+    """The executor copied full blocks ``first_block ..`` of ``token_ids``'s KV (``block_nbytes``
+    bytes each) and holds them under ``ready_id`` until a plan says which to keep."""
+
+    request_id: RequestId
+    ready_id: int
+    token_ids: tuple[int, ...]
+    first_block: int
+    block_nbytes: tuple[int, ...]
+
+
+@_frozen
+class StepResult:
+    """What one step produced: sampled tokens per request, and per-request failures.
+
+    ``logprobs`` holds entries only for requests that asked, aligned with their ``sampled``.
+    """
+
+    step_id: int
+    sampled: tuple[tuple[RequestId, tuple[int, ...]], ...] = ()
+    logprobs: tuple[tuple[RequestId, tuple[TokenLogprob, ...]], ...] = ()
+    kv_ready: tuple[KVReady, ...] = ()
+    failed: tuple[tuple[RequestId, str], ...] = ()
+    elapsed_s: float = 0.0
+    #: MLX memory after the step, in bytes: (active, peak, buffer cache).
+    memory: tuple[int, int, int] = (0, 0, 0)
