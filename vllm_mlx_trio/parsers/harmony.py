@@ -2,7 +2,7 @@
 ``commentary to=functions.NAME ... <|message|>{json}<|call|>`` is a tool call.
 
     <|channel|>analysis<|message|>thinking<|end|>
-    <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}<|call|>
+    <|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"a": 1}<|call|>
     <|start|>assistant<|channel|>final<|message|>answer<|return|>
 
 The recipient may also stand before the channel: ``<|start|>assistant to=functions.f<|channel|>commentary json``.

@@ -27,7 +27,8 @@ def _one_json_object(text: str) -> dict:
 
 
 class Qwen3CoderFormat(ToolFormat):
-    """Qwen3-Coder XML: ``<tool_call>\\n<function=f>\\n<parameter=x>\\nvalue\\n</parameter>\\n</function>\\n</tool_call>``.
+    """Qwen3-Coder XML, newlines between the tags:
+    ``<tool_call><function=f><parameter=x>value</parameter></function></tool_call>``.
 
     Values are text; the tool's schema types them (no schema: the string as written).
     """
@@ -85,8 +86,10 @@ class Glm45Format(ToolFormat):
 
 
 class DeepSeekV3Format(ToolFormat):
-    """DeepSeek V3 / R1: ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>name\\n```json\\n{...}\\n```
-    <｜tool▁call▁end｜>...<｜tool▁calls▁end｜>``; also V3.1's ``<｜tool▁call▁begin｜>name<｜tool▁sep｜>{...}<｜tool▁call▁end｜>``.
+    """DeepSeek V3 / R1:
+    ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>name\\n```json\\n{...}\\n```<｜tool▁call▁end｜>``
+    ... ``<｜tool▁calls▁end｜>``; also V3.1's
+    ``<｜tool▁call▁begin｜>name<｜tool▁sep｜>{...}<｜tool▁call▁end｜>``.
     """
 
     name = "deepseek_v3"
