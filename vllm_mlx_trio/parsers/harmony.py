@@ -24,7 +24,9 @@ logger = logging.getLogger(__name__)
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 TERMINATORS = ("<|end|>", "<|call|>", "<|return|>", START)
-_HEADER_OPENERS = (START, CHANNEL)
+#: A header opens with <|start|>, <|channel|>, or (the prompt ended with ``<|start|>assistant``) the
+#: recipient: `` to=functions.f<|channel|>commentary json<|message|>``.
+_HEADER_OPENERS = (START, CHANNEL, "to=")
 #: A header longer than this without ``<|message|>`` is not one (the text goes out as content).
 MAX_HEADER_CHARS = 512
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
