@@ -127,7 +127,7 @@ def test_model_given_ids_are_kept():
     mistral = parse_text('[TOOL_CALLS]f[CALL_ID]abc123XYZ[ARGS]{"a": 1}', tool_parser="mistral", reasoning_parser=None)
     assert mistral.tool_calls[0].id == "abc123XYZ"
     generated = parse_text(MISTRAL_NEW, tool_parser="mistral", reasoning_parser=None).tool_calls[0].id
-    assert len(generated) == 9 and generated.isalnum()
+    assert generated.startswith("call_") and generated[5:].isalnum() and len(generated) == 29
 
 
 @pytest.mark.parametrize(
