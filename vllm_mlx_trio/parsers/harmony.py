@@ -29,6 +29,8 @@ TERMINATORS = ("<|end|>", "<|call|>", "<|return|>", START)
 _HEADER_OPENERS = (START, CHANNEL, "to=")
 #: A header longer than this without ``<|message|>`` is not one (the text goes out as content).
 MAX_HEADER_CHARS = 512
+#: Every harmony marker (special tokens: the detokenizer must keep them).
+MARKUP = (START, CHANNEL, MESSAGE, "<|constrain|>", "<|end|>", "<|call|>", "<|return|>")
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
 _FUNCTIONS = "functions."
 

@@ -35,7 +35,7 @@ class Qwen3CoderFormat(ToolFormat):
 
     name = "qwen3_coder"
     regions = (("<tool_call>", "</tool_call>"), ("<function=", "</function>"))
-    template_markers = ("<function=",)
+    markup = ("<tool_call>", "</tool_call>")
     _FUNCTION = re.compile(r"<function=([^>\n]*)>(.*?)(?:</function>|\Z)", re.DOTALL)
     _PARAMETER = re.compile(r"<parameter=([^>\n]*)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
 
@@ -68,7 +68,7 @@ class Glm45Format(ToolFormat):
 
     name = "glm45"
     regions = (("<tool_call>", "</tool_call>"),)
-    template_markers = ("<arg_key>",)
+    markup = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
     _PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
     def parse_region(self, start: str, body: str) -> list[RawCall]:
@@ -95,7 +95,7 @@ class DeepSeekV3Format(ToolFormat):
     name = "deepseek_v3"
     CALL_BEGIN, SEP, CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
     regions = (("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),)
-    template_markers = ("<｜tool▁calls▁begin｜>",)
+    markup = (regions[0][0], CALL_BEGIN, SEP, CALL_END, regions[0][1])
     _FENCED = re.compile(r"\s*([^\s`]+)\s*```(?:json)?\s*(.*?)\s*```\s*\Z", re.DOTALL)
 
     def parse_region(self, start: str, body: str) -> list[RawCall]:
@@ -126,7 +126,7 @@ class KimiK2Format(ToolFormat):
         ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
         ("<|tool_call_section_begin|>", "<|tool_call_section_end|>"),
     )
-    template_markers = ("<|tool_calls_section_begin|>",)
+    markup = (*(marker for region in regions for marker in region), CALL_BEGIN, ARGS, CALL_END)
     _ID = re.compile(r"\s*((?:functions\.)?([\w.\-]+?)(?::\d+)?)\s*\Z")
 
     def parse_region(self, start: str, body: str) -> list[RawCall]:

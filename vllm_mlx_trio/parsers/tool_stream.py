@@ -24,8 +24,8 @@ class ToolFormat:
     name: ClassVar[str]
     #: (start marker, end marker) of each kind of markup region; end None: to the end of the text.
     regions: ClassVar[tuple[tuple[str, str | None], ...]]
-    #: Text the parser detects in a chat template (see detect.py).
-    template_markers: ClassVar[tuple[str, ...]] = ()
+    #: Every markup string of the family (many are special tokens the detokenizer must keep).
+    markup: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, tools: Sequence[dict] | None = None) -> None:
         self.tools = {
