@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from vllm_mlx_trio.parsers import TOOL_PARSERS, parse_text
+from vllm_mlx_trio.parsers import TOOL_PARSERS, OutputParser, parse_text
 
 from .helpers import check_all_chunkings
 
@@ -172,3 +172,22 @@ def test_harmony_call_without_the_tool_parser_is_content(caplog):
     with caplog.at_level(logging.WARNING):
         check_all_chunkings(text, ('{"a": 1}', None, []), tool_parser=None, reasoning_parser="openai_gptoss")
     assert "returned as content" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("tool_parser", "text", "cut_after"),
+    [
+        ("deepseek_v3", DS_V31, "<｜tool▁call▁end｜>"),
+        ("kimi_k2", KIMI, "<|tool_call_end|>"),
+        ("mistral", MISTRAL_NEW, "2}[TOOL_CALLS]"),
+    ],
+)
+def test_a_call_in_a_section_is_sent_when_it_closes(tool_parser, text, cut_after):
+    cut = text.index(cut_after) + len(cut_after)
+    first, rest = text[:cut], text[cut:]
+    parser = OutputParser(tool_parser=tool_parser, reasoning_parser=None)
+    sent = parser.feed(first)
+    assert [(d.tool_index, d.tool_name, json.loads(d.arguments)) for d in sent] == [(0, *WEATHER)]
+    sent = parser.feed(rest) + parser.finish()
+    assert [(d.tool_index, d.tool_name, json.loads(d.arguments)) for d in sent] == [(1, *TIME)]
+    assert parser.message().content is None

@@ -100,6 +100,11 @@ class MistralFormat(ToolFormat):
     regions = (("[TOOL_CALLS]", None),)
     markup = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")
 
+    def ready_call(self, region_text: str) -> int | None:
+        """A call is whole once the next ``[TOOL_CALLS]`` starts."""
+        following = region_text.find(self.regions[0][0], 1)
+        return following if following > 0 else None
+
     def parse_region(self, start: str, body: str) -> list[RawCall]:
         calls: list[RawCall] = []
         for part in body.split(start):

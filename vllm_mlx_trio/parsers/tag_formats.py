@@ -19,6 +19,14 @@ def _check_name(name: str) -> str:
     return name
 
 
+def _ready_between(text: str, begin: str, end: str) -> int | None:
+    """Length of ``begin ... end`` at the start of ``text`` (after whitespace), once the end marker came."""
+    if not text.lstrip().startswith(begin):
+        return None
+    at = text.find(end)
+    return None if at < 0 else at + len(end)
+
+
 def _one_json_object(text: str) -> dict:
     values = decode_json_values(text)
     if len(values) != 1:
@@ -98,6 +106,9 @@ class DeepSeekV3Format(ToolFormat):
     markup = (regions[0][0], CALL_BEGIN, SEP, CALL_END, regions[0][1])
     _FENCED = re.compile(r"\s*([^\s`]+)\s*```(?:json)?\s*(.*?)\s*```\s*\Z", re.DOTALL)
 
+    def ready_call(self, region_text: str) -> int | None:
+        return _ready_between(region_text, self.CALL_BEGIN, self.CALL_END)
+
     def parse_region(self, start: str, body: str) -> list[RawCall]:
         parts = body.split(self.CALL_BEGIN)
         if parts[0].strip():
@@ -128,6 +139,9 @@ class KimiK2Format(ToolFormat):
     )
     markup = (*(marker for region in regions for marker in region), CALL_BEGIN, ARGS, CALL_END)
     _ID = re.compile(r"\s*((?:functions\.)?([\w.\-]+?)(?::\d+)?)\s*\Z")
+
+    def ready_call(self, region_text: str) -> int | None:
+        return _ready_between(region_text, self.CALL_BEGIN, self.CALL_END)
 
     def parse_region(self, start: str, body: str) -> list[RawCall]:
         parts = body.split(self.CALL_BEGIN)

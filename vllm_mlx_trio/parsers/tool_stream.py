@@ -38,6 +38,10 @@ class ToolFormat:
         """The calls in one region (``body`` is between the markers); raises MarkupError."""
         raise NotImplementedError
 
+    def ready_call(self, region_text: str) -> int | None:
+        """Length of a whole call at the start of an open region's text, to send before the region ends."""
+        return None
+
     def bare_call_start(self, text: str) -> bool | None:
         """At the start of the content: does ``text`` open an unmarked call (True), not (False), unsure (None)?"""
         return False
@@ -57,6 +61,8 @@ class ToolStream:
         self._at_start = fmt is not None
         self._trimmer = MarkupTrimmer()
         self._next_index = 0
+        self._region_read = False
+        self._region_parsed = False
 
     def feed(self, text: str) -> list[ParsedDelta]:
         self._pending += text
@@ -77,10 +83,10 @@ class ToolStream:
         out: list[ParsedDelta] = []
         rest, self._pending = self._pending, ""
         if self._region is not None:
-            start, _ = self._region
-            self._close_region(start, rest, rest, out, quiet=start == "")
+            self._close_region(self._region[0], rest, "", out)
         elif self._at_start and self._fmt is not None and self._fmt.bare_call_start(rest):
-            self._close_region("", rest, rest, out, quiet=True)
+            self._region = ("", None)
+            self._close_region("", rest, "", out)
         else:
             out.append(ParsedDelta(content=self._trimmer.push(rest)))
         out.append(ParsedDelta(content=self._trimmer.flush()))
@@ -110,30 +116,54 @@ class ToolStream:
         self._region = next(region for region in self._fmt.regions if region[0] == start)
 
     def _step_region(self, out: list[ParsedDelta]) -> None:
-        assert self._region is not None
+        assert self._region is not None and self._fmt is not None
         start, end = self._region
-        if end is None:
+        end_at = self._pending.find(end) if end else -1
+        ready = self._fmt.ready_call(self._pending)
+        if ready is not None and (end_at < 0 or ready <= end_at):
+            piece, self._pending = self._pending[:ready], self._pending[ready:]
+            self._read_markup(start, piece, "", out, last=False)
             return
-        at = self._pending.find(end)
-        if at < 0:
+        if end is None or end_at < 0:
             return
-        body = self._pending[:at]
-        self._pending = self._pending[at + len(end) :]
-        self._close_region(start, body, start + body + end, out, quiet=start == "")
+        body = self._pending[:end_at]
+        self._pending = self._pending[end_at + len(end) :]
+        self._close_region(start, body, end, out)
 
-    def _close_region(self, start: str, body: str, raw: str, out: list[ParsedDelta], *, quiet: bool = False) -> None:
-        """A whole region: its calls as deltas, or its raw text as content if it does not parse."""
-        assert self._fmt is not None
+    def _close_region(self, start: str, body: str, end: str, out: list[ParsedDelta]) -> None:
+        """The end of a region: the rest of its text (``end``: its end marker, "" at the end of the output)."""
         self._region = None
+        self._read_markup(start, body, end, out, last=True)
+        self._region_read = False
+
+    def _read_markup(self, start: str, body: str, end: str, out: list[ParsedDelta], *, last: bool) -> None:
+        """Markup text as calls, or as content as written if it does not parse (with a WARNING).
+
+        A region may be read in pieces (a section of several calls, each sent once complete);
+        ``_region_read`` says a piece of this region was read already.
+        """
+        assert self._fmt is not None
+        continued, self._region_read = self._region_read, not last
+        opener = "" if continued else start
+        if not continued:
+            self._region_parsed = False
         try:
-            calls = self._fmt.parse_region(start, body)
-            if not calls:
-                raise MarkupError("no call in the markup")
+            if continued and not body.strip():
+                if not self._region_parsed:  # every piece went back as text: so does the end marker
+                    out.append(ParsedDelta(content=self._trimmer.push(body + end)))
+                    return
+                calls = []  # what is left of a region whose calls were sent piece by piece
+            else:
+                calls = self._fmt.parse_region(start, body)
+                if not calls:
+                    raise MarkupError("no call in the markup")
         except MarkupError as exc:
-            if not quiet:
+            raw = opener + body + end
+            if start:  # an unmarked (bare JSON) reply that is not a call is just the answer
                 logger.warning("%s tool parser: markup returned as content (%s): %.200r", self._fmt.name, exc, raw)
-            out.append(ParsedDelta(content=self._trimmer.push(start + body if raw is body else raw)))
+            out.append(ParsedDelta(content=self._trimmer.push(raw)))
             return
+        self._region_parsed = True
         self._trimmer.markup()
         for call in calls:
             out.append(
