@@ -191,3 +191,8 @@ def test_a_call_in_a_section_is_sent_when_it_closes(tool_parser, text, cut_after
     sent = parser.feed(rest) + parser.finish()
     assert [(d.tool_index, d.tool_name, json.loads(d.arguments)) for d in sent] == [(1, *TIME)]
     assert parser.message().content is None
+
+
+def test_harmony_header_cut_off_at_the_end_leaks_nothing():
+    text = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>fin"
+    check_all_chunkings(text, (None, "Think.", []), tool_parser="openai", reasoning_parser="openai_gptoss")

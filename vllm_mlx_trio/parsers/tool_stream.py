@@ -134,39 +134,43 @@ class ToolStream:
         """The end of a region: the rest of its text (``end``: its end marker, "" at the end of the output)."""
         self._region = None
         self._read_markup(start, body, end, out, last=True)
-        self._region_read = False
 
     def _read_markup(self, start: str, body: str, end: str, out: list[ParsedDelta], *, last: bool) -> None:
         """Markup text as calls, or as content as written if it does not parse (with a WARNING).
 
-        A region may be read in pieces (a section of several calls, each sent once complete);
-        ``_region_read`` says a piece of this region was read already.
+        A region may be read in pieces (a section of several calls, each sent once complete):
+        ``_region_read`` says a piece of this region was read already, ``_region_parsed`` that one gave calls.
         """
         assert self._fmt is not None
         continued, self._region_read = self._region_read, not last
-        opener = "" if continued else start
         if not continued:
             self._region_parsed = False
+        if continued and not body.strip():  # the end of a region read piece by piece
+            if self._region_parsed:
+                self._trimmer.markup()
+            else:  # every piece went back as text: so does the end marker
+                out.append(ParsedDelta(content=self._trimmer.push(body + end)))
+            return
         try:
-            if continued and not body.strip():
-                if not self._region_parsed:  # every piece went back as text: so does the end marker
-                    out.append(ParsedDelta(content=self._trimmer.push(body + end)))
-                    return
-                calls = []  # what is left of a region whose calls were sent piece by piece
-            else:
-                calls = self._fmt.parse_region(start, body)
-                if not calls:
-                    raise MarkupError("no call in the markup")
+            calls = self._fmt.parse_region(start, body)
+            if not calls:
+                raise MarkupError("no call in the markup")
         except MarkupError as exc:
-            raw = opener + body + end
+            raw = ("" if continued else start) + body + end
             if start:  # an unmarked (bare JSON) reply that is not a call is just the answer
                 logger.warning("%s tool parser: markup returned as content (%s): %.200r", self._fmt.name, exc, raw)
             out.append(ParsedDelta(content=self._trimmer.push(raw)))
             return
         self._region_parsed = True
         self._trimmer.markup()
+        out.extend(self._call_deltas(calls))
+
+    def _call_deltas(self, calls: list[RawCall]) -> list[ParsedDelta]:
+        """One delta per whole call: its index, id, name and arguments."""
+        assert self._fmt is not None
+        deltas = []
         for call in calls:
-            out.append(
+            deltas.append(
                 ParsedDelta(
                     tool_index=self._next_index,
                     tool_id=call.id or self._fmt.new_id(),
@@ -175,3 +179,4 @@ class ToolStream:
                 )
             )
             self._next_index += 1
+        return deltas
