@@ -63,8 +63,16 @@ class ToolStream:
         self._next_index = 0
         self._region_read = False
         self._region_parsed = False
+        self._openers = frozenset(start[0] for start in self._starts)
+        self._scan_from = 0
 
     def feed(self, text: str) -> list[ParsedDelta]:
+        if self._region is None and not self._at_start and not self._pending and not self._may_open(text):
+            content = self._trimmer.push(text)  # fast path: no markup can start in it
+            return [ParsedDelta(content=content)] if content else []
+        if self._region is not None:
+            # Where the end marker may start: it was not in the text held already.
+            self._scan_from = max(0, len(self._pending) - len(self._region[1] or "") + 1)
         self._pending += text
         out: list[ParsedDelta] = []
         while self._pending:
@@ -78,6 +86,9 @@ class ToolStream:
             if (self._region, len(self._pending), self._at_start) == before:
                 break
         return [d for d in out if d != ParsedDelta()]
+
+    def _may_open(self, text: str) -> bool:
+        return any(ch in text for ch in self._openers)
 
     def finish(self) -> list[ParsedDelta]:
         out: list[ParsedDelta] = []
@@ -118,7 +129,8 @@ class ToolStream:
     def _step_region(self, out: list[ParsedDelta]) -> None:
         assert self._region is not None and self._fmt is not None
         start, end = self._region
-        end_at = self._pending.find(end) if end else -1
+        end_at = self._pending.find(end, self._scan_from) if end else -1
+        self._scan_from = 0
         ready = self._fmt.ready_call(self._pending)
         if ready is not None and (end_at < 0 or ready <= end_at):
             piece, self._pending = self._pending[:ready], self._pending[ready:]
