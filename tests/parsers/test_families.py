@@ -196,3 +196,10 @@ def test_a_call_in_a_section_is_sent_when_it_closes(tool_parser, text, cut_after
 def test_harmony_header_cut_off_at_the_end_leaks_nothing():
     text = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>fin"
     check_all_chunkings(text, (None, "Think.", []), tool_parser="openai", reasoning_parser="openai_gptoss")
+
+
+def test_calls_without_their_section_marker():
+    kimi = 'Ok <|tool_call_begin|>functions.get_time:0<|tool_call_argument_begin|>{"tz": "CET"}<|tool_call_end|>'
+    check_all_chunkings(kimi, ("Ok", None, [TIME]), tool_parser="kimi_k2", reasoning_parser=None)
+    deepseek = '<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"tz": "CET"}<｜tool▁call▁end｜>'
+    check_all_chunkings(deepseek, (None, None, [TIME]), tool_parser="deepseek_v3", reasoning_parser=None)
