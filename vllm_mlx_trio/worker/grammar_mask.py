@@ -17,7 +17,6 @@ import numpy as np
 from ..core.constraint import CompiledGrammar
 
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
-_BIT_SHIFTS = mx.arange(32, dtype=mx.uint32)
 
 
 class GrammarViolation(RuntimeError):
@@ -27,7 +26,7 @@ class GrammarViolation(RuntimeError):
 @mx.compile
 def _masked(logits: mx.array, words: mx.array) -> mx.array:
     """``logits`` (1, V) with every token whose bit in ``words`` (uint32, ceil(V/32)) is 0 set to -inf."""
-    bits = (words[:, None] >> _BIT_SHIFTS) & 1
+    bits = (words[:, None] >> mx.arange(32, dtype=mx.uint32)) & 1  # made here: arrays belong to a thread's stream
     allowed = bits.reshape(-1)[: logits.shape[-1]].astype(mx.bool_)
     return mx.where(allowed, logits, mx.array(-mx.inf, dtype=logits.dtype))
 
