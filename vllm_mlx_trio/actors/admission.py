@@ -85,7 +85,9 @@ class AdmissionActor:
         #: Tokenizer copies no thread is using (one per thread, made when the actor starts).
         self._free_tokenizers: list[Tokenizer] = []
         #: Compiles response_format / guided / forced tool-call constraints (structured/).
-        self._constraints = constraints or ConstraintStep(tokenizer, vocab_size=limits.vocab_size)
+        self._constraints = constraints or ConstraintStep(
+            vocab_size=limits.vocab_size, eos_token_ids=tuple(sorted(getattr(tokenizer, "eos_token_ids", None) or ()))
+        )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Admit until the engine facade closes the submit channel, then let the requests
@@ -172,12 +174,18 @@ class AdmissionActor:
                 self._limiter.release_on_behalf_of(borrower)
 
     async def _compile_constraint(self, params: SamplingParams, prompt_token_ids: list[int]) -> SamplingParams:
-        """Compile the request's output constraint in a thread (inline when preprocess_threads = 0)."""
+        """Compile the request's output constraint in a preprocessing thread, with its tokenizer
+        copy (inline with ours when preprocess_threads = 0)."""
         if params.constraint is None:
             return params
         if self._threads == 0:
-            return self._constraints.attach(params, prompt_token_ids)
-        return await trio.to_thread.run_sync(self._constraints.attach, params, prompt_token_ids)
+            return self._constraints.attach(params, prompt_token_ids, self._tokenizer)
+        async with self._limiter:
+            tokenizer = self._free_tokenizers.pop()
+            try:
+                return await trio.to_thread.run_sync(self._constraints.attach, params, prompt_token_ids, tokenizer)
+            finally:
+                self._free_tokenizers.append(tokenizer)
 
     def check_media(self, prompt: Prompt) -> None:
         """Refuse content parts of kinds this model does not take (a text-only model: all)."""
