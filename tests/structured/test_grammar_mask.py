@@ -16,7 +16,8 @@ from vllm_mlx_trio.worker.sampling import make_request_processors
 
 pytestmark = pytest.mark.mlx
 
-STOP = (2,)
+STOP = (2, 300)  # EOS and a stop_token_id
+EOS = [0, 2]  # the llguidance tokenizer's (tests/structured/conftest.py)
 PROMPT = mx.array([5, 6, 7])
 
 
@@ -54,7 +55,8 @@ def test_the_mask_follows_the_grammar_then_allows_only_the_stop_ids(choice):
     assert yes[0] in masks[0]
     assert all("yes".startswith(tokenizer.decode_str([t])) or "no".startswith(tokenizer.decode_str([t]))
                for t in masks[0])  # fmt: skip
-    assert masks[-1] == list(STOP)  # the grammar is complete: only the request's stop ids
+    assert masks[-1] == sorted({*EOS, *STOP})  # the grammar is complete: only EOS and the request's stop ids
+    assert 300 not in masks[0]
 
 
 def test_a_resumed_row_replays_its_tokens(choice):
