@@ -86,6 +86,20 @@ def test_the_constraint_is_the_last_processor(choice):
     assert 3 not in allowed(logits)  # the bias cannot lift a token the grammar forbids
 
 
+def test_a_complete_grammar_ends_the_row_even_before_min_tokens(choice):
+    compiled, tokenizer = choice
+    params = SamplingParams(min_tokens=50, constraint=compiled.spec, grammar=compiled)
+    processors = make_request_processors(params, stop_ids=STOP)
+    context, yes = PROMPT, tokenizer.tokenize_str("yes")
+    for step in range(len(yes) + 1):
+        logits = mx.zeros((1, tokenizer.vocab_size))
+        for processor in processors:
+            logits = processor(context, logits)
+        if step < len(yes):
+            context = mx.concatenate([context, mx.array([yes[step]])])
+    assert allowed(logits) == sorted({*EOS, *STOP})
+
+
 def test_an_uncompiled_constraint_fails_its_row_only():
     params = SamplingParams(constraint=ConstraintSpec(kind="regex", body="a+"))
     (processor,) = make_request_processors(params, stop_ids=STOP)

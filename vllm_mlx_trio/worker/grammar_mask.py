@@ -62,6 +62,8 @@ def grammar_processor(
             if not matcher.consume_token(token):
                 raise GrammarViolation(f"token {token} is outside the grammar: {matcher.get_error()}")
         calls += 1
+        if matcher.is_stopped():  # only EOS / stop ids remain: they win over min_tokens' ban
+            logits = mx.zeros_like(logits)
         return apply_bitmask(logits, _allowed_words(matcher, stop_array))
 
     return constrain
