@@ -75,18 +75,25 @@ async def measure_structured(
 
 
 def structured_rows(results: dict[str, list[dict]]) -> list[dict]:
-    baseline = statistics.median(r["neighbours_tok_s"] for r in results["unconstrained"])
+    """One row per setting. ``*_ratio``: medians over the baseline's median; ``paired_*``: the
+    median of each run's ratio to the unconstrained run just before it (robust to load drift)."""
+    plain_runs = results["unconstrained"]
+    baseline = statistics.median(r["neighbours_tok_s"] for r in plain_runs)
     out = []
     for name, runs in results.items():
         neighbours = [r["neighbours_tok_s"] for r in runs]
         constrained = [r["constrained_tok_s"] for r in runs if r["constrained_tok_s"] is not None]
+        pairs = list(zip(plain_runs, runs, strict=True))
         out.append({
             "setting": name,
             "runs": len(runs),
             "neighbour_tok_s": _spread(neighbours),
             "neighbour_ratio": f"{statistics.median(neighbours) / baseline:.3f}",
+            "paired_neighbour": _spread([r["neighbours_tok_s"] / p["neighbours_tok_s"] for p, r in pairs], 3),
             "constrained_tok_s": _spread(constrained) if constrained else "-",
             "constrained_ratio": f"{statistics.median(constrained) / baseline:.3f}" if constrained else "-",
+            "paired_constrained": _spread([r["constrained_tok_s"] / p["neighbours_tok_s"] for p, r in pairs], 3)
+            if constrained else "-",
             "constrained_tokens": _spread([r["constrained_tokens"] for r in runs if r["constrained_tokens"]], 0)
             if constrained else "-",
         })  # fmt: skip
