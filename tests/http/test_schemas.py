@@ -29,7 +29,6 @@ def refused(parse=parse_chat, **fields) -> InvalidRequestError:
 NEXT_SHAPES = {
     "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}, "strict": True}}],
     "tool_choice": {"type": "function", "function": {"name": "f"}},
-    "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "object"}}},
     "chat_template_kwargs": {"enable_thinking": False},
     "reasoning_effort": "low",
 }
@@ -47,7 +46,7 @@ def test_the_next_shapes_decode_and_are_refused_until_honoured(field):
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("response_format", {"type": "json_object"}), ("tool_choice", "auto"), ("tools", {"type": "function"}),
+    [("tool_choice", "auto"), ("tools", {"type": "function"}),
      ("reasoning_effort", "extreme"), ("chat_template_kwargs", [])],
 )  # fmt: skip
 def test_malformed_or_on_values_of_not_yet_fields_name_the_field(field, value):

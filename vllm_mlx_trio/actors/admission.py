@@ -18,6 +18,7 @@ import trio
 from ..core.params import SamplingParams
 from ..errors import InvalidRequestError, PromptTooLongError, VllmMlxTrioError
 from ..messages import Accepted, Admit, ChatMessage, Outbox, RequestFailed, Submit, TextPart
+from ..structured.admission import ConstraintStep
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,7 @@ class AdmissionActor:
         tokenizer: Tokenizer,
         limits: AdmissionLimits,
         preprocess_threads: int = 1,
+        constraints: ConstraintStep | None = None,
     ):
         self._submit_recv = submit_recv
         self._admit_send = admit_send
@@ -82,6 +84,10 @@ class AdmissionActor:
         self._limiter = trio.CapacityLimiter(max(1, preprocess_threads))
         #: Tokenizer copies no thread is using (one per thread, made when the actor starts).
         self._free_tokenizers: list[Tokenizer] = []
+        #: Compiles response_format / guided / forced tool-call constraints (structured/).
+        self._constraints = constraints or ConstraintStep(
+            vocab_size=limits.vocab_size, eos_token_ids=tuple(sorted(getattr(tokenizer, "eos_token_ids", None) or ()))
+        )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Admit until the engine facade closes the submit channel, then let the requests
@@ -124,6 +130,7 @@ class AdmissionActor:
                 if prompt_token_ids is None:
                     return  # the client left before its turn: never tokenized
                 params = self.resolve_params(submit.params, len(prompt_token_ids))
+                params = await self._compile_constraint(params, prompt_token_ids)
             except VllmMlxTrioError as exc:
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                     outbox.send_nowait(RequestFailed(error=exc))  # else the client left: nobody to tell
@@ -165,6 +172,20 @@ class AdmissionActor:
             # with one thread the next prompt cannot reach the scheduler before this one.
             if borrower is not None:
                 self._limiter.release_on_behalf_of(borrower)
+
+    async def _compile_constraint(self, params: SamplingParams, prompt_token_ids: list[int]) -> SamplingParams:
+        """Compile the request's output constraint in a preprocessing thread, with its tokenizer
+        copy (inline with ours when preprocess_threads = 0)."""
+        if params.constraint is None:
+            return params
+        if self._threads == 0:
+            return self._constraints.attach(params, prompt_token_ids, self._tokenizer)
+        async with self._limiter:
+            tokenizer = self._free_tokenizers.pop()
+            try:
+                return await trio.to_thread.run_sync(self._constraints.attach, params, prompt_token_ids, tokenizer)
+            finally:
+                self._free_tokenizers.append(tokenizer)
 
     def check_media(self, prompt: Prompt) -> None:
         """Refuse content parts of kinds this model does not take (a text-only model: all)."""

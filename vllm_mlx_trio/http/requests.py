@@ -12,6 +12,7 @@ HTTP and library callers alike; only what OpenAI bounds per route (completions' 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import attrs
 import msgspec
 
+from ..core.constraint import ConstraintSpec, canonical_json
 from ..core.params import SamplingParams
 from ..errors import InvalidRequestError, ModelNotFoundError
 from ..messages import ChatMessage, ContentPart, ImagePart, TextPart, VideoPart
@@ -159,8 +161,68 @@ def _sampling(body: schemas._Body, max_tokens: int | None, logprobs: int | None)
         stop_token_ids=tuple(body.stop_token_ids or ()),
         logit_bias=logit_bias_pairs(body.logit_bias),
         logprobs=logprobs,
+        constraint=_constraint(body),
         **{k: v for k, v in fields.items() if v is not None},
     )
+
+
+def _constraint(body: schemas._Body) -> ConstraintSpec | None:
+    """The output constraint of ``response_format`` or one of vLLM's guided-decoding fields;
+    more than one is a 400 (which would win is not obvious). ``{"type": "text"}`` is none."""
+    found = [(name, spec) for name, spec in _constraint_fields(body) if spec is not None]
+    if len(found) > 1:
+        names = " and ".join(name for name, _ in found)
+        raise bad(f"Only one output constraint may be given per request, got {names}.", found[1][0])
+    return found[0][1] if found else None
+
+
+def _constraint_fields(body: schemas._Body) -> list[tuple[str, ConstraintSpec | None]]:
+    outputs = body.structured_outputs or schemas.StructuredOutputs()
+    return [
+        ("response_format", _response_format(body.response_format)),
+        ("structured_outputs.json", _json_spec(outputs.json, "structured_outputs.json")),
+        ("structured_outputs.regex", _text_spec("regex", outputs.regex)),
+        ("structured_outputs.choice", _choice_spec(outputs.choice)),
+        ("structured_outputs.grammar", _text_spec("grammar", outputs.grammar)),
+        ("guided_json", _json_spec(body.guided_json, "guided_json")),
+        ("guided_regex", _text_spec("regex", body.guided_regex)),
+        ("guided_choice", _choice_spec(body.guided_choice)),
+        ("guided_grammar", _text_spec("grammar", body.guided_grammar)),
+    ]
+
+
+def _response_format(response_format: schemas.ResponseFormat | None) -> ConstraintSpec | None:
+    """``json_object`` and ``json_schema`` constrain; ``strict`` is accepted, and every schema
+    is enforced strictly. A ``json_schema`` without a schema is any JSON object."""
+    if isinstance(response_format, schemas.JsonObjectFormat):
+        return ConstraintSpec(kind="json_object", body="")
+    if isinstance(response_format, schemas.JsonSchemaFormat):
+        schema = response_format.json_schema.schema
+        if schema is None:
+            return ConstraintSpec(kind="json_object", body="")
+        return ConstraintSpec(kind="json_schema", body=canonical_json(schema))
+    return None
+
+
+def _json_spec(schema: dict[str, Any] | str | None, param: str) -> ConstraintSpec | None:
+    if schema is None:
+        return None
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as exc:
+            raise bad(f"{param} must be a JSON schema (an object, or a string holding one): {exc}", param) from exc
+    if not isinstance(schema, dict):
+        raise bad(f"{param} must be a JSON schema object.", param)
+    return ConstraintSpec(kind="json_schema", body=canonical_json(schema))
+
+
+def _text_spec(kind: str, text: str | None) -> ConstraintSpec | None:
+    return None if text is None else ConstraintSpec(kind=kind, body=text)  # type: ignore[arg-type]
+
+
+def _choice_spec(choices: list[str] | None) -> ConstraintSpec | None:
+    return None if choices is None else ConstraintSpec(kind="choice", body=json.dumps(choices, ensure_ascii=False))
 
 
 def _message(message: schemas.MessageIn, raw: dict, index: int) -> ChatMessage:

@@ -44,7 +44,7 @@ def is_off_value(value: Any, off_values: tuple) -> bool:
 _SAMPLING_ORDER = (
     "n", "user", "stream", "stream_options", "stop", "top_k", "temperature", "top_p", "min_p", "seed",
     "repetition_penalty", "presence_penalty", "frequency_penalty", "min_tokens", "ignore_eos",
-    "stream_interval", "cache_salt", "stop_token_ids", "logit_bias",
+    "stream_interval", "cache_salt", "stop_token_ids", "logit_bias", *schemas.CONSTRAINT_FIELDS,
 )  # fmt: skip
 CHECK_ORDER = {
     schemas.ChatBody: ("max_completion_tokens", "max_tokens", "messages", "logprobs", "top_logprobs", *_SAMPLING_ORDER),

@@ -6,7 +6,7 @@ no ``"3"`` for ``3``); :mod:`.requests` turns a decoded body into a ``ParsedRequ
 as the server always worded it. Bounds that depend on the model or the config (context,
 vocabulary, ``limits.*``) are checked later, by admission.
 
-Shapes this server does not honour yet (tools, tool_choice, response_format, media parts...)
+Shapes this server does not honour yet (tools, tool_choice, media parts...)
 are declared too, so the next features only have to act on them: :data:`NOT_YET_OFF` lists the
 values at which such a field is accepted today (its "off" values).
 
@@ -109,7 +109,7 @@ class ToolCall(_Object):
     function: FunctionCall
 
 
-# -- response_format (declared, only "text" honoured) --------------------------------------
+# -- response_format and vLLM's guided decoding (structured output) -------------------------
 
 
 class _Format(_Object, tag_field="type"):
@@ -136,6 +136,21 @@ class JsonSchemaFormat(_Format, tag="json_schema"):
 
 
 ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
+
+
+class StructuredOutputs(_Object):
+    """vLLM's ``structured_outputs``: at most one of these may be set."""
+
+    json: dict[str, Any] | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+
+#: The body fields that each set an output constraint (at most one per request).
+CONSTRAINT_FIELDS = (
+    "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+)  # fmt: skip
 
 
 # -- messages ------------------------------------------------------------------------------
@@ -192,8 +207,14 @@ class _Body(_Object):
     ignore_eos: bool | None = None
     cache_salt: str | None = None
     stream_interval: int | None = None
-    # not honoured yet: accepted only at an off value (NOT_YET_OFF)
+    # structured output (requests.py, _constraint)
     response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    # not honoured yet: accepted only at an off value (NOT_YET_OFF)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -219,7 +240,6 @@ class CompletionBody(_Body):
 #: Fields a later version honours, and the values at which they are accepted today. A value
 #: is off when it equals one of these *and* has its JSON type (``1`` is not ``true``).
 NOT_YET_OFF: dict[str, tuple] = {
-    "response_format": (None, {"type": "text"}),
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "parallel_tool_calls": (None, True, False),
