@@ -15,10 +15,11 @@ from .workload import _corpus_words, chat
 
 #: Words between the starts of consecutive prompts' bodies (prime: bodies rarely coincide).
 BODY_STRIDE = 211
-#: A prompt within this share of its target length is accepted as it is.
-LENGTH_TOLERANCE = 0.1
+#: A prompt at most this share under its target length (never over: the model's context is
+#: the limit of the longest) is accepted as it is.
+LENGTH_TOLERANCE = 0.05
 #: Tries to bring a prompt within the tolerance by rescaling its word count.
-FIT_TRIES = 4
+FIT_TRIES = 8
 
 Counter = Callable[[str], int]
 
@@ -62,9 +63,10 @@ class PromptMaker:
         text = f"[{tag}] {_body(start, words)}"
         for _ in range(FIT_TRIES):
             got = self._count(text)
-            if abs(got - tokens) <= LENGTH_TOLERANCE * tokens:
+            if (1 - LENGTH_TOLERANCE) * tokens <= got <= tokens:
                 break
-            words = max(1, round(words * (tokens - overhead) / max(got - overhead, 1)))
+            scaled = words * (tokens - overhead) / max(got - overhead, 1)
+            words = max(1, int(scaled) - (1 if got > tokens else 0))
             text = f"[{tag}] {_body(start, words)}"
         return text
 
