@@ -32,8 +32,8 @@ def test_prompts_have_the_lengths_and_are_all_different():
 
 
 def _row(path, conc, rep, ttft):
-    return {"path": path, "conc": conc, "rep": rep, "reqs": 5, "prompt_tok": 50, "ttft_p50_ms": ttft,
-            "ttft_p95_ms": ttft, "itl_p50_ms": 1.0, "itl_p95_ms": 2.0, "agg_tok_s": 10.0}
+    return {"path": path, "conc": conc, "rep": rep, "reqs": 5, "prompt_tok": 50, "tok_per_req": "16",
+            "ttft_p50_ms": ttft, "ttft_p95_ms": ttft, "itl_p50_ms": 1.0, "itl_p95_ms": 2.0, "agg_tok_s": 10.0}
 
 
 def test_median_rows_give_median_spread_and_ratio_to_the_best_peer():
@@ -41,7 +41,7 @@ def test_median_rows_give_median_spread_and_ratio_to_the_best_peer():
     rows += [_row("mlx-lm", 5, r, t) for r, t in enumerate((400.0, 500.0, 450.0))]
     rows += [_row("vllm-mlx", 5, r, t) for r, t in enumerate((800.0, 900.0, 700.0))]
     table = {r["path"]: r for r in median_rows(rows)}
-    assert table["ours"]["ttft_p50_ms"] == "200.0 (100.0-300.0)"
+    assert table["ours"]["ttft_p50_ms"] == "200.0 (100.0-300.0)" and table["ours"]["tok_per_req"] == "16"
     assert table["ours"]["ttft_vs_best_peer"] == round(200 / 450, 2)
     assert table["mlx-lm"]["ttft_vs_best_peer"] == round(450 / 800, 2)
 

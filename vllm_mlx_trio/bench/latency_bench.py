@@ -139,8 +139,9 @@ def median_rows(rows: Sequence[dict]) -> list[dict]:
     table = []
     for path, conc in keys:
         mine = [r for r in rows if (r["path"], r["conc"]) == (path, conc)]
+        counts = sorted({r["tok_per_req"] for r in mine})  # a server that stops at EOS shows here
         out = {"path": path, "conc": conc, "reps": len(mine), "reqs": mine[0]["reqs"],
-               "prompt_tok": mine[0]["prompt_tok"]}  # fmt: skip
+               "prompt_tok": mine[0]["prompt_tok"], "tok_per_req": ",".join(counts)}  # fmt: skip
         for figure in FIGURES:
             values = [r[figure] for r in mine if r.get(figure) is not None]
             out[figure] = _spread(values)

@@ -9,7 +9,7 @@ import attrs
 from .latency_bench import QUICK, LatencyWorkload, missing_executable, ours_variant, run_latency
 from .peers import DEFAULT_VLLM_MLX, PeerServer, peer_server
 
-COLUMNS = ("path", "conc", "reps", "reqs", "prompt_tok", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms",
+COLUMNS = ("path", "conc", "reps", "reqs", "prompt_tok", "tok_per_req", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms",
            "itl_p95_ms", "agg_tok_s", "ttft_vs_best_peer")  # fmt: skip
 
 
