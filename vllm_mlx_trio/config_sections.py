@@ -78,6 +78,10 @@ class EngineSection:
     prefill_step_size: int = _option(512, _in_range(1))
     #: Batched mode: most sequences in the model at once (>= 1); the rest wait in the queue.
     max_num_seqs: int = _option(32, _in_range(1))
+    #: Batched mode: token budget of one step (>= 1; none: no budget): a decoding row counts
+    #: one, a prompt being prefilled its chunk (at most prefill_step_size). A waiting prompt
+    #: starts only if its chunk fits beside them, so the first arrivals are prefilled first.
+    max_num_batched_tokens: int | None = _option(1024, _in_range(1))
     #: Batched mode: most prompts prefilled together in one forward pass (>= 1).
     prefill_batch_size: int = _option(8, _in_range(1))
     #: Batched mode: most sequences decoded together; while this many decode, new prompts

@@ -75,6 +75,7 @@ class SchedulerActor:
         health: EngineHealth | None = None,
         stall_timeout_s: float | None = None,
         kv_budget_tokens: int | None = None,
+        prefill_budget: tuple[int | None, int | None] = (None, None),
     ):
         self._admit_recv = admit_recv
         self._control_recv = control_recv
@@ -89,6 +90,8 @@ class SchedulerActor:
         self._plans_in_flight = plans_in_flight
         self._max_tokens_per_step = max_tokens_per_step
         self._max_running = max_running
+        #: (engine.max_num_batched_tokens, the runner's prefill chunk): see core/scheduler.py.
+        self._prefill_budget = prefill_budget
         self._scheduler = self._new_scheduler()
         self._in_flight: collections.deque[StepPlan] = collections.deque()
         self._delivery = Delivery(stream_interval=stream_interval, metrics=metrics)
@@ -113,6 +116,8 @@ class SchedulerActor:
             kv_budget_tokens=self._kv_budget_tokens,
             # Tokens, not steps: each plan in flight, and the next step, may add this many.
             lookahead_tokens=(self._plans_in_flight + 1) * self._max_tokens_per_step,
+            max_num_batched_tokens=self._prefill_budget[0],
+            prefill_chunk_tokens=self._prefill_budget[1],
         )
 
     def statistics(self) -> SchedulerStatistics:

@@ -106,6 +106,8 @@ def add_bench_parser(commands, config_args: ConfigArgs) -> None:
     soak.add_argument("--warmup", type=int, default=1500, help="mix requests before the baseline (default 1500)")
     soak.add_argument("--json", dest="json_path", default=None, help="also write the results here")
 
+    _latency_args(sub, config_args)
+
     every = sub.add_parser("all", help="ceiling, engine and our HTTP server for each model")
     config_args(every)
     every.add_argument("--models", default="demo:tiny,demo:small", help="comma-separated model paths")
@@ -121,6 +123,24 @@ def add_bench_parser(commands, config_args: ConfigArgs) -> None:
     peers.add_argument("--no-seeds", action="store_true", help="skip the five-prompt seeds workload")
     _ignore_eos_arg(peers)
     _workload_args(peers, "1,5")
+
+
+def _latency_args(sub, config_args: ConfigArgs) -> None:
+    lat = sub.add_parser("latency", help="TTFT and ITL at 1, 5, 16 streams: ours vs mlx_lm.server and vllm-mlx")
+    config_args(lat)
+    lat.add_argument("--model-dir", default="demo:tiny", help="model directory (or demo:<size>; default demo:tiny)")
+    lat.add_argument("--peers", default="ours,mlx-lm,vllm-mlx", help="which servers (default all three)")
+    lat.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+                     help="also our server with these --set settings, named NAME (repeatable)")  # fmt: skip
+    lat.add_argument("--vllm-mlx", default=None, help="the vllm-mlx executable (a separate venv)")
+    lat.add_argument("--quick", action="store_true", help="levels 1,5; lengths 50,500; 16 tokens; 2 repetitions")
+    lat.add_argument("--levels", type=_levels, default=None, help="concurrency levels (default 1,5,16)")
+    lat.add_argument("--lengths", type=_levels, default=None, help="prompt tokens, cycled (default 50,500,2000)")
+    lat.add_argument("--max-tokens", type=_positive, default=None, help="tokens per request (default 32)")
+    lat.add_argument("--repetitions", type=_positive, default=None, help="repetitions (default 3)")
+    lat.add_argument("--port", type=int, default=8711, help="first port; each server takes the next")
+    lat.add_argument("--startup-timeout", type=float, default=180.0, help="seconds to wait for the servers")
+    lat.add_argument("--json", dest="json_path", default=None, help="also write the results here")
 
 
 def workload_from(args: argparse.Namespace) -> Workload:
@@ -143,6 +163,10 @@ def run_bench(cfg, args: argparse.Namespace) -> int:
         from .soak import run_soak_command
 
         return run_soak_command(cfg, args)
+    if args.bench_command == "latency":
+        from .latency_command import run_latency_command
+
+        return run_latency_command(cfg, args)
     if args.bench_command == "prefix-cache":
         from .prefix_cache_bench import run_prefix_cache_bench
 

@@ -30,6 +30,14 @@ class Scheduler:
     running request is preempted: it goes back to the head of the queue and is later
     recomputed from its prompt and the tokens it already produced. The oldest request always
     runs, and admission refuses a request that could not run alone, so all of them finish.
+
+    With ``max_num_batched_tokens`` (vLLM's name) each step has a token budget: one per
+    decoding row, plus, per prompt being prefilled, the chunk the runner gives it each step
+    (``min(prompt tokens left, prefill_chunk_tokens)``). A waiting request starts only if its
+    chunk still fits beside them, so the first arrivals are prefilled alone and get their
+    first token early instead of all waiting for the whole group; one prompt is always let in
+    when none is being prefilled, so a long one cannot wait for ever. A request counts as
+    prefilling from its start until its first token.
     """
 
     def __init__(
@@ -38,6 +46,8 @@ class Scheduler:
         max_running: int,
         kv_budget_tokens: int | None = None,
         lookahead_tokens: int = 1,
+        max_num_batched_tokens: int | None = None,
+        prefill_chunk_tokens: int | None = None,
     ):
         assert max_running >= 1
         self.max_running = max_running
@@ -46,6 +56,10 @@ class Scheduler:
         #: flight), plus those the next step adds: tokens, not steps (a step may give several).
         self.lookahead_tokens = lookahead_tokens
         self.num_preemptions = 0
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.prefill_chunk_tokens = prefill_chunk_tokens
+        #: Started requests with no token yet: the prompt tokens each is given per step.
+        self._prefilling: dict[RequestId, int] = {}
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: dict[RequestId, Request] = {}
         self._starting: list[NewSequence] = []
@@ -80,7 +94,27 @@ class Scheduler:
         while self.waiting and len(self.running) < self.max_running:  # running includes starting
             if self.running and not self._fits(self.waiting[0], ADMIT_HEADROOM_TOKENS):
                 return  # the head waits for room; nobody overtakes it
+            if not self._prefill_fits(self.waiting[0]):
+                return  # the step's token budget is spent; the head waits for the next
             yield self.waiting.popleft()
+
+    def _chunk(self, num_prompt_tokens: int) -> int:
+        """Prompt tokens the runner gives a prompt this long in one step."""
+        chunk = self.prefill_chunk_tokens
+        return max(1, min(num_prompt_tokens, chunk) if chunk else num_prompt_tokens)
+
+    @property
+    def step_tokens(self) -> int:
+        """Tokens the next step computes: one per decoding row, a chunk per prefilling one."""
+        return len(self.running) - len(self._prefilling) + sum(self._prefilling.values())
+
+    def _prefill_fits(self, request: Request) -> bool:
+        """Whether ``request``'s first chunk fits the step's budget (its whole prompt counts:
+        the prefix cache's share is not known before the lookup)."""
+        budget = self.max_num_batched_tokens
+        if budget is None or not self._prefilling:
+            return True
+        return self.step_tokens + self._chunk(request.num_tokens) <= budget
 
     @property
     def kv_tokens_held(self) -> int:
@@ -134,10 +168,12 @@ class Scheduler:
             )
         )
         self.running[request.request_id] = request
+        self._prefilling[request.request_id] = self._chunk(request.num_tokens - num_cached_tokens)
 
     def abort(self, request_id: RequestId, status: RequestStatus) -> Request | None:
         """Take a request out of the batch (or the queue). Unknown or finished: a no-op."""
         request = self.running.pop(request_id, None)
+        self._prefilling.pop(request_id, None)
         if request is not None:
             self._to_drop.append(request_id)
             self._starting = [s for s in self._starting if s.request_id != request_id]
@@ -197,6 +233,7 @@ class Scheduler:
             request = self.running.get(request_id)
             if request is None or result.step_id < request.first_valid_step:
                 continue  # aborted, finished or preempted while the step ran: tokens dropped
+            self._prefilling.pop(request_id, None)
             request.append_tokens(token_ids, logprobs.get(request_id, ()))
             touched.append(request)
             if request.status.is_finished:

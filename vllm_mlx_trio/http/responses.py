@@ -6,6 +6,7 @@ import json
 import time
 import uuid
 from collections.abc import Sequence
+from json.encoder import encode_basestring  # json.dumps(str, ensure_ascii=False), in C
 from typing import Any
 
 import attrs
@@ -44,6 +45,8 @@ class ResponseBuilder:
         self._formatter = LogprobFormatter(tokenizer) if logprobs and tokenizer is not None else None
         #: Completions' text_offset continues across a choice's chunks: index -> next offset.
         self._text_offsets: dict[int, int] = {}
+        #: Per choice, the text chunk's SSE bytes around its text (see :meth:`_text_chunk`).
+        self._templates: dict[int, tuple[str, str]] = {}
 
     def _envelope(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -89,6 +92,8 @@ class ResponseBuilder:
         logprobs: tuple[TokenLogprob, ...] = (),
     ) -> str:
         """One streamed delta of choice ``index``, with its tokens' logprobs if asked."""
+        if finish_reason is None and text and self._formatter is None:
+            return self._text_chunk(index, text)
         logprobs_json = self._logprobs(index, logprobs) if logprobs else None
         if self.chat:
             delta: dict[str, Any] = {} if finish_reason is not None and not text else {"content": text}
@@ -96,6 +101,21 @@ class ResponseBuilder:
             return sse(self._envelope("chat.completion.chunk", [choice]))
         choice = {"index": index, "text": text, "logprobs": logprobs_json, "finish_reason": finish_reason}
         return sse(self._envelope("text_completion", [choice]))
+
+    def _text_chunk(self, index: int, text: str) -> str:
+        """The per-token chunk (text, no finish, no logprobs): the bytes :func:`sse` gives,
+        from a template made once per choice, so only the text is encoded per token."""
+        template = self._templates.get(index)
+        if template is None:
+            choice: dict[str, Any]
+            if self.chat:
+                choice = {"index": index, "delta": {"content": _TEXT_MARK}, "logprobs": None, "finish_reason": None}
+            else:
+                choice = {"index": index, "text": _TEXT_MARK, "logprobs": None, "finish_reason": None}
+            kind = "chat.completion.chunk" if self.chat else "text_completion"
+            head, _, tail = sse(self._envelope(kind, [choice])).rpartition(encode_basestring(_TEXT_MARK))
+            template = self._templates[index] = (head, tail)
+        return template[0] + encode_basestring(text) + template[1]
 
     def usage_chunk(self, usage: Usage) -> str:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
@@ -129,6 +149,11 @@ def usage_json(usage: Usage) -> dict[str, Any]:
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
+
+
+#: Stands for the text in a chunk template; the last occurrence is the text's (choices come
+#: after the model name in the envelope).
+_TEXT_MARK = "\ue000text\ue000"
 
 
 def sse(payload: dict[str, Any]) -> str:

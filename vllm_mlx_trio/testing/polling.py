@@ -33,8 +33,10 @@ async def wait_until(
 
 
 def engine_idle(stats) -> bool:
-    """For ``until``: the engine's statistics show no request held and no sequence running."""
-    return not stats.num_requests and not stats.scheduler.num_running
+    """For ``until``: the engine's statistics show no request held, no sequence running and
+    no prefix-cache lease (the release reaches the cache manager a message after the abort;
+    a lease never released makes the caller's time limit fail)."""
+    return not stats.num_requests and not stats.scheduler.num_running and not stats.cache.num_leased
 
 
 async def _call(probe: Callable[[], T | Awaitable[T]]) -> T:

@@ -1,0 +1,71 @@
+"""engine.max_num_batched_tokens: the step's token budget decides which prompts start."""
+
+from __future__ import annotations
+
+import trio
+
+from vllm_mlx_trio.core.params import SamplingParams
+from vllm_mlx_trio.core.request import Request, RequestStatus
+from vllm_mlx_trio.core.scheduler import Scheduler
+from vllm_mlx_trio.messages import Admit, RequestId, StepResult
+
+EOS = 2
+
+
+def make_request(name: str, num_prompt_tokens: int) -> Request:
+    send, _recv = trio.open_memory_channel(4)
+    admit = Admit(request_id=RequestId(name), prompt_token_ids=tuple(range(10, 10 + num_prompt_tokens)),
+                  params=SamplingParams(max_tokens=8), outbox=send, arrival_time=0.0)  # fmt: skip
+    return Request(admit, (EOS,))
+
+
+def start_all(s: Scheduler, cached: int = 0) -> list[str]:
+    started = []
+    for request in s.pop_startable():
+        s.start(request, num_cached_tokens=cached)
+        started.append(request.request_id)
+    return started
+
+
+def step(s: Scheduler, *names: str) -> None:
+    plan = s.build_plan()
+    s.apply(StepResult(step_id=plan.step_id, sampled=tuple((RequestId(n), (5,)) for n in names)))
+
+
+def test_without_a_budget_every_waiting_prompt_starts_together():
+    s = Scheduler(max_running=8)
+    for name in "abcde":
+        s.add(make_request(name, 50))
+    assert start_all(s) == list("abcde")
+
+
+def test_first_arrivals_are_prefilled_first_within_the_budget():
+    s = Scheduler(max_running=8, max_num_batched_tokens=120, prefill_chunk_tokens=512)
+    for name in "abcde":
+        s.add(make_request(name, 50))
+    assert start_all(s) == ["a", "b"]  # 50 + 50 fit, a third 50 does not
+    step(s)  # no token yet: both still prefilling, nobody else starts
+    assert start_all(s) == [] and s.step_tokens == 100
+    step(s, "a")  # a decodes now (1 token), b still prefills (50): 51 + 50 fits, + 50 more does not
+    assert start_all(s) == ["c"] and s.step_tokens == 101
+    step(s, "b", "c")
+    assert start_all(s) == ["d", "e"] and s.step_tokens == 103
+
+
+def test_a_long_prompt_costs_its_chunk_and_one_always_starts():
+    for budget, started in ((63, ["long"]), (64, ["long", "short"])):
+        s = Scheduler(max_running=8, max_num_batched_tokens=budget, prefill_chunk_tokens=32)
+        s.add(make_request("long", 2000))  # alone it is over the budget: it starts anyway
+        s.add(make_request("short", 40))
+        assert start_all(s) == started  # the long one costs its chunk (32), the short one 32 too
+        assert s.step_tokens == 32 * len(started)
+
+
+def test_cached_tokens_and_aborts_give_the_budget_back():
+    s = Scheduler(max_running=8, max_num_batched_tokens=99, prefill_chunk_tokens=512)
+    s.add(make_request("a", 90))
+    s.add(make_request("b", 90))
+    assert start_all(s, cached=80) == ["a"]  # b's whole prompt counts before its lookup: 10 + 90 > 99
+    assert s.step_tokens == 10  # a prefills only what the cache does not hold
+    s.abort(RequestId("a"), RequestStatus.FINISHED_ABORTED)
+    assert s.step_tokens == 0 and start_all(s) == ["b"]

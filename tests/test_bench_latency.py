@@ -1,0 +1,75 @@
+"""``bench latency``: prompts of the asked lengths, never alike; the table's medians and ratios;
+the command line's servers. Nothing here measures speed."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from vllm_mlx_trio.bench.latency_bench import QUICK, median_rows
+from vllm_mlx_trio.bench.latency_command import (
+    _with_port,
+    parse_variant,
+    servers_from_args,
+    workload_from_args,
+)
+from vllm_mlx_trio.bench.latency_prompts import PromptMaker
+
+
+def _count_words(text: str) -> int:
+    return 10 + 2 * len(text.split())  # a template of 10 tokens, 2 tokens per word
+
+
+def test_prompts_have_the_lengths_and_are_all_different():
+    maker = PromptMaker(_count_words)
+    prompts = maker.batch("r0", (50, 500, 2000), 6)
+    lengths = [_count_words(p) for p in prompts]
+    for got, want in zip(lengths, (50, 500, 2000) * 2, strict=True):
+        assert 0.95 * want <= got <= want
+    assert len({p.split()[0] for p in prompts}) == 6  # a unique tag first
+    assert len({tuple(p.split()[1:4]) for p in prompts}) == 6  # bodies from different places
+
+
+def _row(path, conc, rep, ttft):
+    return {"path": path, "conc": conc, "rep": rep, "reqs": 5, "prompt_tok": 50, "tok_per_req": "16",
+            "ttft_p50_ms": ttft, "ttft_p95_ms": ttft, "itl_p50_ms": 1.0, "itl_p95_ms": 2.0, "agg_tok_s": 10.0}
+
+
+def test_median_rows_give_median_spread_and_ratio_to_the_best_peer():
+    rows = [_row("ours", 5, r, t) for r, t in enumerate((100.0, 300.0, 200.0))]
+    rows += [_row("mlx-lm", 5, r, t) for r, t in enumerate((400.0, 500.0, 450.0))]
+    rows += [_row("vllm-mlx", 5, r, t) for r, t in enumerate((800.0, 900.0, 700.0))]
+    table = {r["path"]: r for r in median_rows(rows)}
+    assert table["ours"]["ttft_p50_ms"] == "200.0 (100.0-300.0)" and table["ours"]["tok_per_req"] == "16"
+    assert table["ours"]["ttft_vs_best_peer"] == round(200 / 450, 2)
+    assert table["mlx-lm"]["ttft_vs_best_peer"] == round(450 / 800, 2)
+
+
+def _args(**kw):
+    base = {"quick": False, "levels": None, "lengths": None, "max_tokens": None, "repetitions": None,
+            "peers": "ours,mlx-lm", "variant": [], "vllm_mlx": None}
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_workload_presets_and_overrides():
+    assert workload_from_args(_args(quick=True)) == QUICK
+    full = workload_from_args(_args(levels=(1, 2), max_tokens=7))
+    assert (full.levels, full.lengths, full.max_tokens, full.repetitions) == ((1, 2), (50, 500, 2000), 7, 3)
+
+
+def test_variants_are_our_server_with_settings_on_their_own_ports():
+    assert parse_variant("b64:engine.a=1, engine.b=2") == ("ours-b64", ["engine.a=1", "engine.b=2"])
+    with pytest.raises(ValueError):
+        parse_variant("nosettings")
+    servers, notes = servers_from_args(_args(variant=["b64:engine.max_num_batched_tokens=64"]), "/m")
+    assert [s.name for s in servers] == ["ours", "mlx-lm", "ours-b64"] and notes == []
+    variant = _with_port(servers[2], 9001)
+    assert "server.port=9001" in variant.argv and "engine.max_num_batched_tokens=64" in variant.argv
+    mlx = _with_port(servers[1], 9002).argv
+    assert mlx[mlx.index("--port") + 1] == "9002"
+
+
+def test_a_missing_peer_is_left_out_with_a_note():
+    servers, notes = servers_from_args(_args(peers="ours,vllm-mlx", vllm_mlx="/nonexistent/vllm-mlx"), "/m")
+    assert [s.name for s in servers] == ["ours"] and "vllm-mlx left out" in notes[0]

@@ -1,0 +1,171 @@
+"""``bench latency``: TTFT and ITL, ours against the peers, in one run.
+
+Every server (ours, variants of ours with other settings, ``mlx_lm.server``, vllm-mlx) runs
+in its own process, all started up front; this process is only the client. For each
+repetition and each concurrency level, every server gets the same kind of work in turn (the
+order rotates from one repetition and level to the next, so drifts of the machine are
+shared): ``level`` clients, each sending its next streamed chat when the last one ends,
+``max(level, len(lengths))`` fresh prompts cycling through the lengths. A table gives, per
+server and level, the median over the repetitions of each figure with its spread (min-max).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pathlib
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+
+import attrs
+import httpx
+import trio
+
+from .http_bench import HttpTarget, closed_loop, prepare
+from .latency_prompts import PromptMaker
+from .peers import PeerServer, peak_rss_mib, peer_server, port_free, stop, wait_ready
+from .stats import summarize
+
+#: The figures a level reports, each as median (min-max) over the repetitions.
+FIGURES = ("ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms", "agg_tok_s")
+WARMUP_MAX_TOKENS = 4
+
+
+@attrs.frozen(kw_only=True)
+class LatencyWorkload:
+    levels: tuple[int, ...] = (1, 5, 16)
+    lengths: tuple[int, ...] = (50, 500, 2000)
+    max_tokens: int = 32
+    repetitions: int = 3
+
+    def num_requests(self, level: int) -> int:
+        return max(level, len(self.lengths))
+
+
+#: ``--quick``: minutes, to iterate.
+QUICK = LatencyWorkload(levels=(1, 5), lengths=(50, 500), max_tokens=16, repetitions=2)
+
+
+def ours_variant(label: str, settings: Sequence[str], model_dir: str, port: int) -> PeerServer:
+    """Our server with extra ``--set key=value`` settings, named ``label`` in the tables."""
+    base = peer_server("ours", model_dir, port)
+    extra = tuple(arg for kv in settings for arg in ("--set", kv))
+    return attrs.evolve(base, name=label, argv=base.argv + extra)
+
+
+@attrs.define
+class Running:
+    peer: PeerServer
+    proc: subprocess.Popen
+    base_url: str
+
+
+@contextlib.contextmanager
+def started(peers: Sequence[PeerServer], first_port: int, log_dir: pathlib.Path,
+            timeout_s: float) -> Iterator[list[Running]]:  # fmt: skip
+    """Start every server (port ``first_port + i``), wait until all answer; stop them after."""
+    running: list[Running] = []
+    try:
+        for offset, peer in enumerate(peers):
+            port = first_port + offset
+            if not port_free(port):
+                raise RuntimeError(f"port {port} is in use")
+            with open(log_dir / f"{offset}-{peer.name}.log", "wb") as log:
+                proc = subprocess.Popen(peer.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                        env={**os.environ, **peer.env})  # fmt: skip
+            running.append(Running(peer, proc, f"http://127.0.0.1:{port}"))
+        for server in running:
+            wait_ready(server.proc, server.base_url, timeout_s)
+        yield running
+    finally:
+        for server in running:
+            stop(server.proc)
+
+
+async def _one_level(server: Running, target: HttpTarget, prompts: list[str], level: int, max_tokens: int,
+                     http: httpx.AsyncClient) -> dict:  # fmt: skip
+    start = time.perf_counter()
+    traces = await closed_loop(http, target, prompts, level, max_tokens)
+    row = summarize(server.peer.name, level, traces, wall_s=time.perf_counter() - start)
+    return row
+
+
+def _rotated(items: Sequence, by: int) -> list:
+    by %= len(items)
+    return [*items[by:], *items[:by]]
+
+
+async def measure(servers: Sequence[Running], workload: LatencyWorkload, maker: PromptMaker,
+                  progress=print) -> list[dict]:  # fmt: skip
+    """Every (repetition, level, server) row, servers alternating."""
+    limits = httpx.Limits(max_connections=max(workload.levels) + 8)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits) as http:
+        targets = {}
+        for server in servers:
+            target = HttpTarget(base_url=server.base_url, model=server.peer.model)
+            await prepare(http, target)
+            warm = maker.batch(f"warm-{server.peer.name}", workload.lengths, len(workload.lengths))
+            await closed_loop(http, target, warm, 1, WARMUP_MAX_TOKENS)
+            targets[server.peer.name] = target
+        rows = []
+        for rep in range(workload.repetitions):
+            for index, level in enumerate(workload.levels):
+                for server in _rotated(servers, rep + index):
+                    tag = f"r{rep}-c{level}-{server.peer.name}"
+                    prompts = maker.batch(tag, workload.lengths, workload.num_requests(level))
+                    row = await _one_level(server, targets[server.peer.name], prompts, level,
+                                           workload.max_tokens, http)  # fmt: skip
+                    row["rep"] = rep
+                    rows.append(row)
+                    progress(f"rep {rep} conc {level} {server.peer.name}: ttft p50 {row['ttft_p50_ms']} ms, "
+                             f"itl p50 {row['itl_p50_ms']} ms, {row['agg_tok_s']} tok/s")  # fmt: skip
+    return rows
+
+
+def _spread(values: list[float]) -> str | None:
+    if not values:
+        return None
+    median = statistics.median(values)
+    return f"{median:.1f} ({min(values):.1f}-{max(values):.1f})" if len(values) > 1 else f"{median:.1f}"
+
+
+def median_rows(rows: Sequence[dict]) -> list[dict]:
+    """Per (server, level): each figure's median over the repetitions, with its spread, and the
+    server's TTFT p50 over the best other server's (``ttft_vs_best``; < 1 is ahead)."""
+    keys = sorted(dict.fromkeys((r["path"], r["conc"]) for r in rows), key=lambda k: (k[1], k[0]))
+    table = []
+    for path, conc in keys:
+        mine = [r for r in rows if (r["path"], r["conc"]) == (path, conc)]
+        counts = sorted({r["tok_per_req"] for r in mine})  # a server that stops at EOS shows here
+        out = {"path": path, "conc": conc, "reps": len(mine), "reqs": mine[0]["reqs"],
+               "prompt_tok": mine[0]["prompt_tok"], "tok_per_req": ",".join(counts)}  # fmt: skip
+        for figure in FIGURES:
+            values = [r[figure] for r in mine if r.get(figure) is not None]
+            out[figure] = _spread(values)
+            out[f"_{figure}"] = statistics.median(values) if values else None
+        table.append(out)
+    for row in table:
+        others = [r["_ttft_p50_ms"] for r in table if r["conc"] == row["conc"] and r["path"] != row["path"]
+                  and r["_ttft_p50_ms"] and not r["path"].startswith("ours")]  # fmt: skip
+        mine = row["_ttft_p50_ms"]
+        row["ttft_vs_best_peer"] = round(mine / min(others), 2) if others and mine else None
+    return table
+
+
+def missing_executable(peer: PeerServer) -> bool:
+    import shutil
+
+    return not shutil.which(peer.argv[0]) and not os.path.exists(peer.argv[0])
+
+
+def run_latency(peers: Sequence[PeerServer], workload: LatencyWorkload, maker: PromptMaker, *,
+                first_port: int, startup_timeout_s: float) -> dict:  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="bench-latency-") as tmp:
+        with started(peers, first_port, pathlib.Path(tmp), startup_timeout_s) as servers:
+            rows = trio.run(measure, servers, workload, maker)
+            rss = {s.peer.name: peak_rss_mib(s.proc.pid) for s in servers}
+    return {"rows": rows, "table": median_rows(rows), "peak_rss_mib": rss,
+            "argv": {p.name: list(p.argv) for p in peers}}  # fmt: skip

@@ -1,0 +1,85 @@
+"""``vllm-mlx-trio bench latency``: its arguments turned into a run, and the printed table."""
+
+from __future__ import annotations
+
+import argparse
+
+import attrs
+
+from .latency_bench import QUICK, LatencyWorkload, missing_executable, ours_variant, run_latency
+from .peers import DEFAULT_VLLM_MLX, PeerServer, peer_server
+
+COLUMNS = ("path", "conc", "reps", "reqs", "prompt_tok", "tok_per_req", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms",
+           "itl_p95_ms", "agg_tok_s", "ttft_vs_best_peer")  # fmt: skip
+
+
+def workload_from_args(args: argparse.Namespace) -> LatencyWorkload:
+    base = QUICK if args.quick else LatencyWorkload()
+    given = {"levels": args.levels, "lengths": args.lengths, "max_tokens": args.max_tokens,
+             "repetitions": args.repetitions}  # fmt: skip
+    return attrs.evolve(base, **{k: v for k, v in given.items() if v is not None})
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """``"b64:engine.max_num_batched_tokens=64,engine.prefill_step_size=64"`` -> (name, settings)."""
+    name, _, settings = text.partition(":")
+    if not name or not settings:
+        raise ValueError(f"--variant wants NAME:KEY=VALUE[,KEY=VALUE], got {text!r}")
+    return f"ours-{name}", [kv.strip() for kv in settings.split(",") if kv.strip()]
+
+
+def servers_from_args(args: argparse.Namespace, model_dir: str) -> tuple[list[PeerServer], list[str]]:
+    """The servers to start (ports assigned in order) and the notes on those left out."""
+    names = [p.strip() for p in args.peers.split(",") if p.strip()]
+    servers, notes = [], []
+    vllm_mlx = args.vllm_mlx or DEFAULT_VLLM_MLX
+    for name in names:
+        servers.append(peer_server(name, model_dir, 0, vllm_mlx=vllm_mlx, scratch="/tmp/bench-latency-home"))
+    for text in args.variant:
+        label, settings = parse_variant(text)
+        servers.append(ours_variant(label, settings, model_dir, 0))
+    kept = []
+    for server in servers:
+        if missing_executable(server):
+            notes.append(f"{server.name} left out: {server.argv[0]} not found")
+        else:
+            kept.append(server)
+    return kept, notes
+
+
+def _with_port(server: PeerServer, port: int) -> PeerServer:
+    """The server's argv with its port: ours takes ``server.port=``, the others ``--port``."""
+    argv = list(server.argv)
+    for i, arg in enumerate(argv):
+        if arg == "server.port=0":
+            argv[i] = f"server.port={port}"
+        elif arg == "--port":
+            argv[i + 1] = str(port)
+    return attrs.evolve(server, argv=tuple(argv))
+
+
+def run_latency_command(cfg, args: argparse.Namespace) -> int:
+    from .latency_prompts import PromptMaker, chat_token_counter
+    from .machine import format_machine, machine_info
+    from .report import format_table, write_json
+    from .suite import resolve_model_dir
+
+    model_dir = resolve_model_dir(args.model_dir, cfg)
+    workload = workload_from_args(args)
+    servers, notes = servers_from_args(args, model_dir)
+    servers = [_with_port(s, args.port + i) for i, s in enumerate(servers)]
+    maker = PromptMaker(chat_token_counter(model_dir))
+    result = run_latency(servers, workload, maker, first_port=args.port, startup_timeout_s=args.startup_timeout)
+    notes += [
+        f"model {args.model_dir}; prompts of {','.join(map(str, workload.lengths))} tokens cycled, fresh each "
+        f"(a unique tag first); max_tokens {workload.max_tokens}, greedy; {workload.repetitions} repetitions",
+        "each level: max(level, number of lengths) requests from `level` clients (closed loop); servers alternate",
+        "figures: median (min-max) over the repetitions; ttft_vs_best_peer: TTFT p50 over the best non-ours server's",
+        "client: this process; every server in its own process; peak RSS MiB: "
+        + ", ".join(f"{k} {v}" for k, v in result["peak_rss_mib"].items()),
+    ]
+    print("== latency: TTFT and ITL under load", format_machine(machine_info()),
+          format_table(result["table"], list(COLUMNS)), *(f"note: {n}" for n in notes), sep="\n", flush=True)
+    if args.json_path:
+        write_json(args.json_path, {"kind": "latency", "workload": attrs.asdict(workload), **result, "notes": notes})
+    return 0
