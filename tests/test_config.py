@@ -359,14 +359,16 @@ def test_round_trip_with_every_option_set():
     template = '{% for m in messages %}{{ m.role }}: "{{ m.content }}"\n{% endfor %}'
     data = {
         "server": {"host": "0.0.0.0", "port": 0, "drain_timeout_s": 2.5, "served_model_name": "m",
-                   "api_key_file": "/etc/keys", "cors_origins": ["https://a.example", "*"], "backlog": 512},
+                   "api_key_file": "/etc/keys", "cors_origins": ["https://a.example", "*"], "backlog": 512,
+                   "unknown_fields": "ignore"},
         "model": {"path": "demo:small", "revision": "abc", "trust_remote_code": True,
                   "chat_template": template, "demo_cache_dir": "/tmp/demo"},
         "engine": {"mode": "simple", "prefill_step_size": 64, "max_num_seqs": 3,
                    "prefill_batch_size": 2, "completion_batch_size": 4, "stream_interval": 5,
                    "default_max_tokens": 10, "kv_memory_mb": 32, "kv_memory_percent": 0.25},
         "cache": {"enabled": False, "block_size": 16, "memory_mb": 64, "memory_percent": 0.5,
-                  "memory_aware": False, "max_entries": 10, "store_generated": False},
+                  "memory_aware": False, "max_entries": 10, "store_generated": False,
+                  "kv_events_endpoint": "tcp://127.0.0.1:5557"},
         "limits": {"max_waiting": 0, "max_body_bytes": 2048, "max_stop_sequences": 0, "max_n": 2,
                    "engine_stall_timeout_s": 1.5, "body_timeout_s": 2.0,
                    "preprocess_threads": 2},

@@ -22,6 +22,7 @@ from vllm_mlx_trio.worker.registry import RUNNERS
 ENGINE_MODES = RUNNERS.keys()
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
+UNKNOWN_FIELDS = ("reject", "ignore")
 
 
 # --- the configuration tree -----------------------------------------------------------------
@@ -48,6 +49,9 @@ class ServerConfig:
     #: Connections the listener queues before the server accepts them (>= 1; the OS caps it at
     #: its somaxconn). Too small, and a burst of clients gets connection resets, not answers.
     backlog: int = _option(2048, _in_range(1))
+    #: A request field neither OpenAI's nor a known vLLM extension: "reject" (a 400 naming it)
+    #: or "ignore" (dropped, one DEBUG line), for clients that send their own extras.
+    unknown_fields: str = _option("reject", _one_of(UNKNOWN_FIELDS))
 
 
 @attrs.frozen(kw_only=True)
@@ -116,6 +120,9 @@ class CacheConfig:
     max_entries: int = _option(4096, _in_range(1))
     #: Also cache the full blocks of prompt + output when a request finishes (multi-turn reuse).
     store_generated: bool = _option(True)
+    #: Publish block stored/removed events in vLLM's KV-event format (ZMQ PUB, msgpack) at this
+    #: ZMQ endpoint, e.g. "tcp://*:5557", for vllm-router's kv_aware policy; none: not published.
+    kv_events_endpoint: str | None = _option(None, _non_empty)
 
 
 @attrs.frozen(kw_only=True)

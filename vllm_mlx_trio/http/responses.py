@@ -44,6 +44,8 @@ class ResponseBuilder:
         self._formatter = LogprobFormatter(tokenizer) if logprobs and tokenizer is not None else None
         #: Completions' text_offset continues across a choice's chunks: index -> next offset.
         self._text_offsets: dict[int, int] = {}
+        #: Chat ``echo`` (vLLM extension): text that opens every choice's content.
+        self.echo = ""
 
     def _envelope(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -69,17 +71,19 @@ class ResponseBuilder:
         if self.chat:
             return {
                 "index": choice.index,
-                "message": {"role": "assistant", "content": choice.text},
+                "message": {"role": "assistant", "content": self.echo + choice.text},
                 "logprobs": logprobs,
                 "finish_reason": choice.finish_reason,
             }
         return {"index": choice.index, "text": choice.text, "logprobs": logprobs, "finish_reason": choice.finish_reason}
 
     def role_chunk(self, index: int) -> str:
-        """Chat's first chunk of a choice: the assistant role and no content yet."""
+        """Chat's first chunk of a choice: the assistant role and no content yet (then the
+        ``echo`` text in a chunk of its own, as vLLM sends it)."""
         delta = {"role": "assistant", "content": ""}
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
-        return sse(self._envelope("chat.completion.chunk", [choice]))
+        role = sse(self._envelope("chat.completion.chunk", [choice]))
+        return role + self.chunk(index, self.echo) if self.echo else role
 
     def chunk(
         self,
