@@ -54,6 +54,7 @@ IGNORED: dict[str, str] = {
     "kv_transfer_params": "no disaggregated prefill/decode here",
     "separate_reasoning": "reasoning is not split out here",
     "stream_reasoning": "reasoning is not split out here",
+    "include_reasoning": "reasoning is not split out here",
 }
 
 #: Accepted only at these values (what vLLM does by default); any other value is a 400.
