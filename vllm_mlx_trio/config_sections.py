@@ -23,6 +23,7 @@ ENGINE_MODES = RUNNERS.keys()
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 UNKNOWN_FIELDS = ("reject", "ignore")
+DISTRIBUTED_BACKENDS = ("any", "ring", "jaccl", "mpi")
 
 
 # --- the configuration tree -----------------------------------------------------------------
@@ -149,6 +150,24 @@ class LimitsConfig:
 
 
 @attrs.frozen(kw_only=True)
+class DistributedConfig:
+    """``[distributed]``: one model sharded over the ranks ``mlx.launch`` starts
+    (with ``engine.mode = "distributed"``)."""
+
+    #: mx.distributed backend: "ring" (TCP or Thunderbolt), "jaccl" (RDMA), "mpi", or "any".
+    backend: str = _option("any", _one_of(DISTRIBUTED_BACKENDS))
+    #: The runner each rank runs on its shard: "batched" or "simple".
+    runner: str = _option("batched", _one_of(("batched", "simple")))
+    #: Ranks a layer's weights are split over (tensor parallel); 0: all of them.
+    tensor: int = _option(0, _in_range(0))
+    #: Stages the layers are split into (pipeline parallel); tensor x pipeline = ranks.
+    pipeline: int = _option(1, _in_range(1))
+    #: Seconds one step (plan broadcast and model step) may take on a rank before that rank
+    #: exits 1: a rank that hangs must not hang the others forever (> 0).
+    collective_timeout_s: float = _option(60.0, _in_range(0.001), converter=_to_float)
+
+
+@attrs.frozen(kw_only=True)
 class MetricsConfig:
     """``[metrics]``: the Prometheus endpoint."""
 
@@ -180,6 +199,8 @@ class EngineConfig:
     cache: CacheConfig = _option(attrs.Factory(CacheConfig))
     #: ``[limits]``: queue depth and request-size limits.
     limits: LimitsConfig = _option(attrs.Factory(LimitsConfig))
+    #: ``[distributed]``: sharded serving over mlx.launch's ranks.
+    distributed: DistributedConfig = _option(attrs.Factory(DistributedConfig))
     #: ``[metrics]``: the Prometheus endpoint.
     metrics: MetricsConfig = _option(attrs.Factory(MetricsConfig))
     #: ``[logging]``: log level and format.
