@@ -13,11 +13,13 @@ by rank 0 fixing a seed for every request that has none before broadcasting, so 
 draws the same tokens from the same key. A stop marker (an empty plan message) ends the
 followers when rank 0's runner closes.
 
-A rank that dies closes its sockets: the others' next collective raises ("connection to a
-peer was lost"), which on rank 0 is an executor crash (in-band errors, 503, exit 1, like any
-engine death) and on a follower ends it with exit 1. A rank that hangs instead is bounded by
-:class:`CollectiveWatchdog`: a step (broadcast and model step) that outlasts
-``distributed.collective_timeout_s`` makes the process log the cause and exit 1.
+A rank that dies closes its sockets. A follower waiting for a plan gets an error at once ("connection to a peer
+was lost") and exits 1. Rank 0 mid-step may instead wait forever in MLX (the ring backend
+fails its pending tasks without waking the waiter): the engine's step watchdog
+(``limits.engine_stall_timeout_s``) then fails every request in-band, answers 503 and exits 1,
+as for any engine death. :class:`CollectiveWatchdog` is the last resort on every rank: a step
+that outlasts ``distributed.collective_timeout_s`` (on rank 0: after the stall timeout) makes
+the process log the cause and exit 1.
 """
 
 from __future__ import annotations
@@ -179,7 +181,10 @@ class _ShardedRunner:
         self.rank = self._group.rank()
         self._inner = runner_class(cfg.distributed.runner)(cfg)
         self._channel = PlanChannel(self._group)
-        self._watchdog = CollectiveWatchdog(cfg.distributed.collective_timeout_s, self.rank)
+        self._watchdog = CollectiveWatchdog(self.step_timeout_s(cfg), self.rank)
+
+    def step_timeout_s(self, cfg: Any) -> float:
+        return cfg.distributed.collective_timeout_s
 
     def load(self) -> ModelInfo:
         with loading.sharded_over(self._group, pipeline=self._cfg.distributed.pipeline > 1):
@@ -193,6 +198,11 @@ class DistributedRunner(_ShardedRunner):
 
     plans_in_flight = 1  # lock-step: the followers apply plans strictly in order
     max_tokens_per_step = 1
+
+    def step_timeout_s(self, cfg: Any) -> float:
+        """Rank 0 waits the engine's stall timeout first: that one fails the requests in-band
+        (503, exit 1, like any engine death); this exit is the last resort after it."""
+        return cfg.distributed.collective_timeout_s + (cfg.limits.engine_stall_timeout_s or 0.0)
 
     @classmethod
     def max_running(cls, engine: Any) -> int:
