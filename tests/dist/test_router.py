@@ -4,12 +4,13 @@ keeps a shared prefix on one replica, and a killed replica's traffic moves to th
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 
 import httpx
 import openai
 import pytest
 import trio
-from replicas import ROUTER, replica, router
+from replicas import REPO, ROUTER, replica, router
 
 pytestmark = [
     pytest.mark.mlx,
@@ -76,3 +77,13 @@ async def test_a_killed_replica_s_requests_are_retried_on_the_other(tmp_path, de
             chunks = [chunk async for chunk in stream]
     assert all(answer.choices[0].finish_reason == "length" for answer in answers)
     assert chunks[-1].choices[0].finish_reason == "length"
+
+
+async def test_router_example_runs(demo_cache_dir):
+    spec = importlib.util.spec_from_file_location("router_replicas", REPO / "examples" / "router_replicas.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    with trio.fail_after(240):
+        result = await trio.to_thread.run_sync(example.main, f"model.demo_cache_dir={demo_cache_dir}")
+    assert result["plain"] and result["streamed"]
+    assert sorted(result["hits"])[0] == 0 and sorted(result["hits"])[1] > 0
