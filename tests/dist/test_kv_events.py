@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import msgspec
+import pytest
 import trio
 import zmq
 
 from vllm_mlx_trio.actors.cache_manager import CacheManagerActor
 from vllm_mlx_trio.config import CacheConfig
 from vllm_mlx_trio.distributed.kv_events import TOPIC, KVEventRecorder, ZmqKVEventPublisher, external_hash
+from vllm_mlx_trio.errors import ConfigError
 from vllm_mlx_trio.messages import PrefixClear, PrefixCommit, PrefixLookup, PrefixRelease, RequestId
 from vllm_mlx_trio.testing.harness import free_port
 
@@ -108,3 +110,13 @@ async def test_batches_reach_a_zmq_subscriber_as_vllm_frames():
         publisher.close()
     assert topic == TOPIC and len(seq) == 8
     assert decode(payload)[1] == [["BlockRemoved", [77], "GPU"]]
+
+
+def test_an_endpoint_that_cannot_bind_is_a_config_error():
+    port = free_port()
+    first = ZmqKVEventPublisher(f"tcp://*:{port}")
+    try:
+        with pytest.raises(ConfigError, match="cache.kv_events_endpoint"):
+            ZmqKVEventPublisher(f"tcp://*:{port}")
+    finally:
+        first.close()

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import msgspec
 
 from ..core.block_pool import BlockPool
+from ..errors import ConfigError
 from ..messages import BlockId
 
 logger = logging.getLogger(__name__)
@@ -164,10 +165,14 @@ class ZmqKVEventPublisher(KVEventRecorder):
         self._socket.set_hwm(SEND_HIGH_WATER_MARK)
         self._socket.setsockopt(zmq.LINGER, 0)
         # vLLM's rule: bind a wildcard or local endpoint, connect to a named host.
-        if "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
-            self._socket.bind(endpoint)
-        else:
-            self._socket.connect(endpoint)
+        try:
+            if "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
+                self._socket.bind(endpoint)
+            else:
+                self._socket.connect(endpoint)
+        except zmq.ZMQError as exc:
+            self._socket.close(linger=0)
+            raise ConfigError(f"cache.kv_events_endpoint {endpoint!r}: {exc}") from None
         self._seq = 0
         super().__init__(self._publish)
         logger.info("publishing KV events on %s", endpoint)
