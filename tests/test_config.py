@@ -373,7 +373,7 @@ def test_round_trip_with_every_option_set():
         "limits": {"max_waiting": 0, "max_body_bytes": 2048, "max_stop_sequences": 0, "max_n": 2,
                    "engine_stall_timeout_s": 1.5, "body_timeout_s": 2.0,
                    "preprocess_threads": 2},
-        "distributed": {"backend": "ring", "runner": "simple", "tensor": 2, "pipeline": 1,
+        "distributed": {"backend": "ring", "tensor": 2, "pipeline": 1,
                         "collective_timeout_s": 5.0},
         "metrics": {"enabled": False},
         "logging": {"level": "debug", "format": "json"},

@@ -156,8 +156,6 @@ class DistributedConfig:
 
     #: mx.distributed backend: "ring" (TCP or Thunderbolt), "jaccl" (RDMA), "mpi", or "any".
     backend: str = _option("any", _one_of(DISTRIBUTED_BACKENDS))
-    #: The runner each rank runs on its shard: "batched" or "simple".
-    runner: str = _option("batched", _one_of(("batched", "simple")))
     #: Ranks a layer's weights are split over (tensor parallel); 0: all of them.
     tensor: int = _option(0, _in_range(0))
     #: Stages the layers are split into (pipeline parallel); tensor x pipeline = ranks.

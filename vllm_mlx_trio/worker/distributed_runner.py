@@ -1,7 +1,7 @@
 """One model sharded over processes with ``mx.distributed``: rank 0 drives, the others follow.
 
-``engine.mode = "distributed"`` selects :class:`DistributedRunner`, a wrapper around the runner
-``distributed.runner`` names (batched or simple). The processes are started by ``mlx.launch``
+``engine.mode = "distributed"`` selects :class:`DistributedRunner`, a wrapper around the batched
+runner (:data:`INNER_RUNNER`). The processes are started by ``mlx.launch``
 (``mlx.launch -n 2 --backend ring vllm-mlx-trio serve config.toml``). Rank 0 runs the HTTP
 front and every actor, as a single process does; its executor thread drives this runner. The
 other ranks run :func:`follow`: the same inner runner on their shard, and nothing else.
@@ -45,6 +45,8 @@ logger = logging.getLogger(__name__)
 
 #: Exit status of a rank whose collective timed out (as of engine death on rank 0).
 COLLECTIVE_TIMEOUT_EXIT = 1
+#: The runner every rank runs on its shard: continuous batching, as a single process does.
+INNER_RUNNER = "batched"
 #: How often the watchdog looks at the clock; a timeout fires at most this late.
 WATCHDOG_TICK_S = 0.5
 _STOP = b""
@@ -179,7 +181,7 @@ class _ShardedRunner:
         self._cfg = cfg
         self._group = init_group(cfg)
         self.rank = self._group.rank()
-        self._inner = runner_class(cfg.distributed.runner)(cfg)
+        self._inner = runner_class(INNER_RUNNER)(cfg)
         self._channel = PlanChannel(self._group)
         self._watchdog = CollectiveWatchdog(self.step_timeout_s(cfg), self.rank)
 
@@ -206,7 +208,7 @@ class DistributedRunner(_ShardedRunner):
 
     @classmethod
     def max_running(cls, engine: Any) -> int:
-        return engine.max_num_seqs
+        return runner_class(INNER_RUNNER).max_running(engine)
 
     def execute(self, plan: StepPlan) -> StepResult:
         plan = fix_seeds(plan)

@@ -97,11 +97,6 @@ class SimpleRunner(RunnerBase):
         with mx.stream(self._stream):
             return token_logprob(row, token, num_top)
 
-    @property
-    def compute_stream(self) -> mx.Stream | None:
-        """The stream the model runs on (a distributed runner orders its collectives on it)."""
-        return self._stream
-
     def _memory(self, *, idle: bool) -> tuple[int, int, int]:
         return mlx_memory(idle=idle)
 
