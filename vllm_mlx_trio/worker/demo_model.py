@@ -98,23 +98,13 @@ class DemoSize:
 #: ``tiny`` (~107k parameters) is for tests, ``small`` (~34M) for benchmarks.
 DEMO_SIZES: dict[str, DemoSize] = {
     "tiny": DemoSize(
-        vocab_size=512,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        intermediate_size=128,
+        vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, intermediate_size=128,
         max_position_embeddings=2048,
     ),
     "small": DemoSize(
-        vocab_size=4096,
-        hidden_size=512,
-        num_hidden_layers=10,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=64,
-        intermediate_size=1536,
+        vocab_size=4096, hidden_size=512, num_hidden_layers=10, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=64, intermediate_size=1536,
         max_position_embeddings=4096,
     ),
 }
@@ -138,7 +128,9 @@ def default_demo_cache_dir() -> pathlib.Path:
     return pathlib.Path.home() / ".cache" / "vllm-mlx-trio" / "demo"
 
 
-def resolve_demo_model(path: str, cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
+def resolve_demo_model(
+    path: str, cache_dir: str | os.PathLike | None = None
+) -> pathlib.Path:
     """Return the directory of the demo model ``path`` (``"demo:<size>"``).
 
     The model is built (seed 0, default dtype) into
@@ -170,7 +162,9 @@ def build_demo_model(
     return _build(out_dir, size=size, seed=seed, dtype=dtype, replace=True)
 
 
-def _build(out_dir: str | os.PathLike, *, size: str, seed: int, dtype: str, replace: bool) -> pathlib.Path:
+def _build(
+    out_dir: str | os.PathLike, *, size: str, seed: int, dtype: str, replace: bool
+) -> pathlib.Path:
     """Build into a temporary sibling of ``out_dir``, then install it there.
 
     With ``replace=False`` a complete build already at ``out_dir`` (say, from
@@ -222,7 +216,9 @@ def _install(tmp: pathlib.Path, out: pathlib.Path, *, replace: bool) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _write_model_files(directory: pathlib.Path, spec: DemoSize, *, size: str, seed: int, dtype: str) -> None:
+def _write_model_files(
+    directory: pathlib.Path, spec: DemoSize, *, size: str, seed: int, dtype: str
+) -> None:
     """Write every file of the model into ``directory``, the marker last."""
     tokenizer = _train_tokenizer(spec.vocab_size)
     ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
@@ -327,7 +323,9 @@ def _parameter_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return {name: tuple(p.shape) for name, p in tree_flatten(model.parameters())}
 
 
-def _random_weights(config: dict[str, Any], seed: int, damped_ids: list[int]) -> dict[str, np.ndarray]:
+def _random_weights(
+    config: dict[str, Any], seed: int, damped_ids: list[int]
+) -> dict[str, np.ndarray]:
     """Float32 weights: normal matrices, constant norms.
 
     Drawn in sorted-name order from one ``default_rng(seed)`` stream: the

@@ -75,7 +75,9 @@ def load_model(model_cfg: ModelConfig) -> tuple[Any, Any, dict]:
             return_config=True,
         )
     except Exception as exc:  # boundary: hub, filesystem, safetensors and mlx-lm errors
-        raise ModelLoadError(f"could not load model {model_cfg.path!r}: {type(exc).__name__}: {exc}") from exc
+        raise ModelLoadError(
+            f"could not load model {model_cfg.path!r}: {type(exc).__name__}: {exc}"
+        ) from exc
     if _SHARDING is not None:
         _shard(model, model_cfg)
     if model_cfg.chat_template is not None:

@@ -193,7 +193,8 @@ class RunnerBase:
             self._drop((live.request_id,), already_ended=emission.ended)
         elif emission.ended:  # the runner's own stop logic disagrees with the rule
             self.failures[live.request_id] = (
-                f"the runner ended the sequence after {live.num_output_tokens} tokens, before its termination rule did"
+                f"the runner ended the sequence after {live.num_output_tokens} tokens, "
+                "before its termination rule did"
             )
             del self._live[live.request_id]
         return tokens, token_logprobs, ready
