@@ -10,6 +10,7 @@ import pytest
 from vllm_mlx_trio.config import (
     SECTIONS,
     CacheConfig,
+    DistributedConfig,
     EngineConfig,
     EngineSection,
     LimitsConfig,
@@ -236,7 +237,7 @@ def test_unknown_section(tmp_path):
     message = config_error(path=write(tmp_path, "[servr]\nport = 1\n"))
     assert message.startswith("unknown section 'servr' (did you mean 'server'?)")
     message = config_error(path=write(tmp_path, "[nonsense]\n"))
-    assert "valid sections: server, model, engine, cache, limits, metrics, logging" in message
+    assert "valid sections: server, model, engine, cache, limits, distributed, metrics, logging" in message
 
 
 def test_bare_key_at_top_level(tmp_path):
@@ -291,7 +292,7 @@ def test_wrong_type_from_override():
         ("server.port=65536", "server.port: must be between 0 and 65535, got 65536"),
         ("server.drain_timeout_s=-0.5", "server.drain_timeout_s: must be >= 0, got -0.5"),
         ("server.drain_timeout_s=nan", "server.drain_timeout_s: must be >= 0, got nan"),
-        ("engine.mode=paged", "engine.mode: must be one of simple, batched, got 'paged'"),
+        ("engine.mode=paged", "engine.mode: must be one of simple, batched, distributed, got 'paged'"),
         ("logging.level=verbose", "logging.level: must be one of debug, info, warning, error"),
         ("logging.format=xml", "logging.format: must be one of text, json, got 'xml'"),
         ("model.path=demo:huge", "model.path: must be one of demo:tiny, demo:small"),
@@ -359,17 +360,21 @@ def test_round_trip_with_every_option_set():
     template = '{% for m in messages %}{{ m.role }}: "{{ m.content }}"\n{% endfor %}'
     data = {
         "server": {"host": "0.0.0.0", "port": 0, "drain_timeout_s": 2.5, "served_model_name": "m",
-                   "api_key_file": "/etc/keys", "cors_origins": ["https://a.example", "*"], "backlog": 512},
+                   "api_key_file": "/etc/keys", "cors_origins": ["https://a.example", "*"], "backlog": 512,
+                   "unknown_fields": "ignore"},
         "model": {"path": "demo:small", "revision": "abc", "trust_remote_code": True,
                   "chat_template": template, "demo_cache_dir": "/tmp/demo"},
         "engine": {"mode": "simple", "prefill_step_size": 64, "max_num_seqs": 3, "max_num_batched_tokens": 99,
                    "prefill_batch_size": 2, "completion_batch_size": 4, "stream_interval": 5,
                    "default_max_tokens": 10, "kv_memory_mb": 32, "kv_memory_percent": 0.25},
         "cache": {"enabled": False, "block_size": 16, "memory_mb": 64, "memory_percent": 0.5,
-                  "memory_aware": False, "max_entries": 10, "store_generated": False},
+                  "memory_aware": False, "max_entries": 10, "store_generated": False,
+                  "kv_events_endpoint": "tcp://127.0.0.1:5557"},
         "limits": {"max_waiting": 0, "max_body_bytes": 2048, "max_stop_sequences": 0, "max_n": 2,
                    "engine_stall_timeout_s": 1.5, "body_timeout_s": 2.0,
                    "preprocess_threads": 2},
+        "distributed": {"backend": "ring", "tensor": 2, "pipeline": 1,
+                        "collective_timeout_s": 5.0},
         "metrics": {"enabled": False},
         "logging": {"level": "debug", "format": "json"},
     }  # fmt: skip
@@ -390,7 +395,10 @@ def test_to_toml_omits_none():
 
 def all_options() -> list[tuple[str, str]]:
     """(section, key) for every field of every section class."""
-    classes = {ServerConfig, ModelConfig, EngineSection, CacheConfig, LimitsConfig, MetricsConfig, LoggingConfig}
+    classes = {
+        ServerConfig, ModelConfig, EngineSection, CacheConfig, LimitsConfig, DistributedConfig, MetricsConfig,
+        LoggingConfig,
+    }  # fmt: skip
     assert set(SECTIONS.values()) == classes
     return [(section, f.name) for section, cls in SECTIONS.items() for f in attrs.fields(cls)]
 

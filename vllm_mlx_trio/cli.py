@@ -120,6 +120,11 @@ def _run(args: argparse.Namespace) -> int:
         else:
             print(f"{args.config or 'defaults'}: ok")
         return 0
+    if cfg.engine.mode == "distributed":  # under mlx.launch: ranks but 0 only follow its plans
+        from .worker.distributed_runner import follow, rank_of
+
+        if rank_of(cfg) != 0:
+            return follow(cfg)
     import trio
 
     from .serve import serve_until_signalled

@@ -25,6 +25,7 @@ from vllm_mlx_trio.config_sections import (
     LOG_FORMATS,
     LOG_LEVELS,
     CacheConfig,
+    DistributedConfig,
     EngineConfig,
     EngineSection,
     LimitsConfig,
@@ -37,9 +38,9 @@ from vllm_mlx_trio.errors import ConfigError
 
 __all__ = [
     "API_KEYS_ENV", "DEMO_SIZES", "ENGINE_MODES", "ENV_PREFIX", "LOG_FORMATS", "LOG_LEVELS", "NONE_LITERAL",
-    "RESERVED_ENV_VARS", "SECTIONS", "CacheConfig", "EngineConfig", "EngineSection", "LimitsConfig",
-    "LoggingConfig", "MetricsConfig", "ModelConfig", "ServerConfig", "config_from_dict", "config_to_dict",
-    "config_to_toml", "load_config",
+    "RESERVED_ENV_VARS", "SECTIONS", "CacheConfig", "DistributedConfig", "EngineConfig", "EngineSection",
+    "LimitsConfig", "LoggingConfig", "MetricsConfig", "ModelConfig", "ServerConfig", "config_from_dict",
+    "config_to_dict", "config_to_toml", "load_config",
 ]  # fmt: skip
 
 ENV_PREFIX = "VLLM_MLX_TRIO_"

@@ -22,6 +22,8 @@ from vllm_mlx_trio.worker.registry import RUNNERS
 ENGINE_MODES = RUNNERS.keys()
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
+UNKNOWN_FIELDS = ("reject", "ignore")
+DISTRIBUTED_BACKENDS = ("any", "ring", "jaccl", "mpi")
 
 
 # --- the configuration tree -----------------------------------------------------------------
@@ -48,6 +50,9 @@ class ServerConfig:
     #: Connections the listener queues before the server accepts them (>= 1; the OS caps it at
     #: its somaxconn). Too small, and a burst of clients gets connection resets, not answers.
     backlog: int = _option(2048, _in_range(1))
+    #: A request field neither OpenAI's nor a known vLLM extension: "reject" (a 400 naming it)
+    #: or "ignore" (dropped, one DEBUG line), for clients that send their own extras.
+    unknown_fields: str = _option("reject", _one_of(UNKNOWN_FIELDS))
 
 
 @attrs.frozen(kw_only=True)
@@ -120,6 +125,9 @@ class CacheConfig:
     max_entries: int = _option(4096, _in_range(1))
     #: Also cache the full blocks of prompt + output when a request finishes (multi-turn reuse).
     store_generated: bool = _option(True)
+    #: Publish block stored/removed events in vLLM's KV-event format (ZMQ PUB, msgpack) at this
+    #: ZMQ endpoint, e.g. "tcp://*:5557", for vllm-router's kv_aware policy; none: not published.
+    kv_events_endpoint: str | None = _option(None, _non_empty)
 
 
 @attrs.frozen(kw_only=True)
@@ -143,6 +151,22 @@ class LimitsConfig:
     #: (>= 0). One keeps admission in arrival order; more let a short prompt overtake a long
     #: one. 0 does it on the event loop, stalling every stream meanwhile (for comparison).
     preprocess_threads: int = _option(1, _in_range(0))
+
+
+@attrs.frozen(kw_only=True)
+class DistributedConfig:
+    """``[distributed]``: one model sharded over the ranks ``mlx.launch`` starts
+    (with ``engine.mode = "distributed"``)."""
+
+    #: mx.distributed backend: "ring" (TCP or Thunderbolt), "jaccl" (RDMA), "mpi", or "any".
+    backend: str = _option("any", _one_of(DISTRIBUTED_BACKENDS))
+    #: Ranks a layer's weights are split over (tensor parallel); 0: all of them.
+    tensor: int = _option(0, _in_range(0))
+    #: Stages the layers are split into (pipeline parallel); tensor x pipeline = ranks.
+    pipeline: int = _option(1, _in_range(1))
+    #: Seconds one step (plan broadcast and model step) may take on a rank before that rank
+    #: exits 1: a rank that hangs must not hang the others forever (> 0).
+    collective_timeout_s: float = _option(60.0, _in_range(0.001), converter=_to_float)
 
 
 @attrs.frozen(kw_only=True)
@@ -177,6 +201,8 @@ class EngineConfig:
     cache: CacheConfig = _option(attrs.Factory(CacheConfig))
     #: ``[limits]``: queue depth and request-size limits.
     limits: LimitsConfig = _option(attrs.Factory(LimitsConfig))
+    #: ``[distributed]``: sharded serving over mlx.launch's ranks.
+    distributed: DistributedConfig = _option(attrs.Factory(DistributedConfig))
     #: ``[metrics]``: the Prometheus endpoint.
     metrics: MetricsConfig = _option(attrs.Factory(MetricsConfig))
     #: ``[logging]``: log level and format.

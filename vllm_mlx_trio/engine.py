@@ -192,6 +192,8 @@ class Engine:
             on_close=self._release_slot,
             timer=self.metrics.request_timer(trio.current_time()),
             min_tokens=params.min_tokens,
+            include_stop=params.include_stop_str_in_output,
+            skip_special_tokens=params.skip_special_tokens,
         )
         with contextlib.ExitStack() as on_error:
             on_error.callback(stream.close)

@@ -63,13 +63,15 @@ class RequestStream:
         on_close: Callable[[], None] | None = None,
         timer: RequestTimer | None = None,
         min_tokens: int = 0,
+        include_stop: bool = False,
+        skip_special_tokens: bool = True,
     ):
         self.request_id = request_id
         self._timer = timer
         self._on_close = on_close
         self._outbox_recv = outbox_recv
-        self._detokenizer = make_detokenizer(decoder, token_bytes)
-        self._stop = StopStringMatcher(stop)
+        self._detokenizer = make_detokenizer(decoder, token_bytes, skip_special_tokens=skip_special_tokens)
+        self._stop = StopStringMatcher(stop, include_stop=include_stop)
         self._min_tokens = min_tokens
         self._finished = False
         self.num_prompt_tokens = 0

@@ -126,7 +126,7 @@ class AdmissionActor:
         with contextlib.ExitStack() as owned:
             owned.callback(outbox.close)
             try:
-                prompt_token_ids = await self._preprocess(submit.prompt, outbox, borrower, in_thread=in_thread)
+                prompt_token_ids = await self._preprocess(submit, outbox, borrower, in_thread=in_thread)
                 if prompt_token_ids is None:
                     return  # the client left before its turn: never tokenized
                 params = self.resolve_params(submit.params, len(prompt_token_ids))
@@ -151,20 +151,21 @@ class AdmissionActor:
             owned.pop_all()  # the scheduler owns the outbox now
 
     async def _preprocess(
-        self, prompt: Prompt, outbox: Outbox, borrower: object | None, *, in_thread: bool
+        self, submit: Submit, outbox: Outbox, borrower: object | None, *, in_thread: bool
     ) -> list[int] | None:
         """The prompt's token ids (None: the client left first), here or in a thread.
         ``borrower`` holds a limiter token (None: ``preprocess_threads = 0``)."""
+        prompt, template = submit.prompt, ChatTemplateOptions.of(submit.params)
         try:
             self.check_media(prompt)
             if not in_thread:
-                return self.tokenize(prompt)
+                return self.tokenize(prompt, template)
             if outbox.statistics().open_receive_channels == 0:
                 return None
             tokenizer = self._free_tokenizers.pop()
             try:
                 # Not abandoned on cancel: the copy goes back to the pool only once unused.
-                return await trio.to_thread.run_sync(tokenize_prompt, tokenizer, prompt)
+                return await trio.to_thread.run_sync(tokenize_prompt, tokenizer, prompt, template)
             finally:
                 self._free_tokenizers.append(tokenizer)
         finally:
@@ -199,9 +200,9 @@ class AdmissionActor:
                         f"{where}: content part of type {part.kind!r} is not supported by this model.", param=where
                     )
 
-    def tokenize(self, prompt: Prompt) -> list[int]:
+    def tokenize(self, prompt: Prompt, template: ChatTemplateOptions | None = None) -> list[int]:
         """Apply the chat template (for chat turns) and tokenize, here and now."""
-        return tokenize_prompt(self._tokenizer, prompt)
+        return tokenize_prompt(self._tokenizer, prompt, template)
 
     def resolve_params(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
         """Check the prompt fits and settle ``max_tokens`` (default: the room left)."""
@@ -254,7 +255,29 @@ class AdmissionActor:
         return text
 
 
-def tokenize_prompt(tokenizer: Tokenizer, prompt: Prompt) -> list[int]:
+@attrs.frozen(slots=True, kw_only=True)
+class ChatTemplateOptions:
+    """How a chat prompt is rendered (vLLM's ``add_generation_prompt``/``continue_final_message``)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+    @classmethod
+    def of(cls, params: SamplingParams) -> ChatTemplateOptions:
+        return cls(
+            add_generation_prompt=params.add_generation_prompt,
+            continue_final_message=params.continue_final_message,
+        )
+
+    def kwargs(self) -> dict[str, bool]:
+        """apply_chat_template's keywords (``continue_final_message`` only when set: older
+        tokenizers do not take it)."""
+        if self.continue_final_message:
+            return {"add_generation_prompt": False, "continue_final_message": True}
+        return {"add_generation_prompt": self.add_generation_prompt}
+
+
+def tokenize_prompt(tokenizer: Tokenizer, prompt: Prompt, template: ChatTemplateOptions | None = None) -> list[int]:
     """Apply the chat template (for chat turns) and tokenize; errors become 400s."""
     if isinstance(prompt, str):
         if not prompt:
@@ -263,9 +286,8 @@ def tokenize_prompt(tokenizer: Tokenizer, prompt: Prompt) -> list[int]:
     if not prompt:
         raise InvalidRequestError("messages must not be empty.", param="messages")
     turns = [_turn(m) for m in prompt]
-    text = _call_tokenizer(
-        lambda: tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False), "messages"
-    )
+    options = (template or ChatTemplateOptions()).kwargs()
+    text = _call_tokenizer(lambda: tokenizer.apply_chat_template(turns, **options, tokenize=False), "messages")
     return _call_tokenizer(lambda: tokenizer.encode(text, add_special_tokens=False), "messages")
 
 

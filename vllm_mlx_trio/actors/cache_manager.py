@@ -16,6 +16,7 @@ import trio
 from ..config import CacheConfig
 from ..core.block_pool import BlockPool, Budget, PoolStats
 from ..core.memory import available_memory_bytes
+from ..distributed.kv_events import KVEventSink, NoKVEvents
 from ..messages import (
     CacheCommand,
     CacheReply,
@@ -63,6 +64,7 @@ class CacheManagerActor:
         command_recv: trio.MemoryReceiveChannel[CacheCommand],
         reply_send: trio.MemorySendChannel[CacheReply],
         cfg: CacheConfig | None = None,
+        kv_events: KVEventSink | None = None,
     ):
         cfg = cfg or CacheConfig()
         self._command_recv = command_recv
@@ -72,6 +74,8 @@ class CacheManagerActor:
         self._leased: set[str] = set()
         self._num_commits = 0
         self._num_releases = 0
+        #: Where stored and evicted blocks are told (vLLM's KV events for a router), if anywhere.
+        self._kv_events = kv_events or NoKVEvents()
 
     @property
     def block_size(self) -> int:
@@ -95,8 +99,13 @@ class CacheManagerActor:
         """Serve commands until the scheduler closes its end."""
         with self._command_recv, self._reply_send:
             task_status.started()
-            async for command in self._command_recv:
-                await self._reply_send.send(self._handle(command))
+            try:
+                async for command in self._command_recv:
+                    reply = self._handle(command)
+                    self._kv_events.flush()
+                    await self._reply_send.send(reply)
+            finally:
+                self._kv_events.close()
 
     def _handle(self, command: CacheCommand) -> CacheReply:
         match command:
@@ -115,7 +124,7 @@ class CacheManagerActor:
             case PrefixRelease():
                 return self._release(command.request_ids)
             case PrefixClear():
-                return PrefixCleared(evicted=self.pool.clear())
+                return PrefixCleared(evicted=self._told_removed(self.pool.clear()))
             case _:
                 assert_never(command)
 
@@ -130,11 +139,12 @@ class CacheManagerActor:
             assert 0 <= copy_index < len(command.block_nbytes), "a new block the executor copied"
             self.pool.set_nbytes(block.block_id, command.block_nbytes[copy_index])
             store.append((block.block_index, block.block_id))
+        self._kv_events.stored(self.pool, command.token_ids, command.extra_keys, [b for _, b in store])
         return PrefixStored(
             request_id=command.request_id,
             ready_id=command.ready_id,
             store=tuple(store),
-            evicted=self.pool.evict_over_budget(),
+            evicted=self._told_removed(self.pool.evict_over_budget()),
         )
 
     def _release(self, request_ids: tuple) -> PrefixReleased:
@@ -144,4 +154,8 @@ class CacheManagerActor:
             if request_id in self._leased:
                 self._leased.discard(request_id)
                 self._num_releases += 1
-        return PrefixReleased(evicted=self.pool.evict_over_budget())
+        return PrefixReleased(evicted=self._told_removed(self.pool.evict_over_budget()))
+
+    def _told_removed(self, evicted: tuple) -> tuple:
+        self._kv_events.removed(evicted)
+        return evicted

@@ -25,6 +25,7 @@ import attrs
 import trio
 
 from ..config import EngineConfig
+from ..distributed.kv_events import kv_event_sink
 from ..errors import ExecutorCrashedError, VllmMlxTrioError
 from ..health import EngineHealth
 from ..messages import Admit, ControlCommand, ModelInfo, StepPlan, StepResult, Submit
@@ -122,7 +123,12 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
     match_send, match_recv = trio.open_memory_channel(1)
     health = EngineHealth()
     model_info = await _start_executor(nursery, factory(plan_recv, result_send), health)
-    cache = CacheManagerActor(command_recv=cache_recv, reply_send=match_send, cfg=cfg.cache)
+    cache = CacheManagerActor(
+        command_recv=cache_recv,
+        reply_send=match_send,
+        cfg=cfg.cache,
+        kv_events=kv_event_sink(cfg.cache.kv_events_endpoint),
+    )
     metrics = EngineMetrics(cfg.model_name, model_info.max_context_tokens)
     scheduler = SchedulerActor(
         admit_recv=admit_recv,

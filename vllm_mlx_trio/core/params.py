@@ -56,6 +56,17 @@ class SamplingParams:
     #: ``constraint`` compiled for this model: set by admission (off the event loop), used by
     #: the MLX thread; opaque here (``structured.CompiledConstraint``).
     grammar: CompiledGrammar | None = attrs.field(default=None, eq=False, repr=False)
+    # vLLM's extension fields (http/extensions.py): output text, prompt rendering, queue order.
+    #: Keep a matched stop string at the end of the text (vLLM's ``include_stop_str_in_output``).
+    include_stop_str_in_output: bool = False
+    #: Drop special tokens from the text (False: ``<|im_end|>`` and the like appear as text).
+    skip_special_tokens: bool = True
+    #: Chat prompts: end the rendered prompt with the assistant's opening (the template's own).
+    add_generation_prompt: bool = True
+    #: Chat prompts: leave the last (assistant) turn open so the model continues it.
+    continue_final_message: bool = False
+    #: Waiting order: lower first, first come first served within one priority (vLLM's rule).
+    priority: int = 0
 
     @property
     def cache_keys(self) -> tuple:
@@ -99,6 +110,12 @@ class SamplingParams:
             _check_range("top_logprobs", self.logprobs, 0, MAX_TOP_LOGPROBS)
         if self.stream_interval is not None:
             _check_range("stream_interval", self.stream_interval, 1, MAX_TOP_K)
+        if self.add_generation_prompt and self.continue_final_message:
+            raise InvalidRequestError(
+                "add_generation_prompt and continue_final_message cannot both be true.",
+                param="continue_final_message",
+            )
+        _check_range("priority", self.priority, -MAX_SEED - 1, MAX_SEED)
         if self.cache_salt is not None and not self.cache_salt:
             raise InvalidRequestError("cache_salt must not be empty.", param="cache_salt")
 

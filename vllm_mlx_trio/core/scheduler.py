@@ -84,7 +84,13 @@ class Scheduler:
         )
 
     def add(self, request: Request) -> None:
-        self.waiting.append(request)
+        """Queue behind every waiting request of the same or a lower ``priority`` value."""
+        priority = request.params.priority
+        if not self.waiting or self.waiting[-1].params.priority <= priority:
+            self.waiting.append(request)  # the common case: no priorities in use
+            return
+        index = next(i for i, r in enumerate(self.waiting) if r.params.priority > priority)
+        self.waiting.insert(index, request)
 
     def pop_startable(self) -> Iterator[Request]:
         """Yield waiting requests, oldest first, while a running slot is free.

@@ -22,8 +22,9 @@ class IncrementalDetokenizer:
     space, byte-level merges) still stream the same text as a whole decode.
     """
 
-    def __init__(self, decoder: Decoder):
+    def __init__(self, decoder: Decoder, *, skip_special_tokens: bool = True):
         self._decoder = decoder
+        self._skip_special_tokens = skip_special_tokens
         self._token_ids: list[int] = []
         self._prefix_offset = 0
         self._read_offset = 0
@@ -49,7 +50,7 @@ class IncrementalDetokenizer:
     def _decode(self, start: int, end: int) -> str:
         if start >= end:
             return ""
-        return self._decoder.decode(self._token_ids[start:end], skip_special_tokens=True)
+        return self._decoder.decode(self._token_ids[start:end], skip_special_tokens=self._skip_special_tokens)
 
 
 class ByteLevelDetokenizer:
@@ -74,12 +75,13 @@ class ByteLevelDetokenizer:
 
 
 def make_detokenizer(
-    decoder: Decoder, token_bytes: Sequence[bytes] | None
+    decoder: Decoder, token_bytes: Sequence[bytes] | None, *, skip_special_tokens: bool = True
 ) -> IncrementalDetokenizer | ByteLevelDetokenizer:
-    """The fast byte-level detokenizer when the tokenizer has a byte table, else the general one."""
-    if token_bytes is not None:
+    """The fast byte-level detokenizer when the tokenizer has a byte table, else the general one
+    (also when special tokens are to be kept: the byte table holds them as empty)."""
+    if token_bytes is not None and skip_special_tokens:
         return ByteLevelDetokenizer(token_bytes)
-    return IncrementalDetokenizer(decoder)
+    return IncrementalDetokenizer(decoder, skip_special_tokens=skip_special_tokens)
 
 
 def byte_level_table(tokenizer: Any) -> tuple[bytes, ...] | None:
@@ -119,13 +121,15 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 class StopStringMatcher:
-    """Find stop strings across chunk boundaries; emitted text never contains one.
+    """Find stop strings across chunk boundaries; emitted text never contains one (unless
+    ``include_stop``: then it ends with the stop string that matched).
 
     Text that could be the start of a stop string is held back until it is ruled out.
     """
 
-    def __init__(self, stop: tuple[str, ...]):
+    def __init__(self, stop: tuple[str, ...], *, include_stop: bool = False):
         self._stop = stop
+        self._include_stop = include_stop
         self._pending = ""
 
     @property
@@ -138,9 +142,10 @@ class StopStringMatcher:
         if not self._stop:
             return text, False
         self._pending += text
-        hits = [i for i in (self._pending.find(s) for s in self._stop) if i >= 0]
+        hits = [(i, i + len(s)) for i, s in ((self._pending.find(s), s) for s in self._stop) if i >= 0]
         if hits:
-            emit = self._pending[: min(hits)]
+            start, end = min(hits)
+            emit = self._pending[: end if self._include_stop else start]
             self._pending = ""
             return emit, True
         keep = self._longest_partial_suffix()

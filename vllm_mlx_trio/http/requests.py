@@ -24,7 +24,7 @@ from ..core.constraint import ConstraintSpec, canonical_json
 from ..core.params import SamplingParams
 from ..errors import InvalidRequestError, ModelNotFoundError
 from ..messages import ChatMessage, ContentPart, ImagePart, TextPart, VideoPart
-from . import schemas
+from . import extensions, schemas
 from .schema_errors import bad, check_position, is_off_value, logit_bias_pairs, part_error, type_faults
 
 #: Legacy completions return at most this many alternatives per token (OpenAI's limit).
@@ -43,14 +43,25 @@ class ParsedRequest:
     include_usage: bool
     #: Choices asked for: the route runs this many engine requests for the prompt.
     n: int = 1
+    #: vLLM's extension fields the body set (:mod:`.extensions`); already folded into ``params``.
+    extensions: extensions.Extensions = extensions.Extensions()
 
 
-def parse_chat(body: Any, *, model_name: str, max_n: int) -> ParsedRequest:
-    return _parse(body, schemas.ChatBody, _CHAT_NAMES, model_name, partial(_chat, max_n=max_n))
+def parse_chat(body: Any, *, model_name: str, max_n: int, unknown_fields: str = "reject") -> ParsedRequest:
+    body, ext = extensions.split(body, _CHAT_NAMES, chat=True, unknown_fields=unknown_fields)
+    parsed = _parse(body, schemas.ChatBody, _CHAT_NAMES, model_name, partial(_chat, max_n=max_n))
+    return _with_extensions(parsed, ext)
 
 
-def parse_completion(body: Any, *, model_name: str, max_n: int) -> ParsedRequest:
-    return _parse(body, schemas.CompletionBody, _COMPLETION_NAMES, model_name, partial(_completion, max_n=max_n))
+def parse_completion(body: Any, *, model_name: str, max_n: int, unknown_fields: str = "reject") -> ParsedRequest:
+    body, ext = extensions.split(body, _COMPLETION_NAMES, chat=False, unknown_fields=unknown_fields)
+    parsed = _parse(body, schemas.CompletionBody, _COMPLETION_NAMES, model_name, partial(_completion, max_n=max_n))
+    return _with_extensions(parsed, ext)
+
+
+def _with_extensions(parsed: ParsedRequest, ext: extensions.Extensions) -> ParsedRequest:
+    params = attrs.evolve(parsed.params, **ext.params())
+    return attrs.evolve(parsed, params=params, extensions=ext)
 
 
 def _chat(chat: schemas.ChatBody, body: dict, *, max_n: int) -> ParsedRequest:

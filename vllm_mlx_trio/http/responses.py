@@ -47,6 +47,8 @@ class ResponseBuilder:
         self._text_offsets: dict[int, int] = {}
         #: Per choice, the text chunk's SSE bytes around its text (see :meth:`_text_chunk`).
         self._templates: dict[int, tuple[str, str]] = {}
+        #: Chat ``echo`` (vLLM extension): text that opens every choice's content.
+        self.echo = ""
 
     def _envelope(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -72,17 +74,19 @@ class ResponseBuilder:
         if self.chat:
             return {
                 "index": choice.index,
-                "message": {"role": "assistant", "content": choice.text},
+                "message": {"role": "assistant", "content": self.echo + choice.text},
                 "logprobs": logprobs,
                 "finish_reason": choice.finish_reason,
             }
         return {"index": choice.index, "text": choice.text, "logprobs": logprobs, "finish_reason": choice.finish_reason}
 
     def role_chunk(self, index: int) -> str:
-        """Chat's first chunk of a choice: the assistant role and no content yet."""
+        """Chat's first chunk of a choice: the assistant role and no content yet (then the
+        ``echo`` text in a chunk of its own, as vLLM sends it)."""
         delta = {"role": "assistant", "content": ""}
         choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
-        return sse(self._envelope("chat.completion.chunk", [choice]))
+        role = sse(self._envelope("chat.completion.chunk", [choice]))
+        return role + self.chunk(index, self.echo) if self.echo else role
 
     def chunk(
         self,

@@ -24,6 +24,7 @@ from ..messages import TokenLogprob
 from ..stream import Delta, RequestStream
 from .body import read_json_body
 from .errors import describe
+from .extensions import extended_builder
 from .request_log import (
     REQUEST_ID_HEADER,
     EngineIds,
@@ -49,6 +50,7 @@ _SEED_MIN = -(2**63)
 def register_routes(app: quart.Quart, engine: Engine) -> None:
     model_name = engine.cfg.model_name
     max_n = engine.cfg.limits.max_n
+    unknown_fields = engine.cfg.server.unknown_fields
     engine_ids = EngineIds(engine)
 
     @app.post("/v1/chat/completions")
@@ -72,7 +74,7 @@ def register_routes(app: quart.Quart, engine: Engine) -> None:
         )
         with record.outcome():
             parse = parse_chat if chat else parse_completion
-            parsed = parse(await read_json_body(), model_name=model_name, max_n=max_n)
+            parsed = parse(await read_json_body(), model_name=model_name, max_n=max_n, unknown_fields=unknown_fields)
             ids.extend(engine_ids.reserve(record.request_id, parsed.n))
             return await _complete(engine, parsed, record, ids, chat=chat)
 
@@ -89,12 +91,7 @@ async def _complete(
     engine: Engine, parsed: ParsedRequest, record: RequestRecord, ids: list[str], *, chat: bool
 ):
     """Run the choices; a streaming response's body finishes ``record``, otherwise this does."""
-    builder = ResponseBuilder(
-        chat=chat,
-        model=engine.cfg.model_name,
-        logprobs=parsed.params.logprobs is not None,
-        tokenizer=engine.model_info.tokenizer,
-    )
+    builder = extended_builder(parsed, chat=chat, model=engine.cfg.model_name, tokenizer=engine.model_info.tokenizer)
     record.submitting()
     streams = await _submit_choices(engine, parsed, ids)
     record.streams = streams

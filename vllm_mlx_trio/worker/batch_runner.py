@@ -137,6 +137,11 @@ class BatchRunner(RunnerBase):
     def _logprob(self, row: mx.array, token: int, num_top: int) -> TokenLogprob:
         return token_logprob(row, token, num_top)
 
+    @property
+    def compute_stream(self) -> mx.Stream | None:
+        """The stream the model runs on (a distributed runner orders its collectives on it)."""
+        return self._generator.stream if self._generator is not None else None
+
     def _memory(self, *, idle: bool) -> tuple[int, int, int]:
         return mlx_memory(idle=idle)
 

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import mlx.core as mx
@@ -30,6 +32,36 @@ def resolve_model_path(model_cfg: ModelConfig) -> str:
     return model_cfg.path
 
 
+#: Set while a distributed runner loads its inner runner: (group, pipeline?) to shard over.
+_SHARDING: tuple[Any, bool] | None = None
+
+
+@contextlib.contextmanager
+def sharded_over(group: Any, *, pipeline: bool = False) -> Iterator[None]:
+    """Models loaded inside are sharded over ``group`` (tensor-parallel, or pipelined), as
+    ``mlx_lm.utils.sharded_load`` does; the inner runner loads as it always does."""
+    global _SHARDING
+    _SHARDING = (group, pipeline)
+    try:
+        yield
+    finally:
+        _SHARDING = None
+
+
+def _shard(model: Any, model_cfg: ModelConfig) -> None:
+    group, pipeline = _SHARDING  # type: ignore[misc]
+    inner = getattr(model, "model", None)
+    if pipeline and not hasattr(inner, "pipeline"):
+        raise ModelLoadError(f"model {model_cfg.path!r}: its architecture does not support pipeline sharding")
+    if not pipeline and not hasattr(model, "shard"):
+        raise ModelLoadError(f"model {model_cfg.path!r}: its architecture does not support tensor parallelism")
+    if pipeline:
+        inner.pipeline(group)
+    else:
+        model.shard(group)
+    mx.eval(model.parameters())
+
+
 def load_model(model_cfg: ModelConfig) -> tuple[Any, Any, dict]:
     """Load (model, tokenizer, config dict); any failure becomes a one-line ModelLoadError."""
     try:
@@ -46,6 +78,8 @@ def load_model(model_cfg: ModelConfig) -> tuple[Any, Any, dict]:
         raise ModelLoadError(
             f"could not load model {model_cfg.path!r}: {type(exc).__name__}: {exc}"
         ) from exc
+    if _SHARDING is not None:
+        _shard(model, model_cfg)
     if model_cfg.chat_template is not None:
         # The last change to the tokenizer on this thread: it is handed to the Trio side in
         # ModelInfo and never touched here again (docs/architecture.md, "Who owns the tokenizer").

@@ -19,6 +19,8 @@ if TYPE_CHECKING:
 RUNNERS: dict[str, str] = {
     "simple": "vllm_mlx_trio.worker.simple_runner:SimpleRunner",
     "batched": "vllm_mlx_trio.worker.batch_runner:BatchRunner",
+    # one model sharded over mlx.launch's ranks, each running "batched" on its shard (docs/distributed.md)
+    "distributed": "vllm_mlx_trio.worker.distributed_runner:DistributedRunner",
 }
 
 

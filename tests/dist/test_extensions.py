@@ -1,0 +1,203 @@
+"""vLLM's request extension fields: parsed, honoured end to end, ignored only when listed."""
+
+from __future__ import annotations
+
+import attrs
+import httpx
+import pytest
+import trio
+
+from vllm_mlx_trio.actors.admission import ChatTemplateOptions, tokenize_prompt
+from vllm_mlx_trio.core.params import SamplingParams
+from vllm_mlx_trio.core.request import Request
+from vllm_mlx_trio.core.scheduler import Scheduler
+from vllm_mlx_trio.errors import InvalidRequestError
+from vllm_mlx_trio.http import extensions
+from vllm_mlx_trio.http.requests import parse_chat, parse_completion
+from vllm_mlx_trio.messages import Admit, ChatMessage, RequestId, TextPart
+from vllm_mlx_trio.testing.fake_executor import FakeExecutor, text_script
+from vllm_mlx_trio.testing.harness import open_server
+
+MODEL = "demo:tiny"
+CHAT = [{"role": "user", "content": "hi"}]
+
+
+def chat(**fields):
+    return parse_chat({"model": MODEL, "messages": CHAT, **fields}, model_name=MODEL, max_n=4)
+
+
+def completion(**fields):
+    return parse_completion({"model": MODEL, "prompt": "Say:", **fields}, model_name=MODEL, max_n=4)
+
+
+# -- parsing -------------------------------------------------------------------------------
+
+
+def test_router_body_with_no_stop_trim_is_accepted_and_keeps_stop_strings():
+    assert chat(no_stop_trim=True).params.include_stop_str_in_output
+    assert completion(include_stop_str_in_output=True).params.include_stop_str_in_output
+    assert not chat(no_stop_trim=False).params.include_stop_str_in_output
+
+
+def test_honoured_fields_reach_the_params():
+    params = chat(skip_special_tokens=False, priority=-3, add_generation_prompt=False).params
+    assert (params.skip_special_tokens, params.priority, params.add_generation_prompt) == (False, -3, False)
+    params = chat(continue_final_message=True).params
+    assert params.continue_final_message and not params.add_generation_prompt
+    defaults = chat().params
+    assert (defaults.skip_special_tokens, defaults.add_generation_prompt, defaults.priority) == (True, True, 0)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "code"),
+    [
+        ({"skip_special_tokens": 1}, "skip_special_tokens", None),
+        ({"priority": "high"}, "priority", None),
+        ({"add_generation_prompt": True, "continue_final_message": True}, "continue_final_message", None),
+        ({"use_beam_search": True}, "use_beam_search", "unsupported_parameter"),
+        ({"prompt_logprobs": 2}, "prompt_logprobs", "unsupported_parameter"),
+        ({"my_own_field": 1}, "my_own_field", "unknown_parameter"),
+        ({"request_id": ""}, "request_id", None),
+    ],
+)
+def test_bad_or_unhonoured_extensions_are_a_400_naming_them(fields, param, code):
+    with pytest.raises(InvalidRequestError) as caught:
+        chat(**fields)
+    assert (caught.value.param, caught.value.code) == (param, code)
+
+
+def test_chat_only_extensions_stay_refused_on_completions():
+    with pytest.raises(InvalidRequestError) as caught:
+        completion(echo=True)
+    assert caught.value.code == "unsupported_parameter"
+    with pytest.raises(InvalidRequestError) as caught:
+        completion(continue_final_message=True)
+    assert caught.value.code == "unknown_parameter"
+
+
+def test_listed_fields_are_ignored_and_off_values_accepted(caplog):
+    caplog.set_level("DEBUG", logger=extensions.__name__)
+    parsed = chat(spaces_between_special_tokens=False, kv_transfer_params={"x": 1}, use_beam_search=False)
+    assert parsed.params == chat().params
+    assert "ignoring spaces_between_special_tokens" in caplog.text
+    assert set(extensions.IGNORED).isdisjoint(extensions.HONOURED)
+
+
+def test_unknown_fields_ignore_policy_drops_them_but_still_checks_known_ones():
+    body = {"model": MODEL, "messages": CHAT, "my_own_field": [1], "temperature": 0.5}
+    parsed = parse_chat(body, model_name=MODEL, max_n=4, unknown_fields="ignore")
+    assert parsed.params.temperature == 0.5
+    with pytest.raises(InvalidRequestError):
+        parse_chat({**body, "temperature": "hot"}, model_name=MODEL, max_n=4, unknown_fields="ignore")
+    with pytest.raises(InvalidRequestError):
+        parse_chat({**body, "use_beam_search": True}, model_name=MODEL, max_n=4, unknown_fields="ignore")
+
+
+# -- behaviour -----------------------------------------------------------------------------
+
+
+def _request(name: str, priority: int) -> Request:
+    send, _recv = trio.open_memory_channel(1)
+    params = SamplingParams(max_tokens=2, priority=priority)
+    admit = Admit(request_id=RequestId(name), prompt_token_ids=(10,), params=params, outbox=send, arrival_time=0.0)
+    return Request(admit, (2,))
+
+
+def test_priority_orders_the_queue_first_come_first_served_within_one():
+    scheduler = Scheduler(max_running=1)
+    for name, priority in [("a", 0), ("b", 5), ("c", 0), ("d", -1), ("e", 5)]:
+        scheduler.add(_request(name, priority))
+    assert [r.request_id for r in scheduler.waiting] == ["d", "a", "c", "b", "e"]
+
+
+class TemplateTokenizer:
+    """Records the chat template's keywords."""
+
+    def __init__(self):
+        self.kwargs = {}
+
+    def apply_chat_template(self, turns, tokenize=False, **kwargs):
+        self.kwargs = kwargs
+        return "rendered"
+
+    def encode(self, text, add_special_tokens=True):
+        return [1, 2]
+
+
+def test_template_options_reach_the_chat_template():
+    prompt = (ChatMessage(role="user", content=(TextPart(text="hi"),)),)
+    tokenizer = TemplateTokenizer()
+    tokenize_prompt(tokenizer, prompt, ChatTemplateOptions(add_generation_prompt=False))
+    assert tokenizer.kwargs == {"add_generation_prompt": False}
+    tokenize_prompt(tokenizer, prompt, ChatTemplateOptions.of(chat(continue_final_message=True).params))
+    assert tokenizer.kwargs == {"add_generation_prompt": False, "continue_final_message": True}
+    tokenize_prompt(tokenizer, prompt)
+    assert tokenizer.kwargs == {"add_generation_prompt": True}
+
+
+def server(cfg, text):
+    def factory(plan_recv, result_send):
+        return FakeExecutor(plan_recv, result_send, script=text_script(text), step_s=0.001)
+
+    return open_server(cfg, executor_factory=factory)
+
+
+async def _post(http, url, body):
+    resp = await http.post(f"{url}/v1/chat/completions", json={"model": MODEL, **body})
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+async def test_stop_string_is_kept_with_include_stop_str_in_output(fake_cfg):
+    with trio.fail_after(30):
+        async with server(fake_cfg, "Hello, world!") as srv, httpx.AsyncClient() as http:
+            base = {"messages": CHAT, "stop": ["world"]}
+            trimmed = await _post(http, srv.url, base)
+            kept = await _post(http, srv.url, {**base, "no_stop_trim": True})
+    assert trimmed["choices"][0]["message"]["content"] == "Hello, "
+    assert kept["choices"][0]["message"]["content"] == "Hello, world"
+
+
+async def test_special_tokens_are_text_when_not_skipped(fake_cfg):
+    with trio.fail_after(30):
+        async with server(fake_cfg, "a<|im_start|>b") as srv, httpx.AsyncClient() as http:
+            skipped = await _post(http, srv.url, {"messages": CHAT})
+            kept = await _post(http, srv.url, {"messages": CHAT, "skip_special_tokens": False})
+    assert skipped["choices"][0]["message"]["content"] == "ab"
+    assert kept["choices"][0]["message"]["content"].startswith("a<|im_start|>b")
+
+
+async def test_request_id_echo_and_token_ids(fake_cfg):
+    turns = [*CHAT, {"role": "assistant", "content": "Sure: "}]
+    with trio.fail_after(30):
+        async with server(fake_cfg, "ok") as srv, httpx.AsyncClient() as http:
+            body = {
+                "messages": turns,
+                "echo": True,
+                "request_id": "abc-1",
+                "logprobs": True,
+                "return_tokens_as_token_ids": True,
+            }
+            full = await _post(http, srv.url, body)
+            async with http.stream(
+                "POST", f"{srv.url}/v1/chat/completions", json={"model": MODEL, **body, "stream": True}
+            ) as resp:
+                raw = (await resp.aread()).decode()
+    assert full["id"] == "chatcmpl-abc-1"
+    assert full["choices"][0]["message"]["content"] == "Sure: ok"
+    tokens = [entry["token"] for entry in full["choices"][0]["logprobs"]["content"]]
+    assert tokens[0].startswith("token_id:") and tokens[0] != "token_id:o"
+    assert '"content": "Sure: "' in raw and '"id": "chatcmpl-abc-1"' in raw
+
+
+async def test_unknown_fields_ignore_is_a_server_option(fake_cfg):
+    cfg = attrs.evolve(fake_cfg, server=attrs.evolve(fake_cfg.server, unknown_fields="ignore"))
+    with trio.fail_after(30):
+        async with server(cfg, "ok") as srv, httpx.AsyncClient() as http:
+            answer = await _post(http, srv.url, {"messages": CHAT, "my_extra": {"a": 1}})
+        async with server(fake_cfg, "ok") as srv, httpx.AsyncClient() as http:
+            refused = await http.post(
+                f"{srv.url}/v1/chat/completions", json={"model": MODEL, "messages": CHAT, "my_extra": 1}
+            )
+    assert answer["choices"][0]["message"]["content"] == "ok"
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "my_extra"

@@ -1,0 +1,256 @@
+"""One model sharded over processes with ``mx.distributed``: rank 0 drives, the others follow.
+
+``engine.mode = "distributed"`` selects :class:`DistributedRunner`, a wrapper around the batched
+runner (:data:`INNER_RUNNER`). The processes are started by ``mlx.launch``
+(``mlx.launch -n 2 --backend ring vllm-mlx-trio serve config.toml``). Rank 0 runs the HTTP
+front and every actor, as a single process does; its executor thread drives this runner. The
+other ranks run :func:`follow`: the same inner runner on their shard, and nothing else.
+
+Each step, rank 0 broadcasts the :class:`StepPlan` (ids and numbers only) to every rank, then
+every rank executes it on its shard; the model's own collectives (``all_sum`` in the sharded
+layers) keep them in lock-step, and every rank gets the same logits. Sampling is made identical
+by rank 0 fixing a seed for every request that has none before broadcasting, so every rank
+draws the same tokens from the same key. A stop marker (an empty plan message) ends the
+followers when rank 0's runner closes.
+
+A rank that dies closes its sockets. A follower waiting for a plan gets an error at once ("connection to a peer
+was lost") and exits 1. Rank 0 mid-step may instead wait forever in MLX (the ring backend
+fails its pending tasks without waking the waiter): the engine's step watchdog
+(``limits.engine_stall_timeout_s``) then fails every request in-band, answers 503 and exits 1,
+as for any engine death. :class:`CollectiveWatchdog` is the last resort on every rank: a step
+that outlasts ``distributed.collective_timeout_s`` (on rank 0: after the stall timeout) makes
+the process log the cause and exit 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import threading
+import time
+from typing import Any
+
+import attrs
+import mlx.core as mx
+import numpy as np
+
+from ..errors import ConfigError
+from ..logs import configure_logging
+from ..messages import ModelInfo, StepPlan, StepResult
+from . import loading
+from .registry import runner_class
+
+logger = logging.getLogger(__name__)
+
+#: Exit status of a rank whose collective timed out (as of engine death on rank 0).
+COLLECTIVE_TIMEOUT_EXIT = 1
+#: The runner every rank runs on its shard: continuous batching, as a single process does.
+INNER_RUNNER = "batched"
+#: How often the watchdog looks at the clock; a timeout fires at most this late.
+WATCHDOG_TICK_S = 0.5
+_STOP = b""
+
+
+def init_group(cfg: Any) -> mx.distributed.Group:
+    """The process group ``mlx.launch`` set up, for ``distributed.backend`` (strict: a
+    misconfigured launch is an error, not a silent group of one)."""
+    dist = cfg.distributed
+    group = mx.distributed.init(strict=True, backend=dist.backend)
+    tensor = dist.tensor or group.size()
+    if tensor * dist.pipeline != group.size():
+        raise ConfigError(
+            f"distributed.tensor ({tensor}) x distributed.pipeline ({dist.pipeline}) must equal "
+            f"the number of ranks mlx.launch started ({group.size()})"
+        )
+    return group
+
+
+def rank_of(cfg: Any) -> int:
+    """This process's rank (0 drives; the others follow)."""
+    return init_group(cfg).rank()
+
+
+class CollectiveWatchdog:
+    """Exits the process when one collective section outlasts ``timeout_s``: a dead peer
+    leaves a collective waiting forever, and nothing else can interrupt MLX's wait."""
+
+    def __init__(self, timeout_s: float, rank: int):
+        self._timeout_s = timeout_s
+        self._rank = rank
+        self._deadline: float | None = None
+        self._what = ""
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._watch, name=f"collective-watchdog-{rank}", daemon=True)
+        self._thread.start()
+
+    def guard(self, what: str) -> _Guard:
+        return _Guard(self, what)
+
+    def _arm(self, what: str) -> None:
+        with self._lock:
+            self._deadline, self._what = time.monotonic() + self._timeout_s, what
+
+    def _disarm(self) -> None:
+        with self._lock:
+            self._deadline = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(WATCHDOG_TICK_S)
+            with self._lock:
+                expired = self._deadline is not None and time.monotonic() > self._deadline
+                what = self._what
+            if expired:
+                logger.critical(
+                    "rank %d: %s did not finish within distributed.collective_timeout_s = %.1f s "
+                    "(a rank died or hangs); exiting",
+                    self._rank,
+                    what,
+                    self._timeout_s,
+                )
+                logging.shutdown()
+                os._exit(COLLECTIVE_TIMEOUT_EXIT)
+
+
+@attrs.define
+class _Guard:
+    watchdog: CollectiveWatchdog
+    what: str
+
+    def __enter__(self) -> None:
+        self.watchdog._arm(self.what)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.watchdog._disarm()
+
+
+class PlanChannel:
+    """Rank 0's plans to every rank, as bytes over two ``all_sum``s (the length, then the
+    bytes packed four to an int32, zero-padded): the other ranks add zeros, so each sum is
+    rank 0's message, exactly (integers)."""
+
+    def __init__(self, group: mx.distributed.Group):
+        self._group = group
+        #: The stream the model's own collectives run on: the runner queues the next step's
+        #: forward pass (mx.async_eval) before returning, so a plan sent on another stream
+        #: could interleave with that step's all_sums differently on each rank. On one stream
+        #: every rank issues them in the same order.
+        self.stream: Any = None
+
+    def send(self, message: bytes) -> None:
+        self._exchange(message)
+
+    def receive(self) -> bytes:
+        return self._exchange(None)
+
+    def _sum(self, values: np.ndarray) -> np.ndarray:
+        total = mx.distributed.all_sum(mx.array(values), group=self._group, stream=self.stream or mx.cpu)
+        return np.array(total)
+
+    def _exchange(self, message: bytes | None) -> bytes:
+        size = int(self._sum(np.array([0 if message is None else len(message)], dtype=np.int32))[0])
+        if size == 0:
+            return _STOP
+        words = -(-size // 4)
+        if message is None:
+            packed = np.zeros(words, dtype=np.int32)
+        else:
+            packed = np.frombuffer(message.ljust(words * 4, b"\0"), dtype=np.int32)
+        return self._sum(packed).astype(np.int32).tobytes()[:size]
+
+
+def fix_seeds(plan: StepPlan) -> StepPlan:
+    """The plan with a seed drawn here for every new sequence that has none, so every rank's
+    sampler starts from the same key (an unseeded request stays random: the seed is fresh)."""
+    if all(seq.params.seed is not None for seq in plan.new_seqs):
+        return plan
+    seqs = tuple(
+        seq
+        if seq.params.seed is not None
+        else attrs.evolve(seq, params=attrs.evolve(seq.params, seed=int.from_bytes(os.urandom(8), "little") >> 1))
+        for seq in plan.new_seqs
+    )
+    return attrs.evolve(plan, new_seqs=seqs)
+
+
+class _ShardedRunner:
+    """The inner runner loaded on this rank's shard, with a plan channel and a watchdog."""
+
+    def __init__(self, cfg: Any):
+        self._cfg = cfg
+        self._group = init_group(cfg)
+        self.rank = self._group.rank()
+        self._inner = runner_class(INNER_RUNNER)(cfg)
+        self._channel = PlanChannel(self._group)
+        self._watchdog = CollectiveWatchdog(self.step_timeout_s(cfg), self.rank)
+
+    def step_timeout_s(self, cfg: Any) -> float:
+        return cfg.distributed.collective_timeout_s
+
+    def load(self) -> ModelInfo:
+        with loading.sharded_over(self._group, pipeline=self._cfg.distributed.pipeline > 1):
+            info = self._inner.load()
+        self._channel.stream = getattr(self._inner, "compute_stream", None)
+        return info
+
+
+class DistributedRunner(_ShardedRunner):
+    """Rank 0's runner: broadcast each plan, then run it on this rank's shard."""
+
+    plans_in_flight = 1  # lock-step: the followers apply plans strictly in order
+    max_tokens_per_step = 1
+
+    def step_timeout_s(self, cfg: Any) -> float:
+        """Rank 0 waits the engine's stall timeout first: that one fails the requests in-band
+        (503, exit 1, like any engine death); this exit is the last resort after it."""
+        return cfg.distributed.collective_timeout_s + (cfg.limits.engine_stall_timeout_s or 0.0)
+
+    @classmethod
+    def max_running(cls, engine: Any) -> int:
+        return runner_class(INNER_RUNNER).max_running(engine)
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        plan = fix_seeds(plan)
+        with self._watchdog.guard(f"step {plan.step_id}"):
+            self._channel.send(pickle.dumps(plan))
+            return self._inner.execute(plan)
+
+    def close(self) -> None:
+        try:
+            with self._watchdog.guard("the stop broadcast"):
+                self._channel.send(_STOP)
+        finally:
+            self._inner.close()
+
+
+class Follower(_ShardedRunner):
+    """A rank other than 0: apply every plan rank 0 broadcasts, until the stop marker."""
+
+    def run(self) -> None:
+        self.load()
+        logger.info("rank %d: loaded its shard; following rank 0", self.rank)
+        try:
+            while True:
+                # Not bounded: rank 0 may be idle for hours. A rank 0 that dies closes its
+                # sockets, and the ring backend raises at once ("connection to a peer was lost").
+                message = self._channel.receive()
+                if message == _STOP:
+                    return
+                plan = pickle.loads(message)  # rank 0 of this same launch sent it
+                with self._watchdog.guard(f"step {plan.step_id}"):
+                    self._inner.execute(plan)
+        finally:
+            self._inner.close()
+
+
+def follow(cfg: Any) -> int:
+    """A follower rank's whole life; its exit status (1: a peer was lost or a step failed)."""
+    configure_logging(cfg.logging)
+    try:
+        Follower(cfg).run()
+    except Exception as exc:  # boundary: MLX's "connection to a peer was lost" and step errors
+        logger.critical("follower rank stopping: %s: %s", type(exc).__name__, exc)
+        return 1
+    logger.info("rank 0 stopped; follower exiting")
+    return 0
