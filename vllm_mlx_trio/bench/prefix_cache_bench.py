@@ -5,9 +5,9 @@ request's lookup kind (``HIT`` / ``PREFIX_HIT`` / ``MISS``) is read from the cha
 cache counters around it, and its ``cached_tokens`` from its usage; a row passes when the
 kind is the expected one and ``cached_tokens`` agrees with it (0 for a miss, > 0 otherwise).
 
-A block-level cache only ever matches whole blocks of ``cache.block_size`` tokens, so the
-"different prompt" differs from prompt 1 in its first block: a prompt that differed only in
-its uncached tail would legitimately be a full hit.
+The cache is token-granular (a hit may end inside a block), so the "different prompt"
+differs from prompt 1 from its first words on: a prompt that differed only in its tail would
+legitimately be a hit.
 """
 
 from __future__ import annotations
@@ -191,7 +191,8 @@ async def _repeat_rows(engine: Engine, prompts: Prompts) -> tuple[list[Row], Out
 
 
 async def _sharing_rows(engine: Engine, prompts: Prompts) -> list[Row]:
-    """2a-2c: a shared system prompt, another cache_salt, a prompt shorter than a block.
+    """2a-2c: a shared system prompt, another cache_salt, a prompt shorter than a block (a hit:
+    reuse is token-granular, all but the last token of an exact repeat).
 
     The short prompt's row is left out for blocks under ``MIN_SHORT_BLOCK`` tokens, which
     even "Hi" can fill.
@@ -205,7 +206,7 @@ async def _sharing_rows(engine: Engine, prompts: Prompts) -> list[Row]:
     if engine.cfg.cache.block_size >= MIN_SHORT_BLOCK:
         await run_request(engine, prompts.short)
         short = await run_request(engine, prompts.short)
-        rows.append(request_row("2c", "Short prompt, again", (MISS,), short))
+        rows.append(request_row("2c", "Short prompt, again", (HIT,), short))  # token-granular
     return rows
 
 
