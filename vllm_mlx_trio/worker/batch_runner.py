@@ -42,7 +42,7 @@ class BatchRunner(RunnerBase):
 
     def _load(self) -> ModelInfo:
         model, info = load_for_serving(self._cfg.model, self._cfg.engine)
-        self._prefix = PrefixBlocks(model, self._cfg.cache.block_size, enabled=self._cfg.cache.enabled)
+        self._prefix = PrefixBlocks.from_config(model, self._cfg.cache)
         engine = self._cfg.engine
         self._generator = BatchGenerator(
             model,

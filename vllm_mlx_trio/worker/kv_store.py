@@ -16,7 +16,7 @@ from typing import Any
 
 from ..core.block_pool import TAIL_INDEX
 from ..messages import BlockId, KVReady, NewSequence, RequestId, StepPlan
-from .prefix_layers import BlockArrays, CacheLayout, Checkpoint, cache_layout
+from .prefix_layers import BlockArrays, CacheLayout, Checkpoint, cache_layout, nbytes_of
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ Entry = BlockArrays | Checkpoint
 
 
 def block_nbytes(block: BlockArrays) -> int:
-    return sum(keys.nbytes + values.nbytes for keys, values in block)
+    return sum(nbytes_of(keys) + nbytes_of(values) for keys, values in block)
 
 
 def entry_nbytes(entry: Entry) -> int:
@@ -70,8 +70,10 @@ class PrefixBlocks:
     ``released_ready_ids``), and the copies it did not keep are freed then.
     """
 
-    def __init__(self, model: Any, block_size: int, *, enabled: bool):
-        self.layout: CacheLayout = cache_layout(model)
+    def __init__(
+        self, model: Any, block_size: int, *, enabled: bool, kv_bits: int | None = None, kv_group_size: int = 64
+    ):
+        self.layout: CacheLayout = cache_layout(model, kv_bits=kv_bits, kv_group_size=kv_group_size)
         if enabled and not self.layout.cachable:
             logger.warning(
                 "prefix cache off for this model: its cache layers cannot be cached (%s); serving uncached",
@@ -87,6 +89,13 @@ class PrefixBlocks:
         # live request -> how many of its leading full blocks the pool has (its hit's, then
         # those it reported): a later ready copies from there, whatever the runner guessed
         self._known_blocks: dict[RequestId, int] = {}
+
+    @classmethod
+    def from_config(cls, model: Any, cfg: Any) -> PrefixBlocks:
+        """The store for a ``[cache]`` section (``CacheConfig``)."""
+        return cls(
+            model, cfg.block_size, enabled=cfg.enabled, kv_bits=cfg.kv_bits, kv_group_size=cfg.kv_group_size
+        )
 
     @property
     def needs_exact_checkpoints(self) -> bool:

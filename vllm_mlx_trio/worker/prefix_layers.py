@@ -28,8 +28,50 @@ from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prom
 
 LayerKind = Literal["kv", "window", "state"]
 
-#: One full block: (keys, values) of each ``kv`` layer, in layer order; (1, heads, block_size, dim).
-BlockArrays = list[tuple[mx.array, mx.array]]
+@attrs.frozen(slots=True)
+class Packed:
+    """An array kept quantized (``cache.kv_bits``): mx.quantize over its values flattened
+    per head, so any head size packs into groups of ``group_size``."""
+
+    weights: mx.array
+    scales: mx.array
+    biases: mx.array | None
+    shape: tuple[int, ...]
+    dtype: mx.Dtype
+    group_size: int
+    bits: int
+
+    @classmethod
+    def of(cls, array: mx.array, group_size: int, bits: int) -> Packed:
+        flat = array.reshape(*array.shape[:-2], -1)
+        weights, scales, *biases = mx.quantize(flat, group_size=group_size, bits=bits)
+        return cls(weights, scales, biases[0] if biases else None, tuple(array.shape), array.dtype, group_size, bits)
+
+    def unpack(self) -> mx.array:
+        flat = mx.dequantize(self.weights, self.scales, self.biases, group_size=self.group_size, bits=self.bits)
+        return flat.reshape(self.shape).astype(self.dtype)
+
+    def __iter__(self):  # the arrays it holds, for byte counts and evaluation
+        return iter([a for a in (self.weights, self.scales, self.biases) if a is not None])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self)
+
+
+Stored = mx.array | Packed
+
+#: One full block: (keys, values) of each ``kv`` layer, in layer order; (1, heads, block_size,
+#: dim) each, or :class:`Packed` when stored quantized.
+BlockArrays = list[tuple[Stored, Stored]]
+
+
+def nbytes_of(stored: Stored) -> int:
+    return stored.nbytes
+
+
+def unpack(stored: Stored) -> mx.array:
+    return stored.unpack() if isinstance(stored, Packed) else stored
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -60,14 +102,19 @@ def _kind(layer: Any) -> LayerKind | None:
     return None
 
 
-def cache_layout(model: Any) -> CacheLayout:
+def cache_layout(model: Any, *, kv_bits: int | None = None, kv_group_size: int = 64) -> CacheLayout:
     """The model's layer kinds, or the names of the layer types that cannot be cached."""
     layers = make_prompt_cache(model)
     kinds = tuple(_kind(layer) for layer in layers)
     unsupported = sorted({type(layer).__name__ for layer, kind in zip(layers, kinds, strict=True) if kind is None})
     if not any(kind in ("kv", "window") for kind in kinds):
         unsupported.append("no attention layer to tell a cache's position")
-    return CacheLayout(kinds=kinds if not unsupported else (), unsupported=tuple(unsupported))
+    return CacheLayout(
+        kinds=kinds if not unsupported else (),
+        unsupported=tuple(unsupported),
+        kv_bits=kv_bits,
+        kv_group_size=kv_group_size,
+    )
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -76,6 +123,9 @@ class CacheLayout:
 
     kinds: tuple[LayerKind, ...]
     unsupported: tuple[str, ...] = ()
+    #: Store full blocks quantized to this many bits (None: as computed), in groups of this size.
+    kv_bits: int | None = None
+    kv_group_size: int = 64
 
     @property
     def cachable(self) -> bool:
@@ -96,11 +146,19 @@ class CacheLayout:
         """Copies of the ``kv`` layers' blocks ``first_block ..`` of a single sequence's cache."""
         kv = [layer for layer, kind in zip(cache, self.kinds, strict=True) if kind == "kv"]
         blocks = [
-            [_copy_range(layer, index * block_size, (index + 1) * block_size) for layer in kv]
+            [self._pack(_copy_range(layer, index * block_size, (index + 1) * block_size)) for layer in kv]
             for index in range(first_block, first_block + num_blocks)
         ]
-        mx.eval([array for block in blocks for pair in block for array in pair])
+        mx.eval([array for block in blocks for pair in block for stored in pair for array in _leaves(stored)])
         return blocks
+
+    def _pack(self, pair: tuple[mx.array, mx.array]) -> tuple[Stored, Stored]:
+        """A block's (keys, values), quantized when ``kv_bits`` is set and the group size
+        divides a head's values (else kept as computed)."""
+        keys, values = pair
+        if self.kv_bits is None or any(a.shape[-2] * a.shape[-1] % self.kv_group_size for a in pair):
+            return keys, values
+        return Packed.of(keys, self.kv_group_size, self.kv_bits), Packed.of(values, self.kv_group_size, self.kv_bits)
 
     def checkpoint(self, cache: list[Any], num_tokens: int, block_size: int) -> Checkpoint:
         """A copy of the cache's non-block part at ``num_tokens``, where the cache must be
@@ -131,7 +189,8 @@ class CacheLayout:
         for layer_index, (layer, kind) in enumerate(zip(cache, self.kinds, strict=True)):
             saved = checkpoint.layers[layer_index] if checkpoint is not None else None
             if kind == "kv":
-                parts = [block[kv_index] for block in blocks] + ([saved] if saved is not None else [])
+                parts = [tuple(map(unpack, block[kv_index])) for block in blocks]
+                parts += [saved] if saved is not None else []
                 kv_index += 1
                 # a hit may end inside its last entry: a KV prefix of any length is exact
                 keys = mx.concatenate([k for k, _ in parts], axis=2)[..., :num_tokens, :]
@@ -147,6 +206,10 @@ class CacheLayout:
                 assert checkpoint is not None, "a state layer is restored from a checkpoint"
                 layer.cache = [None if a is None else mx.array(a) for a in saved]
         return cache
+
+
+def _leaves(stored: Stored) -> list[mx.array]:
+    return list(stored) if isinstance(stored, Packed) else [stored]
 
 
 def _copy_range(layer: KVCache, start: int, end: int) -> tuple[mx.array, mx.array]:

@@ -32,7 +32,7 @@ class SimpleRunner(RunnerBase):
     def _load(self) -> ModelInfo:
         self._model, info = load_for_serving(self._cfg.model, self._cfg.engine)
         self._stream = mx.new_stream(mx.default_device())
-        self._prefix = PrefixBlocks(self._model, self._cfg.cache.block_size, enabled=self._cfg.cache.enabled)
+        self._prefix = PrefixBlocks.from_config(self._model, self._cfg.cache)
         return info
 
     def _insert(self, live: list[LiveSequence]) -> None:
