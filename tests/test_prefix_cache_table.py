@@ -23,7 +23,10 @@ async def test_every_row_passes_on_demo_tiny(demo_cfg):
     table = format_rows(rows)
     assert all(row.passed for row in rows), table
     steps = [row.step for row in rows]
-    assert steps == ["1a", "1b", "1c", "1d", "1e", "2a", "2b", "2c", "2d", "2e", "2f", "2g", "3a", "3b", "4a", "4b"]
+    assert steps == [
+        "1a", "1b", "1c", "1d", "1e", "2a", "2b", "2c", "2d", "2e", "2f", "2g", "3a", "3b",
+        "4a", "4b", "5a", "5b", "5c", "5d", "5e", "5f",
+    ]  # fmt: skip
     by_step = {row.step: row for row in rows}
     assert by_step["1b"].actual == "HIT" and by_step["1b"].cached_tokens > 0
     assert by_step["2a"].actual == "PREFIX_HIT"

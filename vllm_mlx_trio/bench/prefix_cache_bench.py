@@ -19,10 +19,11 @@ from collections.abc import Sequence
 import attrs
 import trio
 
-from ..actors.cache_manager import CacheStatistics
+from ..actors.cache_manager import CacheStatistics, cache_budget
 from ..config import EngineConfig
 from ..core.params import SamplingParams
 from ..engine import Engine, open_engine
+from ..testing.polling import wait_until
 
 MAX_TOKENS = 8
 _SYSTEM_BODY = (
@@ -129,6 +130,8 @@ class Outcome:
     token_ids: tuple[int, ...]
     #: Seconds from submit to the first token (the prefill a hit shortens).
     ttft_s: float = 0.0
+    #: The sampled tokens' logprobs, when asked for.
+    logprobs: tuple[float, ...] = ()
 
 
 def lookup_kind(before: CacheStatistics, after: CacheStatistics) -> str:
@@ -145,21 +148,29 @@ def lookup_kind(before: CacheStatistics, after: CacheStatistics) -> str:
 
 
 async def run_request(
-    engine: Engine, prompt: str | Sequence[dict], *, cache_salt: str | None = None
+    engine: Engine, prompt: str | Sequence[dict], *, cache_salt: str | None = None, logprobs: bool = False
 ) -> Outcome:
     """One greedy request of ``MAX_TOKENS`` tokens, read to its end."""
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, cache_salt=cache_salt)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=MAX_TOKENS, cache_salt=cache_salt, logprobs=1 if logprobs else None
+    )
     before = engine.statistics().cache
     token_ids: list[int] = []
+    token_logprobs: list[float] = []
     start, ttft_s = time.perf_counter(), 0.0
     with await engine.submit(prompt if isinstance(prompt, str) else list(prompt), params) as stream:
         async for delta in stream:
             if not token_ids and delta.token_ids:
                 ttft_s = time.perf_counter() - start
             token_ids.extend(delta.token_ids)
+            token_logprobs.extend(lp.logprob for lp in delta.logprobs)
     kind = lookup_kind(before, engine.statistics().cache)
     return Outcome(
-        kind=kind, cached_tokens=stream.usage.cached_tokens, token_ids=tuple(token_ids), ttft_s=ttft_s
+        kind=kind,
+        cached_tokens=stream.usage.cached_tokens,
+        token_ids=tuple(token_ids),
+        ttft_s=ttft_s,
+        logprobs=tuple(token_logprobs),
     )
 
 
@@ -291,6 +302,42 @@ async def _clear_rows(engine: Engine, prompts: Prompts) -> list[Row]:
     ]
 
 
+async def _quantized_rows(cfg: EngineConfig, prompts: Prompts) -> list[Row]:
+    """5a-5f: prompt 1 and its repeat with stored blocks kept quantized (``cache.kv_bits``)
+    and not: each repeat must hit; a block's bytes, how many fit the budget, the hit's TTFT
+    and its agreement with the unquantized repeat are measurements to read."""
+    rows: list[Row] = []
+    plain: Outcome | None = None
+    for step, bits in zip("ace", (None, 8, 4), strict=True):
+        quantized = attrs.evolve(cfg, cache=attrs.evolve(cfg.cache, enabled=True, kv_bits=bits))
+        async with open_engine(quantized) as engine:
+            await run_request(engine, prompts.one)
+            hit = await run_request(engine, prompts.one, logprobs=True)
+            block_bytes = await _block_bytes(engine)
+            budget = cache_budget(quantized.cache).max_bytes
+        name = f"kv_bits={bits or 'none'}"
+        plain = plain or hit
+        agree = sum(a == b for a, b in zip(hit.token_ids, plain.token_ids, strict=False))
+        diff = max((abs(a - b) for a, b in zip(hit.logprobs, plain.logprobs, strict=False)), default=0.0)
+        fits = f", {budget // block_bytes} fit the budget" if budget and block_bytes else ""
+        rows += [
+            request_row(f"5{step}", f"{name}: prompt 1 again", (HIT,), hit),
+            Row(step=f"5{chr(ord(step) + 1)}", description=f"{name}: block, agreement", expected="measured",
+                actual=f"{block_bytes} B/block{fits}; {agree}/{len(plain.token_ids)} tokens, max dlogprob {diff:.2g}",
+                passed=True, info=True),
+        ]  # fmt: skip
+    return rows
+
+
+async def _block_bytes(engine: Engine) -> int:
+    """The mean bytes of a stored full block, once the last request's leases are back."""
+    with trio.move_on_after(5):
+        await wait_until(lambda: not engine.statistics().cache.num_leased, poll_s=0.005)
+    pool = engine._cache.pool  # the bench reads the pool itself, as the tests do
+    blocks = [b for b in pool.free_queue() if not pool.is_tail(b)]
+    return sum(pool.block_info(b).nbytes for b in blocks) // max(1, len(blocks))
+
+
 async def _disabled_rows(cfg: EngineConfig, prompts: Prompts, cached: Outcome) -> list[Row]:
     """4a-4b: with the cache off, prompt 1 twice is computed twice, to the same tokens."""
     off = attrs.evolve(cfg, cache=attrs.evolve(cfg.cache, enabled=False))
@@ -304,7 +351,7 @@ async def _disabled_rows(cfg: EngineConfig, prompts: Prompts, cached: Outcome) -
 
 
 async def check_prefix_cache(
-    cfg: EngineConfig, *, disabled_run: bool = True, short_repeat: bool = True
+    cfg: EngineConfig, *, disabled_run: bool = True, short_repeat: bool = True, quantized: bool = True
 ) -> list[Row]:
     """Every row of the table, on ``cfg``'s model (the demo model unless told otherwise)."""
     async with open_engine(cfg) as engine:
@@ -316,6 +363,8 @@ async def check_prefix_cache(
         rows += await _clear_rows(engine, prompts)
     if disabled_run:
         rows += await _disabled_rows(cfg, prompts, cached)
+    if quantized:
+        rows += await _quantized_rows(cfg, prompts)
     return rows
 
 
