@@ -135,6 +135,9 @@ class CacheConfig:
     kv_bits: int | None = _option(None, _int_in(KV_BITS))
     #: Values per quantization group of a stored block (32, 64 or 128).
     kv_group_size: int = _option(64, _int_in(KV_GROUP_SIZES))
+    #: A JSON list of prompts (strings) or chats (message lists) prefilled into the cache at
+    #: startup, after the model loads and before the server says it is ready; none: no warm-up.
+    warm_prompts_file: str | None = _option(None, _non_empty)
 
 
 @attrs.frozen(kw_only=True)
