@@ -228,18 +228,17 @@ async def assert_idle_and_consistent(engine, runner=None) -> None:
 # -- 1 and 2: greedy outputs with the cache on equal those with it off; honest cached_tokens
 
 
-def expected_cached(prompts: dict[str, list[int]], out: dict[str, Out], mode: str) -> dict[str, int]:
+def expected_cached(prompts: dict[str, list[int]], out: dict[str, Out]) -> dict[str, int]:
     """The token-granular oracle for requests run one after another with nothing evicted: the
     longest prefix a request shares with the KV an earlier one computed (its prompt and its
-    output: batched mode's finished cache holds every output token, simple mode commits all
-    but the last), all but the request's last prompt token at most."""
-    unseen = 0 if mode == "batched" else 1
+    output: a finished cache holds every output token in both modes, since both compute a
+    token's KV when they sample it), all but the request's last prompt token at most."""
     seen: list[list[int]] = []
     expected = {}
     for key, ids in prompts.items():
         shared = max((common_prefix(done, ids) for done in seen), default=0)
         expected[key] = min(shared, len(ids) - 1)
-        seen.append(ids + out[key].tokens[: len(out[key].tokens) - unseen])
+        seen.append(ids + out[key].tokens)
     return expected
 
 
@@ -301,7 +300,7 @@ async def test_greedy_outputs_equal_cache_off_and_cached_tokens_are_honest(float
             await assert_idle_and_consistent(engine, runners[0])
             stats = engine.statistics().cache
 
-    expected = expected_cached(ids, on, mode)
+    expected = expected_cached(ids, on)
     for key in off:
         assert len(off[key].tokens) == GREEDY.max_tokens, key
         assert on[key].tokens == off[key].tokens, key
@@ -341,8 +340,7 @@ async def test_second_chat_turn_reuses_the_generated_blocks(float32_dir, mode):
     assert common_prefix(turn1_ids + first.tokens, turn2_ids) == len(turn1_ids + first.tokens), (
         "the answer re-tokenizes to the same tokens"
     )
-    # the tokens whose KV turn 1 committed: simple mode's last token has none yet
-    seen = turn1_ids + (first.tokens if mode == "batched" else first.tokens[:-1])
+    seen = turn1_ids + first.tokens  # the tokens whose KV turn 1 committed
     expected = min(len(seen), len(turn2_ids) - 1)
     assert expected > len(turn1_ids)  # the answer's tokens are reused too
     assert second.cached_tokens == expected

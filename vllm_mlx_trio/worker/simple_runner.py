@@ -102,8 +102,9 @@ class SimpleRunner(RunnerBase):
         if not self._cfg.cache.store_generated:
             return None
         seq, cache = live.seq, live.handle[1]
-        # The last token's KV is not computed yet: commit up to the one before it.
-        token_ids = (*seq.prompt_token_ids, *live.emitted[:-1])
+        # generate_step has run the last token through the model too (it computes one ahead);
+        # the store keeps only what the cache holds.
+        token_ids = (*seq.prompt_token_ids, *live.emitted)
         first_block = len(seq.prompt_token_ids) // self._prefix.block_size
         with mx.stream(self._stream):
             return self._prefix.ready(seq.request_id, token_ids, cache, first_block)
