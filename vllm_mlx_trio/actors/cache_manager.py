@@ -154,7 +154,8 @@ class CacheManagerActor:
         return tuple(store)
 
     def _evict(self) -> tuple[BlockId, ...]:
-        """The evict point: entries dropped to get back under budget."""
+        """The evict point: entries dropped to get back under budget (a clear drops the
+        unleased rest in ``_handle``'s ``PrefixClear``)."""
         return self.pool.evict_over_budget()
 
     def _release(self, request_ids: tuple) -> PrefixReleased:
