@@ -369,7 +369,9 @@ def test_round_trip_with_every_option_set():
                    "default_max_tokens": 10, "kv_memory_mb": 32, "kv_memory_percent": 0.25},
         "cache": {"enabled": False, "block_size": 16, "memory_mb": 64, "memory_percent": 0.5,
                   "memory_aware": False, "max_entries": 10, "store_generated": False,
-                  "kv_events_endpoint": "tcp://127.0.0.1:5557"},
+                  "kv_events_endpoint": "tcp://127.0.0.1:5557",
+
+                  "kv_bits": 8, "kv_group_size": 32, "warm_prompts_file": "/tmp/warm.json"},
         "limits": {"max_waiting": 0, "max_body_bytes": 2048, "max_stop_sequences": 0, "max_n": 2,
                    "engine_stall_timeout_s": 1.5, "body_timeout_s": 2.0,
                    "preprocess_threads": 2},

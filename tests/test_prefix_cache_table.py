@@ -23,11 +23,17 @@ async def test_every_row_passes_on_demo_tiny(demo_cfg):
     table = format_rows(rows)
     assert all(row.passed for row in rows), table
     steps = [row.step for row in rows]
-    assert steps == ["1a", "1b", "1c", "1d", "1e", "2a", "2b", "2c", "3a", "3b", "4a", "4b"]
+    assert steps == [
+        "1a", "1b", "1c", "1d", "1e", "2a", "2b", "2c", "2d", "2e", "2f", "2g", "3a", "3b",
+        "4a", "4b", "5a", "5b", "5c", "5d", "5e", "5f",
+    ]  # fmt: skip
     by_step = {row.step: row for row in rows}
     assert by_step["1b"].actual == "HIT" and by_step["1b"].cached_tokens > 0
     assert by_step["2a"].actual == "PREFIX_HIT"
     assert 0 < by_step["2a"].cached_tokens <= by_step["1b"].cached_tokens
+    # the short exact repeat: 5 at once, each reusing 47 of its 48 tokens; its TTFT ratio is read
+    assert by_step["2e"].cached_tokens == bench.SHORT_REPEAT_TOKENS - 1 and by_step["2e"].passed
+    assert by_step["2f"].info and by_step["2f"].cells()[-1] == "INFO"
 
 
 def _stats(enabled: bool = True, **counts: int) -> CacheStatistics:

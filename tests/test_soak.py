@@ -102,7 +102,8 @@ async def test_a_short_soak_on_demo_tiny_leaves_nothing_behind(demo_cfg):
     assert rows["cancel_stream"]["cancelled"] + rows["cancel_wait"]["cancelled"] > 0
     before, after = result.baseline, result.after
     assert after.cache_hits > before.cache_hits
-    assert after.engine_idle and after.cache_released and after.cache_blocks == 0
+    # the probes that follow the clear leave their own short prompt cached (token-granular reuse)
+    assert after.engine_idle and after.cache_released and after.cache_blocks == before.cache_blocks <= 2
     assert after.tasks <= before.tasks and after.fds <= before.fds
     assert all(after.objects[name] <= before.objects[name] for name in before.objects)
     assert after.mlx_active_bytes > 0 and before.mlx_active_bytes > 0

@@ -7,6 +7,7 @@ test keeps it in step with these classes.
 import attrs
 
 from vllm_mlx_trio.config_fields import (
+    _FieldError,
     _in_range,
     _model_path,
     _non_empty,
@@ -24,6 +25,20 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 UNKNOWN_FIELDS = ("reject", "ignore")
 DISTRIBUTED_BACKENDS = ("any", "ring", "jaccl", "mpi")
+#: What mx.quantize supports for stored prefix blocks.
+KV_BITS = (4, 8)
+KV_GROUP_SIZES = (32, 64, 128)
+
+
+def _int_in(choices: tuple[int, ...]):
+    """Validator: an int, when given, is one of ``choices``."""
+
+    def check(inst, attribute: attrs.Attribute, value) -> None:
+        if value is not None and value not in choices:
+            allowed = ", ".join(map(str, choices))
+            raise _FieldError(type(inst), attribute.name, f"must be one of {allowed}, got {value!r}")
+
+    return check
 
 
 # --- the configuration tree -----------------------------------------------------------------
@@ -113,7 +128,7 @@ class CacheConfig:
 
     #: Reuse the KV of prompt prefixes other requests computed (false: every prompt is prefilled).
     enabled: bool = _option(True)
-    #: Tokens per cached block (>= 1); only full blocks are shared.
+    #: Tokens per cached block (>= 1), the unit of sharing; a hit may also end inside one.
     block_size: int = _option(64, _in_range(1))
     #: Budget in MiB for cached blocks; none means memory_percent of the memory available at start.
     memory_mb: int | None = _option(None, _in_range(1))
@@ -121,13 +136,20 @@ class CacheConfig:
     memory_percent: float = _option(0.20, _in_range(0.0, 1.0), converter=_to_float)
     #: Budget by bytes (true) or, legacy, by number of blocks (max_entries).
     memory_aware: bool = _option(True)
-    #: Most cached blocks when memory_aware is false (>= 1).
+    #: Most cached entries (blocks and checkpoints) when memory_aware is false (>= 1).
     max_entries: int = _option(4096, _in_range(1))
     #: Also cache the full blocks of prompt + output when a request finishes (multi-turn reuse).
     store_generated: bool = _option(True)
     #: Publish block stored/removed events in vLLM's KV-event format (ZMQ PUB, msgpack) at this
     #: ZMQ endpoint, e.g. "tcp://*:5557", for vllm-router's kv_aware policy; none: not published.
     kv_events_endpoint: str | None = _option(None, _non_empty)
+    #: Keep stored full blocks quantized to this many bits (4 or 8; none: as computed).
+    kv_bits: int | None = _option(None, _int_in(KV_BITS))
+    #: Values per quantization group of a stored block (32, 64 or 128).
+    kv_group_size: int = _option(64, _int_in(KV_GROUP_SIZES))
+    #: A JSON list of prompts (strings) or chats (message lists) prefilled into the cache at
+    #: startup, after the model loads and before the server says it is ready; none: no warm-up.
+    warm_prompts_file: str | None = _option(None, _non_empty)
 
 
 @attrs.frozen(kw_only=True)

@@ -26,6 +26,7 @@ from .core.params import SamplingParams
 from .errors import EngineClosedError, QueueFullError, VllmMlxTrioError
 from .messages import ChatMessage, ClearPrefixCache, FailAll, RequestId, Submit
 from .stream import Delta, RequestStream
+from .warm_prompts import warm_prefix_cache
 
 __all__ = ["Engine", "EngineStatistics", "ExecutorFactory", "max_running", "mlx_executor_factory", "open_engine"]
 
@@ -51,7 +52,8 @@ class EngineStatistics:
 async def open_engine(
     cfg: EngineConfig, *, executor_factory: ExecutorFactory | None = None
 ) -> AsyncIterator[Engine]:
-    """Load the model and run the actors; yields a ready :class:`Engine`.
+    """Load the model and run the actors; yields a ready :class:`Engine` (with
+    ``cache.warm_prompts_file``, once its prompts are in the prefix cache).
 
     Leaving the block stops admissions and waits for the requests already inside to finish
     (cancel the surrounding scope to stop at once). If the executor fails, every request in
@@ -59,7 +61,10 @@ async def open_engine(
     block raises the cause.
     """
     async with open_topology(cfg, executor_factory or mlx_executor_factory(cfg)) as topology:
-        yield Engine(cfg, topology)
+        engine = Engine(cfg, topology)
+        if cfg.cache.warm_prompts_file is not None and cfg.cache.enabled:
+            await warm_prefix_cache(engine, cfg.cache.warm_prompts_file)
+        yield engine
 
 
 class Engine:

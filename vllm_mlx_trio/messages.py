@@ -213,12 +213,17 @@ class PrefixCommit:
     ready_id: int = 0
     first_block: int = 0
     block_nbytes: tuple[int, ...] = ()
+    #: A checkpoint of the first ``tail_at`` tokens the executor also holds (see KVReady).
+    tail_at: int | None = None
+    tail_nbytes: int = 0
+    blocks_end_hits: bool = True
 
 
 @_frozen
 class PrefixStored:
     """The answer to a commit: keep copy ``block_index`` of ``ready_id`` as ``block_id`` for
-    each entry of ``store``; ``evicted`` blocks are gone from the store (drop their arrays)."""
+    each entry of ``store`` (index -1: the tail checkpoint); ``evicted`` blocks are gone from
+    the store (drop their arrays)."""
 
     request_id: RequestId
     ready_id: int

@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from vllm_mlx_trio.core.block_hash import block_hash
-from vllm_mlx_trio.core.block_pool import BlockPool, Budget, NewBlock
-from vllm_mlx_trio.messages import RequestId
+from vllm_mlx_trio.core.block_pool import TAIL_INDEX, BlockPool, Budget, NewBlock
+from vllm_mlx_trio.core.child_index import common_length
+from vllm_mlx_trio.messages import BlockId, RequestId
 
 A, B, C = RequestId("a"), RequestId("b"), RequestId("c")
 SYSTEM = (1, 2, 3, 4, 5, 6, 7, 8)  # two blocks of 4
@@ -217,25 +218,27 @@ CACHED = SYSTEM  # two full blocks of 4 committed
 
 
 @pytest.mark.parametrize(
-    ("prompt", "block_ids", "kind"),
+    ("prompt", "block_ids", "num_cached", "kind"),
     [
-        ((), (), "miss"),
-        ((1, 2, 3), (), "miss"),  # shorter than a block
-        ((1, 2, 3, 4), (), "miss"),  # one exact block: its last token is recomputed
-        ((1, 2, 3, 4, 5), (0,), "hit"),
-        (SYSTEM, (0,), "hit"),  # exact repeat, an exact multiple: the last block is dropped
-        (SYSTEM + (9,), (0, 1), "hit"),
-        (SYSTEM + (9, 9, 9, 9), (0, 1), "hit"),  # every eligible block matched
-        (SYSTEM + (9, 9, 9, 9, 9), (0, 1), "prefix_hit"),
-        ((1, 2, 3, 4, 5, 6, 7, 0, 9), (0,), "prefix_hit"),  # diverges in the second block
-        ((1, 2, 3, 0, 5, 6, 7, 8, 9), (), "miss"),  # diverges in the first block
+        ((), (), 0, "miss"),
+        ((1, 2, 3), (0,), 2, "hit"),  # shorter than a block: a part of block 0
+        ((1, 2, 3, 4), (0,), 3, "hit"),  # one exact block: its last token is recomputed
+        ((1, 2, 3, 4, 5), (0,), 4, "hit"),
+        (SYSTEM, (0, 1), 7, "hit"),  # exact repeat: all but the last token
+        (SYSTEM + (9,), (0, 1), 8, "hit"),
+        (SYSTEM + (9, 9, 9, 9), (0, 1), 8, "hit"),  # every eligible block matched
+        (SYSTEM + (9, 9, 9, 9, 9), (0, 1), 8, "prefix_hit"),
+        ((1, 2, 3, 4, 5, 6, 7, 0, 9), (0, 1), 7, "prefix_hit"),  # diverges inside the second block
+        ((1, 2, 3, 0, 5, 6, 7, 8, 9), (0,), 3, "prefix_hit"),  # diverges inside the first block
+        ((0, 2, 3, 4, 5, 6, 7, 8, 9), (), 0, "miss"),
     ],
 )
-def test_hit_kind(prompt, block_ids, kind):
+def test_hit_kind(prompt, block_ids, num_cached, kind):
+    """All-KV blocks: a hit ends anywhere, even inside a block (its KV prefix is exact)."""
     pool = BlockPool(4)
     pool.commit(A, CACHED)
     hit = pool.lookup(B, prompt)
-    assert (hit.block_ids, hit.num_cached_tokens, hit.kind) == (block_ids, 4 * len(block_ids), kind)
+    assert (hit.block_ids, hit.num_cached_tokens, hit.kind) == (block_ids, num_cached, kind)
     assert hit.num_cached_tokens <= max(0, len(prompt) - 1)
     stats = pool.stats()
     assert (stats.num_hits, stats.num_prefix_hits, stats.num_misses) == (
@@ -245,6 +248,62 @@ def test_hit_kind(prompt, block_ids, kind):
     )
     assert stats.tokens_saved == hit.num_cached_tokens
     assert refs(pool) == {0: 1 + (0 in block_ids), 1: 1 + (1 in block_ids)}
+
+
+def test_a_tail_gives_an_exact_repeat_all_but_its_last_token():
+    """A 6-token prompt (one block + 2) commits its checkpoint at 5 tokens: a repeat hits 5."""
+    pool = BlockPool(4)
+    prompt = (1, 2, 3, 4, 5, 6)
+    created = pool.commit(A, prompt[:5], tail_at=5)
+    assert created == (
+        NewBlock(block_id=0, block_index=0, token_start=0, token_end=4),
+        NewBlock(block_id=1, block_index=TAIL_INDEX, token_start=4, token_end=5),
+    )
+    assert created[1].is_tail and pool.is_tail(1) and not pool.is_tail(0)
+    hit = pool.lookup(B, prompt)
+    assert (hit.block_ids, hit.num_cached_tokens, hit.kind) == ((0, 1), 5, "hit")
+    assert pool.commit(B, prompt[:5], tail_at=5) == ()  # the same tail is shared, not made again
+    assert pool.stats().num_tails == 1
+    pool.release([A, B])
+    assert pool.free_queue() == (1, 0)  # the tail goes before the block at its depth
+    pool.check_invariants()
+
+
+def test_blocks_of_a_model_with_state_layers_end_a_hit_only_at_a_checkpoint():
+    """blocks_end_hits=False (sliding-window or recurrent layers): no hit inside or right after
+    a bare block; an empty tail marks a checkpoint at a block boundary."""
+    pool = BlockPool(4)
+    pool.commit(A, SYSTEM + (9,), tail_at=9, blocks_end_hits=False)
+    assert pool.lookup(B, SYSTEM + (7, 7)).num_cached_tokens == 0  # blocks alone end nothing
+    hit = pool.lookup(B, SYSTEM + (9, 9))
+    assert (hit.block_ids, hit.num_cached_tokens) == ((0, 1, 2), 9)
+    assert pool.lookup(C, SYSTEM + (9,)).num_cached_tokens == 0  # the checkpoint is at its last token
+    created = pool.commit(C, SYSTEM, tail_at=8, blocks_end_hits=False)
+    assert [(b.block_index, b.token_start, b.token_end) for b in created] == [(TAIL_INDEX, 8, 8)]
+    hit = pool.lookup(RequestId("d"), SYSTEM + (5, 5))
+    assert (hit.block_ids, hit.num_cached_tokens) == ((0, 1, created[0].block_id), 8)
+    pool.check_invariants()
+
+
+def test_evicting_a_block_takes_its_tails_along():
+    pool = BlockPool(4, Budget(max_blocks=1))
+    pool.commit(A, (1, 2, 3, 4, 5, 6), tail_at=5)  # block 0, tail 1
+    pool.commit(B, (7, 7, 7, 7, 7), tail_at=5)  # block 2, tail 3
+    pool.release([A])
+    pool.release([B])
+    assert pool.free_queue() == (1, 0, 3, 2)
+    assert pool.evict_over_budget() == (1, 0, 3)
+    assert pool.lookup(C, (7, 7, 7, 7, 7, 7)).num_cached_tokens == 4
+    pool.release([C])
+    assert pool.clear() == (2,)
+    pool.commit(A, (1, 2, 3, 4, 5, 6), tail_at=5)
+    pool.release([A])
+    assert pool.free_queue() == (5, 4)
+    assert pool.clear() == (5, 4)
+    pool.commit(A, (1, 2, 3, 4, 5, 6), tail_at=5)
+    pool.release([A])
+    assert sorted(pool._drop(BlockId(6))) == [6, 7]  # a block's drop cascades to its tail
+    pool.check_invariants()
 
 
 def test_salt_and_extra_keys_isolate_the_whole_chain():
@@ -348,11 +407,38 @@ class PoolMachine(RuleBasedStateMachine):
         by_content = {v: k for k, v in self.content.items()}
         run = []
         for i in range(max_blocks):
-            block_id = by_content.get((salt, tokens[: (i + 1) * self.bs]))
+            block_id = by_content.get((salt, tokens[: (i + 1) * self.bs], False))
             if block_id is None:
                 break
             run.append(block_id)
         return tuple(run)
+
+    def _expected_hit(self, tokens, salt) -> int:
+        """All but the last token at most: the full-block run, then the most tokens any entry
+        starting right after it shares with the prompt (every entry is all-KV here)."""
+        limit = len(tokens) - 1
+        run = self._expected_run(tokens, salt, max(0, limit // self.bs))
+        best = 0
+        for depth in range(len(run) + 1):
+            base = depth * self.bs
+            best = max(best, base if depth else 0)
+            for entry_salt, covered, is_tail in self.content.values():
+                start = (len(covered) - 1) // self.bs * self.bs if not is_tail else len(covered) // self.bs * self.bs
+                if entry_salt != salt or start != base or covered[:base] != tokens[:base]:
+                    continue
+                n = common_length(covered[base:], tokens[base:])
+                best = max(best, base + min(n, limit - base))
+        return best
+
+    def _tails_of(self, block_id: int) -> list[int]:
+        salt, covered, is_tail = self.content[block_id]
+        if is_tail:
+            return []
+        return [
+            b
+            for b, (s, c, t) in self.content.items()
+            if t and s == salt and len(c) // self.bs * self.bs == len(covered) and c[: len(covered)] == covered
+        ]
 
     def _unleased(self) -> set[int]:
         leased = set().union(*self.leases.values())
@@ -360,34 +446,48 @@ class PoolMachine(RuleBasedStateMachine):
 
     @rule(request=requests, tokens=prompts, salt=salts)
     def lookup(self, request, tokens, salt):
-        eligible = max(0, (len(tokens) - 1) // self.bs)
-        expected = self._expected_run(tokens, salt, eligible)
+        expected = self._expected_hit(tokens, salt)
         hit = self.pool.lookup(request, tokens, salt)
-        assert hit.block_ids == expected
+        assert hit.num_cached_tokens == expected <= max(0, len(tokens) - 1)
         for i, block_id in enumerate(hit.block_ids):
-            assert self.content[block_id] == (salt, tokens[: (i + 1) * self.bs])
-        assert hit.num_cached_tokens == len(expected) * self.bs <= max(0, len(tokens) - 1)
-        kind = "miss" if not expected else "hit" if len(expected) == eligible else "prefix_hit"
+            entry_salt, covered, _ = self.content[block_id]
+            start = i * self.bs
+            assert entry_salt == salt and covered[:start] == tokens[:start]
+            if i < len(hit.block_ids) - 1:
+                assert covered == tokens[: start + self.bs]
+        if hit.block_ids:
+            assert tokens[: hit.num_cached_tokens] == self.content[hit.block_ids[-1]][1][: hit.num_cached_tokens]
+        eligible = max(0, (len(tokens) - 1) // self.bs)
+        kind = "miss" if not expected else "hit" if expected >= eligible * self.bs else "prefix_hit"
         assert hit.kind == kind
         self.leases[request].update(hit.block_ids)
 
-    @rule(request=requests, tokens=prompts, salt=salts)
-    def commit(self, request, tokens, salt):
+    @rule(request=requests, tokens=prompts, salt=salts, tail=st.none() | st.integers(1, 12))
+    def commit(self, request, tokens, salt, tail):
         num_full = len(tokens) // self.bs
         known = self._expected_run(tokens, salt, num_full)
-        created = self.pool.commit(request, tokens, salt)
-        assert [b.block_index for b in created] == list(range(len(known), num_full))
+        tail_at = None if tail is None or tail > len(tokens) else tail
+        created = self.pool.commit(request, tokens, salt, tail_at=tail_at)
+        full = [b for b in created if not b.is_tail]
+        assert [b.block_index for b in full] == list(range(len(known), num_full))
         for b in created:
             assert b.block_id > self.max_id  # never reused
             self.max_id = b.block_id
-            assert b.token_start == b.block_index * self.bs
-            assert b.token_end == b.token_start + self.bs
-            self.content[b.block_id] = (salt, tokens[: b.token_end])
+            if b.is_tail:
+                assert b.token_end == tail_at and b.token_start == tail_at // self.bs * self.bs < tail_at
+                self.content[b.block_id] = (salt, tokens[:tail_at], True)
+            else:
+                assert b.token_start == b.block_index * self.bs
+                assert b.token_end == b.token_start + self.bs
+                self.content[b.block_id] = (salt, tokens[: b.token_end], False)
             self.nbytes[b.block_id] = 0
         held = self.pool.cached_prefix(tokens, salt)
         assert held == self._expected_run(tokens, salt, num_full)
         assert len(held) == num_full
         self.leases[request].update(held)
+        if tail_at is not None and tail_at % self.bs:
+            by_content = {v: k for k, v in self.content.items()}
+            self.leases[request].add(by_content[(salt, tokens[:tail_at], True)])
 
     @rule(released=st.lists(requests, max_size=3))
     def release(self, released):
@@ -414,9 +514,15 @@ class PoolMachine(RuleBasedStateMachine):
         queue = self.pool.free_queue()
         unleased = self._unleased()
         evicted = self.pool.evict_over_budget()
-        # the shortest run from the front of the free queue that ends the excess, or all of it
-        k = next((k for k in range(len(queue) + 1) if not self._over(queue[:k])), len(queue))
-        assert evicted == queue[:k]
+        # from the front of the free queue until the excess ends, or all of it; a full block
+        # takes the tails right after it along
+        expected: list[int] = []
+        rest = list(queue)
+        while rest and self._over(expected):
+            block_id = rest.pop(0)
+            expected += [block_id, *(t for t in self._tails_of(block_id) if t in rest)]
+            rest = [b for b in rest if b not in expected]
+        assert list(evicted) == expected
         assert set(evicted) <= unleased
         for block_id in evicted:
             del self.content[block_id]

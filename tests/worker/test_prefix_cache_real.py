@@ -228,38 +228,61 @@ async def assert_idle_and_consistent(engine, runner=None) -> None:
 # -- 1 and 2: greedy outputs with the cache on equal those with it off; honest cached_tokens
 
 
-async def scenario(engine, block_size: int) -> dict[str, Out]:
-    """Repeats, shared system prompts, a second chat turn, prompts of exact block multiples."""
+def expected_cached(prompts: dict[str, list[int]], out: dict[str, Out]) -> dict[str, int]:
+    """The token-granular oracle for requests run one after another with nothing evicted: the
+    longest prefix a request shares with the KV an earlier one computed (its prompt and its
+    output: a finished cache holds every output token in both modes, since both compute a
+    token's KV when they sample it), all but the request's last prompt token at most."""
+    seen: list[list[int]] = []
+    expected = {}
+    for key, ids in prompts.items():
+        shared = max((common_prefix(done, ids) for done in seen), default=0)
+        expected[key] = min(shared, len(ids) - 1)
+        seen.append(ids + out[key].tokens)
+    return expected
+
+
+async def scenario(engine, block_size: int) -> tuple[dict[str, Out], dict[str, list[int]]]:
+    """Repeats, shared system prompts, a second chat turn, prompts of exact block multiples;
+    the outputs, and each request's prompt token ids in the order they ran."""
     tok = engine.model_info.tokenizer
     out: dict[str, Out] = {}
-    out["first"] = await run_one(engine, convo(0, 0))
-    out["repeat"] = await run_one(engine, convo(0, 0))
-    out["repeat_again"] = await run_one(engine, convo(0, 0))
+    ids: dict[str, list[int]] = {}
+
+    async def run(key: str, prompt) -> None:
+        ids[key] = raw_ids(tok, prompt) if isinstance(prompt, str) else chat_ids(tok, prompt)
+        out[key] = await run_one(engine, prompt)
+
+    await run("first", convo(0, 0))
+    await run("repeat", convo(0, 0))
+    await run("repeat_again", convo(0, 0))
     for q in (1, 2, 3):
-        out[f"shared_system_q{q}"] = await run_one(engine, convo(0, q))
-    out["other_system"] = await run_one(engine, convo(1, 1))
+        await run(f"shared_system_q{q}", convo(0, q))
+    await run("other_system", convo(1, 1))
     # a second turn: turn 1's answer goes back in as text
-    answer = tok.decode(out["first"].tokens)
-    turn2 = next_turn(convo(0, 0), answer)
-    out["turn2"] = await run_one(engine, turn2)
+    await run("turn2", next_turn(convo(0, 0), tok.decode(out["first"].tokens)))
     # raw prompts whose length is an exact multiple of the block size
     exact = exact_text(tok, 3 * block_size)
-    out["exact"] = await run_one(engine, exact)
-    out["exact_repeat"] = await run_one(engine, exact)
-    out["exact_extended"] = await run_one(engine, extension_of(tok, exact))
-    out["exact_extended_repeat"] = await run_one(engine, extension_of(tok, exact))
+    await run("exact", exact)
+    await run("exact_repeat", exact)
+    await run("exact_extended", extension_of(tok, exact))
+    await run("exact_extended_repeat", extension_of(tok, exact))
     # a chat prompt padded to an exact multiple, and a prompt of exactly one block
     padded = exact_chat(tok, 12 * block_size if block_size == BS else 4 * block_size)
-    out["exact_chat"] = await run_one(engine, padded)
-    out["exact_chat_repeat"] = await run_one(engine, padded)
+    await run("exact_chat", padded)
+    await run("exact_chat_repeat", padded)
     one_block = exact_text(tok, block_size, offset=500)
-    out["one_block"] = await run_one(engine, one_block)
-    out["one_block_repeat"] = await run_one(engine, one_block)
+    await run("one_block", one_block)
+    await run("one_block_repeat", one_block)
     # one block + 1 token: the same single cached block spliced again and again
     short = exact_text(tok, block_size + 1, offset=700)
     for i in range(3):
-        out[f"one_block_plus_one_{i}"] = await run_one(engine, short)
-    return out
+        await run(f"one_block_plus_one_{i}", short)
+    # shorter than a block: only the token-granular tail can hold it
+    tiny = exact_text(tok, block_size // 2, offset=900)
+    await run("shorter_than_a_block", tiny)
+    await run("shorter_than_a_block_repeat", tiny)
+    return out, ids
 
 
 @pytest.mark.parametrize(
@@ -269,54 +292,34 @@ async def test_greedy_outputs_equal_cache_off_and_cached_tokens_are_honest(float
     runners: list = []
     with trio.fail_after(TIMEOUT_S):
         async with open_engine(cache_off(float32_dir, mode)) as engine:
-            off = await scenario(engine, block_size)
+            off, _ = await scenario(engine, block_size)
         cfg = cache_on(float32_dir, mode, block_size=block_size)
         async with open_engine(cfg, executor_factory=capture_runner(cfg, runners)) as engine:
             tok = engine.model_info.tokenizer
-            on = await scenario(engine, block_size)
+            on, ids = await scenario(engine, block_size)
             await assert_idle_and_consistent(engine, runners[0])
             stats = engine.statistics().cache
 
+    expected = expected_cached(ids, on)
     for key in off:
         assert len(off[key].tokens) == GREEDY.max_tokens, key
         assert on[key].tokens == off[key].tokens, key
         assert off[key].cached_tokens == 0, key
-        assert on[key].prompt_tokens == off[key].prompt_tokens, key
+        assert on[key].prompt_tokens == off[key].prompt_tokens == len(ids[key]), key
         # never the whole prompt: the last token is always recomputed for its logits
-        assert 0 <= on[key].cached_tokens < on[key].prompt_tokens, key
-        assert on[key].cached_tokens % block_size == 0, key
+        assert on[key].cached_tokens == expected[key], key
 
-    def full_hit(key):  # every full block but the one holding the last token
-        return (on[key].prompt_tokens - 1) // block_size * block_size
-
+    # the oracle's figures, spelled out where they matter
     assert on["first"].cached_tokens == 0
-    assert on["repeat"].cached_tokens == on["repeat_again"].cached_tokens == full_hit("repeat") > 0
-    # the shared system prompt is reused, up to the block where the question starts
+    for key in ("repeat", "repeat_again", "exact_repeat", "exact_chat_repeat", "one_block_repeat"):
+        assert on[key].cached_tokens == on[key].prompt_tokens - 1 > 0, key  # exact repeats: all but one
+    assert on["shorter_than_a_block_repeat"].cached_tokens == block_size // 2 - 1
     sys_ids = chat_ids(tok, convo(0, 0))
-    for q in (1, 2, 3):
-        common = common_prefix(sys_ids, chat_ids(tok, convo(0, q)))
-        assert on[f"shared_system_q{q}"].cached_tokens == common // block_size * block_size > 0
-    # another system prompt shares only its first few tokens ("You are assistant number ")
-    common = common_prefix(sys_ids, chat_ids(tok, convo(1, 1)))
-    assert common < 2 * block_size
-    assert on["other_system"].cached_tokens == common // block_size * block_size
-    # turn 2 reuses at least every full block of turn 1's prompt (the generated ones: see below)
-    assert on["turn2"].cached_tokens >= len(sys_ids) // block_size * block_size > 0
-    # exact multiples: 3 blocks committed, 2 reusable by the same prompt, all 3 by a longer one
-    assert on["exact"].prompt_tokens == 3 * block_size
-    assert on["exact"].cached_tokens == 0
-    assert on["exact_repeat"].cached_tokens == 2 * block_size
-    assert on["exact_extended"].cached_tokens == 3 * block_size
-    assert on["exact_extended_repeat"].cached_tokens == full_hit("exact_extended_repeat")
-    assert on["exact_chat"].prompt_tokens % block_size == 0
-    common = common_prefix(sys_ids, chat_ids(tok, convo(0, 5)))
-    assert on["exact_chat"].cached_tokens == common // block_size * block_size
-    assert on["exact_chat_repeat"].cached_tokens == on["exact_chat"].prompt_tokens - block_size
-    assert on["one_block"].prompt_tokens == block_size
-    assert on["one_block"].cached_tokens == on["one_block_repeat"].cached_tokens == 0  # a miss
-    assert [on[f"one_block_plus_one_{i}"].cached_tokens for i in range(3)] == [0, block_size, block_size]
+    for q in (1, 2, 3):  # the shared system prompt is reused, not only its whole blocks
+        assert on[f"shared_system_q{q}"].cached_tokens >= common_prefix(sys_ids, ids[f"shared_system_q{q}"])
+    assert on["exact_extended"].cached_tokens >= 3 * block_size
+    assert [on[f"one_block_plus_one_{i}"].cached_tokens for i in range(1, 3)] == [block_size] * 2
     assert stats.num_hits > 0 and stats.num_misses > 0
-    assert stats.num_prefix_hits > 0 or block_size > BS  # at 64 every shared prefix is a full hit
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -334,12 +337,12 @@ async def test_second_chat_turn_reuses_the_generated_blocks(float32_dir, mode):
             await assert_idle_and_consistent(engine)
     turn1_ids = chat_ids(tok, turn1)
     turn2_ids = chat_ids(tok, turn2)
-    seen = turn1_ids + first.tokens  # the tokens whose KV turn 1 computed
-    common = common_prefix(seen, turn2_ids)
-    assert common == len(seen), "the answer re-tokenizes to the same tokens"
-    prompt_blocks = len(turn1_ids) // BS * BS
-    expected = min(common, len(turn2_ids) - 1) // BS * BS
-    assert expected > prompt_blocks  # the answer fills at least one more block
+    assert common_prefix(turn1_ids + first.tokens, turn2_ids) == len(turn1_ids + first.tokens), (
+        "the answer re-tokenizes to the same tokens"
+    )
+    seen = turn1_ids + first.tokens  # the tokens whose KV turn 1 committed
+    expected = min(len(seen), len(turn2_ids) - 1)
+    assert expected > len(turn1_ids)  # the answer's tokens are reused too
     assert second.cached_tokens == expected
 
 
@@ -397,7 +400,7 @@ async def test_cache_salt_isolates_cached_blocks(float32_dir):
             a2 = await run_one(engine, prompt, salted["tenant-a"])
             plain2 = await run_one(engine, prompt)
             await assert_idle_and_consistent(engine)
-    full = (a1.prompt_tokens - 1) // BS * BS
+    full = a1.prompt_tokens - 1
     assert [o.cached_tokens for o in (a1, b1, plain, a2, plain2)] == [0, 0, 0, full, full]
     assert a1.tokens == b1.tokens == plain.tokens == a2.tokens == plain2.tokens
 
@@ -425,7 +428,7 @@ async def test_200_requests_with_overlapping_prefixes_equal_cache_off(float32_di
     mismatched = [key for key in jobs if on[key].tokens != off[key].tokens]
     assert not mismatched, f"{len(mismatched)} outputs differ from cache-off: {mismatched[:5]}"
     assert all(len(out.tokens) == params.max_tokens for out in on.values())
-    assert all(0 <= o.cached_tokens < o.prompt_tokens and o.cached_tokens % BS == 0 for o in on.values())
+    assert all(0 <= o.cached_tokens < o.prompt_tokens for o in on.values())
     # all but the first few of each system prompt reuse it (some start before it is committed)
     assert sum(o.cached_tokens > 0 for o in on.values()) >= len(jobs) * 3 // 4
     assert stats.num_queries == stats.num_releases == len(jobs)
@@ -507,8 +510,8 @@ async def test_memory_budget_evicts_and_outputs_still_match(float32_dir, mode):
     assert all(300 < o.prompt_tokens < 128 * BS for o in on.values())
     assert stats.num_evictions > 0
     assert 0 < stats.bytes_used <= stats.max_bytes == 1024 * 1024 and not stats.over_budget
-    assert on[("again", 0)].cached_tokens == 0  # the oldest prompt was evicted
-    assert on[("again", 7)].cached_tokens == (on[7].prompt_tokens - 1) // BS * BS  # newest kept
+    assert on[("again", 0)].cached_tokens <= BS  # the oldest prompt was evicted, but for its head
+    assert on[("again", 7)].cached_tokens == on[7].prompt_tokens - 1  # newest kept
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -533,7 +536,8 @@ async def test_max_entries_budget_holds_once_idle_and_outputs_still_match(float3
             stats = engine.statistics().cache.pool
     assert all(o.prompt_tokens > 5 * BS for o in on)
     assert [o.tokens for o in on] == [o.tokens for o in off]
-    assert again.tokens == off[-1].tokens and again.cached_tokens == 4 * BS
+    # its head blocks stay (one slot may hold the block of another "Document" it shares 2 tokens with)
+    assert again.tokens == off[-1].tokens and again.cached_tokens >= 3 * BS
     assert stats.num_evictions > 0 and stats.max_blocks == 4 and stats.num_blocks <= 4
 
 

@@ -60,6 +60,9 @@ class CacheClient:
                 ready_id=ready.ready_id,
                 first_block=ready.first_block,
                 block_nbytes=ready.block_nbytes,
+                tail_at=ready.tail_at,
+                tail_nbytes=ready.tail_nbytes,
+                blocks_end_hits=ready.blocks_end_hits,
             )
         )
         stored = await self._recv.receive()

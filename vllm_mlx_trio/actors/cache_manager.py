@@ -18,6 +18,7 @@ from ..core.block_pool import BlockPool, Budget, PoolStats
 from ..core.memory import available_memory_bytes
 from ..distributed.kv_events import KVEventSink, NoKVEvents
 from ..messages import (
+    BlockId,
     CacheCommand,
     CacheReply,
     PrefixClear,
@@ -129,23 +130,49 @@ class CacheManagerActor:
                 assert_never(command)
 
     def _commit(self, command: PrefixCommit) -> PrefixStored:
-        """Create the new blocks, keep the executor's copies of them, evict over budget."""
+        """Create the new blocks (and tail), keep the executor's copies of them, evict over budget."""
         self._num_commits += 1
         if not self._enabled or command.request_id not in self._leased:
             return PrefixStored(request_id=command.request_id, ready_id=command.ready_id)
-        store = []
-        for block in self.pool.commit(command.request_id, command.token_ids, command.extra_keys):
-            copy_index = block.block_index - command.first_block
-            assert 0 <= copy_index < len(command.block_nbytes), "a new block the executor copied"
-            self.pool.set_nbytes(block.block_id, command.block_nbytes[copy_index])
-            store.append((block.block_index, block.block_id))
-        self._kv_events.stored(self.pool, command.token_ids, command.extra_keys, [b for _, b in store])
+        store = self._store(command)
         return PrefixStored(
             request_id=command.request_id,
             ready_id=command.ready_id,
-            store=tuple(store),
-            evicted=self._told_removed(self.pool.evict_over_budget()),
+            store=store,
+            evicted=self._evict(),
         )
+
+    def _store(self, command: PrefixCommit) -> tuple[tuple[int, BlockId], ...]:
+        """The store point: the pool's new entries for a commit, as (copy index, id) pairs."""
+        new = self.pool.commit(
+            command.request_id,
+            command.token_ids,
+            command.extra_keys,
+            tail_at=command.tail_at,
+            blocks_end_hits=command.blocks_end_hits,
+        )
+        store = []
+        for block in new:
+            if block.is_tail:
+                self.pool.set_nbytes(block.block_id, command.tail_nbytes)
+            else:
+                copy_index = block.block_index - command.first_block
+                assert 0 <= copy_index < len(command.block_nbytes), "a new block the executor copied"
+                self.pool.set_nbytes(block.block_id, command.block_nbytes[copy_index])
+            store.append((block.block_index, block.block_id))
+        full_blocks = [block.block_id for block in new if not block.is_tail]  # the router knows blocks only
+        self._kv_events.stored(self.pool, command.token_ids, command.extra_keys, full_blocks)
+        return tuple(store)
+
+    def _evict(self) -> tuple[BlockId, ...]:
+        """The evict point: entries dropped to get back under budget (a clear drops the
+        unleased rest in ``_handle``'s ``PrefixClear``)."""
+        return self._told_removed(self.pool.evict_over_budget())
+
+    def _told_removed(self, evicted: tuple[BlockId, ...]) -> tuple[BlockId, ...]:
+        """Publish the removal of ``evicted`` (KV events) and pass them on."""
+        self._kv_events.removed(evicted)
+        return evicted
 
     def _release(self, request_ids: tuple) -> PrefixReleased:
         """End the leases; blocks they held may now be evicted if the store is over budget."""
@@ -154,8 +181,4 @@ class CacheManagerActor:
             if request_id in self._leased:
                 self._leased.discard(request_id)
                 self._num_releases += 1
-        return PrefixReleased(evicted=self._told_removed(self.pool.evict_over_budget()))
-
-    def _told_removed(self, evicted: tuple) -> tuple:
-        self._kv_events.removed(evicted)
-        return evicted
+        return PrefixReleased(evicted=self._evict())

@@ -5,10 +5,15 @@ executor holds the KV arrays keyed by block id and is told which token ranges to
 (:meth:`BlockPool.commit`) and which ids to drop (:meth:`BlockPool.evict_over_budget`,
 :meth:`BlockPool.clear`).
 
-A prompt is cut into blocks of ``block_size`` tokens; only full blocks are cached. Each is
-keyed by a chained hash (:func:`~.block_hash.block_hash`) so a block names its whole prefix;
-the request's ``extra_keys`` (image hashes, ``cache_salt``) go into the first block's hash
-and thereby into the whole chain. A request *leases* the blocks it looks up or commits; a
+A prompt is cut into blocks of ``block_size`` tokens. Each full block is keyed by a chained
+hash (:func:`~.block_hash.block_hash`) so a block names its whole prefix; the request's
+``extra_keys`` (image hashes, ``cache_salt``) go into the first block's hash and thereby into
+the whole chain. A *tail* (``core/child_index.py``) is a checkpoint at any other position:
+the tokens after the last full block, keyed by the tokens themselves under that block's
+hash, so a repeat or a shared prefix reuses every token it can, not only whole blocks. For
+models whose cache is not all full-attention KV, a hit must end where the sliding-window or
+recurrent layers' state was saved: at a tail (blocks committed with ``blocks_end_hits=False``
+never end a hit themselves). A request *leases* the blocks it looks up or commits; a
 block's ``ref_count`` is the number of requests leasing it. Unleased blocks stay cached in a
 free queue, least recently used first, and are evicted from its front when over budget.
 """
@@ -16,104 +21,61 @@ free queue, least recently used first, and are evicted from its front when over 
 from __future__ import annotations
 
 import collections
-from collections.abc import Hashable, Iterable, Iterator
-from typing import Literal
+from collections.abc import Iterable, Iterator
 
 import attrs
 
 from .block_hash import block_hash
+from .child_index import ChildIndex, common_length, root_key
 from .plan import BlockId, RequestId
+from .pool_types import (
+    NO_BUDGET,
+    TAIL_INDEX,
+    BlockInfo,
+    Budget,
+    ExtraKeys,
+    HitKind,
+    NewBlock,
+    PoolStats,
+    PrefixHit,
+    Tokens,
+)
 
-_frozen = attrs.frozen(slots=True, kw_only=True)
-
-_optional_ge0 = attrs.validators.optional(attrs.validators.ge(0))
-
-HitKind = Literal["hit", "prefix_hit", "miss"]
-Tokens = tuple[int, ...]
-ExtraKeys = tuple[Hashable, ...]
-"""Per-request keys folded into a sequence's first block hash: image hashes, a cache salt."""
-
-
-@_frozen
-class Budget:
-    """How much the pool may keep: bytes of KV (memory-aware), blocks (legacy), or both.
-
-    None means no limit of that kind. Blocks whose size is not reported yet count 0 bytes.
-    """
-
-    max_bytes: int | None = attrs.field(default=None, validator=_optional_ge0)
-    max_blocks: int | None = attrs.field(default=None, validator=_optional_ge0)
-
-
-#: No limit of either kind (the pool's default).
-NO_BUDGET = Budget()
-
-
-@_frozen
-class PrefixHit:
-    """The leased cached prefix of a prompt: ``num_cached_tokens`` tokens in ``block_ids``."""
-
-    block_ids: tuple[BlockId, ...]
-    num_cached_tokens: int
-    kind: HitKind
-
-
-@_frozen
-class NewBlock:
-    """A block a commit created: store the KV of ``token_ids[token_start:token_end]`` under it."""
-
-    block_id: BlockId
-    block_index: int
-    token_start: int
-    token_end: int
-
-
-@_frozen
-class BlockInfo:
-    """A snapshot of one cached block."""
-
-    block_id: BlockId
-    block_hash: bytes
-    block_index: int
-    num_tokens: int
-    ref_count: int
-    nbytes: int
-
-
-@_frozen
-class PoolStats:
-    """Counters since the pool was made, and gauges of now."""
-
-    num_queries: int
-    num_hits: int
-    num_prefix_hits: int
-    num_misses: int
-    tokens_saved: int
-    num_evictions: int
-    num_blocks: int
-    num_in_use: int
-    num_shared: int
-    num_free: int
-    bytes_used: int
-    max_bytes: int | None
-    max_blocks: int | None
-    over_budget: bool
+__all__ = [
+    "NO_BUDGET",
+    "TAIL_INDEX",
+    "BlockInfo",
+    "BlockPool",
+    "Budget",
+    "ExtraKeys",
+    "HitKind",
+    "NewBlock",
+    "PoolStats",
+    "PrefixHit",
+    "Tokens",
+]
 
 
 @attrs.define(slots=True, kw_only=True)
 class _Block:
     block_id: BlockId
-    block_hash: bytes
-    block_index: int
+    block_hash: bytes  # a tail's: its parent key
+    parent: bytes  # the parent key it hangs under in the child index
+    tokens: Tokens
+    block_index: int  # a tail's: its depth (full blocks before it)
+    is_tail: bool = False
+    #: A hit may end after this entry, or inside it: its model's cache is all plain KV (a
+    #: KV prefix of any length is exact). Otherwise only at a tail's end (a checkpoint).
+    endable: bool = True
     ref_count: int = 0
     nbytes: int = 0
 
 
 class BlockPool:
-    """Cached full blocks, their leases, and the LRU free queue of unleased ones.
+    """Cached full blocks and tails, their leases, and the LRU free queue of unleased ones.
 
-    Block ids come from a counter and are never reused, so a stale id never names a new
-    block. Every method is synchronous and costs O(blocks it touches).
+    Block ids come from one counter (blocks and tails alike) and are never reused, so a stale
+    id never names a new entry. Every method is synchronous and costs O(entries it touches).
     """
 
     def __init__(self, block_size: int = 64, budget: Budget = NO_BUDGET):
@@ -121,10 +83,12 @@ class BlockPool:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
         self.budget = budget
-        self._blocks: dict[BlockId, _Block] = {}
-        self._by_hash: dict[bytes, BlockId] = {}
+        self._blocks: dict[BlockId, _Block] = {}  # full blocks and tails
+        self._by_hash: dict[bytes, BlockId] = {}  # full blocks only
+        self._children = ChildIndex()  # full blocks and tails
+        self._num_tails = 0
         self._leases: dict[RequestId, dict[BlockId, None]] = {}  # ordered sets
-        # unleased blocks; the front is evicted first
+        # unleased entries; the front is evicted first
         self._free: collections.OrderedDict[BlockId, None] = collections.OrderedDict()
         self._next_id = 0
         self._bytes_used = 0
@@ -133,62 +97,78 @@ class BlockPool:
 
     # -- the protocol -------------------------------------------------------------------
 
-    def lookup(
-        self, request_id: RequestId, token_ids: Tokens, extra_keys: ExtraKeys = ()
-    ) -> PrefixHit:
-        """Lease the longest run of cached blocks that starts the prompt.
+    def lookup(self, request_id: RequestId, token_ids: Tokens, extra_keys: ExtraKeys = ()) -> PrefixHit:
+        """Lease the longest cached prefix of the prompt: full blocks, then maybe a tail.
 
         The match covers at most ``len(token_ids) - 1`` tokens, since the last prompt token is
-        always recomputed for its logits: with ``eligible = max(0, (len(token_ids) - 1) //
-        block_size)`` at most ``eligible`` blocks match, one fewer than the prompt's full
-        blocks when its length is an exact multiple of ``block_size``. ``kind`` is "miss" when
-        no block matches (always so for prompts of at most ``block_size`` tokens), "hit" when
-        all ``eligible`` blocks match, and "prefix_hit" otherwise.
+        always recomputed for its logits. ``kind`` is "miss" when nothing matches, "hit" when
+        the match reaches at least every eligible full block (``(len(token_ids) - 1) //
+        block_size`` of them), and "prefix_hit" otherwise.
         """
-        eligible = max(0, (len(token_ids) - 1) // self.block_size)
-        block_ids = tuple(self._cached_run(token_ids, extra_keys, eligible))
+        limit = len(token_ids) - 1
+        eligible = max(0, limit // self.block_size)
+        chain = list(self._cached_run(token_ids, extra_keys, eligible))
+        depth, tail_id, num_cached = self._best_end(token_ids, extra_keys, chain, limit)
+        block_ids = tuple(block_id for _, block_id in chain[:depth])
+        if tail_id is not None:
+            block_ids += (tail_id,)
         for block_id in block_ids:
             self._lease(request_id, block_id)
-        kind: HitKind = "hit" if len(block_ids) == eligible else "prefix_hit"
-        if not block_ids:
+        kind: HitKind = "hit" if num_cached >= eligible * self.block_size else "prefix_hit"
+        if not num_cached:
             kind = "miss"
-        num_cached_tokens = len(block_ids) * self.block_size
         self._counts["queries"] += 1
         self._counts[kind] += 1
-        self._counts["tokens_saved"] += num_cached_tokens
-        return PrefixHit(block_ids=block_ids, num_cached_tokens=num_cached_tokens, kind=kind)
+        self._counts["tokens_saved"] += num_cached
+        return PrefixHit(block_ids=block_ids, num_cached_tokens=num_cached, kind=kind)
 
     def commit(
-        self, request_id: RequestId, token_ids: Tokens, extra_keys: ExtraKeys = ()
+        self,
+        request_id: RequestId,
+        token_ids: Tokens,
+        extra_keys: ExtraKeys = (),
+        *,
+        tail_at: int | None = None,
+        blocks_end_hits: bool = True,
     ) -> tuple[NewBlock, ...]:
-        """Cache every full block of ``token_ids``, whose KV the request has computed.
+        """Cache every full block of ``token_ids``, whose KV the request has computed, and a
+        tail at ``tail_at`` tokens when given (the checkpoint the executor holds).
 
-        Pass only tokens whose KV exists (at finish: prompt + output minus the last sampled
-        token). A block already cached (by anyone) is shared: leased to this request unless
-        it holds it already. Other blocks are created, leased to this request and returned,
-        so the executor stores their token ranges. Committing again (prompt, then prompt +
-        output) leases nothing twice.
+        Pass only tokens whose KV exists. A block already cached (by anyone) is shared: leased
+        to this request unless it holds it already. Other blocks are created, leased to this
+        request and returned, so the executor stores their token ranges. Committing again
+        (prompt, then prompt + output) leases nothing twice. A tail of no tokens is made only
+        when blocks cannot end a hit themselves (``blocks_end_hits=False``).
         """
         new: list[NewBlock] = []
         size = self.block_size
+        hashes: list[bytes] = []
         for index, h in enumerate(self._chain(token_ids, extra_keys, len(token_ids) // size)):
+            parent = hashes[-1] if hashes else root_key(extra_keys)
+            hashes.append(h)
             block_id = self._by_hash.get(h)
             if block_id is None:
-                block_id = self._create(h, index)
+                chunk = tuple(token_ids[index * size : (index + 1) * size])
+                block_id = self._create(h, parent, chunk, index, endable=blocks_end_hits)
                 start = index * size
-                new.append(
-                    NewBlock(
-                        block_id=block_id,
-                        block_index=index,
-                        token_start=start,
-                        token_end=start + size,
-                    )
-                )
+                new.append(NewBlock(block_id=block_id, block_index=index, token_start=start, token_end=start + size))
             self._lease(request_id, block_id)
+        if tail_at is not None and 0 < tail_at <= len(token_ids):
+            depth = tail_at // size
+            tail = tuple(token_ids[depth * size : tail_at])
+            if tail or not blocks_end_hits:
+                parent = hashes[depth - 1] if depth else root_key(extra_keys)
+                tail_id = self._children.get(parent, tail)
+                if tail_id is None:
+                    tail_id = self._create_tail(parent, tail, depth, endable=blocks_end_hits)
+                    new.append(
+                        NewBlock(block_id=tail_id, block_index=TAIL_INDEX, token_start=depth * size, token_end=tail_at)
+                    )
+                self._lease(request_id, tail_id)
         return tuple(new)
 
     def set_nbytes(self, block_id: BlockId, nbytes: int) -> bool:
-        """Record a stored block's real size; False (and nothing done) if it is gone already."""
+        """Record a stored entry's real size; False (and nothing done) if it is gone already."""
         if nbytes < 0:
             raise ValueError(f"nbytes must be >= 0, got {nbytes}")
         block = self._blocks.get(block_id)
@@ -201,9 +181,10 @@ class BlockPool:
     def release(self, request_ids: Iterable[RequestId]) -> None:
         """End these requests' leases; unknown or already released requests are skipped.
 
-        Blocks left unleased join the back of the free queue (most recently used). Among the
-        blocks freed by one call, deeper ones (higher ``block_index``, a sequence's tail) are
-        queued first, so they are evicted before the heads that other prompts may share.
+        Entries left unleased join the back of the free queue (most recently used). Among the
+        entries freed by one call, deeper ones (higher ``block_index``, a sequence's tail) are
+        queued first, a tail before the full block at its depth, so they are evicted before
+        the heads that other prompts may share.
         """
         assert not isinstance(request_ids, str), "pass a collection of request ids"
         freed: list[_Block] = []
@@ -215,36 +196,34 @@ class BlockPool:
                     self._num_shared -= 1
                 elif block.ref_count == 0:
                     freed.append(block)
-        freed.sort(key=lambda b: b.block_index, reverse=True)  # stable: request order kept
+        freed.sort(key=lambda b: (b.block_index, b.is_tail), reverse=True)  # stable
         for block in freed:
             self._free[block.block_id] = None
 
     def evict_over_budget(self) -> tuple[BlockId, ...]:
-        """Drop least recently used unleased blocks while over budget; return their ids.
+        """Drop least recently used unleased entries while over budget; return their ids.
 
-        Leased blocks are never evicted: if only they remain, the pool stays over budget.
+        A full block takes the tails under it along (nothing can reach them any more). Leased
+        entries are never evicted: if only they remain, the pool stays over budget.
         """
         evicted: list[BlockId] = []
         while self._free and self.over_budget:
-            block_id, _ = self._free.popitem(last=False)
-            self._drop(block_id)
-            evicted.append(block_id)
+            evicted.extend(self._drop(next(iter(self._free))))
         self._counts["evictions"] += len(evicted)
         return tuple(evicted)
 
     def clear(self) -> tuple[BlockId, ...]:
-        """Drop every unleased block (DELETE /v1/cache); return their ids. Leased ones stay."""
-        dropped = tuple(self._free)
-        self._free.clear()
-        for block_id in dropped:
-            self._drop(block_id)
-        return dropped
+        """Drop every unleased entry (DELETE /v1/cache); return their ids. Leased ones stay."""
+        dropped: list[BlockId] = []
+        while self._free:
+            dropped.extend(self._drop(next(iter(self._free))))
+        return tuple(dropped)
 
     # -- gauges and accessors -----------------------------------------------------------
 
     @property
     def over_budget(self) -> bool:
-        """Whether the cached blocks exceed either limit of the budget."""
+        """Whether the cached entries exceed either limit of the budget."""
         max_bytes, max_blocks = self.budget.max_bytes, self.budget.max_blocks
         return (max_bytes is not None and self._bytes_used > max_bytes) or (
             max_blocks is not None and len(self._blocks) > max_blocks
@@ -261,6 +240,7 @@ class BlockPool:
             tokens_saved=c["tokens_saved"],
             num_evictions=c["evictions"],
             num_blocks=len(self._blocks),
+            num_tails=self._num_tails,
             num_in_use=len(self._blocks) - len(self._free),
             num_shared=self._num_shared,
             num_free=len(self._free),
@@ -274,46 +254,53 @@ class BlockPool:
         return block_id in self._blocks
 
     def block_info(self, block_id: BlockId) -> BlockInfo:
-        """A snapshot of a cached block; KeyError if there is none with that id."""
+        """A snapshot of a cached entry; KeyError if there is none with that id."""
         b = self._blocks[block_id]
         return BlockInfo(
             block_id=b.block_id,
             block_hash=b.block_hash,
             block_index=b.block_index,
-            num_tokens=self.block_size,
+            num_tokens=len(b.tokens),
             ref_count=b.ref_count,
             nbytes=b.nbytes,
         )
 
+    def is_tail(self, block_id: BlockId) -> bool:
+        """Whether the entry is a tail; KeyError if it is not cached."""
+        return self._blocks[block_id].is_tail
+
     def ref_count(self, block_id: BlockId) -> int:
-        """How many requests lease the block; KeyError if it is not cached."""
+        """How many requests lease the entry; KeyError if it is not cached."""
         return self._blocks[block_id].ref_count
 
     def holders(self, request_id: RequestId) -> tuple[BlockId, ...]:
-        """The blocks a request leases, in the order it got them; () if none."""
+        """The entries a request leases, in the order it got them; () if none."""
         return tuple(self._leases.get(request_id, ()))
 
     def free_queue(self) -> tuple[BlockId, ...]:
-        """Unleased blocks in eviction order (first evicted first)."""
+        """Unleased entries in eviction order (first evicted first)."""
         return tuple(self._free)
 
     def cached_prefix(self, token_ids: Tokens, extra_keys: ExtraKeys = ()) -> tuple[BlockId, ...]:
-        """The cached blocks that start ``token_ids`` (any full block may match); leases nothing."""
-        return tuple(self._cached_run(token_ids, extra_keys, len(token_ids) // self.block_size))
+        """The cached full blocks that start ``token_ids`` (any may match); leases nothing."""
+        size = self.block_size
+        return tuple(b for _, b in self._cached_run(token_ids, extra_keys, len(token_ids) // size))
 
     def check_invariants(self) -> None:
-        """Assert the pool's bookkeeping is consistent (O(all blocks); for tests)."""
+        """Assert the pool's bookkeeping is consistent (O(all entries); for tests)."""
         leased = collections.Counter(b for lease in self._leases.values() for b in lease)
         assert all(self._leases.values()), "empty lease kept"
         assert set(leased) <= set(self._blocks), "lease of a block that is not cached"
-        assert len(self._by_hash) == len(self._blocks)
+        assert len(self._by_hash) + self._num_tails == len(self._blocks) == len(self._children)
         for h, block_id in self._by_hash.items():
-            assert self._blocks[block_id].block_hash == h
+            assert self._blocks[block_id].block_hash == h and not self._blocks[block_id].is_tail
         for block_id, block in self._blocks.items():
             assert block.block_id == block_id < self._next_id
             assert block.ref_count >= 0 and block.nbytes >= 0
             assert block.ref_count == leased[block_id], "ref_count != number of leases"
             assert (block.ref_count == 0) == (block_id in self._free), "free queue != unleased"
+            assert self._children.get(block.parent, block.tokens) == block_id
+            assert len(block.tokens) < self.block_size if block.is_tail else len(block.tokens) == self.block_size
         assert set(self._free) <= set(self._blocks)
         in_use = sum(1 for b in self._blocks.values() if b.ref_count > 0)
         assert len(self._free) + in_use == len(self._blocks)
@@ -331,23 +318,67 @@ class BlockPool:
             parent = block_hash(parent, chunk, extra_keys if index == 0 else ())
             yield parent
 
-    def _cached_run(
-        self, token_ids: Tokens, extra_keys: ExtraKeys, max_blocks: int
-    ) -> Iterator[BlockId]:
-        """The ids of the leading cached blocks, at most ``max_blocks``; stops at the first gap."""
+    def _cached_run(self, token_ids: Tokens, extra_keys: ExtraKeys, max_blocks: int) -> Iterator[tuple[bytes, BlockId]]:
+        """(hash, id) of the leading cached blocks, at most ``max_blocks``; stops at a gap."""
         for h in self._chain(token_ids, extra_keys, max_blocks):
             block_id = self._by_hash.get(h)
             if block_id is None:
                 return
-            yield block_id
+            yield h, block_id
 
-    def _create(self, h: bytes, index: int) -> BlockId:
-        """A new, unleased and not yet free block under a fresh id."""
+    def _best_end(
+        self, token_ids: Tokens, extra_keys: ExtraKeys, chain: list[tuple[bytes, BlockId]], limit: int
+    ) -> tuple[int, BlockId | None, int]:
+        """Where the longest hit ends: (full blocks, then the id of the entry it ends in or
+        None, tokens covered). After ``depth`` full blocks it may end in any child of the last
+        one: inside it when its model is all plain KV, else only at a tail's exact end."""
+        size = self.block_size
+        best: tuple[int, BlockId | None, int] = (0, None, 0)
+        for depth in range(len(chain) + 1):
+            base = depth * size
+            if depth and self._blocks[chain[depth - 1][1]].endable:
+                best = (depth, None, base)
+            parent = chain[depth - 1][0] if depth else root_key(extra_keys)
+            rest = tuple(token_ids[base : base + size])
+            for tokens, child_id in self._children.candidates(parent, rest):
+                child = self._blocks[child_id]
+                if child.endable:
+                    n = min(common_length(tokens, rest), limit - base)
+                elif child.is_tail and rest[: len(tokens)] == tokens and base + len(tokens) <= limit:
+                    n = len(tokens)
+                else:
+                    continue
+                if base + n > best[2]:
+                    best = (depth, child_id, base + n)
+        return best
+
+    def _create(self, h: bytes, parent: bytes, tokens: Tokens, index: int, *, endable: bool = True) -> BlockId:
+        """A new, unleased and not yet free full block under a fresh id."""
         block_id = BlockId(self._next_id)
         self._next_id += 1
-        self._blocks[block_id] = _Block(block_id=block_id, block_hash=h, block_index=index)
+        self._blocks[block_id] = _Block(
+            block_id=block_id, block_hash=h, parent=parent, tokens=tokens, block_index=index, endable=endable
+        )
         self._by_hash[h] = block_id
+        self._children.add(parent, tokens, block_id)
         return block_id
+
+    def _create_tail(self, parent: bytes, tail: Tokens, depth: int, *, endable: bool) -> BlockId:
+        """A new, unleased and not yet free tail under a fresh id."""
+        tail_id = BlockId(self._next_id)
+        self._next_id += 1
+        self._blocks[tail_id] = _Block(
+            block_id=tail_id,
+            block_hash=parent,
+            parent=parent,
+            tokens=tail,
+            block_index=depth,
+            is_tail=True,
+            endable=endable,
+        )
+        self._children.add(parent, tail, tail_id)
+        self._num_tails += 1
+        return tail_id
 
     def _lease(self, request_id: RequestId, block_id: BlockId) -> None:
         lease = self._leases.setdefault(request_id, {})
@@ -361,7 +392,19 @@ class BlockPool:
         elif block.ref_count == 2:
             self._num_shared += 1
 
-    def _drop(self, block_id: BlockId) -> None:
+    def _drop(self, block_id: BlockId) -> list[BlockId]:
+        """Forget an unleased entry, and a full block's tails with it; the ids dropped."""
         block = self._blocks.pop(block_id)
-        del self._by_hash[block.block_hash]
+        assert block.ref_count == 0, "only unleased entries are dropped"
+        self._free.pop(block_id, None)
         self._bytes_used -= block.nbytes
+        self._children.remove(block.parent, block.tokens)
+        if block.is_tail:
+            self._num_tails -= 1
+            return [block_id]
+        del self._by_hash[block.block_hash]
+        dropped = [block_id]
+        orphans = [c for c in self._children.under(block.block_hash) if self._blocks[c].is_tail]
+        for tail_id in orphans:
+            dropped.extend(self._drop(tail_id))
+        return dropped

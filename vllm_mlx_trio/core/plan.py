@@ -40,6 +40,8 @@ class NewSequence:
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams
     num_cached_tokens: int = 0
+    #: The cached entries to splice: full blocks in order, then at most one tail (a
+    #: checkpoint at ``num_cached_tokens``, which need not be a multiple of the block size).
     cached_block_ids: tuple[BlockId, ...] = ()
     num_output_tokens: int = 0
 
@@ -57,7 +59,8 @@ class NewSequence:
 
 @_frozen
 class BlockStore:
-    """Keep the executor's copy ``block_index`` of commit ``ready_id`` as prefix block ``block_id``."""
+    """Keep the executor's copy ``block_index`` of commit ``ready_id`` as prefix block ``block_id``
+    (``block_index == -1``: the commit's tail checkpoint)."""
 
     ready_id: int
     block_index: int
@@ -92,13 +95,21 @@ class StepPlan:
 @_frozen
 class KVReady:
     """The executor copied full blocks ``first_block ..`` of ``token_ids``'s KV (``block_nbytes``
-    bytes each) and holds them under ``ready_id`` until a plan says which to keep."""
+    bytes each) and holds them under ``ready_id`` until a plan says which to keep.
+
+    ``tail_at``: it also holds a checkpoint of the first ``tail_at`` tokens (``tail_nbytes``
+    bytes): the KV after the last full block, and the state of the model's sliding-window and
+    recurrent layers there. ``blocks_end_hits`` is False for such models: a hit must end at a
+    checkpoint, never at a bare block."""
 
     request_id: RequestId
     ready_id: int
     token_ids: tuple[int, ...]
     first_block: int
     block_nbytes: tuple[int, ...]
+    tail_at: int | None = None
+    tail_nbytes: int = 0
+    blocks_end_hits: bool = True
 
 
 @_frozen

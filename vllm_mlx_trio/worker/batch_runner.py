@@ -42,7 +42,7 @@ class BatchRunner(RunnerBase):
 
     def _load(self) -> ModelInfo:
         model, info = load_for_serving(self._cfg.model, self._cfg.engine)
-        self._prefix = PrefixBlocks(model, self._cfg.cache.block_size, enabled=self._cfg.cache.enabled)
+        self._prefix = PrefixBlocks.from_config(model, self._cfg.cache)
         engine = self._cfg.engine
         self._generator = BatchGenerator(
             model,
@@ -91,7 +91,9 @@ class BatchRunner(RunnerBase):
         """One ``BatchGenerator.next()`` for the whole batch (``live`` is every row anyway)."""
         assert self._generator is not None
         prompt_progress, generated = self._generator.next()
-        prompts_done = [self._request_ids[r.uid] for r in prompt_progress if r.end_of_prompt]
+        # All but the last prompt token are in the cache (mlx-lm makes that token its own
+        # segment): where the prefix store checkpoints a prompt.
+        prompts_done = [self._request_ids[r.uid] for r in prompt_progress if r.end_of_segment and not r.end_of_prompt]
         emissions = []
         for response in generated:
             ended = response.finish_reason is not None

@@ -1,137 +1,195 @@
-"""The prefix store's physical blocks, on the MLX thread: per-layer K/V arrays by block id.
+"""The prefix store's arrays, on the MLX thread: full blocks and checkpoints by block id.
 
-The cache manager decides which blocks exist; this store only holds their arrays. A block
-is ``block_size`` tokens of every layer's keys and values, copied out of a sequence's cache
-when its prompt is done, and concatenated back into a fresh cache to start a sequence that
-shares the prefix. Only models whose every layer is a plain ``KVCache`` can do this (sliding
-windows and recurrent state cannot be cut into blocks): :func:`supports_prefix_blocks`.
+The cache manager decides which entries exist; this store only holds their arrays. A full
+block is ``block_size`` tokens of every ``kv`` layer's keys and values; a checkpoint (a pool
+*tail*) is the rest of a cache at one position: the ``kv`` layers' tokens after the last full
+block, the sliding-window layers' last window, the recurrent layers' state
+(``worker/prefix_layers.py``). Both are copied out of a sequence's cache when its prompt is
+done (and when it finishes), and assembled into a fresh cache to start a sequence that
+shares the prefix.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-import mlx.core as mx
-from mlx_lm.models.cache import KVCache, make_prompt_cache
-
+from ..core.block_pool import TAIL_INDEX
 from ..messages import BlockId, KVReady, NewSequence, RequestId, StepPlan
+from .prefix_layers import BlockArrays, CacheLayout, Checkpoint, cache_layout, nbytes_of
 
-#: One block: (keys, values) per layer, each of shape (1, kv_heads, block_size, head_dim).
-BlockArrays = list[tuple[mx.array, mx.array]]
+logger = logging.getLogger(__name__)
 
-
-def supports_prefix_blocks(model: Any) -> bool:
-    """Whether the model's prompt cache is all plain KVCache layers."""
-    return all(type(layer) is KVCache for layer in make_prompt_cache(model))
-
-
-def cut_blocks(cache: list[Any], first_block: int, num_blocks: int, block_size: int) -> list[BlockArrays]:
-    """Copies of blocks ``first_block ..`` of a single sequence's per-layer cache."""
-    blocks = []
-    for index in range(first_block, first_block + num_blocks):
-        start, end = index * block_size, (index + 1) * block_size
-        blocks.append(
-            [
-                (mx.contiguous(layer.keys[..., start:end, :]), mx.contiguous(layer.values[..., start:end, :]))
-                for layer in cache
-            ]
-        )
-    mx.eval([array for block in blocks for pair in block for array in pair])
-    return blocks
+Entry = BlockArrays | Checkpoint
 
 
 def block_nbytes(block: BlockArrays) -> int:
-    return sum(keys.nbytes + values.nbytes for keys, values in block)
+    return sum(nbytes_of(keys) + nbytes_of(values) for keys, values in block)
+
+
+def entry_nbytes(entry: Entry) -> int:
+    return entry.nbytes if isinstance(entry, Checkpoint) else block_nbytes(entry)
 
 
 class KVStore:
-    """Block arrays by block id. Used only on the MLX thread."""
+    """Block and checkpoint arrays by block id. Used only on the MLX thread."""
 
     def __init__(self) -> None:
-        self._blocks: dict[BlockId, BlockArrays] = {}
+        self._entries: dict[BlockId, Entry] = {}
 
     def __len__(self) -> int:
-        return len(self._blocks)
+        return len(self._entries)
 
     def __contains__(self, block_id: object) -> bool:
-        return block_id in self._blocks
+        return block_id in self._entries
 
     @property
     def nbytes(self) -> int:
-        return sum(block_nbytes(block) for block in self._blocks.values())
+        return sum(entry_nbytes(entry) for entry in self._entries.values())
 
-    def put(self, block_id: BlockId, block: BlockArrays) -> None:
-        self._blocks[block_id] = block
+    def put(self, block_id: BlockId, entry: Entry) -> None:
+        self._entries[block_id] = entry
+
+    def get(self, block_id: BlockId) -> Entry:
+        return self._entries[block_id]
 
     def drop(self, block_ids: tuple[BlockId, ...]) -> None:
         for block_id in block_ids:
-            self._blocks.pop(block_id, None)
-
-    def build_cache(self, model: Any, block_ids: tuple[BlockId, ...]) -> list[KVCache]:
-        """A fresh per-layer cache holding these blocks' tokens, in order."""
-        cache = make_prompt_cache(model)
-        blocks = [self._blocks[block_id] for block_id in block_ids]
-        for layer_index, layer in enumerate(cache):
-            keys = mx.concatenate([block[layer_index][0] for block in blocks], axis=2)
-            values = mx.concatenate([block[layer_index][1] for block in blocks], axis=2)
-            layer.state = (keys, values, keys.shape[2])
-        return cache
+            self._entries.pop(block_id, None)
 
     def clear(self) -> None:
-        self._blocks.clear()
+        self._entries.clear()
 
 
 class PrefixBlocks:
     """A runner's side of the prefix cache: the store, plus the copies awaiting a verdict.
 
-    When a sequence's KV is ready (prompt processed, or sequence finished) the runner copies
-    its new full blocks and reports a :class:`KVReady`; the cache manager answers through a
-    later plan (``store_blocks`` / ``released_ready_ids``), and the copies it did not keep
-    are freed then.
+    When a sequence's KV is ready (prompt processed, or sequence finished) the runner hands
+    its cache to :meth:`ready`, which copies the new full blocks and a checkpoint and reports
+    a :class:`KVReady`; the cache manager answers through a later plan (``store_blocks`` /
+    ``released_ready_ids``), and the copies it did not keep are freed then.
     """
 
-    def __init__(self, model: Any, block_size: int, *, enabled: bool):
-        self.enabled = enabled and supports_prefix_blocks(model)
+    def __init__(
+        self, model: Any, block_size: int, *, enabled: bool, kv_bits: int | None = None, kv_group_size: int = 64
+    ):
+        self.layout: CacheLayout = cache_layout(model, kv_bits=kv_bits, kv_group_size=kv_group_size)
+        if enabled and not self.layout.cachable:
+            logger.warning(
+                "prefix cache off for this model: its cache layers cannot be cached (%s); serving uncached",
+                ", ".join(self.layout.unsupported),
+            )
+        self.enabled = enabled and self.layout.cachable
         self.block_size = block_size
         self.store = KVStore()
         self._model = model
-        self._pending: dict[int, tuple[int, list[BlockArrays]]] = {}  # ready_id -> (first, copies)
+        # ready_id -> (first block, block copies, checkpoint copy or None)
+        self._pending: dict[int, tuple[int, list[BlockArrays], Checkpoint | None]] = {}
         self._next_ready_id = 0
+        # live request -> how many of its leading full blocks the pool has (its hit's, then
+        # those it reported): a later ready copies from there, whatever the runner guessed
+        self._known_blocks: dict[RequestId, int] = {}
+
+    @classmethod
+    def from_config(cls, model: Any, cfg: Any) -> PrefixBlocks:
+        """The store for a ``[cache]`` section (``CacheConfig``)."""
+        return cls(
+            model, cfg.block_size, enabled=cfg.enabled, kv_bits=cfg.kv_bits, kv_group_size=cfg.kv_group_size
+        )
+
+    @property
+    def needs_exact_checkpoints(self) -> bool:
+        """Whether a checkpoint must be taken where the cache is (sliding-window or recurrent
+        layers): a runner whose cache has run past the prompt calls :meth:`snapshot` earlier."""
+        return self.enabled and not self.layout.blocks_end_hits
 
     def apply(self, plan: StepPlan) -> None:
-        """Keep the copies the plan names, free the rest of their commits, drop evicted blocks."""
+        """Keep the copies the plan names, free the rest of their commits, drop evicted entries."""
         for store in plan.store_blocks:
-            first_block, copies = self._pending[store.ready_id]
-            self.store.put(store.block_id, copies[store.block_index - first_block])
+            first_block, copies, checkpoint = self._pending[store.ready_id]
+            if store.block_index == TAIL_INDEX:
+                assert checkpoint is not None, "a tail the executor checkpointed"
+                self.store.put(store.block_id, checkpoint)
+            else:
+                self.store.put(store.block_id, copies[store.block_index - first_block])
         for ready_id in plan.released_ready_ids:
             self._pending.pop(ready_id, None)
         self.store.drop(plan.drop_blocks)
+        for request_id in plan.finished_ids:
+            self._known_blocks.pop(request_id, None)
 
     def cache_for(self, seq: NewSequence) -> list[Any] | None:
-        """A cache holding the sequence's cached prefix blocks, or None when it has none."""
+        """A cache holding the sequence's ``num_cached_tokens`` cached tokens, or None for none."""
+        self._known_blocks[seq.request_id] = 0
         if not seq.cached_block_ids:
             return None
-        return self.store.build_cache(self._model, seq.cached_block_ids)
+        entries = [self.store.get(block_id) for block_id in seq.cached_block_ids]
+        checkpoint = entries[-1] if isinstance(entries[-1], Checkpoint) else None
+        blocks = entries[:-1] if checkpoint is not None else entries
+        self._known_blocks[seq.request_id] = seq.num_cached_tokens // self.block_size
+        assert all(not isinstance(block, Checkpoint) for block in blocks), "one tail, at the end"
+        return self.layout.build(self._model, blocks, checkpoint, seq.num_cached_tokens)
+
+    def snapshot(self, cache: list[Any], num_tokens: int) -> Checkpoint | None:
+        """A checkpoint of a cache that holds exactly ``num_tokens`` tokens now, for a later
+        :meth:`ready` (None when the cache is off or ``num_tokens`` is 0)."""
+        if not self.enabled or num_tokens <= 0:
+            return None
+        assert self.layout.position(cache) == num_tokens
+        return self.layout.checkpoint(cache, num_tokens, self.block_size)
 
     def ready(
-        self, request_id: RequestId, token_ids: tuple[int, ...], cache: list[Any], first_block: int
+        self,
+        request_id: RequestId,
+        token_ids: tuple[int, ...],
+        cache: list[Any],
+        first_block: int,
+        checkpoint: Checkpoint | None = None,
     ) -> KVReady | None:
-        """Copy the full blocks of ``token_ids`` from ``first_block`` on out of ``cache``."""
-        num_blocks = len(token_ids) // self.block_size - first_block
-        if not self.enabled or num_blocks <= 0:
+        """Copy the new full blocks of ``token_ids`` (from ``first_block`` on) out of ``cache``,
+        which holds the KV of at least a prefix of them, and a checkpoint: at the cache's
+        position (or ``checkpoint``, taken earlier by :meth:`snapshot`) when the model has
+        sliding-window or recurrent layers, else after as many of ``token_ids`` as it holds (a
+        hit may use a KV tail in part: an exact repeat reuses all but its last token)."""
+        if not self.enabled:
             return None
-        copies = cut_blocks(cache, first_block, num_blocks, self.block_size)
+        position = self.layout.position(cache)
+        first_block = min(first_block, self._known_blocks.get(request_id, first_block))
+        num_blocks = min(len(token_ids), position) // self.block_size - first_block
+        if request_id in self._known_blocks:
+            self._known_blocks[request_id] = first_block + max(0, num_blocks)
+        if checkpoint is None:
+            checkpoint = self._checkpoint(token_ids, cache, position)
+        if checkpoint is not None and checkpoint.num_tokens > len(token_ids):
+            checkpoint = None
+        if num_blocks <= 0 and checkpoint is None:
+            return None
+        token_ids = token_ids[: max(position, 0 if checkpoint is None else checkpoint.num_tokens)]
+        copies = self.layout.cut_blocks(cache, first_block, max(0, num_blocks), self.block_size)
         ready_id = self._next_ready_id
         self._next_ready_id += 1
-        self._pending[ready_id] = (first_block, copies)
+        self._pending[ready_id] = (first_block, copies, checkpoint)
         return KVReady(
             request_id=request_id,
             ready_id=ready_id,
             token_ids=token_ids,
             first_block=first_block,
             block_nbytes=tuple(block_nbytes(copy) for copy in copies),
+            tail_at=None if checkpoint is None else checkpoint.num_tokens,
+            tail_nbytes=0 if checkpoint is None else checkpoint.nbytes,
+            blocks_end_hits=self.layout.blocks_end_hits,
         )
 
+    def _checkpoint(self, token_ids: tuple[int, ...], cache: list[Any], position: int) -> Checkpoint | None:
+        """The checkpoint worth keeping from a cache at ``position`` (None: none is)."""
+        if not self.layout.blocks_end_hits:  # only where the cache is
+            at = position if position <= len(token_ids) else 0
+        else:  # a KV tail can be cut anywhere and used in part; a block-aligned one adds nothing
+            at = min(position, len(token_ids))
+            at = 0 if at % self.block_size == 0 else at
+        return self.layout.checkpoint(cache, at, self.block_size) if at > 0 else None
+
     def close(self) -> None:
+        self._known_blocks.clear()
         self._pending.clear()
         self.store.clear()

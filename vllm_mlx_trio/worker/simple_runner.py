@@ -32,7 +32,7 @@ class SimpleRunner(RunnerBase):
     def _load(self) -> ModelInfo:
         self._model, info = load_for_serving(self._cfg.model, self._cfg.engine)
         self._stream = mx.new_stream(mx.default_device())
-        self._prefix = PrefixBlocks(self._model, self._cfg.cache.block_size, enabled=self._cfg.cache.enabled)
+        self._prefix = PrefixBlocks.from_config(self._model, self._cfg.cache)
         return info
 
     def _insert(self, live: list[LiveSequence]) -> None:
@@ -40,6 +40,7 @@ class SimpleRunner(RunnerBase):
         for sequence in live:
             seq, params = sequence.seq, sequence.seq.params
             cache = self._prefix.cache_for(seq) or make_prompt_cache(self._model)
+            checkpoints: list = []  # the prefix store's, taken before the last prompt token
             stop_ids = params.stop_ids(self._info.eos_token_ids)
             generator = generate_step(
                 mx.array(seq.prompt_token_ids[seq.num_cached_tokens :], dtype=mx.uint32),
@@ -57,8 +58,9 @@ class SimpleRunner(RunnerBase):
                 ),
                 prompt_cache=cache,
                 prefill_step_size=self._cfg.engine.prefill_step_size,
+                prompt_progress_callback=self._checkpointer(seq, cache, checkpoints),
             )
-            sequence.handle = (generator, cache)
+            sequence.handle = (generator, cache, checkpoints)
 
     def _advance(self, live: list[LiveSequence]) -> Advance:
         emissions, prompts_done = [], []
@@ -76,19 +78,33 @@ class SimpleRunner(RunnerBase):
         for sequence in live:
             sequence.handle[0].close()
 
+    def _checkpointer(self, seq, cache, checkpoints: list):
+        """A progress callback that snapshots the cache once all but the last prompt token are
+        in it, for models whose sliding-window or recurrent layers the store must catch there."""
+        if not self._prefix.needs_exact_checkpoints:
+            return None
+
+        def on_progress(done: int, total: int) -> None:
+            if done == total - 1 and done > 0:
+                checkpoints.append(self._prefix.snapshot(cache, seq.num_cached_tokens + done))
+
+        return on_progress
+
     def _prompt_ready(self, live: LiveSequence) -> KVReady | None:
-        seq, cache = live.seq, live.handle[1]
+        seq, cache, checkpoints = live.seq, live.handle[1], live.handle[2]
         first_block = seq.num_cached_tokens // self._prefix.block_size
         with mx.stream(self._stream):
-            return self._prefix.ready(seq.request_id, seq.prompt_token_ids, cache, first_block)
+            checkpoint = checkpoints.pop() if checkpoints else None
+            return self._prefix.ready(seq.request_id, seq.prompt_token_ids, cache, first_block, checkpoint)
 
     def _finished_ready(self, live: LiveSequence, emission: Emission) -> KVReady | None:
         """The sequence's last token: offer its prompt + output blocks (``store_generated``)."""
         if not self._cfg.cache.store_generated:
             return None
         seq, cache = live.seq, live.handle[1]
-        # The last token's KV is not computed yet: commit up to the one before it.
-        token_ids = (*seq.prompt_token_ids, *live.emitted[:-1])
+        # generate_step has run the last token through the model too (it computes one ahead);
+        # the store keeps only what the cache holds.
+        token_ids = (*seq.prompt_token_ids, *live.emitted)
         first_block = len(seq.prompt_token_ids) // self._prefix.block_size
         with mx.stream(self._stream):
             return self._prefix.ready(seq.request_id, token_ids, cache, first_block)
