@@ -86,6 +86,11 @@ class RequestStream:
             cached_tokens=self.num_cached_tokens,
         )
 
+    @property
+    def stop_sequence(self) -> str | None:
+        """The stop string that ended the output (None: it ended otherwise, or not yet)."""
+        return self._stop.matched
+
     async def wait_accepted(self) -> None:
         """Wait for admission's verdict; raise its error if the request was refused."""
         output = await self._receive()

@@ -127,6 +127,8 @@ class StopStringMatcher:
     def __init__(self, stop: tuple[str, ...]):
         self._stop = stop
         self._pending = ""
+        #: The stop string that ended the text (the earliest in it; ties: the first listed).
+        self.matched: str | None = None
 
     @property
     def active(self) -> bool:
@@ -138,9 +140,10 @@ class StopStringMatcher:
         if not self._stop:
             return text, False
         self._pending += text
-        hits = [i for i in (self._pending.find(s) for s in self._stop) if i >= 0]
+        hits = [(i, s) for s in self._stop if (i := self._pending.find(s)) >= 0]
         if hits:
-            emit = self._pending[: min(hits)]
+            index, self.matched = min(hits, key=lambda hit: hit[0])
+            emit = self._pending[:index]
             self._pending = ""
             return emit, True
         keep = self._longest_partial_suffix()
