@@ -369,7 +369,7 @@ def test_round_trip_with_every_option_set():
                   "memory_aware": False, "max_entries": 10, "store_generated": False},
         "limits": {"max_waiting": 0, "max_body_bytes": 2048, "max_stop_sequences": 0, "max_n": 2,
                    "engine_stall_timeout_s": 1.5, "body_timeout_s": 2.0,
-                   "preprocess_threads": 2},
+                   "preprocess_threads": 2, "max_stored_responses": 7},
         "metrics": {"enabled": False},
         "logging": {"level": "debug", "format": "json"},
     }  # fmt: skip

@@ -139,6 +139,9 @@ class LimitsConfig:
     #: (>= 0). One keeps admission in arrival order; more let a short prompt overtake a long
     #: one. 0 does it on the event loop, stalling every stream meanwhile (for comparison).
     preprocess_threads: int = _option(1, _in_range(0))
+    #: Responses kept in memory for ``/v1/responses`` (``store``, ``previous_response_id``,
+    #: ``GET``/``DELETE``), least recently used evicted first (>= 0; 0 keeps none).
+    max_stored_responses: int = _option(1000, _in_range(0))
 
 
 @attrs.frozen(kw_only=True)
