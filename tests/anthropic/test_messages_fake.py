@@ -28,7 +28,8 @@ KEY = "sk-test-anthropic-key-0123456789"
 
 def server(cfg, text="Hello, world!", *, then_eos=True, **kwargs):
     kwargs.setdefault("step_s", 0.001)
-    return open_server(cfg, executor_factory=fake_executor_factory(script=text_script(text, then_eos=then_eos), **kwargs))
+    factory = fake_executor_factory(script=text_script(text, then_eos=then_eos), **kwargs)
+    return open_server(cfg, executor_factory=factory)
 
 
 def client(url, **kwargs) -> anthropic.AsyncAnthropic:
