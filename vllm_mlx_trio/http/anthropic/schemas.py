@@ -1,9 +1,10 @@
 """Anthropic Messages request bodies as strict msgspec Structs (an unknown field is a 400).
 
 Bookkeeping fields that do not change the answer are declared and ignored: ``metadata``,
-``service_tier`` and ``cache_control`` on any block or tool (this server's prefix cache is
-automatic). Fields that would change the answer but are not supported are refused by name
-before decoding (:data:`UNSUPPORTED_FIELDS`, :data:`UNSUPPORTED_BLOCKS`, server tools).
+``service_tier``, ``inference_geo``, ``speed``, ``user_profile_id``, ``workspace_id`` and
+``cache_control`` at the top or on any block or tool (this server's prefix cache is automatic).
+Fields that would change the answer but are not supported are refused by name before
+decoding (:data:`UNSUPPORTED_FIELDS`, :data:`UNSUPPORTED_BLOCKS`, server tools).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ UNSUPPORTED_FIELDS = {
     "mcp_servers": "MCP servers",
     "container": "code-execution containers",
     "context_management": "context management",
+    "diagnostics": "prompt-cache diagnostics",
+    "output_config": "output configuration (effort, format)",
 }
 #: Content block types (server tools' results, documents with citations...) refused by name.
 UNSUPPORTED_BLOCKS = frozenset({
@@ -154,6 +157,7 @@ class CountTokensBody(_Object):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
+    cache_control: CacheControl = None
 
 
 class MessagesBody(_Object):
@@ -173,3 +177,9 @@ class MessagesBody(_Object):
     stream: bool | None = None
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
+    #: Bookkeeping: where and how fast Anthropic would serve it, whom to bill.
+    cache_control: CacheControl = None
+    inference_geo: str | None = None
+    speed: Literal["standard", "fast"] | None = None
+    user_profile_id: str | None = None
+    workspace_id: str | None = None
