@@ -22,6 +22,20 @@ from vllm_mlx_trio.worker.registry import RUNNERS
 ENGINE_MODES = RUNNERS.keys()
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
+#: The output-parser settings that are not parser names.
+PARSER_AUTO, PARSER_NONE = "auto", "none"
+
+
+def _parser_name(kind: str):
+    """Validator: "auto", "none" or a registered tool / reasoning parser's name."""
+
+    def check(inst, attribute, value):
+        from vllm_mlx_trio import parsers  # pure; imported here so loading a config stays light
+
+        names = parsers.TOOL_PARSERS if kind == "tool" else parsers.REASONING_PARSERS
+        _one_of((PARSER_AUTO, PARSER_NONE, *names))(inst, attribute, value)
+
+    return check
 
 
 # --- the configuration tree -----------------------------------------------------------------
@@ -64,6 +78,13 @@ class ModelConfig:
     chat_template: str | None = _option(None, _non_empty)
     #: Where demo models are built; None means ~/.cache/vllm-mlx-trio/demo.
     demo_cache_dir: str | None = _option(None, _non_empty)
+    #: How tool calls are read from the model's output (vLLM's --tool-call-parser names: hermes,
+    #: qwen3_coder, llama3_json, mistral, deepseek_v3, openai, glm45, kimi_k2); "auto" picks one
+    #: from the chat template, "none" turns tool calling off (requests with tools get a 400).
+    tool_parser: str = _option("auto", _parser_name("tool"))
+    #: How the thinking block is split from the answer (qwen3, deepseek_r1, openai_gptoss);
+    #: "auto" picks one from the chat template, "none" leaves the thinking in ``content``.
+    reasoning_parser: str = _option("auto", _parser_name("reasoning"))
 
 
 @attrs.frozen(kw_only=True)

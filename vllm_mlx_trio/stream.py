@@ -74,6 +74,8 @@ class RequestStream:
         self._finished = False
         self.num_prompt_tokens = 0
         self.max_tokens = 0
+        #: The prompt ended inside the model's thinking block (from admission's Accepted).
+        self.starts_in_reasoning = False
         self.num_completion_tokens = 0
         self.num_cached_tokens = 0
         self.finish_reason: str | None = None
@@ -98,6 +100,7 @@ class RequestStream:
             raise AssertionError(f"first output must be Accepted, got {output!r}")
         self.num_prompt_tokens = output.num_prompt_tokens
         self.max_tokens = output.max_tokens
+        self.starts_in_reasoning = output.starts_in_reasoning
 
     def close(self) -> None:
         """Abort (if still running) and release the request's engine slot. Idempotent."""

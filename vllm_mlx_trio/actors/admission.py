@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 from functools import partial
 from typing import Any, Protocol
@@ -17,11 +18,22 @@ import trio
 
 from ..core.params import SamplingParams
 from ..errors import InvalidRequestError, PromptTooLongError, VllmMlxTrioError
-from ..messages import Accepted, Admit, ChatMessage, Outbox, RequestFailed, Submit, TextPart
+from ..messages import Accepted, Admit, ChatMessage, ChatPrompt, Outbox, RequestFailed, Submit, TextPart
+from ..output_format import OutputFormat
+from ..parsers import prompt_ends_in_reasoning
+from ..structured.admission import ConstraintStep
 
 logger = logging.getLogger(__name__)
 
-Prompt = str | tuple[ChatMessage, ...]
+Prompt = str | ChatPrompt
+#: Prompt tokens decoded to tell whether the chat template left the prompt inside a thinking
+#: block (an opener like ``<think>\n`` is a few tokens; 16 leave room for any whitespace).
+REASONING_TAIL_TOKENS = 16
+#: ``apply_chat_template`` arguments a request's template kwargs may not set: admission sets them.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"conversation", "messages", "tools", "documents", "tokenize", "add_generation_prompt", "return_dict",
+     "continue_final_message", "chat_template"}
+)  # fmt: skip
 #: Prompts with fewer characters than this (all turns' text together) are templated and
 #: tokenized inline: under a millisecond of the event loop (demo tokenizer on a 2-core CPU box:
 #: 0.4 ms for 256 characters, 0.9 ms for 1,024, 3.5 ms for 4,096), where a thread hop itself
@@ -73,6 +85,8 @@ class AdmissionActor:
         tokenizer: Tokenizer,
         limits: AdmissionLimits,
         preprocess_threads: int = 1,
+        constraints: ConstraintStep | None = None,
+        output_format: OutputFormat | None = None,
     ):
         self._submit_recv = submit_recv
         self._admit_send = admit_send
@@ -82,6 +96,14 @@ class AdmissionActor:
         self._limiter = trio.CapacityLimiter(max(1, preprocess_threads))
         #: Tokenizer copies no thread is using (one per thread, made when the actor starts).
         self._free_tokenizers: list[Tokenizer] = []
+        #: Compiles response_format / guided / forced tool-call constraints (structured/).
+        #: The model's output parsers; its reasoning markers let a constraint allow the
+        #: thinking block first, and tell whether a prompt starts the reply inside it.
+        self._output_format = output_format or OutputFormat()
+        markers = self._output_format.reasoning_markers
+        self._constraints = constraints or ConstraintStep(
+            tokenizer, vocab_size=limits.vocab_size, reasoning_markers=markers
+        )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Admit until the engine facade closes the submit channel, then let the requests
@@ -101,7 +123,7 @@ class AdmissionActor:
                     # overtakes a long prompt. The token is given back once it is tokenized.
                     borrower = object()
                     await self._limiter.acquire_on_behalf_of(borrower)
-                    if _prompt_chars(submit.prompt) < PREPROCESS_INLINE_CHARS:
+                    if prompt_chars(submit.prompt) < PREPROCESS_INLINE_CHARS:
                         await self._admit(submit, borrower, in_thread=False)
                     else:
                         nursery.start_soon(partial(self._admit, submit, borrower, in_thread=True))
@@ -117,19 +139,26 @@ class AdmissionActor:
         """Preprocess and check one request. Its outbox is closed here unless the scheduler
         gets it (refused, client gone, or cancelled at shutdown)."""
         outbox = submit.outbox
+        prompt = as_prompt(submit.prompt)
         with contextlib.ExitStack() as owned:
             owned.callback(outbox.close)
             try:
-                prompt_token_ids = await self._preprocess(submit.prompt, outbox, borrower, in_thread=in_thread)
+                prompt_token_ids = await self._preprocess(prompt, outbox, borrower, in_thread=in_thread)
                 if prompt_token_ids is None:
                     return  # the client left before its turn: never tokenized
                 params = self.resolve_params(submit.params, len(prompt_token_ids))
+                params = await self._compile_constraint(params, prompt_token_ids)
             except VllmMlxTrioError as exc:
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                     outbox.send_nowait(RequestFailed(error=exc))  # else the client left: nobody to tell
                 return
             try:
-                outbox.send_nowait(Accepted(num_prompt_tokens=len(prompt_token_ids), max_tokens=params.max_tokens))
+                accepted = Accepted(
+                    num_prompt_tokens=len(prompt_token_ids),
+                    max_tokens=params.max_tokens,
+                    starts_in_reasoning=self.starts_in_reasoning(prompt, prompt_token_ids),
+                )
+                outbox.send_nowait(accepted)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return  # the client left while we tokenized: never reaches the queue
             admit = Admit(
@@ -138,7 +167,7 @@ class AdmissionActor:
                 params=params,
                 outbox=outbox,
                 arrival_time=submit.arrival_time,
-                extra_keys=media_keys(submit.prompt),
+                extra_keys=media_keys(prompt),
             )
             await self._admit_send.send(admit)
             owned.pop_all()  # the scheduler owns the outbox now
@@ -166,6 +195,14 @@ class AdmissionActor:
             if borrower is not None:
                 self._limiter.release_on_behalf_of(borrower)
 
+    async def _compile_constraint(self, params: SamplingParams, prompt_token_ids: list[int]) -> SamplingParams:
+        """Compile the request's output constraint in a thread (inline when preprocess_threads = 0)."""
+        if params.constraint is None:
+            return params
+        if self._threads == 0:
+            return self._constraints.attach(params, prompt_token_ids)
+        return await trio.to_thread.run_sync(self._constraints.attach, params, prompt_token_ids)
+
     def check_media(self, prompt: Prompt) -> None:
         """Refuse content parts of kinds this model does not take (a text-only model: all)."""
         if isinstance(prompt, str):
@@ -177,6 +214,15 @@ class AdmissionActor:
                     raise InvalidRequestError(
                         f"{where}: content part of type {part.kind!r} is not supported by this model.", param=where
                     )
+
+    def starts_in_reasoning(self, prompt: Prompt, prompt_token_ids: list[int]) -> bool:
+        """Whether a chat prompt's template opened the thinking block (the reply is reasoning
+        until it closes it). Completions are never parsed."""
+        name = self._output_format.reasoning_parser
+        if name is None or isinstance(prompt, str):
+            return False
+        tail = self._tokenizer.decode(list(prompt_token_ids[-REASONING_TAIL_TOKENS:]))
+        return prompt_ends_in_reasoning(name, tail)
 
     def tokenize(self, prompt: Prompt) -> list[int]:
         """Apply the chat template (for chat turns) and tokenize, here and now."""
@@ -239,13 +285,33 @@ def tokenize_prompt(tokenizer: Tokenizer, prompt: Prompt) -> list[int]:
         if not prompt:
             raise InvalidRequestError("The prompt must not be empty.", param="prompt")
         return _call_tokenizer(lambda: tokenizer.encode(prompt), "prompt")
+    prompt = as_prompt(prompt)
     if not prompt:
         raise InvalidRequestError("messages must not be empty.", param="messages")
     turns = [_turn(m) for m in prompt]
+    arguments = _template_arguments(prompt)
     text = _call_tokenizer(
-        lambda: tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False), "messages"
+        lambda: tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False, **arguments),
+        "messages",
     )
     return _call_tokenizer(lambda: tokenizer.encode(text, add_special_tokens=False), "messages")
+
+
+def as_prompt(prompt: str | ChatPrompt | tuple[ChatMessage, ...]) -> Prompt:
+    """Text, or chat turns as a :class:`ChatPrompt` (bare turns: no tools, no template kwargs)."""
+    if isinstance(prompt, str | ChatPrompt):
+        return prompt
+    return ChatPrompt(messages=prompt)
+
+
+def _template_arguments(prompt: ChatPrompt) -> dict[str, Any]:
+    arguments = prompt.template_arguments()
+    for key, _ in prompt.template_kwargs:
+        if key in RESERVED_TEMPLATE_KWARGS:
+            raise InvalidRequestError(
+                f"chat_template_kwargs may not set {key!r}: the server sets it.", param="chat_template_kwargs"
+            )
+    return arguments
 
 
 def _call_tokenizer(fn: Any, param: str) -> Any:
@@ -262,10 +328,15 @@ def media_keys(prompt: Prompt) -> tuple:
     return tuple((part.kind, part.content_hash) for message in prompt for _, part in message.media)
 
 
-def _prompt_chars(prompt: Prompt) -> int:
+def prompt_chars(prompt: str | ChatPrompt | tuple[ChatMessage, ...]) -> int:
+    """The characters the template and tokenizer work through: the turns' text, the calls
+    they made, and the tools rendered with them (the cost that decides inline or a thread)."""
     if isinstance(prompt, str):
         return len(prompt)
-    return sum(len(p.text) for m in prompt for p in m.content if isinstance(p, TextPart))
+    chars = sum(len(p.text) for m in prompt for p in m.content if isinstance(p, TextPart))
+    chars += sum(len(call.arguments) + len(call.name) for m in prompt for call in m.tool_calls)
+    tools = prompt.tools if isinstance(prompt, ChatPrompt) else None
+    return chars + (len(json.dumps(tools)) if tools else 0)
 
 
 def _turn(message: ChatMessage) -> dict[str, Any]:
@@ -282,4 +353,8 @@ def _turn(message: ChatMessage) -> dict[str, Any]:
     turn = {"role": message.role, "content": content}
     if message.name is not None:
         turn["name"] = message.name
+    if message.tool_calls:
+        turn["tool_calls"] = [call.template_dict() for call in message.tool_calls]
+    if message.tool_call_id is not None:
+        turn["tool_call_id"] = message.tool_call_id
     return turn

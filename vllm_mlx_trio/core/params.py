@@ -7,6 +7,7 @@ import math
 import attrs
 
 from ..errors import InvalidRequestError
+from .constraint import CompiledGrammar, ConstraintSpec
 
 #: Largest ``n``-free limits we accept; beyond these a request is refused, never clamped.
 MAX_TOP_K = 1_000_000
@@ -49,6 +50,12 @@ class SamplingParams:
     stream_interval: int | None = None
     #: Prefix-cache isolation: only requests with the same salt share cached blocks.
     cache_salt: str | None = None
+    #: What the output must match (JSON schema, regex, forced tool calls...); not a cache key:
+    #: a constraint changes which tokens are sampled, never the KV of a prefix.
+    constraint: ConstraintSpec | None = None
+    #: ``constraint`` compiled for this model: set by admission (off the event loop), used by
+    #: the MLX thread; opaque here (``structured.CompiledConstraint``).
+    grammar: CompiledGrammar | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def cache_keys(self) -> tuple:

@@ -12,6 +12,7 @@ HTTP and library callers alike; only what OpenAI bounds per route (completions' 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -19,11 +20,13 @@ from typing import Any
 import attrs
 import msgspec
 
+from ..core.constraint import ConstraintSpec, canonical_json
 from ..core.params import SamplingParams
 from ..errors import InvalidRequestError, ModelNotFoundError
-from ..messages import ChatMessage, ContentPart, ImagePart, TextPart, VideoPart
+from ..messages import ChatMessage, ChatPrompt, ContentPart, ImagePart, TextPart, VideoPart
 from . import schemas
 from .schema_errors import bad, check_position, is_off_value, logit_bias_pairs, part_error, type_faults
+from .tool_requests import ToolUse, chat_prompt, tool_message, tool_use, with_tool_constraint
 
 #: Legacy completions return at most this many alternatives per token (OpenAI's limit).
 MAX_COMPLETION_LOGPROBS = 5
@@ -35,28 +38,36 @@ _COMPLETION_NAMES = schemas.field_names(schemas.CompletionBody)
 class ParsedRequest:
     """What a route needs from a body, checked."""
 
-    prompt: str | tuple[ChatMessage, ...]
+    prompt: str | ChatPrompt
     params: SamplingParams
     stream: bool
     include_usage: bool
     #: Choices asked for: the route runs this many engine requests for the prompt.
     n: int = 1
+    #: Chat only: the tools and how the reply's calls are parsed (None: no tools).
+    tools: ToolUse | None = None
 
 
-def parse_chat(body: Any, *, model_name: str, max_n: int) -> ParsedRequest:
-    return _parse(body, schemas.ChatBody, _CHAT_NAMES, model_name, partial(_chat, max_n=max_n))
+def parse_chat(body: Any, *, model_name: str, max_n: int, tool_parser: str | None = None) -> ParsedRequest:
+    """A chat body; ``tool_parser`` is the model's (None: requests that need one get a 400)."""
+    build = partial(_chat, max_n=max_n, tool_parser=tool_parser)
+    return _parse(body, schemas.ChatBody, _CHAT_NAMES, model_name, build, schemas.NOT_YET_OFF)
 
 
 def parse_completion(body: Any, *, model_name: str, max_n: int) -> ParsedRequest:
-    return _parse(body, schemas.CompletionBody, _COMPLETION_NAMES, model_name, partial(_completion, max_n=max_n))
+    build = partial(_completion, max_n=max_n)
+    return _parse(body, schemas.CompletionBody, _COMPLETION_NAMES, model_name, build, schemas.COMPLETION_OFF)
 
 
-def _chat(chat: schemas.ChatBody, body: dict, *, max_n: int) -> ParsedRequest:
+def _chat(chat: schemas.ChatBody, body: dict, *, max_n: int, tool_parser: str | None = None) -> ParsedRequest:
     max_tokens = chat.max_completion_tokens if chat.max_completion_tokens is not None else chat.max_tokens
     if not chat.messages:
         raise bad("messages must be a non-empty array of message objects.", "messages")
-    prompt = tuple(_message(m, body["messages"][i], i) for i, m in enumerate(chat.messages))
-    return _parsed(chat, prompt, max_tokens, max_n, _chat_logprobs(chat))
+    messages = tuple(_message(m, body["messages"][i], i) for i, m in enumerate(chat.messages))
+    use = tool_use(chat, body, tool_parser)
+    parsed = _parsed(chat, chat_prompt(chat, messages, use), max_tokens, max_n, _chat_logprobs(chat))
+    constraint = with_tool_constraint(parsed.params.constraint, use)
+    return attrs.evolve(parsed, params=attrs.evolve(parsed.params, constraint=constraint), tools=use)
 
 
 def _completion(completion: schemas.CompletionBody, body: dict, *, max_n: int) -> ParsedRequest:
@@ -71,12 +82,15 @@ def _completion(completion: schemas.CompletionBody, body: dict, *, max_n: int) -
     return _parsed(completion, prompt, completion.max_tokens, max_n, logprobs)
 
 
-def _parse(body: Any, schema: type, names: frozenset[str], model_name: str, build: Callable) -> ParsedRequest:
-    """Check field names and the model (in the body's order), decode, then ``build``."""
+def _parse(
+    body: Any, schema: type, names: frozenset[str], model_name: str, build: Callable, not_yet: dict[str, tuple]
+) -> ParsedRequest:
+    """Check field names (``not_yet``: the route's fields accepted only when off) and the model
+    (in the body's order), decode, then ``build``."""
     if not isinstance(body, dict):
         raise bad("The request body must be a JSON object.", None)
     for name, value in body.items():
-        off = schemas.NOT_YET_OFF.get(name) if name in names else None
+        off = not_yet.get(name) if name in names else None
         if off is not None and not is_off_value(value, off):
             raise bad(f"{name} is not supported by this server yet.", name, "unsupported_parameter")
         if name not in names:
@@ -119,7 +133,7 @@ def _chat_logprobs(chat: schemas.ChatBody) -> int | None:
 
 def _parsed(
     body: schemas._Body,
-    prompt: str | tuple[ChatMessage, ...],
+    prompt: str | ChatPrompt,
     max_tokens: int | None,
     max_n: int,
     logprobs: int | None,
@@ -159,8 +173,68 @@ def _sampling(body: schemas._Body, max_tokens: int | None, logprobs: int | None)
         stop_token_ids=tuple(body.stop_token_ids or ()),
         logit_bias=logit_bias_pairs(body.logit_bias),
         logprobs=logprobs,
+        constraint=_constraint(body),
         **{k: v for k, v in fields.items() if v is not None},
     )
+
+
+def _constraint(body: schemas._Body) -> ConstraintSpec | None:
+    """The output constraint of ``response_format`` or one of vLLM's guided-decoding fields;
+    more than one is a 400 (which would win is not obvious). ``{"type": "text"}`` is none."""
+    found = [(name, spec) for name, spec in _constraint_fields(body) if spec is not None]
+    if len(found) > 1:
+        names = " and ".join(name for name, _ in found)
+        raise bad(f"Only one output constraint may be given per request, got {names}.", found[1][0])
+    return found[0][1] if found else None
+
+
+def _constraint_fields(body: schemas._Body) -> list[tuple[str, ConstraintSpec | None]]:
+    outputs = body.structured_outputs or schemas.StructuredOutputs()
+    return [
+        ("response_format", _response_format(body.response_format)),
+        ("structured_outputs.json", _json_spec(outputs.json, "structured_outputs.json")),
+        ("structured_outputs.regex", _text_spec("regex", outputs.regex)),
+        ("structured_outputs.choice", _choice_spec(outputs.choice)),
+        ("structured_outputs.grammar", _text_spec("grammar", outputs.grammar)),
+        ("guided_json", _json_spec(body.guided_json, "guided_json")),
+        ("guided_regex", _text_spec("regex", body.guided_regex)),
+        ("guided_choice", _choice_spec(body.guided_choice)),
+        ("guided_grammar", _text_spec("grammar", body.guided_grammar)),
+    ]
+
+
+def _response_format(response_format: schemas.ResponseFormat | None) -> ConstraintSpec | None:
+    """``json_object`` and ``json_schema`` constrain; ``strict`` is accepted, and every schema
+    is enforced strictly. A ``json_schema`` without a schema is any JSON object."""
+    if isinstance(response_format, schemas.JsonObjectFormat):
+        return ConstraintSpec(kind="json_object", body="")
+    if isinstance(response_format, schemas.JsonSchemaFormat):
+        schema = response_format.json_schema.schema
+        if schema is None:
+            return ConstraintSpec(kind="json_object", body="")
+        return ConstraintSpec(kind="json_schema", body=canonical_json(schema))
+    return None
+
+
+def _json_spec(schema: dict[str, Any] | str | None, param: str) -> ConstraintSpec | None:
+    if schema is None:
+        return None
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as exc:
+            raise bad(f"{param} must be a JSON schema (an object, or a string holding one): {exc}", param) from exc
+    if not isinstance(schema, dict):
+        raise bad(f"{param} must be a JSON schema object.", param)
+    return ConstraintSpec(kind="json_schema", body=canonical_json(schema))
+
+
+def _text_spec(kind: str, text: str | None) -> ConstraintSpec | None:
+    return None if text is None else ConstraintSpec(kind=kind, body=text)  # type: ignore[arg-type]
+
+
+def _choice_spec(choices: list[str] | None) -> ConstraintSpec | None:
+    return None if choices is None else ConstraintSpec(kind="choice", body=json.dumps(choices, ensure_ascii=False))
 
 
 def _message(message: schemas.MessageIn, raw: dict, index: int) -> ChatMessage:
@@ -169,15 +243,16 @@ def _message(message: schemas.MessageIn, raw: dict, index: int) -> ChatMessage:
         roles = ", ".join(schemas.ROLES)
         raise bad(f"{where}.role must be one of {roles}, got {message.role!r:.50}.", f"{where}.role")
     content = message.content
+    parts: tuple[ContentPart, ...] | None = None
     if isinstance(content, str):
-        parts: tuple[ContentPart, ...] = (TextPart(text=content),)
-    else:
+        parts = (TextPart(text=content),)
+    elif content is not None:
         parts = tuple(_part(part, raw["content"][j], f"{where}.content[{j}]") for j, part in enumerate(content))
     for key, value in raw.items():  # in the body's order
         off = schemas.MESSAGE_OFF.get(key)
         if off is not None and not is_off_value(value, off):
             raise bad(f"{where}.{key} is not supported by this server yet.", f"{where}.{key}", "unsupported_parameter")
-    return ChatMessage(role=message.role, content=parts, name=message.name)
+    return tool_message(message, parts, where)
 
 
 def _part(part: schemas.ContentPartIn, raw: dict, where: str) -> ContentPart:

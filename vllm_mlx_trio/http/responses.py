@@ -23,6 +23,9 @@ class ChoiceResult:
     text: str
     finish_reason: str | None
     logprobs: tuple[TokenLogprob, ...] = ()
+    #: A chat choice's message fields when its text went through output parsers (content,
+    #: reasoning, tool calls: ``agent_output.ChoiceOutput.message``); None: the text is the content.
+    message: dict[str, Any] | None = None
 
 
 class ResponseBuilder:
@@ -67,9 +70,10 @@ class ResponseBuilder:
     def _full_choice(self, choice: ChoiceResult) -> dict[str, Any]:
         logprobs = self._logprobs(choice.index, choice.logprobs)
         if self.chat:
+            fields = choice.message if choice.message is not None else {"content": choice.text}
             return {
                 "index": choice.index,
-                "message": {"role": "assistant", "content": choice.text},
+                "message": {"role": "assistant", **fields},
                 "logprobs": logprobs,
                 "finish_reason": choice.finish_reason,
             }
@@ -96,6 +100,19 @@ class ResponseBuilder:
             return sse(self._envelope("chat.completion.chunk", [choice]))
         choice = {"index": index, "text": text, "logprobs": logprobs_json, "finish_reason": finish_reason}
         return sse(self._envelope("text_completion", [choice]))
+
+    def delta_chunk(
+        self,
+        index: int,
+        delta: dict[str, Any],
+        finish_reason: str | None = None,
+        logprobs: tuple[TokenLogprob, ...] = (),
+    ) -> str:
+        """A chat chunk of choice ``index`` carrying a parsed delta (reasoning, content or
+        tool-call pieces: ``agent_output``), with its tokens' logprobs if asked."""
+        logprobs_json = self._logprobs(index, logprobs) if logprobs else None
+        choice = {"index": index, "delta": delta, "logprobs": logprobs_json, "finish_reason": finish_reason}
+        return sse(self._envelope("chat.completion.chunk", [choice]))
 
     def usage_chunk(self, usage: Usage) -> str:
         kind = "chat.completion.chunk" if self.chat else "text_completion"

@@ -6,7 +6,7 @@ no ``"3"`` for ``3``); :mod:`.requests` turns a decoded body into a ``ParsedRequ
 as the server always worded it. Bounds that depend on the model or the config (context,
 vocabulary, ``limits.*``) are checked later, by admission.
 
-Shapes this server does not honour yet (tools, tool_choice, response_format, media parts...)
+Shapes this server does not honour yet (best_of, echo, suffix, audio parts...)
 are declared too, so the next features only have to act on them: :data:`NOT_YET_OFF` lists the
 values at which such a field is accepted today (its "off" values).
 
@@ -24,7 +24,7 @@ import msgspec
 
 #: Longest participant ``name`` accepted (OpenAI's schema has no bound; templates paste it).
 MAX_NAME_CHARS = 256
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class _Object(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -74,7 +74,7 @@ class AudioPartIn(_Part, tag="input_audio"):
 ContentPartIn = TextPartIn | ImagePartIn | VideoPartIn | AudioPartIn
 
 
-# -- tools (declared, not honoured yet) ----------------------------------------------------
+# -- tools (chat only: requests.py, _tool_use) ----------------------------------------------
 
 
 class FunctionDef(_Object):
@@ -109,7 +109,7 @@ class ToolCall(_Object):
     function: FunctionCall
 
 
-# -- response_format (declared, only "text" honoured) --------------------------------------
+# -- response_format and vLLM's guided decoding (structured output) -------------------------
 
 
 class _Format(_Object, tag_field="type"):
@@ -138,6 +138,25 @@ class JsonSchemaFormat(_Format, tag="json_schema"):
 ResponseFormat = TextFormat | JsonObjectFormat | JsonSchemaFormat
 
 
+class StructuredOutputs(_Object):
+    """vLLM's ``structured_outputs``: at most one of these may be set."""
+
+    json: dict[str, Any] | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+
+#: The body fields that each set an output constraint (at most one per request).
+CONSTRAINT_FIELDS = (
+    "response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+)  # fmt: skip
+
+
+#: The chat body fields of tool calling and the template's extra variables (tool_requests.py).
+CHAT_AGENT_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "reasoning_effort")
+
+
 # -- messages ------------------------------------------------------------------------------
 
 
@@ -147,10 +166,12 @@ Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_CHARS)]
 
 class MessageIn(_Object):
     """One chat turn. ``role`` is checked against :data:`ROLES` by the converter (its message
-    names the value given); the tool and audio fields are accepted only when off."""
+    names the value given). ``content`` may be null only on an assistant turn that made
+    ``tool_calls``; a ``tool`` turn names the call it answers (``tool_call_id``). The audio
+    and legacy ``function_call`` fields are accepted only when off."""
 
     role: str
-    content: str | list[ContentPartIn]
+    content: str | list[ContentPartIn] | None = None
     name: Name | None = None
     refusal: str | None = None
     tool_calls: list[ToolCall] | None = None
@@ -192,11 +213,18 @@ class _Body(_Object):
     ignore_eos: bool | None = None
     cache_salt: str | None = None
     stream_interval: int | None = None
-    # not honoured yet: accepted only at an off value (NOT_YET_OFF)
+    # structured output (requests.py, _constraint)
     response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    # tool calling (chat; refused on completions: COMPLETION_OFF)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # not honoured yet: accepted only at an off value (NOT_YET_OFF)
     best_of: int | None = None
     echo: bool | None = None
     suffix: str | None = None
@@ -219,22 +247,22 @@ class CompletionBody(_Body):
 #: Fields a later version honours, and the values at which they are accepted today. A value
 #: is off when it equals one of these *and* has its JSON type (``1`` is not ``true``).
 NOT_YET_OFF: dict[str, tuple] = {
-    "response_format": (None, {"type": "text"}),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
-    "parallel_tool_calls": (None, True, False),
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None,),
-    "chat_template_kwargs": (None, {}),
-    "reasoning_effort": (None,),
 }
-#: Message fields this server cannot act on (no tools, audio or refusals): accepted only when
+#: Legacy completions take no tools (a raw prompt has no template to render them): accepted
+#: only at these off values there, as before chat honoured them.
+COMPLETION_OFF: dict[str, tuple] = {
+    **NOT_YET_OFF,
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "parallel_tool_calls": (None, True, False),
+}
+#: Message fields this server cannot act on (audio, refusals, legacy function calls): accepted only when
 #: off, as openai-python writes them when an answer is sent back as the next turn's input.
 MESSAGE_OFF = {
     "refusal": (None, ""),
-    "tool_calls": (None, []),
-    "tool_call_id": (None,),
     "function_call": (None,),
     "audio": (None,),
     "annotations": (None, []),

@@ -22,6 +22,7 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_repe
 
 from ..core.params import SamplingParams
 from ..messages import TokenLogprob
+from .grammar_mask import grammar_processor
 
 Sampler = Callable[[mx.array], mx.array]
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
@@ -78,7 +79,9 @@ def make_request_processors(
 
     ``stop_ids`` are the ids that end the request (EOS unless ignored, stop_token_ids):
     ``min_tokens`` keeps them from being sampled early. ``generated`` are the tokens a
-    preempted request produced before (they count toward min_tokens and the penalties).
+    preempted request produced before (they count toward min_tokens and the penalties, and
+    are replayed into a constraint's fresh matcher). The grammar mask comes last, so no
+    processor after it can lift a token it forbade.
     """
     processors: list[LogitsProcessor] = []
     if params.logit_bias:
@@ -93,7 +96,20 @@ def make_request_processors(
         processors.append(
             make_repetition_penalty(params.repetition_penalty, REPETITION_CONTEXT_SIZE)
         )
+    if params.constraint is not None:
+        processors.append(_constraint(params, stop_ids, generated))
     return processors
+
+
+def _constraint(params: SamplingParams, stop_ids: tuple[int, ...], generated: tuple[int, ...]) -> LogitsProcessor:
+    """The grammar mask admission compiled; a spec that reached the MLX thread uncompiled fails its request."""
+    if params.grammar is None:
+
+        def uncompiled(context: mx.array, logits: mx.array) -> mx.array:
+            raise RuntimeError("the request's constraint was not compiled at admission")
+
+        return uncompiled
+    return grammar_processor(params.grammar, stop_ids=stop_ids, generated=generated)
 
 
 def _logit_bias(bias: tuple[tuple[int, float], ...]) -> LogitsProcessor:

@@ -1,0 +1,97 @@
+"""hermes tool calls (Qwen 2.5/3) and the qwen3 / deepseek_r1 reasoning parsers."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from vllm_mlx_trio.parsers import OutputParser, parse_text, prompt_ends_in_reasoning, reasoning_markers
+
+from .helpers import check_all_chunkings, shape, stream
+
+H = {"tool_parser": "hermes", "reasoning_parser": "qwen3"}
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
+CALL2 = '<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>'
+
+
+def test_content_before_two_calls():
+    check_all_chunkings(
+        "Let me check.\n\n" + CALL + "\n" + CALL2,
+        ("Let me check.", None, [("get_weather", {"city": "Paris", "days": 2}), ("get_time", {"tz": "CET"})]),
+        **H,
+    )
+
+
+def test_reasoning_then_call_and_calls_inside_reasoning_are_not_parsed():
+    text = "<think>\nI could call " + CALL2 + " maybe\n</think>\n\n" + CALL
+    check_all_chunkings(
+        text, (None, "I could call " + CALL2 + " maybe", [("get_weather", {"city": "Paris", "days": 2})]), **H
+    )
+
+
+def test_plain_text_passes_through_unchanged():
+    text = "  Hello <b>world</b> <tool but no call\n\n"
+    check_all_chunkings(text, (text, None, []), tool_parser="hermes", reasoning_parser=None)
+    check_all_chunkings(text, (text, None, []), tool_parser=None, reasoning_parser=None)
+
+
+def test_prompt_opened_the_thinking_block():
+    check_all_chunkings(
+        "plan it\n</think>\n\nThe answer.", ("The answer.", "plan it", []), starts_in_reasoning=True, **H
+    )
+
+
+def test_output_opening_with_think_and_truncated_reasoning():
+    check_all_chunkings("<think>\nstill thinking <tool_call>", (None, "still thinking <tool_call>", []), **H)
+
+
+def test_deepseek_r1_starts_inside_and_drops_a_repeated_opener():
+    kwargs = {"tool_parser": None, "reasoning_parser": "deepseek_r1", "starts_in_reasoning": True}
+    check_all_chunkings("<think>\nhmm\n</think>\n\nYes.", ("Yes.", "hmm", []), **kwargs)
+    check_all_chunkings("hmm</think>Yes.", ("Yes.", "hmm", []), **kwargs)
+
+
+def test_stray_closer_is_dropped_from_the_content(caplog):
+    with caplog.at_level(logging.WARNING):
+        message = parse_text("thought</think>\n\nanswer", **H)
+    assert message.content == "thought\n\nanswer" and "</think>" in caplog.text
+
+
+def test_unparseable_markup_is_content_with_a_warning(caplog):
+    text = 'Here: <tool_call>\n{"name": "f", "arguments": {oops}\n</tool_call> done'
+    with caplog.at_level(logging.WARNING):
+        check_all_chunkings(text, (text, None, []), **H)
+    assert "markup returned as content" in caplog.text
+
+
+def test_unclosed_call_at_the_end_is_still_a_call():
+    check_all_chunkings(
+        '<tool_call>\n{"name": "f", "arguments": "{\\"a\\": [1, 2]}"}\n', (None, None, [("f", {"a": [1, 2]})]), **H
+    )
+
+
+def test_content_streams_before_the_call_and_markup_is_held_only_while_partial():
+    parser = OutputParser(**H)
+    assert [d.content for d in parser.feed("Sure, checking <")] == ["Sure, checking"]
+    assert [d.content for d in parser.feed("b> now")] == [" <b> now"]
+    deltas, message = stream(["Sure", " <tool", "_call>", '{"name": "f", "arguments": {}}', "</tool_call>"], **H)
+    assert [d.content for d in deltas if d.content] == ["Sure"]
+    assert [(d.tool_index, d.tool_name, d.arguments) for d in deltas if d.tool_index is not None] == [(0, "f", "{}")]
+    assert deltas[-1].tool_id.startswith("call_") and len(deltas[-1].tool_id) == 29
+    assert shape(message) == ("Sure", None, [("f", {})])
+
+
+def test_markers_and_prompt_detection():
+    assert reasoning_markers("qwen3") == ("<think>", "</think>")
+    assert reasoning_markers("deepseek_r1") == ("<think>", "</think>")
+    assert prompt_ends_in_reasoning("qwen3", "<|im_start|>assistant\n<think>\n")
+    assert not prompt_ends_in_reasoning("qwen3", "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not prompt_ends_in_reasoning("qwen3", "<|im_start|>assistant\n")
+    with pytest.raises(KeyError):
+        reasoning_markers("nope")
+
+
+def test_unknown_parser_names_are_refused():
+    with pytest.raises(ValueError, match="unknown tool parser"):
+        OutputParser(tool_parser="nope", reasoning_parser=None)

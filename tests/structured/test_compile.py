@@ -1,0 +1,162 @@
+"""Constraint specs compiled into llguidance grammars: what each kind accepts, the cache,
+reasoning first, forced tool calls, and 400s that name the problem."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vllm_mlx_trio.core.constraint import ConstraintSpec, ReasoningMarkers, canonical_json
+from vllm_mlx_trio.errors import InvalidRequestError
+from vllm_mlx_trio.structured import ConstraintCompiler, compile_constraint
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+THINK = ReasoningMarkers("<think>", "</think>")
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+NOARGS = {"type": "function", "function": {"name": "ping"}}
+
+
+@pytest.fixture
+def compiler(llg_tokenizer):
+    return ConstraintCompiler(lambda: llg_tokenizer)
+
+
+def accepts(compiled, tokenizer, text: str) -> bool:
+    """The whole text is a complete sentence of the grammar."""
+    matcher = compiled.new_matcher()
+    return matcher.consume_tokens(tokenizer.tokenize_str(text)) and matcher.is_accepting()
+
+
+def spec(kind: str, body: object = "", **kw) -> ConstraintSpec:
+    return ConstraintSpec(kind=kind, body=body if isinstance(body, str) else json.dumps(body), **kw)
+
+
+@pytest.mark.parametrize(
+    ("constraint", "good", "bad"),
+    [
+        (spec("json_schema", canonical_json(SCHEMA)), '{"name":"a","age":3}', '{"name":"a"}'),
+        (spec("json_object"), '{"x":[1,2]}', "[1]"),
+        (spec("regex", r"\d{3}-[a-z]+"), "123-abc", "12-abc"),
+        (spec("choice", ["yes", 'no "way"']), 'no "way"', "maybe"),
+        (spec("grammar", 'start: "a" NUM\nNUM: /[0-9]+/\n'), "a42", "b42"),
+    ],
+)  # fmt: skip
+def test_each_kind_accepts_its_sentences_only(compiler, llg_tokenizer, constraint, good, bad):
+    compiled = compiler.compile(constraint)
+    assert accepts(compiled, llg_tokenizer, good)
+    assert not accepts(compiled, llg_tokenizer, bad)
+
+
+def test_json_has_no_free_whitespace(compiler, llg_tokenizer):
+    """whitespace_flexible = false: a random model cannot pad with whitespace forever."""
+    compiled = compiler.compile(spec("json_schema", canonical_json(SCHEMA)))
+    assert not accepts(compiled, llg_tokenizer, '{"name": "a", "age": 3}')
+
+
+def test_compiled_grammars_are_cached_by_spec_and_evicted_least_recently_used(llg_tokenizer):
+    built = []
+    compiler = ConstraintCompiler(lambda: built.append(1) or llg_tokenizer, cache_size=2)
+    assert built == []  # the tokenizer is built on the first constrained request, not before
+    a, b, c = (spec("regex", pattern) for pattern in ("a+", "b+", "c+"))
+    first = compiler.compile(a)
+    assert compiler.compile(spec("regex", "a+")) is first  # an equal spec: a cache hit
+    compiler.compile(b)
+    compiler.compile(a)  # a is now the most recently used
+    compiler.compile(c)  # evicts b
+    assert (compiler.compiles, compiler.cached, built) == (3, 2, [1])
+    compiler.compile(a)
+    assert compiler.compiles == 3
+    compiler.compile(b)
+    assert compiler.compiles == 4
+
+
+def test_the_reasoning_markers_are_part_of_the_key(compiler):
+    plain = compiler.compile(spec("json_object"))
+    thinking = compiler.compile(spec("json_object"), reasoning=THINK)
+    assert plain is not thinking and compiler.compiles == 2
+
+
+def test_a_thinking_block_may_come_first(compiler, llg_tokenizer):
+    compiled = compiler.compile(spec("json_schema", canonical_json(SCHEMA)), reasoning=THINK)
+    assert accepts(compiled, llg_tokenizer, '<think>let me see {"no json" here</think>\n{"name":"a","age":1}')
+    assert accepts(compiled, llg_tokenizer, '{"name":"a","age":1}')  # the block is optional
+    assert not accepts(compiled, llg_tokenizer, 'prose {"name":"a","age":1}')
+
+
+def test_a_prompt_that_opened_the_block_continues_inside_it(compiler, llg_tokenizer):
+    inside = ReasoningMarkers("<think>", "</think>", starts_inside=True)
+    compiled = compiler.compile(spec("regex", "[0-9]+"), reasoning=inside)
+    assert accepts(compiled, llg_tokenizer, "still thinking</think>42")
+    assert not accepts(compiled, llg_tokenizer, "42")  # still thinking: the block must close first
+
+
+def test_hermes_forced_calls_one_or_more(compiler, llg_tokenizer):
+    compiled = compiler.compile(spec("tool_calls", [WEATHER, NOARGS], tool_call_format="hermes"))
+    one = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    two = one + '\n<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>'
+    assert accepts(compiled, llg_tokenizer, one)
+    assert accepts(compiled, llg_tokenizer, two)
+    assert not accepts(compiled, llg_tokenizer, one.replace('"city"', '"town"'))  # arguments follow the schema
+    assert not accepts(compiled, llg_tokenizer, one.replace("get_weather", "rm_rf"))  # only the given tools
+    single = compiler.compile(spec("tool_calls", [WEATHER, NOARGS], tool_call_format="hermes", parallel=False))
+    assert accepts(compiled, llg_tokenizer, one) and not accepts(single, llg_tokenizer, two)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "text"),
+    [
+        ("mistral", '[TOOL_CALLS][{"name": "ping", "arguments": {}}, {"name": "ping", "arguments": {}}]'),
+        ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Oslo"}}'),
+        (None, '<tool_call>\n{"name": "ping", "arguments": {}}\n</tool_call>'),  # no parser named: hermes
+    ],
+)
+def test_other_tool_call_markups(compiler, llg_tokenizer, fmt, text):
+    assert accepts(compiler.compile(spec("tool_calls", [WEATHER, NOARGS], tool_call_format=fmt)), llg_tokenizer, text)
+
+
+@pytest.mark.parametrize(
+    ("constraint", "param", "words"),
+    [
+        (spec("json_schema", {"type": "strange"}), "response_format", "strange"),
+        (spec("json_schema", {"type": "string", "format": "weird"}), "response_format", "weird"),
+        (spec("json_schema", {"$ref": "#/$defs/missing"}), "response_format", "missing"),
+        (spec("json_schema", "[1, 2]"), "response_format", "JSON object"),
+        (spec("regex", "[a-"), "guided_regex", "unclosed"),
+        (spec("grammar", "start: nothing_here"), "guided_grammar", "nothing_here"),
+        (spec("choice", []), "choice", "non-empty"),
+        (spec("tool_calls", []), "tool_choice", "at least one tool"),
+        (spec("tool_calls", [{"type": "function", "function": {}}]), "tools[0]", "name"),
+        (spec("tool_calls", [WEATHER], tool_call_format="qwen3_coder"), "tool_choice", "qwen3_coder"),
+    ],
+)  # fmt: skip
+def test_invalid_or_unsupported_specs_are_400s_naming_the_problem(compiler, constraint, param, words):
+    with pytest.raises(InvalidRequestError) as info:
+        compiler.compile(constraint)
+    assert info.value.param == param
+    assert words in str(info.value)
+
+
+def test_without_a_tokenizer_the_grammar_is_only_checked():
+    assert compile_constraint(spec("regex", "a+"), reasoning=None).grammar
+    with pytest.raises(InvalidRequestError):
+        compile_constraint(spec("regex", "(a"), reasoning=None)
+
+
+def test_the_cache_key_covers_every_field():
+    base = spec("tool_calls", [WEATHER])
+    others = [spec("tool_calls", [NOARGS]), spec("tool_calls", [WEATHER], tool_call_format="mistral"),
+              spec("tool_calls", [WEATHER], parallel=False), spec("regex", base.body)]  # fmt: skip
+    assert len({base.key, *(o.key for o in others)}) == 5
+    assert spec("tool_calls", [WEATHER]).key == base.key

@@ -1,0 +1,134 @@
+"""Tool formats whose calls are JSON: ``hermes`` (Qwen 2.5/3, Hermes), ``llama3_json``, ``mistral``."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from .tool_stream import ToolFormat
+from .types import MarkupError, RawCall, new_call_id
+
+_DECODER = json.JSONDecoder()
+
+
+def decode_arguments(value: Any) -> dict:
+    """A call's arguments as an object: given as one, or as a JSON string of one."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise MarkupError(f"arguments are not JSON: {exc}") from exc
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise MarkupError("arguments are not a JSON object")
+    return value
+
+
+def call_from_object(obj: Any, *, args_keys: tuple[str, ...] = ("arguments", "parameters")) -> RawCall:
+    """``{"name": ..., "arguments": {...}}`` (or ``parameters``) as a call."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        raise MarkupError("not a {'name': ..., 'arguments': ...} object")
+    args = next((obj[key] for key in args_keys if key in obj), {})
+    call_id = obj.get("id") if isinstance(obj.get("id"), str) and obj.get("id") else None
+    return RawCall(name=obj["name"], arguments=decode_arguments(args), id=call_id)
+
+
+def decode_json_values(text: str, *, separators: str = "") -> list[Any]:
+    """Every JSON value in ``text``, one after another, apart by whitespace or ``separators``."""
+    values = []
+    pos = 0
+    skip = " \t\r\n" + separators
+    while True:
+        while pos < len(text) and text[pos] in skip:
+            pos += 1
+        if pos >= len(text):
+            return values
+        try:
+            value, pos = _DECODER.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            raise MarkupError(f"not JSON: {exc.msg} at {exc.pos}") from exc
+        values.append(value)
+
+
+class HermesFormat(ToolFormat):
+    """``<tool_call>\\n{"name": "f", "arguments": {...}}\\n</tool_call>``, one block per call."""
+
+    name = "hermes"
+    regions = (("<tool_call>", "</tool_call>"),)
+    template_markers = ("<tool_call>",)
+
+    def parse_region(self, start: str, body: str) -> list[RawCall]:
+        values = decode_json_values(body)
+        if len(values) != 1:
+            raise MarkupError(f"{len(values)} JSON values in one <tool_call>")
+        return [call_from_object(values[0])]
+
+
+class Llama3JsonFormat(ToolFormat):
+    """Llama 3.x: ``<|python_tag|>{"name": "f", "parameters": {...}}`` or the same JSON bare as the whole reply.
+
+    Several calls are separated by ``;``. A reply that starts with ``{`` is held until it ends,
+    then read as calls; if it is not one, it is the content (no warning: a JSON answer).
+    """
+
+    name = "llama3_json"
+    regions = (("<|python_tag|>", None),)
+    template_markers = ("<|python_tag|>",)
+    _END_TOKENS = re.compile(r"\s*(?:<\|eom_id\|>|<\|eot_id\|>)\s*$")
+
+    def bare_call_start(self, text: str) -> bool | None:
+        stripped = text.lstrip()
+        if not stripped:
+            return None
+        return stripped.startswith("{")
+
+    def parse_region(self, start: str, body: str) -> list[RawCall]:
+        body = self._END_TOKENS.sub("", body)
+        return [call_from_object(value) for value in decode_json_values(body, separators=";")]
+
+
+class MistralFormat(ToolFormat):
+    """``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` (older) or ``[TOOL_CALLS]name[ARGS]{...}``
+    repeated per call (tokenizer v11+), optionally ``name[CALL_ID]id[ARGS]{...}``.
+
+    Ids: Mistral's templates require 9 alphanumerics, so generated ids have that form (as vLLM's).
+    """
+
+    name = "mistral"
+    regions = (("[TOOL_CALLS]", None),)
+    template_markers = ("[TOOL_CALLS]",)
+    #: Mistral chat templates reject tool-call ids that are not 9 alphanumerics.
+    ID_CHARS = 9
+
+    def new_id(self) -> str:
+        return new_call_id(self.ID_CHARS, prefix="")
+
+    def parse_region(self, start: str, body: str) -> list[RawCall]:
+        calls: list[RawCall] = []
+        for part in body.split(start):
+            part = part.strip()
+            if part:
+                calls.extend(self._parse_part(part))
+        return calls
+
+    def _parse_part(self, part: str) -> list[RawCall]:
+        if part[0] in "[{":
+            values = decode_json_values(part)
+            objects = [obj for value in values for obj in (value if isinstance(value, list) else [value])]
+            return [call_from_object(obj) for obj in objects]
+        if "[ARGS]" in part:
+            head, args = part.split("[ARGS]", 1)
+        elif "{" in part:
+            head, args = part[: part.index("{")], part[part.index("{") :]
+        else:
+            raise MarkupError("no arguments after the tool name")
+        name, _, call_id = head.partition("[CALL_ID]")
+        name = name.strip()
+        if not re.fullmatch(r"[\w.\-]+", name):
+            raise MarkupError(f"bad tool name {name!r}")
+        values = decode_json_values(args)
+        if len(values) != 1:
+            raise MarkupError("expected one arguments object")
+        return [RawCall(name=name, arguments=decode_arguments(values[0]), id=call_id.strip() or None)]
