@@ -13,8 +13,8 @@ import logging
 
 import trio
 
-from ...actors.admission import PREPROCESS_INLINE_CHARS, Tokenizer, _prompt_chars, tokenize_prompt
-from ...messages import ChatMessage
+from ...actors.admission import PREPROCESS_INLINE_CHARS, Tokenizer, as_prompt, prompt_chars, tokenize_prompt
+from ...messages import ChatMessage, ChatPrompt
 
 logger = logging.getLogger(__name__)
 
@@ -25,8 +25,9 @@ class TokenCounter:
         self._thread_tokenizer: Tokenizer | None = None
         self._lock = trio.Lock()
 
-    async def count(self, prompt: tuple[ChatMessage, ...]) -> int:
-        if _prompt_chars(prompt) < PREPROCESS_INLINE_CHARS:
+    async def count(self, turns: ChatPrompt | tuple[ChatMessage, ...]) -> int:
+        prompt = as_prompt(turns)
+        if prompt_chars(prompt) < PREPROCESS_INLINE_CHARS:
             return len(tokenize_prompt(self._tokenizer, prompt))
         async with self._lock:
             if self._thread_tokenizer is None:
