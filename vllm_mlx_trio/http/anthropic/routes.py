@@ -27,11 +27,11 @@ def register_anthropic_routes(app: quart.Quart, engine: Engine) -> None:
     @app.post(MESSAGES_PATH)
     async def messages():
         with runner.record() as (record, ids):
-            parsed = parse_messages(await read_json_body(), model_name=model_name)
+            parsed = parse_messages(await read_json_body(), model_name=model_name, output=engine.output_format)
             stream = await runner.submit(record, ids, parsed.prompt, parsed.params)
             if parsed.stream:
                 return runner.streaming_response(
-                    stream, MessageEvents(model_name), record, ping_interval_s=PING_INTERVAL_S
+                    stream, MessageEvents(model_name, parsed.output), record, ping_interval_s=PING_INTERVAL_S
                 )
             outcome = await runner.collect(stream, record)
             return full_message(
@@ -40,10 +40,12 @@ def register_anthropic_routes(app: quart.Quart, engine: Engine) -> None:
                 finish_reason=outcome.finish_reason,
                 stop_sequence=outcome.stop_sequence,
                 usage=stream.usage,
+                output=parsed.output,
+                starts_in_reasoning=stream.starts_in_reasoning,
             )
 
     @app.post(f"{MESSAGES_PATH}/count_tokens")
     async def count_tokens():
         # ``?beta=true`` (sent by some clients) changes nothing here.
-        prompt = parse_count_tokens(await read_json_body(), model_name=model_name)
+        prompt = parse_count_tokens(await read_json_body(), model_name=model_name, output=engine.output_format)
         return {"input_tokens": await counter.count(prompt)}

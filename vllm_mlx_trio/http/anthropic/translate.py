@@ -16,9 +16,12 @@ import msgspec
 
 from ...core.params import SamplingParams
 from ...errors import InvalidRequestError, ModelNotFoundError
-from ...messages import ChatMessage, ContentPart, ImagePart, TextPart
+from ...messages import CalledTool, ChatMessage, ChatPrompt, ContentPart, ImagePart, TextPart
+from ...output_format import OutputFormat
+from ..agent_output import OutputSpec
 from ..requests import _content_hash
 from . import schemas
+from .tools import tool_arguments, tool_plan, tool_result_text
 
 #: System blocks are joined with a blank line into the one system turn templates take.
 SYSTEM_BLOCK_SEPARATOR = "\n\n"
@@ -30,24 +33,30 @@ _FIELD = re.compile(r"Object (?P<what>contains unknown|missing required) field `
 class MessagesRequest:
     """What the Messages route needs from a body, checked."""
 
-    prompt: tuple[ChatMessage, ...]
+    prompt: ChatPrompt
     params: SamplingParams
     stream: bool
+    #: How the reply is parsed into thinking, text and tool_use blocks (None: one text block).
+    output: OutputSpec | None = None
 
 
-def parse_messages(body: Any, *, model_name: str) -> MessagesRequest:
+def parse_messages(body: Any, *, model_name: str, output: OutputFormat) -> MessagesRequest:
     decoded = _decode(body, schemas.MessagesBody, model_name)
-    prompt = build_prompt(decoded)
+    plan = tool_plan(decoded, output)
+    prompt = ChatPrompt(messages=build_turns(decoded), tools=plan.tools, template_kwargs=plan.template_kwargs)
     params = SamplingParams(
         max_tokens=decoded.max_tokens,
         stop=tuple(decoded.stop_sequences or ()),
+        constraint=plan.constraint,
         **_sampling_fields(decoded),
     )
-    return MessagesRequest(prompt=prompt, params=params, stream=bool(decoded.stream))
+    return MessagesRequest(prompt=prompt, params=params, stream=bool(decoded.stream), output=plan.output)
 
 
-def parse_count_tokens(body: Any, *, model_name: str) -> tuple[ChatMessage, ...]:
-    return build_prompt(_decode(body, schemas.CountTokensBody, model_name))
+def parse_count_tokens(body: Any, *, model_name: str, output: OutputFormat) -> ChatPrompt:
+    decoded = _decode(body, schemas.CountTokensBody, model_name)
+    plan = tool_plan(decoded, output)
+    return ChatPrompt(messages=build_turns(decoded), tools=plan.tools, template_kwargs=plan.template_kwargs)
 
 
 def _sampling_fields(body: schemas.MessagesBody) -> dict[str, Any]:
@@ -132,8 +141,7 @@ def _check_blocks(blocks: Any, where: str) -> None:
 # -- the prompt ------------------------------------------------------------------------------
 
 
-def build_prompt(body: schemas.MessagesBody | schemas.CountTokensBody) -> tuple[ChatMessage, ...]:
-    _check_not_yet(body)
+def build_turns(body: schemas.MessagesBody | schemas.CountTokensBody) -> tuple[ChatMessage, ...]:
     if not body.messages:
         raise InvalidRequestError("messages: at least one message is required.", param="messages")
     if body.messages[-1].role == "assistant":
@@ -141,21 +149,11 @@ def build_prompt(body: schemas.MessagesBody | schemas.CountTokensBody) -> tuple[
             "messages: a final assistant turn (a prefill to continue) is not supported by this server yet.",
             param="messages",
         )
-    turns = [_message(message, i) for i, message in enumerate(body.messages)]
+    turns = [turn for i, message in enumerate(body.messages) for turn in _turns(message, i)]
     system = _system_text(body.system)
     if system is not None:
         turns.insert(0, ChatMessage(role="system", content=system))
     return tuple(turns)
-
-
-def _check_not_yet(body: schemas.MessagesBody | schemas.CountTokensBody) -> None:
-    """Tools and thinking arrive with the tool and reasoning parsers; until then a 400."""
-    if body.tools:
-        raise InvalidRequestError("tools: tool use is not supported by this server yet.", param="tools")
-    if body.tool_choice is not None and not isinstance(body.tool_choice, schemas.NoneChoice | schemas.AutoChoice):
-        raise InvalidRequestError("tool_choice: tool use is not supported by this server yet.", param="tool_choice")
-    if isinstance(body.thinking, schemas.ThinkingEnabled):
-        raise InvalidRequestError("thinking: extended thinking is not supported by this server yet.", param="thinking")
 
 
 def _system_text(system: str | list[schemas.TextBlock] | None) -> str | None:
@@ -167,19 +165,43 @@ def _system_text(system: str | list[schemas.TextBlock] | None) -> str | None:
     return text or None
 
 
-def _message(message: schemas.MessageParam, index: int) -> ChatMessage:
+def _turns(message: schemas.MessageParam, index: int) -> list[ChatMessage]:
+    """One Anthropic message as chat turns: an assistant message is one turn with its calls;
+    a user message's ``tool_result`` blocks become ``tool`` turns, in order among its text."""
     content = message.content
     if isinstance(content, str):
-        return ChatMessage(role=message.role, content=content)
+        return [ChatMessage(role=message.role, content=content)]
+    where = f"messages.{index}.content"
+    if message.role == "assistant":
+        return [_assistant_turn(content, where)]
+    turns: list[ChatMessage] = []
     parts: list[ContentPart] = []
     for j, block in enumerate(content):
-        part = _part(block, f"messages.{index}.content.{j}")
-        if part is not None:
+        if isinstance(block, schemas.ToolResultBlock):
+            if parts:
+                turns.append(ChatMessage(role="user", content=tuple(parts)))
+                parts = []
+            text = tool_result_text(block, f"{where}.{j}")
+            turns.append(ChatMessage(role="tool", content=text, tool_call_id=block.tool_use_id))
+        elif (part := _part(block, f"{where}.{j}", "user")) is not None:
             parts.append(part)
-    return ChatMessage(role=message.role, content=tuple(parts))
+    if parts or not turns:
+        turns.append(ChatMessage(role="user", content=tuple(parts)))
+    return turns
 
 
-def _part(block: schemas.Block, where: str) -> ContentPart | None:
+def _assistant_turn(content: list[schemas.Block], where: str) -> ChatMessage:
+    parts: list[ContentPart] = []
+    calls: list[CalledTool] = []
+    for j, block in enumerate(content):
+        if isinstance(block, schemas.ToolUseBlock):
+            calls.append(CalledTool(id=block.id, name=block.name, arguments=tool_arguments(block)))
+        elif (part := _part(block, f"{where}.{j}", "assistant")) is not None:
+            parts.append(part)
+    return ChatMessage(role="assistant", content=tuple(parts), tool_calls=tuple(calls))
+
+
+def _part(block: schemas.Block, where: str, role: str) -> ContentPart | None:
     """A block as an engine content part; None for what templates never see (thinking)."""
     if isinstance(block, schemas.TextBlock):
         return TextPart(text=block.text)
@@ -188,7 +210,7 @@ def _part(block: schemas.Block, where: str) -> ContentPart | None:
     if isinstance(block, schemas.ThinkingBlock | schemas.RedactedThinkingBlock):
         return None  # earlier turns' reasoning: accepted, and dropped as chat templates do
     kind = "tool_use" if isinstance(block, schemas.ToolUseBlock) else "tool_result"
-    raise InvalidRequestError(f"{where}: {kind} blocks are not supported by this server yet.", param=where)
+    raise InvalidRequestError(f"{where}: {kind} blocks are not allowed in {role} messages.", param=where)
 
 
 def image_part(block: schemas.ImageBlock) -> ImagePart:
