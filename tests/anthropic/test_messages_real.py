@@ -38,3 +38,46 @@ async def test_create_stream_and_count_tokens_agree(demo_cfg):
     assert "\ufffd" not in streamed_text
     assert whole.stop_reason in ("end_turn", "max_tokens") and whole.stop_reason == streamed.stop_reason
     assert whole.usage.output_tokens == streamed.usage.output_tokens
+
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+
+
+async def test_forced_tool_use_and_tool_result_round_trip(demo_cfg):
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    forced = {"type": "tool", "name": "get_weather"}
+    with trio.fail_after(TIMEOUT_S):
+        async with open_server(demo_cfg) as srv:
+            async with anthropic.AsyncAnthropic(base_url=srv.url, api_key="unused", max_retries=0) as c:
+                message = await c.messages.create(
+                    model=MODEL, max_tokens=200, messages=ask, tools=[WEATHER], tool_choice=forced
+                )
+                async with c.messages.stream(
+                    model=MODEL, max_tokens=200, messages=ask, tools=[WEATHER], tool_choice=forced
+                ) as stream:
+                    streamed = await stream.get_final_message()
+                call = next(block for block in message.content if block.type == "tool_use")
+                history = [
+                    *ask,
+                    {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "Sunny"}]},
+                ]
+                answer = await c.messages.create(model=MODEL, max_tokens=8, messages=history, tools=[WEATHER])
+                counted = await c.messages.count_tokens(model=MODEL, messages=history, tools=[WEATHER])
+                no_tools = await c.messages.count_tokens(model=MODEL, messages=history)
+    # the grammar forces one call of the named tool whose input fits the schema
+    assert call.name == "get_weather" and isinstance(call.input, dict) and isinstance(call.input["city"], str)
+    assert set(call.input) == {"city"} and message.stop_reason == "tool_use"
+    assert [b.type for b in streamed.content if b.type == "tool_use"] == ["tool_use"]
+    assert streamed.stop_reason == "tool_use"
+    assert answer.usage.input_tokens + answer.usage.cache_read_input_tokens == counted.input_tokens
+    assert no_tools.input_tokens < counted.input_tokens  # the template renders the tools: they count
