@@ -1,9 +1,7 @@
 """OpenAI Response objects and the strict event sequence of a streamed one.
 
-A streamed response: ``response.created``, ``response.in_progress``, then for its one
-message item ``response.output_item.added`` -> ``response.content_part.added`` ->
-``response.output_text.delta``... -> ``response.output_text.done`` ->
-``response.content_part.done`` -> ``response.output_item.done``, then
+A streamed response: ``response.created``, ``response.in_progress``, then each output item's
+events (:mod:`.items`: ``reasoning``, ``message``, ``function_call``), then
 ``response.completed`` (or ``response.incomplete`` when ``max_output_tokens`` cut it).
 Every event has a ``sequence_number``; the response id is the same throughout. A failure
 mid-stream is an ``error`` event then ``response.failed``.
@@ -19,6 +17,7 @@ from typing import Any
 from ...errors import VllmMlxTrioError
 from ...stream import Delta, RequestStream, Usage
 from ..errors import describe
+from .items import OutputItems
 from .translate import ResponsesRequest
 
 
@@ -32,16 +31,11 @@ def usage_json(usage: Usage) -> dict[str, Any]:
     }
 
 
-def text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-
 class ResponseBuilder:
     """The objects of one response: one id, one ``created_at``, the request's settings echoed."""
 
     def __init__(self, request: ResponsesRequest, model: str):
         self.id = f"resp_{uuid.uuid4().hex}"
-        self.message_id = f"msg_{uuid.uuid4().hex}"
         self._request = request
         self._model = model
         self._created_at = int(time.time())
@@ -74,23 +68,39 @@ class ResponseBuilder:
             "top_p": body.top_p if body.top_p is not None else 1.0,
             "parallel_tool_calls": body.parallel_tool_calls is not False,
             "tool_choice": body.tool_choice or "auto",
-            "tools": [],
-            "text": {"format": {"type": "text"}},
-            "reasoning": {"effort": None, "summary": None},
+            "tools": body.tools or [],
+            "text": {"format": _format_json(body)},
+            "reasoning": {"effort": body.reasoning.effort if body.reasoning else None, "summary": None},
             "truncation": "disabled",
             "metadata": body.metadata or {},
             "usage": None if usage is None else usage_json(usage),
         }
 
-    def message_item(self, text: str, *, status: str) -> dict[str, Any]:
-        content = [] if status == "in_progress" else [text_part(text)]
-        return {"type": "message", "id": self.message_id, "status": status, "role": "assistant", "content": content}
+    def output_items(self, starts_in_reasoning: bool) -> OutputItems:
+        return OutputItems(self._request.plan.output, starts_in_reasoning=starts_in_reasoning)
 
-    def final(self, text: str, finish_reason: str | None, usage: Usage) -> dict[str, Any]:
+    def final(self, items: OutputItems, finish_reason: str | None, usage: Usage) -> dict[str, Any]:
         """The finished response (non-streamed, or ``response.completed``'s)."""
         status = "incomplete" if finish_reason == "length" else "completed"
-        item_status = "incomplete" if status == "incomplete" else "completed"
-        return self.response(status=status, output=[self.message_item(text, status=item_status)], usage=usage)
+        return self.response(status=status, output=items.items, usage=usage)
+
+    def full(self, text: str, finish_reason: str | None, usage: Usage, *, starts_in_reasoning: bool) -> dict:
+        """The non-streamed response: the whole text through the same items a stream builds."""
+        items = self.output_items(starts_in_reasoning)
+        items.feed(text)
+        items.finish()
+        return self.final(items, finish_reason, usage)
+
+
+def _format_json(body: Any) -> dict[str, Any]:
+    fmt = body.text.format if body.text is not None else None
+    if fmt is None:
+        return {"type": "text"}
+    return {"type": fmt.__struct_config__.tag, **{k: v for k, v in msgspec_fields(fmt).items() if v is not None}}
+
+
+def msgspec_fields(value: Any) -> dict[str, Any]:
+    return {name: getattr(value, name) for name in value.__struct_fields__}
 
 
 class ResponseEvents:
@@ -104,42 +114,31 @@ class ResponseEvents:
         self._builder = builder
         self._on_finished = on_finished
         self._sequence = 0
-        self._texts: list[str] = []
+        self._items: OutputItems | None = None
 
     def _event(self, kind: str, **fields: Any) -> str:
         payload = {"type": kind, "sequence_number": self._sequence, **fields}
         self._sequence += 1
         return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
-    def _item_fields(self) -> dict[str, Any]:
-        return {"item_id": self._builder.message_id, "output_index": 0, "content_index": 0}
+    def _events(self, events: list[tuple[str, dict[str, Any]]]) -> str:
+        return "".join(self._event(kind, **fields) for kind, fields in events)
 
     def opening(self, stream: RequestStream) -> str:
+        self._items = self._builder.output_items(stream.starts_in_reasoning)
         started = self._builder.response(status="in_progress", output=[])
-        return "".join([
-            self._event("response.created", response=started),
-            self._event("response.in_progress", response=started),
-            self._event("response.output_item.added", output_index=0,
-                        item=self._builder.message_item("", status="in_progress")),
-            self._event("response.content_part.added", **self._item_fields(), part=text_part("")),
-        ])  # fmt: skip
+        return self._event("response.created", response=started) + self._event("response.in_progress", response=started)
 
     def on_delta(self, delta: Delta) -> str:
-        if not delta.text:
-            return ""
-        self._texts.append(delta.text)
-        return self._event("response.output_text.delta", **self._item_fields(), delta=delta.text, logprobs=[])
+        assert self._items is not None, "opening() comes first"
+        return self._events(self._items.feed(delta.text))
 
     def closing(self, stream: RequestStream) -> str:
-        text = "".join(self._texts)
-        final = self._builder.final(text, stream.finish_reason, stream.usage)
+        assert self._items is not None, "opening() comes first"
+        events = self._events(self._items.finish())
+        final = self._builder.final(self._items, stream.finish_reason, stream.usage)
         self._on_finished(final)
-        return "".join([
-            self._event("response.output_text.done", **self._item_fields(), text=text, logprobs=[]),
-            self._event("response.content_part.done", **self._item_fields(), part=text_part(text)),
-            self._event("response.output_item.done", output_index=0, item=final["output"][0]),
-            self._event(f"response.{final['status']}", response=final),
-        ])  # fmt: skip
+        return events + self._event(f"response.{final['status']}", response=final)
 
     def on_error(self, exc: VllmMlxTrioError) -> str:
         _status, body, _headers = describe(exc)
@@ -148,10 +147,9 @@ class ResponseEvents:
         failed = self._builder.response(
             status="failed", output=[], error={"code": code, "message": error["message"]}
         )
-        return "".join([
-            self._event("error", code=code, message=error["message"], param=error["param"]),
-            self._event("response.failed", response=failed),
-        ])  # fmt: skip
+        return self._event("error", code=code, message=error["message"], param=error["param"]) + self._event(
+            "response.failed", response=failed
+        )
 
     def ping(self) -> str:
         return ": keep-alive\n\n"  # an SSE comment: the Responses protocol has no ping event

@@ -7,7 +7,7 @@ from typing import Any
 import quart
 
 from ...engine import Engine
-from ...messages import ChatMessage
+from ...messages import CalledTool, ChatMessage
 from ..body import read_json_body
 from ..errors import error_body
 from ..one_request import OneRequestRunner
@@ -25,6 +25,18 @@ def not_found(response_id: str, param: str | None = None) -> tuple[dict, int]:
     return error_body(message, type="invalid_request_error", param=param, code="not_found"), 404
 
 
+def answer_turn(output: list[dict[str, Any]]) -> ChatMessage:
+    """The assistant turn a response's output items make in the stored conversation: its
+    text and its calls (reasoning is dropped, as chat templates drop earlier reasoning)."""
+    text = "".join(item["content"][0]["text"] for item in output if item["type"] == "message")
+    calls = tuple(
+        CalledTool(id=item["call_id"], name=item["name"], arguments=item["arguments"])
+        for item in output
+        if item["type"] == "function_call"
+    )
+    return ChatMessage(role="assistant", content=text, tool_calls=calls)
+
+
 def register_responses_routes(app: quart.Quart, engine: Engine) -> None:
     model_name = engine.cfg.model_name
     runner = OneRequestRunner(engine)
@@ -33,7 +45,7 @@ def register_responses_routes(app: quart.Quart, engine: Engine) -> None:
     @app.post(RESPONSES_PATH)
     async def create_response():
         with runner.record() as (record, ids):
-            request = parse_responses(await read_json_body(), model_name=model_name)
+            request = parse_responses(await read_json_body(), model_name=model_name, output=engine.output_format)
             history: tuple[ChatMessage, ...] = ()
             if (previous_id := request.body.previous_response_id) is not None:
                 previous = store.get(previous_id)
@@ -46,15 +58,16 @@ def register_responses_routes(app: quart.Quart, engine: Engine) -> None:
 
             def keep(final: dict[str, Any]) -> None:
                 if request.store:
-                    answer = final["output"][0]["content"][0]["text"]
-                    conversation = (*history, *request.turns, ChatMessage(role="assistant", content=answer))
+                    conversation = (*history, *request.turns, answer_turn(final["output"]))
                     store.put(builder.id, StoredResponse(response=final, conversation=conversation))
 
             if request.stream:
                 events = ResponseEvents(builder, keep)
                 return runner.streaming_response(stream, events, record, ping_interval_s=KEEP_ALIVE_S)
             outcome = await runner.collect(stream, record)
-            final = builder.final(outcome.text, outcome.finish_reason, stream.usage)
+            final = builder.full(
+                outcome.text, outcome.finish_reason, stream.usage, starts_in_reasoning=stream.starts_in_reasoning
+            )
             keep(final)
             return final
 

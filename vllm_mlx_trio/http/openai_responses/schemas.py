@@ -55,6 +55,32 @@ class MessageItem(_Object):
     status: str | None = None
 
 
+class FunctionCallItem(_Object):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutputItem(_Object):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[Content]
+    id: str | None = None
+    status: str | None = None
+
+
+class ReasoningItem(_Object):
+    type: Literal["reasoning"]
+    summary: list[dict[str, Any]]
+    id: str | None = None
+    content: list[dict[str, Any]] | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+
 class _Format(_Object, tag_field="type"):
     pass
 

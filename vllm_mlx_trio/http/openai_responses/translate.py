@@ -17,14 +17,14 @@ import msgspec
 
 from ...core.params import SamplingParams
 from ...errors import InvalidRequestError, ModelNotFoundError
-from ...messages import ChatMessage, ContentPart, ImagePart, TextPart
+from ...messages import CalledTool, ChatMessage, ChatPrompt, ContentPart, ImagePart, TextPart
+from ...output_format import OutputFormat
 from ..requests import _content_hash
 from . import schemas
+from .tools import ResponsesPlan, responses_plan
 
 _AT = re.compile(r"^(?P<text>.*?)(?: - at `\$(?P<path>.*)`)?$", re.DOTALL)
 _UNKNOWN = re.compile(r"Object contains unknown field `(?P<name>[^`]*)`")
-#: Item types of the Responses API that arrive with tool calling and reasoning.
-NOT_YET_ITEMS = frozenset({"function_call", "function_call_output", "reasoning"})
 
 
 @attrs.frozen(kw_only=True)
@@ -35,6 +35,7 @@ class ResponsesRequest:
     #: This request's own turns (``input``), without instructions or earlier responses.
     turns: tuple[ChatMessage, ...]
     params: SamplingParams
+    plan: ResponsesPlan
 
     @property
     def stream(self) -> bool:
@@ -44,21 +45,39 @@ class ResponsesRequest:
     def store(self) -> bool:
         return self.body.store is not False  # OpenAI's default is to store
 
-    def prompt(self, history: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...]:
-        """The turns sent to the engine after ``history`` (a previous response's conversation)."""
+    def prompt(self, history: tuple[ChatMessage, ...]) -> ChatPrompt:
+        """The prompt sent to the engine after ``history`` (a previous response's conversation)."""
         system = () if self.body.instructions is None else (ChatMessage(role="system", content=self.body.instructions),)
-        return (*system, *history, *self.turns)
+        turns = _merged_calls((*system, *history, *self.turns))
+        return ChatPrompt(messages=turns, tools=self.plan.tools, template_kwargs=self.plan.template_kwargs)
 
 
-def parse_responses(body: Any, *, model_name: str) -> ResponsesRequest:
+def parse_responses(body: Any, *, model_name: str, output: OutputFormat) -> ResponsesRequest:
     decoded = _decode(body, model_name)
     _check_unsupported(decoded)
+    plan = responses_plan(decoded, output)
     turns = _turns(decoded.input)
     fields = {"temperature": decoded.temperature, "top_p": decoded.top_p}
     params = SamplingParams(
-        max_tokens=decoded.max_output_tokens, **{name: value for name, value in fields.items() if value is not None}
+        max_tokens=decoded.max_output_tokens,
+        constraint=plan.constraint,
+        **{name: value for name, value in fields.items() if value is not None},
     )
-    return ResponsesRequest(body=decoded, turns=turns, params=params)
+    return ResponsesRequest(body=decoded, turns=turns, params=params, plan=plan)
+
+
+def _merged_calls(turns: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...]:
+    """Consecutive assistant turns whose later ones only call tools become one turn (the
+    Responses API sends a message item and its function_call items separately)."""
+    merged: list[ChatMessage] = []
+    for turn in turns:
+        previous = merged[-1] if merged else None
+        if (previous is not None and previous.role == turn.role == "assistant" and turn.tool_calls
+                and not turn.content):  # fmt: skip
+            merged[-1] = attrs.evolve(previous, tool_calls=(*previous.tool_calls, *turn.tool_calls))
+        else:
+            merged.append(turn)
+    return tuple(merged)
 
 
 def _decode(body: Any, model_name: str) -> schemas.ResponsesBody:
@@ -105,17 +124,8 @@ def _check_unsupported(body: schemas.ResponsesBody) -> None:
     for name in body.include or ():
         if name not in schemas.ACCEPTED_INCLUDES:
             raise _unsupported("include", f"{name!r:.60} is not supported by this server.")
-    if body.tools:
-        raise _unsupported("tools", "tool calling is not supported by this server yet.")
-    if body.tool_choice not in (None, "auto", "none"):
-        raise _unsupported("tool_choice", "tool calling is not supported by this server yet.")
     if body.max_tool_calls is not None:
-        raise _unsupported("max_tool_calls", "tool calling is not supported by this server yet.")
-    text_format = body.text.format if body.text is not None else None
-    if text_format is not None and not isinstance(text_format, schemas.TextOutputFormat):
-        raise _unsupported("text.format", "structured output is not supported on /v1/responses yet.")
-    if body.reasoning is not None and body.reasoning.effort not in (None, "none"):
-        raise _unsupported("reasoning.effort", "reasoning effort is not supported by this server yet.")
+        raise _unsupported("max_tool_calls", "a cap on tool calls is not supported; use parallel_tool_calls.")
 
 
 def _turns(input_: str | list[dict[str, Any]]) -> tuple[ChatMessage, ...]:
@@ -123,13 +133,22 @@ def _turns(input_: str | list[dict[str, Any]]) -> tuple[ChatMessage, ...]:
         return (ChatMessage(role="user", content=input_),)
     if not input_:
         raise InvalidRequestError("input must be a non-empty string or array of items.", param="input")
-    return tuple(_item(item, f"input[{i}]") for i, item in enumerate(input_))
+    turns = (_item(item, f"input[{i}]") for i, item in enumerate(input_))
+    return tuple(turn for turn in turns if turn is not None)
 
 
-def _item(item: dict[str, Any], where: str) -> ChatMessage:
+def _item(item: dict[str, Any], where: str) -> ChatMessage | None:
     kind = item.get("type", "message")
-    if kind in NOT_YET_ITEMS:
-        raise _unsupported(f"{where}.type", f"{kind} items are not supported by this server yet.")
+    if kind == "function_call":
+        call = convert(item, schemas.FunctionCallItem, where)
+        called = CalledTool(id=call.call_id, name=call.name, arguments=call.arguments)
+        return ChatMessage(role="assistant", content=(), tool_calls=(called,))
+    if kind == "function_call_output":
+        result = convert(item, schemas.FunctionCallOutputItem, where)
+        return ChatMessage(role="tool", content=_output_text(result.output), tool_call_id=result.call_id)
+    if kind == "reasoning":
+        convert(item, schemas.ReasoningItem, where)
+        return None  # earlier reasoning: accepted, and dropped as chat templates do
     if kind != "message":
         raise InvalidRequestError(f"{where}.type: unknown input item type {kind!r:.60}.", param=f"{where}.type")
     message = convert(item, schemas.MessageItem, where)
@@ -138,6 +157,12 @@ def _item(item: dict[str, Any], where: str) -> ChatMessage:
         return ChatMessage(role=message.role, content=content)
     parts = tuple(_part(part, f"{where}.content[{j}]") for j, part in enumerate(content))
     return ChatMessage(role=message.role, content=parts)
+
+
+def _output_text(output: str | list[schemas.Content]) -> str:
+    if isinstance(output, str):
+        return output
+    return "".join(part.text for part in output if isinstance(part, schemas.InputText | schemas.OutputText))
 
 
 def _part(part: schemas.Content, where: str) -> ContentPart:
