@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
 import trio
@@ -40,3 +42,40 @@ async def test_create_stream_and_continue(demo_cfg):
     assert follow.usage.input_tokens >= alone.usage.input_tokens + whole.usage.output_tokens
     assert follow.usage.input_tokens < whole.usage.input_tokens
     assert follow.previous_response_id == whole.id and follow.output_text
+
+
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "integer"}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+
+
+async def test_forced_function_call_and_json_schema_output(demo_cfg):
+    forced = {"type": "function", "name": "get_weather"}
+    json_format = {"format": {"type": "json_schema", "name": "answer", "schema": SCHEMA, "strict": True}}
+    with trio.fail_after(TIMEOUT_S):
+        async with open_server(demo_cfg) as srv:
+            async with openai.AsyncOpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0) as c:
+                called = await c.responses.create(
+                    model=MODEL, input="Weather in Paris?", tools=[WEATHER], tool_choice=forced, max_output_tokens=200
+                )
+                async with c.responses.stream(
+                    model=MODEL, input="What is 2+2?", text=json_format, max_output_tokens=60
+                ) as stream:
+                    structured = await stream.get_final_response()
+    [call] = [item for item in called.output if item.type == "function_call"]
+    assert call.name == "get_weather" and set(json.loads(call.arguments)) == {"city"}
+    assert isinstance(json.loads(structured.output_text)["answer"], int)
+    assert structured.text.format.type == "json_schema"
