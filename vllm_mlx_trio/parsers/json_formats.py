@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from .tool_stream import ToolFormat
-from .types import MarkupError, RawCall, new_call_id
+from .types import MarkupError, RawCall
 
 _DECODER = json.JSONDecoder()
 
@@ -93,17 +93,12 @@ class MistralFormat(ToolFormat):
     """``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` (older) or ``[TOOL_CALLS]name[ARGS]{...}``
     repeated per call (tokenizer v11+), optionally ``name[CALL_ID]id[ARGS]{...}``.
 
-    Ids: Mistral's templates require 9 alphanumerics, so generated ids have that form (as vLLM's).
+    Ids: Mistral's templates take the last 9 characters of an id, so ``call_`` + 24 works.
     """
 
     name = "mistral"
     regions = (("[TOOL_CALLS]", None),)
     template_markers = ("[TOOL_CALLS]",)
-    #: Mistral chat templates reject tool-call ids that are not 9 alphanumerics.
-    ID_CHARS = 9
-
-    def new_id(self) -> str:
-        return new_call_id(self.ID_CHARS, prefix="")
 
     def parse_region(self, start: str, body: str) -> list[RawCall]:
         calls: list[RawCall] = []

@@ -1,0 +1,146 @@
+"""Tool formats with their own tags: ``qwen3_coder``, ``glm45``, ``deepseek_v3``, ``kimi_k2``."""
+
+from __future__ import annotations
+
+import re
+
+from .json_formats import decode_arguments, decode_json_values
+from .schema_values import coerce_value, property_schema
+from .tool_stream import ToolFormat
+from .types import MarkupError, RawCall
+
+_NAME = re.compile(r"[\w.\-:/]+")
+
+
+def _check_name(name: str) -> str:
+    name = name.strip()
+    if not _NAME.fullmatch(name):
+        raise MarkupError(f"bad tool name {name[:80]!r}")
+    return name
+
+
+def _one_json_object(text: str) -> dict:
+    values = decode_json_values(text)
+    if len(values) != 1:
+        raise MarkupError(f"expected one arguments object, got {len(values)} JSON values")
+    return decode_arguments(values[0])
+
+
+class Qwen3CoderFormat(ToolFormat):
+    """Qwen3-Coder XML, newlines between the tags:
+    ``<tool_call><function=f><parameter=x>value</parameter></function></tool_call>``.
+
+    Values are text; the tool's schema types them (no schema: the string as written).
+    """
+
+    name = "qwen3_coder"
+    regions = (("<tool_call>", "</tool_call>"), ("<function=", "</function>"))
+    template_markers = ("<function=",)
+    _FUNCTION = re.compile(r"<function=([^>\n]*)>(.*?)(?:</function>|\Z)", re.DOTALL)
+    _PARAMETER = re.compile(r"<parameter=([^>\n]*)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
+
+    def parse_region(self, start: str, body: str) -> list[RawCall]:
+        text = body if start == "<tool_call>" else start + body
+        functions = self._FUNCTION.findall(text)
+        if not functions or self._FUNCTION.sub("", text).strip():
+            raise MarkupError("expected <function=name>...</function>")
+        return [self._call(name, params) for name, params in functions]
+
+    def _call(self, name: str, params: str) -> RawCall:
+        name = _check_name(name)
+        function = self.tools.get(name)
+        arguments = {}
+        for key, value in self._PARAMETER.findall(params):
+            value = value[1:] if value.startswith("\n") else value
+            value = value[:-1] if value.endswith("\n") else value
+            key = key.strip()
+            arguments[key] = coerce_value(value, property_schema(function, key), untyped_as_json=False)
+        if self._PARAMETER.sub("", params).strip():
+            raise MarkupError("text outside <parameter=...> tags")
+        return RawCall(name=name, arguments=arguments)
+
+
+class Glm45Format(ToolFormat):
+    """GLM 4.5/4.6/4.7: ``<tool_call>name\\n<arg_key>k</arg_key>\\n<arg_value>v</arg_value>\\n</tool_call>``.
+
+    Values are text; the schema types them, and values of untyped parameters are read as JSON when they are.
+    """
+
+    name = "glm45"
+    regions = (("<tool_call>", "</tool_call>"),)
+    template_markers = ("<arg_key>",)
+    _PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+
+    def parse_region(self, start: str, body: str) -> list[RawCall]:
+        name, _, rest = body.partition("<arg_key>")
+        name = _check_name(name)
+        rest = "<arg_key>" + rest if rest else ""
+        if self._PAIR.sub("", rest).strip():
+            raise MarkupError("text outside <arg_key>/<arg_value> pairs")
+        function = self.tools.get(name)
+        arguments = {
+            key.strip(): coerce_value(value, property_schema(function, key.strip()), untyped_as_json=True)
+            for key, value in self._PAIR.findall(rest)
+        }
+        return [RawCall(name=name, arguments=arguments)]
+
+
+class DeepSeekV3Format(ToolFormat):
+    """DeepSeek V3 / R1:
+    ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>name\\n```json\\n{...}\\n```<｜tool▁call▁end｜>``
+    ... ``<｜tool▁calls▁end｜>``; also V3.1's
+    ``<｜tool▁call▁begin｜>name<｜tool▁sep｜>{...}<｜tool▁call▁end｜>``.
+    """
+
+    name = "deepseek_v3"
+    CALL_BEGIN, SEP, CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
+    regions = (("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),)
+    template_markers = ("<｜tool▁calls▁begin｜>",)
+    _FENCED = re.compile(r"\s*([^\s`]+)\s*```(?:json)?\s*(.*?)\s*```\s*\Z", re.DOTALL)
+
+    def parse_region(self, start: str, body: str) -> list[RawCall]:
+        parts = body.split(self.CALL_BEGIN)
+        if parts[0].strip():
+            raise MarkupError("text before the first call")
+        return [self._call(part) for part in parts[1:]]
+
+    def _call(self, part: str) -> RawCall:
+        inner, found, after = part.partition(self.CALL_END)
+        if (found and after.strip()) or self.SEP not in inner:
+            raise MarkupError("malformed call")
+        head, rest = inner.split(self.SEP, 1)
+        fenced = self._FENCED.match(rest)
+        if fenced:
+            return RawCall(name=_check_name(fenced.group(1)), arguments=_one_json_object(fenced.group(2)))
+        return RawCall(name=_check_name(head), arguments=_one_json_object(rest))
+
+
+class KimiK2Format(ToolFormat):
+    """Kimi K2: ``<|tool_calls_section_begin|><|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}
+    <|tool_call_end|><|tool_calls_section_end|>``; the model's ``functions.name:0`` is the call's id.
+    """
+
+    name = "kimi_k2"
+    CALL_BEGIN, ARGS, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
+    regions = (
+        ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
+        ("<|tool_call_section_begin|>", "<|tool_call_section_end|>"),
+    )
+    template_markers = ("<|tool_calls_section_begin|>",)
+    _ID = re.compile(r"\s*((?:functions\.)?([\w.\-]+?)(?::\d+)?)\s*\Z")
+
+    def parse_region(self, start: str, body: str) -> list[RawCall]:
+        parts = body.split(self.CALL_BEGIN)
+        if parts[0].strip():
+            raise MarkupError("text before the first call")
+        return [self._call(part) for part in parts[1:]]
+
+    def _call(self, part: str) -> RawCall:
+        inner, found, after = part.partition(self.CALL_END)
+        if (found and after.strip()) or self.ARGS not in inner:
+            raise MarkupError("malformed call")
+        head, args = inner.split(self.ARGS, 1)
+        match = self._ID.match(head)
+        if match is None:
+            raise MarkupError(f"bad call id {head[:80]!r}")
+        return RawCall(name=match.group(2), arguments=_one_json_object(args), id=match.group(1))
