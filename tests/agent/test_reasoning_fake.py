@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import trio
-from conftest import MODEL, WEATHER, client, hermes_call, parser_cfg, scripted_server, streamed_message
+from agent_helpers import MODEL, WEATHER, client, hermes_call, parser_cfg, scripted_server, streamed_message
 
 from vllm_mlx_trio.testing.fake_executor import FakeTokenizer
 

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 import trio
-from conftest import MODEL, TIME, WEATHER, parser_cfg, scripted_server
+from agent_helpers import MODEL, TIME, WEATHER, parser_cfg, scripted_server
 
 from vllm_mlx_trio.actors.admission import AdmissionActor, AdmissionLimits
 from vllm_mlx_trio.core.constraint import ConstraintSpec, canonical_json

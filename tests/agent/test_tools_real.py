@@ -9,7 +9,7 @@ from typing import Literal
 import jsonschema
 import pytest
 import trio
-from conftest import client, streamed_message
+from agent_helpers import client, streamed_message
 
 from vllm_mlx_trio.testing.harness import open_server
 
