@@ -95,10 +95,13 @@ async def test_a_tool_call_loop(demo_cfg):
             second = await c.chat.completions.create(
                 model=MODEL, messages=history, tools=[WEATHER], max_tokens=12, temperature=0
             )
+            plain = await c.chat.completions.create(model=MODEL, messages=ASK, max_tokens=1)
             named = {"type": "function", "function": {"name": "get_weather"}}
             third = await c.chat.completions.create(
                 model=MODEL, messages=history, tools=[WEATHER], tool_choice=named, max_tokens=120, temperature=0
             )
+    # The tools went into the prompt (the template's system part), and so did the history.
+    assert first.usage.prompt_tokens > plain.usage.prompt_tokens + 50
     # The history (the call and its result) went into the prompt through the template.
     assert second.usage.prompt_tokens > first.usage.prompt_tokens + 10
     assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
