@@ -126,3 +126,14 @@ def test_parse_output_list_and_errors(capsys, monkeypatch):
     assert code == 2 and "--chat-template" in err
     with pytest.raises(SystemExit):
         _run(capsys, monkeypatch, "x", "--tool-parser", "nope")
+
+
+def test_markup_strings_name_what_the_detokenizer_must_keep():
+    from vllm_mlx_trio.parsers import markup_strings
+
+    assert markup_strings("hermes", "qwen3") == {"<tool_call>", "</tool_call>", "<think>", "</think>"}
+    assert {"<|channel|>", "<|message|>", "<|call|>"} <= markup_strings("openai", None)
+    assert markup_strings(None, "openai_gptoss") == markup_strings("openai", "openai_gptoss")
+    assert "<|tool_call_argument_begin|>" in markup_strings("kimi_k2", None)
+    assert "<｜tool▁sep｜>" in markup_strings("deepseek_v3", None)
+    assert markup_strings(None, None) == frozenset()

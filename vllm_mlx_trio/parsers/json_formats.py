@@ -57,7 +57,7 @@ class HermesFormat(ToolFormat):
 
     name = "hermes"
     regions = (("<tool_call>", "</tool_call>"),)
-    template_markers = ("<tool_call>",)
+    markup = ("<tool_call>", "</tool_call>")
 
     def parse_region(self, start: str, body: str) -> list[RawCall]:
         values = decode_json_values(body)
@@ -75,7 +75,7 @@ class Llama3JsonFormat(ToolFormat):
 
     name = "llama3_json"
     regions = (("<|python_tag|>", None),)
-    template_markers = ("<|python_tag|>",)
+    markup = ("<|python_tag|>",)
     _END_TOKENS = re.compile(r"\s*(?:<\|eom_id\|>|<\|eot_id\|>)\s*$")
 
     def bare_call_start(self, text: str) -> bool | None:
@@ -98,7 +98,12 @@ class MistralFormat(ToolFormat):
 
     name = "mistral"
     regions = (("[TOOL_CALLS]", None),)
-    template_markers = ("[TOOL_CALLS]",)
+    markup = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")
+
+    def ready_call(self, region_text: str) -> int | None:
+        """A call is whole once the next ``[TOOL_CALLS]`` starts."""
+        following = region_text.find(self.regions[0][0], 1)
+        return following if following > 0 else None
 
     def parse_region(self, start: str, body: str) -> list[RawCall]:
         calls: list[RawCall] = []
