@@ -1,4 +1,4 @@
-"""``vllm-mlx-trio``: serve, config show|check, bench, demo build."""
+"""``vllm-mlx-trio``: serve, config show|check, bench, demo build, parse-output."""
 
 from __future__ import annotations
 
@@ -28,6 +28,10 @@ def _parser() -> argparse.ArgumentParser:
     from .bench.command import add_bench_parser
 
     add_bench_parser(commands, _config_args)
+
+    from .parse_output import add_parse_output_parser
+
+    add_parse_output_parser(commands)
 
     demo = commands.add_parser("demo", help="the built-in demo models")
     demo_commands = demo.add_subparsers(dest="demo_command", required=True)
@@ -98,6 +102,10 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.command == "demo":
         return _demo_build(args)
+    if args.command == "parse-output":
+        from .parse_output import run_parse_output
+
+        return run_parse_output(args)
     overrides = list(args.overrides)
     if getattr(args, "model", None):
         overrides.append(f"model.path={args.model}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, overload
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 import attrs
 
@@ -181,13 +181,7 @@ class ChatPrompt(Sequence):
     def __len__(self) -> int:
         return len(self.messages)
 
-    @overload
-    def __getitem__(self, index: int) -> ChatMessage: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> tuple[ChatMessage, ...]: ...
-
-    def __getitem__(self, index: int | slice) -> ChatMessage | tuple[ChatMessage, ...]:
+    def __getitem__(self, index: Any) -> Any:  # an int gives a turn, a slice a tuple of them
         return self.messages[index]
 
     def __iter__(self) -> Iterator[ChatMessage]:

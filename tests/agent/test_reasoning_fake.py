@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import trio
-from conftest import MODEL, WEATHER, client, hermes_call, parser_cfg, scripted_server, streamed_message
+from agent_helpers import MODEL, WEATHER, client, hermes_call, parser_cfg, scripted_server, streamed_message
 
 from vllm_mlx_trio.testing.fake_executor import FakeTokenizer
 
@@ -76,3 +76,13 @@ async def test_a_template_that_opens_the_block_starts_the_reply_as_reasoning(mon
     # Not opened by the template: the stray closer is dropped, the text before it is content.
     assert off.choices[0].message.reasoning_content is None
     assert "</think>" not in off.choices[0].message.content
+
+
+async def test_logprobs_follow_their_tokens_through_the_parser():
+    text = "<think>ab</think>cd"
+    with trio.fail_after(TIMEOUT_S):
+        whole, chunks = await both(text, parser_cfg("none", "qwen3"), logprobs=True)
+    carried = [ch.choices[0].logprobs for ch in chunks if ch.choices and ch.choices[0].logprobs]
+    streamed = [entry for logprobs in carried for entry in logprobs.content]
+    assert len(whole.choices[0].logprobs.content) == whole.usage.completion_tokens == len(text) + 1  # + EOS
+    assert [e.token for e in streamed] == [e.token for e in whole.choices[0].logprobs.content]

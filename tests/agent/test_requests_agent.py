@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 import trio
-from conftest import MODEL, TIME, WEATHER, parser_cfg, scripted_server
+from agent_helpers import MODEL, TIME, WEATHER, parser_cfg, scripted_server
 
 from vllm_mlx_trio.actors.admission import AdmissionActor, AdmissionLimits
 from vllm_mlx_trio.core.constraint import ConstraintSpec, canonical_json
@@ -162,3 +162,15 @@ async def test_completions_take_no_tools():
             reply = await http.post(f"{srv.url}/v1/completions", json=body)
     assert reply.status_code == 400
     assert json.loads(reply.text)["error"]["code"] == "unsupported_parameter"
+
+
+async def test_forced_calls_in_a_markup_without_a_grammar_are_a_400_naming_the_parser():
+    body = {"model": MODEL, "messages": [ASK], "tools": [WEATHER], "tool_choice": "required"}
+    with trio.fail_after(20):
+        async with scripted_server(parser_cfg("qwen3_coder"), "x") as srv, httpx.AsyncClient() as http:
+            reply = await http.post(f"{srv.url}/v1/chat/completions", json=body)
+            auto = await http.post(f"{srv.url}/v1/chat/completions", json={**body, "tool_choice": "auto"})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == "tool_choice" and "qwen3_coder" in error["message"], error
+    assert auto.status_code == 200  # parsed, not forced: any tool parser will do

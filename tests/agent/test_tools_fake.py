@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import trio
-from conftest import MODEL, TIME, WEATHER, client, hermes_call, parser_cfg, scripted_server, streamed_message
+from agent_helpers import MODEL, TIME, WEATHER, client, hermes_call, parser_cfg, scripted_server, streamed_message
 
 TIMEOUT_S = 30
 ASK = [{"role": "user", "content": "Weather in Paris?"}]

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 from vllm_mlx_trio.parsers import OutputParser, ParsedDelta, ParsedMessage, parse_text
 
+#: Token-like pieces: a markup tag whole (special tokens are), else a word with its leading space, a run of
+#: punctuation, or whitespace (roughly a byte-level BPE pre-tokenizer).
+_TOKEN_LIKE = re.compile(r"<[|｜][^>]*?[|｜]>|<[^<>\s]{1,20}>|\[[A-Z_]+\]| ?\w+| ?[^\w\s<\[]+|\s+|.", re.DOTALL)
+
 
 def chunkings(text: str, *, seed: int = 0) -> dict[str, list[str]]:
-    """The text whole, in 1- and 2-char pieces, and in three random splits."""
+    """The text whole, in 1- and 2-char pieces, token-like pieces, and three random splits."""
     rng = random.Random(seed)
     out = {"whole": [text], "1": list(text), "2": [text[i : i + 2] for i in range(0, len(text), 2)]}
+    out["tokens"] = _TOKEN_LIKE.findall(text)
+    assert "".join(out["tokens"]) == text
     for round_ in range(3):
         cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12)))) if len(text) > 1 else []
         out[f"random{round_}"] = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from vllm_mlx_trio.parsers import TOOL_PARSERS, parse_text
+from vllm_mlx_trio.parsers import TOOL_PARSERS, OutputParser, parse_text
 
 from .helpers import check_all_chunkings
 
@@ -127,7 +127,7 @@ def test_model_given_ids_are_kept():
     mistral = parse_text('[TOOL_CALLS]f[CALL_ID]abc123XYZ[ARGS]{"a": 1}', tool_parser="mistral", reasoning_parser=None)
     assert mistral.tool_calls[0].id == "abc123XYZ"
     generated = parse_text(MISTRAL_NEW, tool_parser="mistral", reasoning_parser=None).tool_calls[0].id
-    assert len(generated) == 9 and generated.isalnum()
+    assert generated.startswith("call_") and generated[5:].isalnum() and len(generated) == 29
 
 
 @pytest.mark.parametrize(
@@ -172,3 +172,34 @@ def test_harmony_call_without_the_tool_parser_is_content(caplog):
     with caplog.at_level(logging.WARNING):
         check_all_chunkings(text, ('{"a": 1}', None, []), tool_parser=None, reasoning_parser="openai_gptoss")
     assert "returned as content" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("tool_parser", "text", "cut_after"),
+    [
+        ("deepseek_v3", DS_V31, "<｜tool▁call▁end｜>"),
+        ("kimi_k2", KIMI, "<|tool_call_end|>"),
+        ("mistral", MISTRAL_NEW, "2}[TOOL_CALLS]"),
+    ],
+)
+def test_a_call_in_a_section_is_sent_when_it_closes(tool_parser, text, cut_after):
+    cut = text.index(cut_after) + len(cut_after)
+    first, rest = text[:cut], text[cut:]
+    parser = OutputParser(tool_parser=tool_parser, reasoning_parser=None)
+    sent = parser.feed(first)
+    assert [(d.tool_index, d.tool_name, json.loads(d.arguments)) for d in sent] == [(0, *WEATHER)]
+    sent = parser.feed(rest) + parser.finish()
+    assert [(d.tool_index, d.tool_name, json.loads(d.arguments)) for d in sent] == [(1, *TIME)]
+    assert parser.message().content is None
+
+
+def test_harmony_header_cut_off_at_the_end_leaks_nothing():
+    text = "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>fin"
+    check_all_chunkings(text, (None, "Think.", []), tool_parser="openai", reasoning_parser="openai_gptoss")
+
+
+def test_calls_without_their_section_marker():
+    kimi = 'Ok <|tool_call_begin|>functions.get_time:0<|tool_call_argument_begin|>{"tz": "CET"}<|tool_call_end|>'
+    check_all_chunkings(kimi, ("Ok", None, [TIME]), tool_parser="kimi_k2", reasoning_parser=None)
+    deepseek = '<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"tz": "CET"}<｜tool▁call▁end｜>'
+    check_all_chunkings(deepseek, (None, None, [TIME]), tool_parser="deepseek_v3", reasoning_parser=None)

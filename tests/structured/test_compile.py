@@ -160,3 +160,21 @@ def test_the_cache_key_covers_every_field():
               spec("tool_calls", [WEATHER], parallel=False), spec("regex", base.body)]  # fmt: skip
     assert len({base.key, *(o.key for o in others)}) == 5
     assert spec("tool_calls", [WEATHER]).key == base.key
+
+
+def test_the_admission_step_builds_the_tokenizer_once_and_sees_an_opened_thinking_block(demo_tiny_dir):
+    from transformers import PreTrainedTokenizerFast
+
+    from vllm_mlx_trio import SamplingParams
+    from vllm_mlx_trio.structured.admission import ConstraintStep
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(demo_tiny_dir / "tokenizer.json"))
+    step = ConstraintStep(vocab_size=512, eos_token_ids=(2,), reasoning_markers=("<think>", "</think>"))
+    plain = SamplingParams(max_tokens=4)
+    assert step.attach(plain, [5, 6], tokenizer) is plain  # no constraint: nothing built
+    params = SamplingParams(constraint=spec("regex", "[0-9]+"))
+    opened = step.attach(params, tokenizer.encode("user: hi\nassistant: <think>"), tokenizer).grammar
+    closed = step.attach(params, tokenizer.encode("<think>done</think>\n"), tokenizer).grammar
+    assert opened.reasoning.starts_inside and not closed.reasoning.starts_inside
+    assert step.compiler.compiles == 2
+    assert step.attach(params, tokenizer.encode("x"), tokenizer).grammar is closed  # cached

@@ -16,7 +16,8 @@ from vllm_mlx_trio.worker.sampling import make_request_processors
 
 pytestmark = pytest.mark.mlx
 
-STOP = (2,)
+STOP = (2, 300)  # EOS and a stop_token_id
+EOS = [0, 2]  # the llguidance tokenizer's (tests/structured/conftest.py)
 PROMPT = mx.array([5, 6, 7])
 
 
@@ -54,7 +55,8 @@ def test_the_mask_follows_the_grammar_then_allows_only_the_stop_ids(choice):
     assert yes[0] in masks[0]
     assert all("yes".startswith(tokenizer.decode_str([t])) or "no".startswith(tokenizer.decode_str([t]))
                for t in masks[0])  # fmt: skip
-    assert masks[-1] == list(STOP)  # the grammar is complete: only the request's stop ids
+    assert masks[-1] == sorted({*EOS, *STOP})  # the grammar is complete: only EOS and the request's stop ids
+    assert 300 not in masks[0]
 
 
 def test_a_resumed_row_replays_its_tokens(choice):
@@ -82,6 +84,20 @@ def test_the_constraint_is_the_last_processor(choice):
     for processor in processors:
         logits = processor(PROMPT, logits)
     assert 3 not in allowed(logits)  # the bias cannot lift a token the grammar forbids
+
+
+def test_a_complete_grammar_ends_the_row_even_before_min_tokens(choice):
+    compiled, tokenizer = choice
+    params = SamplingParams(min_tokens=50, constraint=compiled.spec, grammar=compiled)
+    processors = make_request_processors(params, stop_ids=STOP)
+    context, yes = PROMPT, tokenizer.tokenize_str("yes")
+    for step in range(len(yes) + 1):
+        logits = mx.zeros((1, tokenizer.vocab_size))
+        for processor in processors:
+            logits = processor(context, logits)
+        if step < len(yes):
+            context = mx.concatenate([context, mx.array([yes[step]])])
+    assert allowed(logits) == sorted({*EOS, *STOP})
 
 
 def test_an_uncompiled_constraint_fails_its_row_only():

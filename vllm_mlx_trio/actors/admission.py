@@ -96,13 +96,14 @@ class AdmissionActor:
         self._limiter = trio.CapacityLimiter(max(1, preprocess_threads))
         #: Tokenizer copies no thread is using (one per thread, made when the actor starts).
         self._free_tokenizers: list[Tokenizer] = []
-        #: Compiles response_format / guided / forced tool-call constraints (structured/).
         #: The model's output parsers; its reasoning markers let a constraint allow the
         #: thinking block first, and tell whether a prompt starts the reply inside it.
         self._output_format = output_format or OutputFormat()
-        markers = self._output_format.reasoning_markers
+        #: Compiles response_format / guided / forced tool-call constraints (structured/).
         self._constraints = constraints or ConstraintStep(
-            tokenizer, vocab_size=limits.vocab_size, reasoning_markers=markers
+            vocab_size=limits.vocab_size,
+            eos_token_ids=tuple(sorted(getattr(tokenizer, "eos_token_ids", None) or ())),
+            reasoning_markers=self._output_format.reasoning_markers,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -196,12 +197,18 @@ class AdmissionActor:
                 self._limiter.release_on_behalf_of(borrower)
 
     async def _compile_constraint(self, params: SamplingParams, prompt_token_ids: list[int]) -> SamplingParams:
-        """Compile the request's output constraint in a thread (inline when preprocess_threads = 0)."""
+        """Compile the request's output constraint in a preprocessing thread, with its tokenizer
+        copy (inline with ours when preprocess_threads = 0)."""
         if params.constraint is None:
             return params
         if self._threads == 0:
-            return self._constraints.attach(params, prompt_token_ids)
-        return await trio.to_thread.run_sync(self._constraints.attach, params, prompt_token_ids)
+            return self._constraints.attach(params, prompt_token_ids, self._tokenizer)
+        async with self._limiter:
+            tokenizer = self._free_tokenizers.pop()
+            try:
+                return await trio.to_thread.run_sync(self._constraints.attach, params, prompt_token_ids, tokenizer)
+            finally:
+                self._free_tokenizers.append(tokenizer)
 
     def check_media(self, prompt: Prompt) -> None:
         """Refuse content parts of kinds this model does not take (a text-only model: all)."""

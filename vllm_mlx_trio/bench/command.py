@@ -84,6 +84,13 @@ def add_bench_parser(commands, config_args: ConfigArgs) -> None:
     pre.add_argument("--runs", type=_positive, default=3, help="runs per setting, alternating (default 3)")
     pre.add_argument("--prompt-tokens", type=_positive, default=32_768, help="big prompt size (default 32768)")
 
+    structured = sub.add_parser("structured", help="tok/s of a JSON-constrained row and its neighbours in a batch")
+    config_args(structured)
+    structured.add_argument("--model", default=None, help="model path (default: the config's)")
+    structured.add_argument("--runs", type=_positive, default=3, help="runs per setting, alternating (default 3)")
+    structured.add_argument("--rows", type=_positive, default=4, help="rows in the batch (default 4)")
+    structured.add_argument("--max-tokens", type=_positive, default=64, help="tokens per row (default 64)")
+
     prefix = sub.add_parser("prefix-cache", help="pass/fail table of prefix-cache hits and misses")
     config_args(prefix)
     prefix.add_argument("--model", default=None, help="model path (default: the config's, demo:tiny)")
@@ -130,6 +137,8 @@ def run_bench(cfg, args: argparse.Namespace) -> int:
         return _ttft(cfg, args)
     if args.bench_command == "preprocess":
         return _preprocess(cfg, args)
+    if args.bench_command == "structured":
+        return _structured(cfg, args)
     if args.bench_command == "soak":
         from .soak import run_soak_command
 
@@ -238,5 +247,24 @@ def _preprocess(cfg, args: argparse.Namespace) -> int:
     ]
     title = "== streams while a huge prompt is admitted"
     lines = [title, format_machine(machine_info()), format_table(rows, list(rows[0]))]
+    print("\n".join(lines + [f"note: {n}" for n in notes]), flush=True)
+    return 0
+
+
+def _structured(cfg, args: argparse.Namespace) -> int:
+    import trio
+
+    from .machine import format_machine, machine_info
+    from .report import format_table
+    from .structured_bench import measure_structured
+
+    rows = trio.run(lambda: measure_structured(cfg, args.runs, rows=args.rows, max_tokens=args.max_tokens))
+    notes = [
+        f"model {cfg.model.path}, batched; {args.rows} greedy rows of {args.max_tokens} tokens, row 0 json_object "
+        "in the constrained setting",
+        "tok/s per row after its first delta; median (min-max) of the runs; ratios to the unconstrained median",
+    ]
+    table = format_table(rows, list(rows[0]))
+    lines = ["== structured output in a shared batch", format_machine(machine_info()), table]
     print("\n".join(lines + [f"note: {n}" for n in notes]), flush=True)
     return 0

@@ -22,6 +22,7 @@ import attrs
 
 from ..core.constraint import ConstraintSpec, canonical_json
 from ..messages import CalledTool, ChatMessage, ChatPrompt, ContentPart
+from ..structured.tools import TOOL_CALL_FORMATS
 from . import schemas
 from .schema_errors import bad
 
@@ -84,6 +85,15 @@ def _tool_names(tools: list[schemas.Tool]) -> list[str]:
 
 
 def _forced(tools: tuple[dict[str, Any], ...], tool_parser: str, *, parallel: bool) -> ConstraintSpec:
+    """Forced calls in ``tool_parser``'s markup; a markup no grammar is written for is a 400
+    here, before the request is queued (admission's compile would refuse it too)."""
+    if tool_parser not in TOOL_CALL_FORMATS:
+        known = ", ".join(TOOL_CALL_FORMATS)
+        raise bad(
+            f"tool_choice \"required\" or a named function cannot be enforced for this model's tool parser "
+            f"{tool_parser!r} (forced calls support {known}); use tool_choice \"auto\".",
+            "tool_choice",
+        )
     return ConstraintSpec(
         kind="tool_calls", body=canonical_json(list(tools)), tool_call_format=tool_parser, parallel=parallel
     )

@@ -7,7 +7,7 @@ Pure (no trio, no mlx, no quart). One :class:`OutputParser` per choice; names fo
 from .detect import detect_reasoning_parser, detect_tool_parser
 from .output import OutputParser, parse_text
 from .reasoning import prompt_ends_in_reasoning, reasoning_markers
-from .registry import REASONING_PARSERS, TOOL_PARSERS
+from .registry import REASONING_PARSERS, TOOL_PARSERS, markup_strings
 from .types import ParsedDelta, ParsedMessage, ToolCall
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "ToolCall",
     "detect_reasoning_parser",
     "detect_tool_parser",
+    "markup_strings",
     "parse_text",
     "prompt_ends_in_reasoning",
     "reasoning_markers",

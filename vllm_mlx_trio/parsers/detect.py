@@ -15,6 +15,10 @@ _TOOL_MARKERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("llama3_json", ("<|python_tag|>",)),
 )
 
+#: Llama 3.2's JSON template has no ``<|python_tag|>``: it asks for ``{"name": ..., "parameters": ...}``.
+_LLAMA_HEADER = "<|start_header_id|>"
+_LLAMA_JSON_HINTS = ('"parameters"', "Environment: ipython")
+
 #: DeepSeek's role tokens: a template with them and ``<think>`` is DeepSeek-R1's family.
 _DEEPSEEK_MARKERS = ("<｜Assistant｜>", "<｜User｜>")
 
@@ -26,6 +30,8 @@ def detect_tool_parser(chat_template: str | None) -> str | None:
     for name, markers in _TOOL_MARKERS:
         if any(marker in chat_template for marker in markers):
             return name
+    if _LLAMA_HEADER in chat_template and any(hint in chat_template for hint in _LLAMA_JSON_HINTS):
+        return "llama3_json"
     return None
 
 

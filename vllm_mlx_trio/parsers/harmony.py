@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Sequence
 
 from .json_formats import decode_arguments, decode_json_values
 from .text import find_first, partial_marker_len
@@ -29,6 +28,8 @@ TERMINATORS = ("<|end|>", "<|call|>", "<|return|>", START)
 _HEADER_OPENERS = (START, CHANNEL, "to=")
 #: A header longer than this without ``<|message|>`` is not one (the text goes out as content).
 MAX_HEADER_CHARS = 512
+#: Every harmony marker (special tokens: the detokenizer must keep them).
+MARKUP = (START, CHANNEL, MESSAGE, "<|constrain|>", "<|end|>", "<|call|>", "<|return|>")
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
 _FUNCTIONS = "functions."
 
@@ -36,7 +37,7 @@ _FUNCTIONS = "functions."
 class HarmonyStream:
     """The harmony state machine: headers, then bodies streamed by channel until their terminator."""
 
-    def __init__(self, *, calls: bool, tools: Sequence[dict] | None = None, starts_in_reasoning: bool = False) -> None:
+    def __init__(self, *, calls: bool, starts_in_reasoning: bool = False) -> None:
         self._calls = calls
         self._pending = ""
         #: The prompt may end with ``<|channel|>analysis<|message|>``: the output starts in the body.
@@ -61,10 +62,8 @@ class HarmonyStream:
     def finish(self) -> list[ParsedDelta]:
         out: list[ParsedDelta] = []
         rest, self._pending = self._pending, ""
-        if self._in_header:
-            if rest.strip() and rest.strip() not in ("<|start|>assistant", START):
-                logger.warning("harmony: unfinished header returned as content: %.200r", rest)
-                out.append(ParsedDelta(content=rest))
+        if self._in_header:  # a header cut off (max_tokens): markup with no text, dropped
+            logger.debug("harmony: unfinished header at the end: %.200r", rest)
         elif self._recipient is not None:
             self._emit_call(rest, out)
         else:

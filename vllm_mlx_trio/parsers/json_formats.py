@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 from .tool_stream import ToolFormat
-from .types import MarkupError, RawCall, new_call_id
+from .types import MarkupError, RawCall
 
 _DECODER = json.JSONDecoder()
 
@@ -57,7 +57,7 @@ class HermesFormat(ToolFormat):
 
     name = "hermes"
     regions = (("<tool_call>", "</tool_call>"),)
-    template_markers = ("<tool_call>",)
+    markup = ("<tool_call>", "</tool_call>")
 
     def parse_region(self, start: str, body: str) -> list[RawCall]:
         values = decode_json_values(body)
@@ -75,7 +75,7 @@ class Llama3JsonFormat(ToolFormat):
 
     name = "llama3_json"
     regions = (("<|python_tag|>", None),)
-    template_markers = ("<|python_tag|>",)
+    markup = ("<|python_tag|>",)
     _END_TOKENS = re.compile(r"\s*(?:<\|eom_id\|>|<\|eot_id\|>)\s*$")
 
     def bare_call_start(self, text: str) -> bool | None:
@@ -93,17 +93,17 @@ class MistralFormat(ToolFormat):
     """``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` (older) or ``[TOOL_CALLS]name[ARGS]{...}``
     repeated per call (tokenizer v11+), optionally ``name[CALL_ID]id[ARGS]{...}``.
 
-    Ids: Mistral's templates require 9 alphanumerics, so generated ids have that form (as vLLM's).
+    Ids: Mistral's templates take the last 9 characters of an id, so ``call_`` + 24 works.
     """
 
     name = "mistral"
     regions = (("[TOOL_CALLS]", None),)
-    template_markers = ("[TOOL_CALLS]",)
-    #: Mistral chat templates reject tool-call ids that are not 9 alphanumerics.
-    ID_CHARS = 9
+    markup = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")
 
-    def new_id(self) -> str:
-        return new_call_id(self.ID_CHARS, prefix="")
+    def ready_call(self, region_text: str) -> int | None:
+        """A call is whole once the next ``[TOOL_CALLS]`` starts."""
+        following = region_text.find(self.regions[0][0], 1)
+        return following if following > 0 else None
 
     def parse_region(self, start: str, body: str) -> list[RawCall]:
         calls: list[RawCall] = []

@@ -38,9 +38,7 @@ class OutputParser:
         if tool_parser == HARMONY_TOOLS or reasoning_parser == HARMONY_REASONING:
             from .harmony import HarmonyStream
 
-            self._harmony = HarmonyStream(
-                calls=tool_parser == HARMONY_TOOLS, tools=tools, starts_in_reasoning=starts_in_reasoning
-            )
+            self._harmony = HarmonyStream(calls=tool_parser == HARMONY_TOOLS, starts_in_reasoning=starts_in_reasoning)
             return
         reasoning_cls = REASONING_PARSERS.get(reasoning_parser) if reasoning_parser else None
         self._reasoning = reasoning_cls(starts_in_reasoning=starts_in_reasoning) if reasoning_cls else None

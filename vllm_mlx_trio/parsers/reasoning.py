@@ -34,6 +34,12 @@ class ThinkTagReasoning:
 
     def feed(self, text: str) -> list[tuple[Kind, str]]:
         """Pieces of ``text`` as (kind, text), in order; partial markers are held back."""
+        if not self._pending and self.end[0] not in text:  # fast path: no marker can start in it
+            if self._state == "content" and not self._strip_content_start:
+                return [("content", text)] if text else []
+            if self._state == "reasoning":
+                piece = self._reasoning.push(text)
+                return [("reasoning", piece)] if piece else []
         self._pending += text
         out: list[tuple[Kind, str]] = []
         while self._pending:

@@ -30,4 +30,19 @@ class HarmonyTools:
 
 TOOL_PARSERS: dict[str, type] = {cls.name: cls for cls in (*_FORMATS, HarmonyTools)}
 
-__all__ = ["HARMONY_REASONING", "HARMONY_TOOLS", "REASONING_PARSERS", "TOOL_PARSERS"]
+
+def markup_strings(tool_parser: str | None, reasoning_parser: str | None) -> frozenset[str]:
+    """The markup the parsers read; the text fed to them must keep it, though many are special tokens."""
+    from .harmony import MARKUP as HARMONY_MARKUP
+
+    strings: set[str] = set()
+    if HARMONY_TOOLS in (tool_parser, reasoning_parser) or reasoning_parser == HARMONY_REASONING:
+        strings.update(HARMONY_MARKUP)
+    if tool_parser and tool_parser != HARMONY_TOOLS:
+        strings.update(TOOL_PARSERS[tool_parser].markup)
+    if reasoning_parser and reasoning_parser != HARMONY_REASONING:
+        strings.update((REASONING_PARSERS[reasoning_parser].start, REASONING_PARSERS[reasoning_parser].end))
+    return frozenset(strings)
+
+
+__all__ = ["HARMONY_REASONING", "HARMONY_TOOLS", "REASONING_PARSERS", "TOOL_PARSERS", "markup_strings"]

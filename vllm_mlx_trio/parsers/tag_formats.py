@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import ClassVar
 
 from .json_formats import decode_arguments, decode_json_values
 from .schema_values import coerce_value, property_schema
@@ -17,6 +18,14 @@ def _check_name(name: str) -> str:
     if not _NAME.fullmatch(name):
         raise MarkupError(f"bad tool name {name[:80]!r}")
     return name
+
+
+def _ready_between(text: str, begin: str, end: str) -> int | None:
+    """Length of ``begin ... end`` at the start of ``text`` (after whitespace), once the end marker came."""
+    if not text.lstrip().startswith(begin):
+        return None
+    at = text.find(end)
+    return None if at < 0 else at + len(end)
 
 
 def _one_json_object(text: str) -> dict:
@@ -35,7 +44,7 @@ class Qwen3CoderFormat(ToolFormat):
 
     name = "qwen3_coder"
     regions = (("<tool_call>", "</tool_call>"), ("<function=", "</function>"))
-    template_markers = ("<function=",)
+    markup = ("<tool_call>", "</tool_call>")
     _FUNCTION = re.compile(r"<function=([^>\n]*)>(.*?)(?:</function>|\Z)", re.DOTALL)
     _PARAMETER = re.compile(r"<parameter=([^>\n]*)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
 
@@ -68,7 +77,7 @@ class Glm45Format(ToolFormat):
 
     name = "glm45"
     regions = (("<tool_call>", "</tool_call>"),)
-    template_markers = ("<arg_key>",)
+    markup = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
     _PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
     def parse_region(self, start: str, body: str) -> list[RawCall]:
@@ -85,7 +94,38 @@ class Glm45Format(ToolFormat):
         return [RawCall(name=name, arguments=arguments)]
 
 
-class DeepSeekV3Format(ToolFormat):
+class _SectionFormat(ToolFormat):
+    """A section of calls, each ``CALL_BEGIN ... CALL_END``; each call is sent once it ends.
+
+    A call written without its section (the model dropped the section marker) is read too.
+    """
+
+    CALL_BEGIN: ClassVar[str]
+    CALL_END: ClassVar[str]
+
+    def ready_call(self, region_text: str) -> int | None:
+        return _ready_between(region_text, self.CALL_BEGIN, self.CALL_END)
+
+    def parse_region(self, start: str, body: str) -> list[RawCall]:
+        if start == self.CALL_BEGIN:  # a lone call: body is its inside
+            return [self._call(body)]
+        parts = body.split(self.CALL_BEGIN)
+        if parts[0].strip():
+            raise MarkupError("text before the first call")
+        return [self._call(part) for part in parts[1:]]
+
+    def _call(self, part: str) -> RawCall:
+        """One call from the text after its ``CALL_BEGIN`` (up to and with its ``CALL_END``, if any)."""
+        inner, found, after = part.partition(self.CALL_END)
+        if found and after.strip():
+            raise MarkupError("text after a call")
+        return self._read_call(inner)
+
+    def _read_call(self, inner: str) -> RawCall:
+        raise NotImplementedError
+
+
+class DeepSeekV3Format(_SectionFormat):
     """DeepSeek V3 / R1:
     ``<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>name\\n```json\\n{...}\\n```<｜tool▁call▁end｜>``
     ... ``<｜tool▁calls▁end｜>``; also V3.1's
@@ -94,20 +134,13 @@ class DeepSeekV3Format(ToolFormat):
 
     name = "deepseek_v3"
     CALL_BEGIN, SEP, CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"
-    regions = (("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),)
-    template_markers = ("<｜tool▁calls▁begin｜>",)
+    regions = (("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"), (CALL_BEGIN, CALL_END))
+    markup = (regions[0][0], CALL_BEGIN, SEP, CALL_END, regions[0][1])
     _FENCED = re.compile(r"\s*([^\s`]+)\s*```(?:json)?\s*(.*?)\s*```\s*\Z", re.DOTALL)
 
-    def parse_region(self, start: str, body: str) -> list[RawCall]:
-        parts = body.split(self.CALL_BEGIN)
-        if parts[0].strip():
-            raise MarkupError("text before the first call")
-        return [self._call(part) for part in parts[1:]]
-
-    def _call(self, part: str) -> RawCall:
-        inner, found, after = part.partition(self.CALL_END)
-        if (found and after.strip()) or self.SEP not in inner:
-            raise MarkupError("malformed call")
+    def _read_call(self, inner: str) -> RawCall:
+        if self.SEP not in inner:
+            raise MarkupError("no tool separator in the call")
         head, rest = inner.split(self.SEP, 1)
         fenced = self._FENCED.match(rest)
         if fenced:
@@ -115,7 +148,7 @@ class DeepSeekV3Format(ToolFormat):
         return RawCall(name=_check_name(head), arguments=_one_json_object(rest))
 
 
-class KimiK2Format(ToolFormat):
+class KimiK2Format(_SectionFormat):
     """Kimi K2: ``<|tool_calls_section_begin|><|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}
     <|tool_call_end|><|tool_calls_section_end|>``; the model's ``functions.name:0`` is the call's id.
     """
@@ -125,20 +158,14 @@ class KimiK2Format(ToolFormat):
     regions = (
         ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
         ("<|tool_call_section_begin|>", "<|tool_call_section_end|>"),
+        (CALL_BEGIN, CALL_END),
     )
-    template_markers = ("<|tool_calls_section_begin|>",)
+    markup = (*{marker for region in regions for marker in region}, ARGS)
     _ID = re.compile(r"\s*((?:functions\.)?([\w.\-]+?)(?::\d+)?)\s*\Z")
 
-    def parse_region(self, start: str, body: str) -> list[RawCall]:
-        parts = body.split(self.CALL_BEGIN)
-        if parts[0].strip():
-            raise MarkupError("text before the first call")
-        return [self._call(part) for part in parts[1:]]
-
-    def _call(self, part: str) -> RawCall:
-        inner, found, after = part.partition(self.CALL_END)
-        if (found and after.strip()) or self.ARGS not in inner:
-            raise MarkupError("malformed call")
+    def _read_call(self, inner: str) -> RawCall:
+        if self.ARGS not in inner:
+            raise MarkupError("no arguments marker in the call")
         head, args = inner.split(self.ARGS, 1)
         match = self._ID.match(head)
         if match is None:

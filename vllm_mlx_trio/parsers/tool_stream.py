@@ -24,8 +24,8 @@ class ToolFormat:
     name: ClassVar[str]
     #: (start marker, end marker) of each kind of markup region; end None: to the end of the text.
     regions: ClassVar[tuple[tuple[str, str | None], ...]]
-    #: Text the parser detects in a chat template (see detect.py).
-    template_markers: ClassVar[tuple[str, ...]] = ()
+    #: Every markup string of the family (many are special tokens the detokenizer must keep).
+    markup: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, tools: Sequence[dict] | None = None) -> None:
         self.tools = {
@@ -37,6 +37,10 @@ class ToolFormat:
     def parse_region(self, start: str, body: str) -> list[RawCall]:
         """The calls in one region (``body`` is between the markers); raises MarkupError."""
         raise NotImplementedError
+
+    def ready_call(self, region_text: str) -> int | None:
+        """Length of a whole call at the start of an open region's text, to send before the region ends."""
+        return None
 
     def bare_call_start(self, text: str) -> bool | None:
         """At the start of the content: does ``text`` open an unmarked call (True), not (False), unsure (None)?"""
@@ -57,8 +61,18 @@ class ToolStream:
         self._at_start = fmt is not None
         self._trimmer = MarkupTrimmer()
         self._next_index = 0
+        self._region_read = False
+        self._region_parsed = False
+        self._openers = frozenset(start[0] for start in self._starts)
+        self._scan_from = 0
 
     def feed(self, text: str) -> list[ParsedDelta]:
+        if self._region is None and not self._at_start and not self._pending and not self._may_open(text):
+            content = self._trimmer.push(text)  # fast path: no markup can start in it
+            return [ParsedDelta(content=content)] if content else []
+        if self._region is not None:
+            # Where the end marker may start: it was not in the text held already.
+            self._scan_from = max(0, len(self._pending) - len(self._region[1] or "") + 1)
         self._pending += text
         out: list[ParsedDelta] = []
         while self._pending:
@@ -73,14 +87,17 @@ class ToolStream:
                 break
         return [d for d in out if d != ParsedDelta()]
 
+    def _may_open(self, text: str) -> bool:
+        return any(ch in text for ch in self._openers)
+
     def finish(self) -> list[ParsedDelta]:
         out: list[ParsedDelta] = []
         rest, self._pending = self._pending, ""
         if self._region is not None:
-            start, _ = self._region
-            self._close_region(start, rest, rest, out, quiet=start == "")
+            self._close_region(self._region[0], rest, "", out)
         elif self._at_start and self._fmt is not None and self._fmt.bare_call_start(rest):
-            self._close_region("", rest, rest, out, quiet=True)
+            self._region = ("", None)
+            self._close_region("", rest, "", out)
         else:
             out.append(ParsedDelta(content=self._trimmer.push(rest)))
         out.append(ParsedDelta(content=self._trimmer.flush()))
@@ -110,33 +127,62 @@ class ToolStream:
         self._region = next(region for region in self._fmt.regions if region[0] == start)
 
     def _step_region(self, out: list[ParsedDelta]) -> None:
-        assert self._region is not None
+        assert self._region is not None and self._fmt is not None
         start, end = self._region
-        if end is None:
+        end_at = self._pending.find(end, self._scan_from) if end else -1
+        self._scan_from = 0
+        ready = self._fmt.ready_call(self._pending)
+        if ready is not None and (end_at < 0 or ready <= end_at):
+            piece, self._pending = self._pending[:ready], self._pending[ready:]
+            self._read_markup(start, piece, "", out, last=False)
             return
-        at = self._pending.find(end)
-        if at < 0:
+        if end is None or end_at < 0:
             return
-        body = self._pending[:at]
-        self._pending = self._pending[at + len(end) :]
-        self._close_region(start, body, start + body + end, out, quiet=start == "")
+        body = self._pending[:end_at]
+        self._pending = self._pending[end_at + len(end) :]
+        self._close_region(start, body, end, out)
 
-    def _close_region(self, start: str, body: str, raw: str, out: list[ParsedDelta], *, quiet: bool = False) -> None:
-        """A whole region: its calls as deltas, or its raw text as content if it does not parse."""
-        assert self._fmt is not None
+    def _close_region(self, start: str, body: str, end: str, out: list[ParsedDelta]) -> None:
+        """The end of a region: the rest of its text (``end``: its end marker, "" at the end of the output)."""
         self._region = None
+        self._read_markup(start, body, end, out, last=True)
+
+    def _read_markup(self, start: str, body: str, end: str, out: list[ParsedDelta], *, last: bool) -> None:
+        """Markup text as calls, or as content as written if it does not parse (with a WARNING).
+
+        A region may be read in pieces (a section of several calls, each sent once complete):
+        ``_region_read`` says a piece of this region was read already, ``_region_parsed`` that one gave calls.
+        """
+        assert self._fmt is not None
+        continued, self._region_read = self._region_read, not last
+        if not continued:
+            self._region_parsed = False
+        if continued and not body.strip():  # the end of a region read piece by piece
+            if self._region_parsed:
+                self._trimmer.markup()
+            else:  # every piece went back as text: so does the end marker
+                out.append(ParsedDelta(content=self._trimmer.push(body + end)))
+            return
         try:
             calls = self._fmt.parse_region(start, body)
             if not calls:
                 raise MarkupError("no call in the markup")
         except MarkupError as exc:
-            if not quiet:
+            raw = ("" if continued else start) + body + end
+            if start:  # an unmarked (bare JSON) reply that is not a call is just the answer
                 logger.warning("%s tool parser: markup returned as content (%s): %.200r", self._fmt.name, exc, raw)
-            out.append(ParsedDelta(content=self._trimmer.push(start + body if raw is body else raw)))
+            out.append(ParsedDelta(content=self._trimmer.push(raw)))
             return
+        self._region_parsed = True
         self._trimmer.markup()
+        out.extend(self._call_deltas(calls))
+
+    def _call_deltas(self, calls: list[RawCall]) -> list[ParsedDelta]:
+        """One delta per whole call: its index, id, name and arguments."""
+        assert self._fmt is not None
+        deltas = []
         for call in calls:
-            out.append(
+            deltas.append(
                 ParsedDelta(
                     tool_index=self._next_index,
                     tool_id=call.id or self._fmt.new_id(),
@@ -145,3 +191,4 @@ class ToolStream:
                 )
             )
             self._next_index += 1
+        return deltas

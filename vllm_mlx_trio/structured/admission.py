@@ -1,14 +1,17 @@
 """The admission step of structured output: compile a request's constraint for this model.
 
-Called by ``actors/admission.py`` in a preprocessing thread (never on the event loop: the
-first constrained request builds the llguidance tokenizer, ~1 s at a 151 k vocabulary).
+Called by ``actors/admission.py`` in a preprocessing thread, with that thread's tokenizer
+copy (never the event loop's tokenizer, never on the event loop: the first constrained
+request builds the llguidance tokenizer, ~1 s at a 151 k vocabulary).
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import attrs
+from llguidance import LLTokenizer
 
 from ..core.constraint import ReasoningMarkers
 from ..core.params import SamplingParams
@@ -24,29 +27,40 @@ class ConstraintStep:
 
     def __init__(
         self,
-        tokenizer: Any,
         *,
         vocab_size: int,
+        eos_token_ids: tuple[int, ...] = (),
         reasoning_markers: tuple[str, str] | None = None,
         cache_size: int = GRAMMAR_CACHE_SIZE,
     ):
-        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._eos = eos_token_ids
         self._markers = reasoning_markers
-        eos = tuple(sorted(getattr(tokenizer, "eos_token_ids", None) or ()))
-        self.compiler = ConstraintCompiler(
-            lambda: llg_tokenizer_from(tokenizer, vocab_size=vocab_size, eos_token_ids=eos), cache_size=cache_size
-        )
+        self._llg: LLTokenizer | None = None
+        self._lock = threading.Lock()
+        self.compiler = ConstraintCompiler(self._built_llg_tokenizer, cache_size=cache_size)
 
-    def attach(self, params: SamplingParams, prompt_token_ids: list[int] | tuple[int, ...]) -> SamplingParams:
-        """``params`` with its constraint compiled (unchanged when it has none)."""
+    def attach(
+        self, params: SamplingParams, prompt_token_ids: list[int] | tuple[int, ...], tokenizer: Any
+    ) -> SamplingParams:
+        """``params`` with its constraint compiled (unchanged when it has none). ``tokenizer``
+        is the calling thread's own (mlx-lm's wrapper): the llguidance tokenizer is built from
+        it once, and it reads the prompt's tail for the reasoning markers."""
         if params.constraint is None:
             return params
-        compiled = self.compiler.compile(params.constraint, reasoning=self._reasoning(prompt_token_ids))
-        return attrs.evolve(params, grammar=compiled)
+        with self._lock:
+            if self._llg is None:
+                self._llg = llg_tokenizer_from(tokenizer, vocab_size=self._vocab_size, eos_token_ids=self._eos)
+        reasoning = self._reasoning(prompt_token_ids, tokenizer)
+        return attrs.evolve(params, grammar=self.compiler.compile(params.constraint, reasoning=reasoning))
 
-    def _reasoning(self, prompt_token_ids: list[int] | tuple[int, ...]) -> ReasoningMarkers | None:
+    def _built_llg_tokenizer(self) -> LLTokenizer:
+        assert self._llg is not None, "attach builds it first"
+        return self._llg
+
+    def _reasoning(self, prompt_token_ids: list[int] | tuple[int, ...], tokenizer: Any) -> ReasoningMarkers | None:
         if self._markers is None:
             return None
         start, end = self._markers
-        tail = self._tokenizer.decode(list(prompt_token_ids[-PROMPT_TAIL_TOKENS:]))
+        tail = tokenizer.decode(list(prompt_token_ids[-PROMPT_TAIL_TOKENS:]))
         return ReasoningMarkers(start, end, starts_inside=tail.rfind(start) > tail.rfind(end))

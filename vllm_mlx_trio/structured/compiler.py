@@ -95,11 +95,20 @@ def _invalid(spec: ConstraintSpec, error: str) -> InvalidRequestError:
 def llg_tokenizer_from(tokenizer: Any, *, vocab_size: int, eos_token_ids: tuple[int, ...]) -> LLTokenizer:
     """The llguidance tokenizer of an mlx-lm ``TokenizerWrapper`` (or a Hugging Face fast
     tokenizer): built from its ``tokenizers`` JSON; ~1 s at a 151 k vocabulary."""
-    hf = getattr(tokenizer, "_tokenizer", tokenizer)
-    backend = getattr(hf, "backend_tokenizer", None)
+    backend = _tokenizers_backend(tokenizer)
     if backend is None:
         raise InvalidRequestError("Structured output needs a fast (tokenizers) tokenizer; this model has none.")
     return LLTokenizer(backend.to_str(), n_vocab=vocab_size, eos_token=list(eos_token_ids) or None)
+
+
+def _tokenizers_backend(tokenizer: Any) -> Any:
+    """The ``tokenizers.Tokenizer`` inside mlx-lm's wrapper or a Hugging Face fast tokenizer."""
+    for _ in range(3):  # wrapper -> PreTrainedTokenizerFast -> tokenizers.Tokenizer
+        if hasattr(tokenizer, "to_str"):
+            return tokenizer
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        tokenizer = backend if backend is not None else getattr(tokenizer, "_tokenizer", None)
+    return tokenizer if hasattr(tokenizer, "to_str") else None
 
 
 class ConstraintCompiler:

@@ -4,7 +4,8 @@ The matcher computes which tokens may come next (a bitmask, one bit per token, ~
 mask is applied in MLX on whatever device runs the model (llguidance's own ``llguidance.mlx``
 helper is a Metal kernel and fails on the CPU backend): the words are unpacked with a shift
 and an and, and disallowed logits become -inf. Once the grammar may end, the request's stop
-ids are allowed too; once it must end, only they are.
+ids are allowed too; once it must end, only they and EOS are (EOS goes on being allowed
+under ``ignore_eos``, until ``max_tokens``).
 """
 
 from __future__ import annotations
@@ -56,24 +57,25 @@ def grammar_processor(
         nonlocal calls
         if calls == 0 and generated and not matcher.consume_tokens(list(generated)):
             raise GrammarViolation(f"resumed tokens do not match the grammar: {matcher.get_error()}")
-        if calls > 0 and not matcher.is_stopped():
+        if calls > 0:
             token = int(context[-1].item())
             if not matcher.consume_token(token):
                 raise GrammarViolation(f"token {token} is outside the grammar: {matcher.get_error()}")
         calls += 1
+        if matcher.is_stopped():  # only EOS / stop ids remain: they win over min_tokens' ban
+            logits = mx.zeros_like(logits)
         return apply_bitmask(logits, _allowed_words(matcher, stop_array))
 
     return constrain
 
 
 def _allowed_words(matcher, stop_ids: np.ndarray) -> np.ndarray:
-    """The matcher's mask, with the request's stop ids wherever the grammar may end."""
-    if matcher.is_stopped():
-        words = np.zeros((int(stop_ids.max(initial=0)) >> 5) + 1, dtype=np.uint32)
-    else:
-        words = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint32).copy()
-        if not matcher.is_accepting():
-            return words
-    if stop_ids.size:
-        np.bitwise_or.at(words, stop_ids >> 5, (np.uint32(1) << (stop_ids & 31).astype(np.uint32)))
+    """The matcher's mask (only EOS once the grammar must end), with the request's stop ids
+    wherever the grammar may end."""
+    words = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint32).copy()
+    if stop_ids.size and matcher.is_accepting():
+        needed = (int(stop_ids.max()) >> 5) + 1
+        if words.shape[0] < needed:
+            words = np.concatenate([words, np.zeros(needed - words.shape[0], dtype=np.uint32)])
+        np.bitwise_or.at(words, stop_ids >> 5, np.uint32(1) << (stop_ids & 31).astype(np.uint32))
     return words

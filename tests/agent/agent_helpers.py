@@ -1,11 +1,13 @@
-"""Shared helpers for the agent-API tests: servers on the FakeExecutor with scripted text."""
+"""Shared helpers for the agent-API tests: servers on the FakeExecutor with scripted text.
+
+(A module of its own, not a conftest.py: tests/structured has a conftest.py too, and test
+modules import their helpers by name.)"""
 
 from __future__ import annotations
 
 import json
 
 import openai
-import pytest
 
 from vllm_mlx_trio.config import load_config
 from vllm_mlx_trio.testing.fake_executor import text_script
@@ -79,8 +81,3 @@ def streamed_message(chunks) -> dict:
                 entry["arguments"] += call.function.arguments
         finish = choice.finish_reason or finish
     return {"content": content, "reasoning": reasoning, "calls": [calls[i] for i in sorted(calls)], "finish": finish}
-
-
-@pytest.fixture
-def hermes_cfg():
-    return parser_cfg("hermes", "none")
