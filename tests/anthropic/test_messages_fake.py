@@ -174,6 +174,9 @@ BAD = [
     ("citations", {"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "citations": [{}]}]}]},
      "citations"),
     ("temperature range", {"temperature": 7}, "temperature"),
+    ("image on a text-only model",
+     {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x/a.png"}}]}]},
+     "not supported by this model"),
     ("max_tokens range", {"max_tokens": 0}, "max_tokens"),
 ]  # fmt: skip
 
