@@ -17,6 +17,7 @@ import trio
 from vllm_mlx_trio.config import API_KEYS_ENV
 from vllm_mlx_trio.errors import ExecutorCrashedError
 from vllm_mlx_trio.http.anthropic import routes as anthropic_routes
+from vllm_mlx_trio.http.auth import INVALID_KEY_MESSAGE, MISSING_KEY_MESSAGE, ApiKeys
 from vllm_mlx_trio.testing.fake_executor import StepGate, text_script
 from vllm_mlx_trio.testing.harness import fake_executor_factory, open_server
 from vllm_mlx_trio.testing.polling import engine_idle, wait_until
@@ -289,3 +290,12 @@ async def test_disconnect_mid_stream_frees_the_request(fake_cfg):
         line.startswith("vllm:http_requests_client_disconnected_total") and line.endswith(" 1.0")
         for line in disconnected.splitlines()
     )
+
+
+def test_api_key_header_is_the_fallback_to_bearer():
+    keys = ApiKeys([KEY])
+    assert keys.refusal(None, KEY.encode()) is None
+    assert keys.refusal(b"Basic abc", KEY.encode()) is None  # not a Bearer token: x-api-key decides
+    assert keys.refusal(f"Bearer {KEY}".encode(), b"wrong") is None
+    assert keys.refusal(b"Bearer wrong", KEY.encode()) == INVALID_KEY_MESSAGE  # a Bearer token decides
+    assert keys.refusal(None, b"  ") == MISSING_KEY_MESSAGE
