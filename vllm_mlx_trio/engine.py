@@ -252,4 +252,5 @@ def _as_message(turn: dict[str, Any]) -> ChatMessage:
         name=turn.get("name"),
         tool_calls=turn.get("tool_calls"),
         tool_call_id=turn.get("tool_call_id"),
+        reasoning=turn.get("reasoning_content", turn.get("reasoning")),
     )

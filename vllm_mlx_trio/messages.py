@@ -129,14 +129,16 @@ def _as_called_tools(calls: Iterable[CalledTool | Mapping[str, Any]] | None) -> 
 class ChatMessage:
     """One chat turn: its parts in order; ``name`` (a participant's name) goes to the chat
     template as given, for templates that use it. An assistant turn may carry the
-    ``tool_calls`` it made (its content then often empty); a ``tool`` turn answers the call
-    ``tool_call_id``."""
+    ``tool_calls`` it made (its content then often empty) and its ``reasoning``; a ``tool``
+    turn answers the call ``tool_call_id``."""
 
     role: str
     content: tuple[ContentPart, ...] = attrs.field(converter=_as_parts)
     name: str | None = None
     tool_calls: tuple[CalledTool, ...] = attrs.field(default=(), converter=_as_called_tools)
     tool_call_id: str | None = None
+    #: An assistant turn's thinking, as a server reply returned it (``reasoning_content``).
+    reasoning: str | None = None
 
     @property
     def text(self) -> str | None:

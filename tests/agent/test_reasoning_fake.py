@@ -86,3 +86,24 @@ async def test_logprobs_follow_their_tokens_through_the_parser():
     streamed = [entry for logprobs in carried for entry in logprobs.content]
     assert len(whole.choices[0].logprobs.content) == whole.usage.completion_tokens == len(text) + 1  # + EOS
     assert [e.token for e in streamed] == [e.token for e in whole.choices[0].logprobs.content]
+
+
+async def test_a_reply_sent_back_whole_is_accepted_and_its_reasoning_reaches_the_template(monkeypatch):
+    # openai-python users append reply.choices[0].message to the history as it is: with a
+    # reasoning parser it carries reasoning_content and reasoning (content null when only thinking).
+    seen = []
+    plain = FakeTokenizer.apply_chat_template
+
+    def recording(self, messages, add_generation_prompt=True, tokenize=False, **kwargs):
+        seen.append(messages)
+        return plain(self, messages, add_generation_prompt, tokenize)
+
+    monkeypatch.setattr(FakeTokenizer, "apply_chat_template", recording)
+    with trio.fail_after(TIMEOUT_S):
+        async with scripted_server(parser_cfg("none", "qwen3"), "<think>hmm</think>") as srv, client(srv.url) as c:
+            first = await c.chat.completions.create(model=MODEL, messages=ASK)
+            echoed = first.choices[0].message.model_dump()
+            again = await c.chat.completions.create(model=MODEL, messages=[*ASK, echoed, *ASK])
+    assert echoed["content"] is None and echoed["reasoning_content"] == echoed["reasoning"] == "hmm"
+    assert again.choices[0].finish_reason == "stop"
+    assert seen[-1][1] == {"role": "assistant", "content": "", "reasoning_content": "hmm"}

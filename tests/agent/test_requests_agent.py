@@ -138,6 +138,10 @@ BAD = [
      "hermes"),
     ("null content without calls", {"messages": [{"role": "assistant", "content": None}, ASK]},
      "messages[0].content", "hermes"),
+    ("reasoning on a user turn", {"messages": [{**ASK, "reasoning_content": "x"}]}, "messages[0].reasoning_content",
+     "hermes"),
+    ("reasoning not text", {"messages": [{"role": "assistant", "content": "a", "reasoning": 5}, ASK]},
+     "messages[0].reasoning", "hermes"),
     ("a malformed call", {"messages": [ASK, {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}]},
      "messages[1].tool_calls", "hermes"),
 ]  # fmt: skip

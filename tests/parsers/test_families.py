@@ -165,6 +165,8 @@ def test_harmony_prompt_ending_inside_analysis_and_plain_text():
     check_all_chunkings("thinking<|end|><|start|>assistant<|channel|>final<|message|>Hi", ("Hi", "thinking", []),
                         tool_parser=None, reasoning_parser="openai_gptoss", starts_in_reasoning=True)  # fmt: skip
     check_all_chunkings("today is fine", ("today is fine", None, []), tool_parser="openai", reasoning_parser=None)
+    for short in ("to", "<|", "t"):
+        check_all_chunkings(short, (short, None, []), tool_parser="openai", reasoning_parser=None)
 
 
 def test_harmony_call_without_the_tool_parser_is_content(caplog):

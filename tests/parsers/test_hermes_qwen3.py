@@ -95,3 +95,10 @@ def test_markers_and_prompt_detection():
 def test_unknown_parser_names_are_refused():
     with pytest.raises(ValueError, match="unknown tool parser"):
         OutputParser(tool_parser="nope", reasoning_parser=None)
+
+
+def test_one_feed_gives_one_delta_per_run_of_the_same_text():
+    parser = OutputParser(**H)
+    deltas = parser.feed("<think>a</think>b <tool_call>x</tool_call> c")
+    deltas += parser.finish()
+    assert [(d.reasoning, d.content) for d in deltas] == [("a", ""), ("", "b <tool_call>x</tool_call> c")]

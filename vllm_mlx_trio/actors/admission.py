@@ -349,7 +349,7 @@ def prompt_chars(prompt: str | ChatPrompt | tuple[ChatMessage, ...]) -> int:
 def _turn(message: ChatMessage) -> dict[str, Any]:
     """One message as chat templates expect it: ``content`` a string when every part is text
     (as it always was), else OpenAI-style parts with ``{"type": "image"}`` placeholders;
-    ``name`` only when the client gave one."""
+    ``name``, ``tool_calls``, ``tool_call_id`` and ``reasoning_content`` only when set."""
     text = message.text
     content: Any = text
     if text is None:
@@ -364,4 +364,6 @@ def _turn(message: ChatMessage) -> dict[str, Any]:
         turn["tool_calls"] = [call.template_dict() for call in message.tool_calls]
     if message.tool_call_id is not None:
         turn["tool_call_id"] = message.tool_call_id
+    if message.reasoning is not None:
+        turn["reasoning_content"] = message.reasoning  # the name Qwen3's and vLLM's templates read
     return turn

@@ -262,7 +262,8 @@ def _structured(cfg, args: argparse.Namespace) -> int:
     notes = [
         f"model {cfg.model.path}, batched; {args.rows} greedy rows of {args.max_tokens} tokens, row 0 json_object "
         "in the constrained setting",
-        "tok/s per row after its first delta; median (min-max) of the runs; ratios to the unconstrained median",
+        "tok/s per row after its first delta; median (min-max) of the runs; *_ratio: to the unconstrained median; "
+        "paired_*: each run against the unconstrained run just before it",
     ]
     table = format_table(rows, list(rows[0]))
     lines = ["== structured output in a shared batch", format_machine(machine_info()), table]

@@ -6,11 +6,14 @@ cached by the first run). Each row's decode speed is its tokens after the first 
 the time they took. The table gives, per setting, the median of the runs (and their spread)
 of the unconstrained rows' mean tok/s and of the constrained row's, and the ratios to the
 baseline: the issue's targets are neighbours within 5 % and the constrained row within 25 %.
+``cpu_ms_per_token`` is this process's CPU time over the batch's tokens: unlike wall time it
+barely moves when other processes load the machine, and it shows what the mask computes.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 
 import attrs
 import trio
@@ -46,12 +49,15 @@ async def measure_once(engine: Engine, *, constrained: bool, rows: int, max_toke
     plain = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     json_row = SamplingParams(temperature=0.0, max_tokens=max_tokens, constraint=CONSTRAINT)
     out: dict[str, dict] = {}
+    cpu_start = time.process_time()  # every thread of this process: the MLX thread's work included
     async with trio.open_nursery() as nursery:
         for i, text in enumerate(bench_prompts(rows)):
             params = json_row if constrained and i == 0 else plain
             nursery.start_soon(_row, engine, chat(text), params, out, str(i))
+    cpu_s = time.process_time() - cpu_start
     neighbours = [out[str(i)]["tok_s"] for i in range(1 if constrained else 0, rows)]
     return {
+        "cpu_ms_per_token": 1000 * cpu_s / sum(row["tokens"] for row in out.values()),
         "neighbours_tok_s": statistics.fmean(v for v in neighbours if v is not None),
         "constrained_tok_s": out["0"]["tok_s"] if constrained else None,
         "constrained_tokens": out["0"]["tokens"] if constrained else None,
@@ -75,18 +81,26 @@ async def measure_structured(
 
 
 def structured_rows(results: dict[str, list[dict]]) -> list[dict]:
-    baseline = statistics.median(r["neighbours_tok_s"] for r in results["unconstrained"])
+    """One row per setting. ``*_ratio``: medians over the baseline's median; ``paired_*``: the
+    median of each run's ratio to the unconstrained run just before it (robust to load drift)."""
+    plain_runs = results["unconstrained"]
+    baseline = statistics.median(r["neighbours_tok_s"] for r in plain_runs)
     out = []
     for name, runs in results.items():
         neighbours = [r["neighbours_tok_s"] for r in runs]
         constrained = [r["constrained_tok_s"] for r in runs if r["constrained_tok_s"] is not None]
+        pairs = list(zip(plain_runs, runs, strict=True))
         out.append({
             "setting": name,
             "runs": len(runs),
             "neighbour_tok_s": _spread(neighbours),
             "neighbour_ratio": f"{statistics.median(neighbours) / baseline:.3f}",
+            "paired_neighbour": _spread([r["neighbours_tok_s"] / p["neighbours_tok_s"] for p, r in pairs], 3),
             "constrained_tok_s": _spread(constrained) if constrained else "-",
             "constrained_ratio": f"{statistics.median(constrained) / baseline:.3f}" if constrained else "-",
+            "paired_constrained": _spread([r["constrained_tok_s"] / p["neighbours_tok_s"] for p, r in pairs], 3)
+            if constrained else "-",
+            "cpu_ms_per_token": _spread([r["cpu_ms_per_token"] for r in runs]),
             "constrained_tokens": _spread([r["constrained_tokens"] for r in runs if r["constrained_tokens"]], 0)
             if constrained else "-",
         })  # fmt: skip

@@ -159,7 +159,7 @@ def _message_fault(message: Any, where: str) -> InvalidRequestError | None:
             refused_kind = isinstance(part, dict) and part.get("type") == "input_audio"  # no audio runner yet
             if refused_kind or mismatch(part, schemas.ContentPartIn):
                 return part_error(part, f"{where}.content[{j}]")
-    elif not isinstance(content, str) and not (content is None and message.get("tool_calls")):
+    elif not isinstance(content, str) and not (content is None and _content_may_be_null(message)):
         return bad(f"{where}.content must be a string or an array of text parts.", f"{where}.content")
     for key, value in message.items():
         if key not in _MESSAGE_NAMES:
@@ -170,11 +170,17 @@ def _message_fault(message: Any, where: str) -> InvalidRequestError | None:
     if mismatch(message.get("tool_calls"), list[schemas.ToolCall] | None):
         shape = '{"id", "type": "function", "function": {"name", "arguments"}}'
         return bad(f"{where}.tool_calls must be an array of {shape} objects.", f"{where}.tool_calls")
-    if mismatch(message.get("tool_call_id"), str | None):
-        return bad(f"{where}.tool_call_id must be a string.", f"{where}.tool_call_id")
+    for key in ("tool_call_id", "reasoning_content", "reasoning"):
+        if mismatch(message.get(key), str | None):
+            return bad(f"{where}.{key} must be a string.", f"{where}.{key}")
     if mismatch(message.get("name"), schemas.Name | None):
         return bad(f"{where}.name must be a string of 1 to {schemas.MAX_NAME_CHARS} characters.", f"{where}.name")
     return None
+
+
+def _content_may_be_null(message: dict) -> bool:
+    """An assistant reply sent back: only calls, or only reasoning, has null content."""
+    return bool(message.get("tool_calls") or message.get("reasoning_content") or message.get("reasoning"))
 
 
 def part_error(part: Any, where: str) -> InvalidRequestError:

@@ -167,8 +167,10 @@ Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_CHARS)]
 class MessageIn(_Object):
     """One chat turn. ``role`` is checked against :data:`ROLES` by the converter (its message
     names the value given). ``content`` may be null only on an assistant turn that made
-    ``tool_calls``; a ``tool`` turn names the call it answers (``tool_call_id``). The audio
-    and legacy ``function_call`` fields are accepted only when off."""
+    ``tool_calls`` or carries its reasoning; a ``tool`` turn names the call it answers
+    (``tool_call_id``). An assistant turn sent back as a server reply was may keep its
+    ``reasoning_content`` (or the ``reasoning`` alias): templates that show past thinking read
+    it. The audio and legacy ``function_call`` fields are accepted only when off."""
 
     role: str
     content: str | list[ContentPartIn] | None = None
@@ -179,6 +181,8 @@ class MessageIn(_Object):
     function_call: FunctionCall | None = None
     audio: dict[str, Any] | None = None
     annotations: list[dict[str, Any]] | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class StreamOptions(_Object):

@@ -124,8 +124,8 @@ def chat_prompt(chat: schemas.ChatBody, messages: tuple[ChatMessage, ...], use: 
 def tool_message(
     message: schemas.MessageIn, parts: tuple[ContentPart, ...] | None, where: str
 ) -> ChatMessage:
-    """A turn with its tool fields checked: calls only on assistant turns, ``tool_call_id``
-    on (and only on) tool turns, null content only beside calls."""
+    """A turn with its agent fields checked: calls and reasoning only on assistant turns,
+    ``tool_call_id`` on (and only on) tool turns, null content only beside calls or reasoning."""
     calls = message.tool_calls or []
     if calls and message.role != "assistant":
         raise bad(f"{where}.tool_calls is only allowed on assistant messages.", f"{where}.tool_calls")
@@ -133,7 +133,11 @@ def tool_message(
         raise bad(f"{where}.tool_call_id is required on tool messages.", f"{where}.tool_call_id")
     if message.role != "tool" and message.tool_call_id is not None:
         raise bad(f"{where}.tool_call_id is only allowed on tool messages.", f"{where}.tool_call_id")
-    if parts is None and not calls:
+    reasoning = message.reasoning_content if message.reasoning_content is not None else message.reasoning
+    if reasoning is not None and message.role != "assistant":
+        key = "reasoning_content" if message.reasoning_content is not None else "reasoning"
+        raise bad(f"{where}.{key} is only allowed on assistant messages.", f"{where}.{key}")
+    if parts is None and not calls and not reasoning:
         raise bad(f"{where}.content must be a string or an array of text parts.", f"{where}.content")
     return ChatMessage(
         role=message.role,
@@ -141,4 +145,5 @@ def tool_message(
         name=message.name,
         tool_calls=tuple(CalledTool(id=c.id, name=c.function.name, arguments=c.function.arguments) for c in calls),
         tool_call_id=message.tool_call_id,
+        reasoning=reasoning,
     )

@@ -62,8 +62,11 @@ class HarmonyStream:
     def finish(self) -> list[ParsedDelta]:
         out: list[ParsedDelta] = []
         rest, self._pending = self._pending, ""
-        if self._in_header:  # a header cut off (max_tokens): markup with no text, dropped
-            logger.debug("harmony: unfinished header at the end: %.200r", rest)
+        if self._in_header:
+            if rest.lstrip().startswith(_HEADER_OPENERS):  # a header cut off (max_tokens): markup only
+                logger.debug("harmony: unfinished header at the end: %.200r", rest)
+            else:  # text that only looked like the start of a header ("to", "<|")
+                out.append(ParsedDelta(content=rest))
         elif self._recipient is not None:
             self._emit_call(rest, out)
         else:

@@ -77,9 +77,27 @@ class OutputParser:
         return out
 
     def _keep(self, deltas: list[ParsedDelta]) -> list[ParsedDelta]:
-        deltas = [d for d in deltas if d != ParsedDelta()]
-        self._deltas.extend(deltas)
-        return deltas
+        """The non-empty deltas, neighbours of the same kind of text joined (fewer chunks to send)."""
+        kept: list[ParsedDelta] = []
+        for delta in deltas:
+            if delta == ParsedDelta():
+                continue
+            kind = _text_kind(delta)
+            if kept and kind is not None and _text_kind(kept[-1]) == kind:
+                last = kept.pop()
+                delta = ParsedDelta(content=last.content + delta.content, reasoning=last.reasoning + delta.reasoning)
+            kept.append(delta)
+        self._deltas.extend(kept)
+        return kept
+
+
+def _text_kind(delta: ParsedDelta) -> str | None:
+    """ "content" or "reasoning" for a delta of only that text; None for a call's piece."""
+    if delta.tool_index is not None:
+        return None
+    if not delta.reasoning:
+        return "content"
+    return "reasoning" if not delta.content else None
 
 
 def parse_text(
