@@ -41,6 +41,22 @@ def _int_in(choices: tuple[int, ...]):
     return check
 
 
+#: The output-parser settings that are not parser names.
+PARSER_AUTO, PARSER_NONE = "auto", "none"
+
+
+def _parser_name(kind: str):
+    """Validator: "auto", "none" or a registered tool / reasoning parser's name."""
+
+    def check(inst, attribute, value):
+        from vllm_mlx_trio import parsers  # pure; imported here so loading a config stays light
+
+        names = parsers.TOOL_PARSERS if kind == "tool" else parsers.REASONING_PARSERS
+        _one_of((PARSER_AUTO, PARSER_NONE, *names))(inst, attribute, value)
+
+    return check
+
+
 # --- the configuration tree -----------------------------------------------------------------
 
 
@@ -84,6 +100,13 @@ class ModelConfig:
     chat_template: str | None = _option(None, _non_empty)
     #: Where demo models are built; None means ~/.cache/vllm-mlx-trio/demo.
     demo_cache_dir: str | None = _option(None, _non_empty)
+    #: How tool calls are read from the model's output (vLLM's --tool-call-parser names: hermes,
+    #: qwen3_coder, llama3_json, mistral, deepseek_v3, openai, glm45, kimi_k2); "auto" picks one
+    #: from the chat template, "none" turns tool calling off (requests with tools get a 400).
+    tool_parser: str = _option("auto", _parser_name("tool"))
+    #: How the thinking block is split from the answer (qwen3, deepseek_r1, openai_gptoss);
+    #: "auto" picks one from the chat template, "none" leaves the thinking in ``content``.
+    reasoning_parser: str = _option("auto", _parser_name("reasoning"))
 
 
 @attrs.frozen(kw_only=True)
@@ -173,6 +196,9 @@ class LimitsConfig:
     #: (>= 0). One keeps admission in arrival order; more let a short prompt overtake a long
     #: one. 0 does it on the event loop, stalling every stream meanwhile (for comparison).
     preprocess_threads: int = _option(1, _in_range(0))
+    #: Responses kept in memory for ``/v1/responses`` (``store``, ``previous_response_id``,
+    #: ``GET``/``DELETE``), least recently used evicted first (>= 0; 0 keeps none).
+    max_stored_responses: int = _option(1000, _in_range(0))
 
 
 @attrs.frozen(kw_only=True)

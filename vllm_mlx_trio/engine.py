@@ -24,7 +24,7 @@ from .actors.topology import ExecutorFactory, Topology, max_running, mlx_executo
 from .config import EngineConfig
 from .core.params import SamplingParams
 from .errors import EngineClosedError, QueueFullError, VllmMlxTrioError
-from .messages import ChatMessage, ClearPrefixCache, FailAll, RequestId, Submit
+from .messages import ChatMessage, ChatPrompt, ClearPrefixCache, FailAll, RequestId, Submit
 from .stream import Delta, RequestStream
 from .warm_prompts import warm_prefix_cache
 
@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 #: slightly slow consumer smooth jitter before its tokens start to be coalesced.
 OUTBOX_BUFFER = 4
 
-PromptInput = str | list[dict[str, Any]] | tuple[ChatMessage, ...]
+PromptInput = str | list[dict[str, Any]] | tuple[ChatMessage, ...] | ChatPrompt
 
 
 @attrs.frozen(kw_only=True)
@@ -73,6 +73,9 @@ class Engine:
     def __init__(self, cfg: EngineConfig, topology: Topology):
         self.cfg = cfg
         self.model_info = topology.model_info
+        #: The tool and reasoning parsers chat replies go through, resolved at load from
+        #: ``[model] tool_parser`` / ``reasoning_parser`` and the chat template.
+        self.output_format = topology.output_format
         self._submit_send = topology.submit_send
         self._control_send = topology.control_send
         self._scheduler = topology.scheduler
@@ -239,12 +242,22 @@ class Engine:
                 yield delta
 
 
-def _as_prompt(prompt: PromptInput) -> str | tuple[ChatMessage, ...]:
-    """Chat turns as ChatMessages; a dict's ``content`` may be a string (one text part) or
-    content parts already built (TextPart, ImagePart...)."""
-    if isinstance(prompt, str):
+def _as_prompt(prompt: PromptInput) -> str | ChatPrompt:
+    """Chat turns as a :class:`ChatPrompt` (one given is kept: it carries tools and template
+    kwargs); a dict's ``content`` may be a string (one text part), content parts already
+    built (TextPart, ImagePart...) or None, and it may carry OpenAI-shaped ``tool_calls`` and
+    a ``tool_call_id``."""
+    if isinstance(prompt, str | ChatPrompt):
         return prompt
-    return tuple(
-        m if isinstance(m, ChatMessage) else ChatMessage(role=m["role"], content=m["content"], name=m.get("name"))
-        for m in prompt
+    return ChatPrompt(messages=[m if isinstance(m, ChatMessage) else _as_message(m) for m in prompt])
+
+
+def _as_message(turn: dict[str, Any]) -> ChatMessage:
+    return ChatMessage(
+        role=turn["role"],
+        content=turn.get("content"),
+        name=turn.get("name"),
+        tool_calls=turn.get("tool_calls"),
+        tool_call_id=turn.get("tool_call_id"),
+        reasoning=turn.get("reasoning_content", turn.get("reasoning")),
     )

@@ -10,7 +10,8 @@ the pure ``core/`` plans with, and re-exported here. Trio is imported for type c
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 import attrs
@@ -68,9 +69,12 @@ ContentPart: TypeAlias = TextPart | ImagePart | VideoPart
 MediaPart: TypeAlias = ImagePart | VideoPart
 
 
-def _as_parts(content: str | Iterable[ContentPart | dict]) -> tuple[ContentPart, ...]:
+def _as_parts(content: str | Iterable[ContentPart | dict] | None) -> tuple[ContentPart, ...]:
     """A plain string is one text part (the library API's ``{"content": "hi"}``), and so is an
-    OpenAI text part given as a dict; parts already built are kept."""
+    OpenAI text part given as a dict; parts already built are kept; None (an assistant turn
+    that only called tools) is no part."""
+    if content is None:
+        return ()
     if isinstance(content, str):
         return (TextPart(text=content),)
     return tuple(_as_part(part) for part in content)
@@ -85,13 +89,56 @@ def _as_part(part: ContentPart | dict) -> ContentPart:
 
 
 @_frozen
+class CalledTool:
+    """A tool call an assistant turn of the history made (OpenAI's ``tool_calls`` entry);
+    ``arguments`` is the JSON text as the client sent it back."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def template_dict(self) -> dict[str, Any]:
+        """The call as chat templates read it (Hugging Face's convention, as vLLM passes it):
+        ``arguments`` decoded into an object when it is one, else left as the text."""
+        try:
+            arguments: Any = json.loads(self.arguments)
+        except ValueError:
+            arguments = self.arguments
+        if not isinstance(arguments, dict):
+            arguments = self.arguments
+        function = {"name": self.name, "arguments": arguments}
+        return {"id": self.id, "type": "function", "function": function}
+
+
+def _as_called_tools(calls: Iterable[CalledTool | Mapping[str, Any]] | None) -> tuple[CalledTool, ...]:
+    """Calls already built are kept; OpenAI-shaped dicts (``{"id", "function": {"name",
+    "arguments"}}``, the library API's form) are converted."""
+    out = []
+    for call in calls or ():
+        if isinstance(call, CalledTool):
+            out.append(call)
+            continue
+        function = call["function"]
+        arguments = function.get("arguments", "{}")
+        text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+        out.append(CalledTool(id=str(call.get("id", "")), name=function["name"], arguments=text))
+    return tuple(out)
+
+
+@_frozen
 class ChatMessage:
     """One chat turn: its parts in order; ``name`` (a participant's name) goes to the chat
-    template as given, for templates that use it."""
+    template as given, for templates that use it. An assistant turn may carry the
+    ``tool_calls`` it made (its content then often empty) and its ``reasoning``; a ``tool``
+    turn answers the call ``tool_call_id``."""
 
     role: str
     content: tuple[ContentPart, ...] = attrs.field(converter=_as_parts)
     name: str | None = None
+    tool_calls: tuple[CalledTool, ...] = attrs.field(default=(), converter=_as_called_tools)
+    tool_call_id: str | None = None
+    #: An assistant turn's thinking, as a server reply returned it (``reasoning_content``).
+    reasoning: str | None = None
 
     @property
     def text(self) -> str | None:
@@ -106,6 +153,51 @@ class ChatMessage:
         return tuple((i, p) for i, p in enumerate(self.content) if not isinstance(p, TextPart))
 
 
+def _as_messages(messages: Iterable[ChatMessage]) -> tuple[ChatMessage, ...]:
+    return tuple(messages)
+
+
+def _as_tools(tools: Iterable[Mapping[str, Any]] | None) -> tuple[dict[str, Any], ...] | None:
+    return None if tools is None else tuple(dict(tool) for tool in tools)
+
+
+def _as_kwargs(kwargs: Mapping[str, Any] | Iterable[tuple[str, Any]] | None) -> tuple[tuple[str, Any], ...]:
+    items = kwargs.items() if isinstance(kwargs, Mapping) else (kwargs or ())
+    return tuple((str(key), value) for key, value in items)
+
+
+@attrs.frozen(slots=True, kw_only=True)
+class ChatPrompt(Sequence):
+    """A chat prompt: the turns, and what else the chat template is given.
+
+    ``tools`` are the OpenAI tool objects (``{"type": "function", "function": {...}}``) the
+    template renders into the prompt; ``template_kwargs`` are extra template variables
+    (``chat_template_kwargs``, e.g. ``enable_thinking``, and ``reasoning_effort``). It is a
+    sequence of its turns, so code that reads the turns reads them directly.
+    """
+
+    messages: tuple[ChatMessage, ...] = attrs.field(converter=_as_messages)
+    tools: tuple[dict[str, Any], ...] | None = attrs.field(default=None, converter=_as_tools)
+    template_kwargs: tuple[tuple[str, Any], ...] = attrs.field(default=(), converter=_as_kwargs)
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    def __getitem__(self, index: Any) -> Any:  # an int gives a turn, a slice a tuple of them
+        return self.messages[index]
+
+    def __iter__(self) -> Iterator[ChatMessage]:
+        return iter(self.messages)
+
+    def template_arguments(self) -> dict[str, Any]:
+        """The keyword arguments for ``apply_chat_template`` beyond the turns (only those set,
+        so a plain chat prompt calls the template exactly as before)."""
+        arguments = dict(self.template_kwargs)
+        if self.tools is not None:
+            arguments["tools"] = [dict(tool) for tool in self.tools]
+        return arguments
+
+
 # -- engine facade -> client (through the request's outbox) -------------------------------
 
 
@@ -115,6 +207,9 @@ class Accepted:
 
     num_prompt_tokens: int
     max_tokens: int
+    #: The templated prompt ends inside the model's thinking block (the template opened it),
+    #: so the reply starts as reasoning. Always False without a reasoning parser.
+    starts_in_reasoning: bool = False
 
 
 @_frozen
@@ -146,10 +241,10 @@ Outbox: TypeAlias = "trio.MemorySendChannel[Output]"
 
 @_frozen
 class Submit:
-    """A new request. ``prompt`` is raw text (completions) or chat turns (chat)."""
+    """A new request. ``prompt`` is raw text (completions) or a :class:`ChatPrompt` (chat)."""
 
     request_id: RequestId
-    prompt: str | tuple[ChatMessage, ...]
+    prompt: str | ChatPrompt
     params: SamplingParams
     outbox: Outbox
     arrival_time: float

@@ -76,6 +76,8 @@ class RequestStream:
         self._finished = False
         self.num_prompt_tokens = 0
         self.max_tokens = 0
+        #: The prompt ended inside the model's thinking block (from admission's Accepted).
+        self.starts_in_reasoning = False
         self.num_completion_tokens = 0
         self.num_cached_tokens = 0
         self.finish_reason: str | None = None
@@ -88,6 +90,11 @@ class RequestStream:
             cached_tokens=self.num_cached_tokens,
         )
 
+    @property
+    def stop_sequence(self) -> str | None:
+        """The stop string that ended the output (None: it ended otherwise, or not yet)."""
+        return self._stop.matched
+
     async def wait_accepted(self) -> None:
         """Wait for admission's verdict; raise its error if the request was refused."""
         output = await self._receive()
@@ -95,6 +102,7 @@ class RequestStream:
             raise AssertionError(f"first output must be Accepted, got {output!r}")
         self.num_prompt_tokens = output.num_prompt_tokens
         self.max_tokens = output.max_tokens
+        self.starts_in_reasoning = output.starts_in_reasoning
 
     def close(self) -> None:
         """Abort (if still running) and release the request's engine slot. Idempotent."""

@@ -65,7 +65,7 @@ KIMI_K2 = (
         (GPT_OSS, "openai", "openai_gptoss"),
         (GLM45, "glm45", "qwen3"),
         (KIMI_K2, "kimi_k2", None),
-        (DEMO_TEMPLATE, None, None),
+        (DEMO_TEMPLATE, "hermes", None),  # the demo model calls tools Qwen-style (issue 14, part 5)
         (None, None, None),
     ],
 )

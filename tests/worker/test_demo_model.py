@@ -210,3 +210,19 @@ def test_sampling_rarely_ends_at_once(tiny):
     p_eos = sum(probs[i].item() for i in tokenizer.eos_token_ids)
     assert p_eos < 1e-3  # at temperature 1
     assert probs.max().item() > 0.05  # peaked like a trained model, not uniform
+
+
+def test_a_build_with_an_older_chat_template_is_rebuilt(tmp_path):
+    from vllm_mlx_trio.worker.demo_model import chat_template_hash
+
+    path = resolve_demo_model("demo:tiny", tmp_path)
+    marker = json.loads((path / DEMO_MARKER).read_text())
+    assert marker["chat_template_sha256"] == chat_template_hash()
+    config = path / "tokenizer_config.json"
+    old = json.loads(config.read_text())
+    config.write_text(json.dumps({**old, "chat_template": "{{ messages }}"}))
+    (path / DEMO_MARKER).write_text(json.dumps({**marker, "chat_template_sha256": "older"}))
+    assert resolve_demo_model("demo:tiny", tmp_path) == path
+    assert json.loads(config.read_text())["chat_template"] == old["chat_template"]
+    assert json.loads((path / DEMO_MARKER).read_text())["chat_template_sha256"] == chat_template_hash()
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # the old build is gone

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 import logging
 from functools import partial
 from typing import Any, Protocol
@@ -17,12 +18,22 @@ import trio
 
 from ..core.params import SamplingParams
 from ..errors import InvalidRequestError, PromptTooLongError, VllmMlxTrioError
-from ..messages import Accepted, Admit, ChatMessage, Outbox, RequestFailed, Submit, TextPart
+from ..messages import Accepted, Admit, ChatMessage, ChatPrompt, Outbox, RequestFailed, Submit, TextPart
+from ..output_format import OutputFormat
+from ..parsers import prompt_ends_in_reasoning
 from ..structured.admission import ConstraintStep
 
 logger = logging.getLogger(__name__)
 
-Prompt = str | tuple[ChatMessage, ...]
+Prompt = str | ChatPrompt
+#: Prompt tokens decoded to tell whether the chat template left the prompt inside a thinking
+#: block (an opener like ``<think>\n`` is a few tokens; 16 leave room for any whitespace).
+REASONING_TAIL_TOKENS = 16
+#: ``apply_chat_template`` arguments a request's template kwargs may not set: admission sets them.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"conversation", "messages", "tools", "documents", "tokenize", "add_generation_prompt", "return_dict",
+     "continue_final_message", "chat_template"}
+)  # fmt: skip
 #: Prompts with fewer characters than this (all turns' text together) are templated and
 #: tokenized inline: under a millisecond of the event loop (demo tokenizer on a 2-core CPU box:
 #: 0.4 ms for 256 characters, 0.9 ms for 1,024, 3.5 ms for 4,096), where a thread hop itself
@@ -75,6 +86,7 @@ class AdmissionActor:
         limits: AdmissionLimits,
         preprocess_threads: int = 1,
         constraints: ConstraintStep | None = None,
+        output_format: OutputFormat | None = None,
     ):
         self._submit_recv = submit_recv
         self._admit_send = admit_send
@@ -84,9 +96,14 @@ class AdmissionActor:
         self._limiter = trio.CapacityLimiter(max(1, preprocess_threads))
         #: Tokenizer copies no thread is using (one per thread, made when the actor starts).
         self._free_tokenizers: list[Tokenizer] = []
+        #: The model's output parsers; its reasoning markers let a constraint allow the
+        #: thinking block first, and tell whether a prompt starts the reply inside it.
+        self._output_format = output_format or OutputFormat()
         #: Compiles response_format / guided / forced tool-call constraints (structured/).
         self._constraints = constraints or ConstraintStep(
-            vocab_size=limits.vocab_size, eos_token_ids=tuple(sorted(getattr(tokenizer, "eos_token_ids", None) or ()))
+            vocab_size=limits.vocab_size,
+            eos_token_ids=tuple(sorted(getattr(tokenizer, "eos_token_ids", None) or ())),
+            reasoning_markers=self._output_format.reasoning_markers,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -107,7 +124,7 @@ class AdmissionActor:
                     # overtakes a long prompt. The token is given back once it is tokenized.
                     borrower = object()
                     await self._limiter.acquire_on_behalf_of(borrower)
-                    if _prompt_chars(submit.prompt) < PREPROCESS_INLINE_CHARS:
+                    if prompt_chars(submit.prompt) < PREPROCESS_INLINE_CHARS:
                         await self._admit(submit, borrower, in_thread=False)
                     else:
                         nursery.start_soon(partial(self._admit, submit, borrower, in_thread=True))
@@ -123,10 +140,11 @@ class AdmissionActor:
         """Preprocess and check one request. Its outbox is closed here unless the scheduler
         gets it (refused, client gone, or cancelled at shutdown)."""
         outbox = submit.outbox
+        prompt = as_prompt(submit.prompt)
         with contextlib.ExitStack() as owned:
             owned.callback(outbox.close)
             try:
-                prompt_token_ids = await self._preprocess(submit, outbox, borrower, in_thread=in_thread)
+                prompt_token_ids = await self._preprocess(prompt, submit.params, outbox, borrower, in_thread=in_thread)
                 if prompt_token_ids is None:
                     return  # the client left before its turn: never tokenized
                 params = self.resolve_params(submit.params, len(prompt_token_ids))
@@ -136,7 +154,12 @@ class AdmissionActor:
                     outbox.send_nowait(RequestFailed(error=exc))  # else the client left: nobody to tell
                 return
             try:
-                outbox.send_nowait(Accepted(num_prompt_tokens=len(prompt_token_ids), max_tokens=params.max_tokens))
+                accepted = Accepted(
+                    num_prompt_tokens=len(prompt_token_ids),
+                    max_tokens=params.max_tokens,
+                    starts_in_reasoning=self.starts_in_reasoning(prompt, prompt_token_ids),
+                )
+                outbox.send_nowait(accepted)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return  # the client left while we tokenized: never reaches the queue
             admit = Admit(
@@ -145,17 +168,17 @@ class AdmissionActor:
                 params=params,
                 outbox=outbox,
                 arrival_time=submit.arrival_time,
-                extra_keys=media_keys(submit.prompt),
+                extra_keys=media_keys(prompt),
             )
             await self._admit_send.send(admit)
             owned.pop_all()  # the scheduler owns the outbox now
 
     async def _preprocess(
-        self, submit: Submit, outbox: Outbox, borrower: object | None, *, in_thread: bool
+        self, prompt: Prompt, params: SamplingParams, outbox: Outbox, borrower: object | None, *, in_thread: bool
     ) -> list[int] | None:
         """The prompt's token ids (None: the client left first), here or in a thread.
         ``borrower`` holds a limiter token (None: ``preprocess_threads = 0``)."""
-        prompt, template = submit.prompt, ChatTemplateOptions.of(submit.params)
+        template = ChatTemplateOptions.of(params)
         try:
             self.check_media(prompt)
             if not in_thread:
@@ -199,6 +222,15 @@ class AdmissionActor:
                     raise InvalidRequestError(
                         f"{where}: content part of type {part.kind!r} is not supported by this model.", param=where
                     )
+
+    def starts_in_reasoning(self, prompt: Prompt, prompt_token_ids: list[int]) -> bool:
+        """Whether a chat prompt's template opened the thinking block (the reply is reasoning
+        until it closes it). Completions are never parsed."""
+        name = self._output_format.reasoning_parser
+        if name is None or isinstance(prompt, str):
+            return False
+        tail = self._tokenizer.decode(list(prompt_token_ids[-REASONING_TAIL_TOKENS:]))
+        return prompt_ends_in_reasoning(name, tail)
 
     def tokenize(self, prompt: Prompt, template: ChatTemplateOptions | None = None) -> list[int]:
         """Apply the chat template (for chat turns) and tokenize, here and now."""
@@ -283,12 +315,33 @@ def tokenize_prompt(tokenizer: Tokenizer, prompt: Prompt, template: ChatTemplate
         if not prompt:
             raise InvalidRequestError("The prompt must not be empty.", param="prompt")
         return _call_tokenizer(lambda: tokenizer.encode(prompt), "prompt")
+    prompt = as_prompt(prompt)
     if not prompt:
         raise InvalidRequestError("messages must not be empty.", param="messages")
     turns = [_turn(m) for m in prompt]
     options = (template or ChatTemplateOptions()).kwargs()
-    text = _call_tokenizer(lambda: tokenizer.apply_chat_template(turns, **options, tokenize=False), "messages")
+    arguments = _template_arguments(prompt)
+    text = _call_tokenizer(
+        lambda: tokenizer.apply_chat_template(turns, tokenize=False, **options, **arguments), "messages"
+    )
     return _call_tokenizer(lambda: tokenizer.encode(text, add_special_tokens=False), "messages")
+
+
+def as_prompt(prompt: str | ChatPrompt | tuple[ChatMessage, ...]) -> Prompt:
+    """Text, or chat turns as a :class:`ChatPrompt` (bare turns: no tools, no template kwargs)."""
+    if isinstance(prompt, str | ChatPrompt):
+        return prompt
+    return ChatPrompt(messages=prompt)
+
+
+def _template_arguments(prompt: ChatPrompt) -> dict[str, Any]:
+    arguments = prompt.template_arguments()
+    for key, _ in prompt.template_kwargs:
+        if key in RESERVED_TEMPLATE_KWARGS:
+            raise InvalidRequestError(
+                f"chat_template_kwargs may not set {key!r}: the server sets it.", param="chat_template_kwargs"
+            )
+    return arguments
 
 
 def _call_tokenizer(fn: Any, param: str) -> Any:
@@ -305,16 +358,21 @@ def media_keys(prompt: Prompt) -> tuple:
     return tuple((part.kind, part.content_hash) for message in prompt for _, part in message.media)
 
 
-def _prompt_chars(prompt: Prompt) -> int:
+def prompt_chars(prompt: str | ChatPrompt | tuple[ChatMessage, ...]) -> int:
+    """The characters the template and tokenizer work through: the turns' text, the calls
+    they made, and the tools rendered with them (the cost that decides inline or a thread)."""
     if isinstance(prompt, str):
         return len(prompt)
-    return sum(len(p.text) for m in prompt for p in m.content if isinstance(p, TextPart))
+    chars = sum(len(p.text) for m in prompt for p in m.content if isinstance(p, TextPart))
+    chars += sum(len(call.arguments) + len(call.name) for m in prompt for call in m.tool_calls)
+    tools = prompt.tools if isinstance(prompt, ChatPrompt) else None
+    return chars + (len(json.dumps(tools)) if tools else 0)
 
 
 def _turn(message: ChatMessage) -> dict[str, Any]:
     """One message as chat templates expect it: ``content`` a string when every part is text
     (as it always was), else OpenAI-style parts with ``{"type": "image"}`` placeholders;
-    ``name`` only when the client gave one."""
+    ``name``, ``tool_calls``, ``tool_call_id`` and ``reasoning_content`` only when set."""
     text = message.text
     content: Any = text
     if text is None:
@@ -325,4 +383,10 @@ def _turn(message: ChatMessage) -> dict[str, Any]:
     turn = {"role": message.role, "content": content}
     if message.name is not None:
         turn["name"] = message.name
+    if message.tool_calls:
+        turn["tool_calls"] = [call.template_dict() for call in message.tool_calls]
+    if message.tool_call_id is not None:
+        turn["tool_call_id"] = message.tool_call_id
+    if message.reasoning is not None:
+        turn["reasoning_content"] = message.reasoning  # the name Qwen3's and vLLM's templates read
     return turn

@@ -30,6 +30,7 @@ from ..errors import ExecutorCrashedError, VllmMlxTrioError
 from ..health import EngineHealth
 from ..messages import Admit, ControlCommand, ModelInfo, StepPlan, StepResult, Submit
 from ..metrics import EngineMetrics, engine_snapshot
+from ..output_format import OutputFormat, resolve_output_format
 from ..worker.registry import runner_class
 from .admission import AdmissionActor, AdmissionLimits
 from .cache_manager import CacheManagerActor
@@ -92,6 +93,9 @@ class Topology:
     metrics: EngineMetrics
     health: EngineHealth
     max_running: int
+    #: The tool / reasoning parsers chat replies go through (resolved from the config and the
+    #: model's chat template once it is loaded).
+    output_format: OutputFormat = OutputFormat()
 
 
 @contextlib.asynccontextmanager
@@ -155,7 +159,8 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
     )
     await nursery.start(cache.run)
     await nursery.start(scheduler.run)
-    await nursery.start(_admission(cfg, model_info, submit_recv, admit_send).run)
+    output_format = resolve_output_format(cfg.model, model_info.tokenizer)
+    await nursery.start(_admission(cfg, model_info, submit_recv, admit_send, output_format).run)
     return Topology(
         model_info=model_info,
         submit_send=submit_send,
@@ -165,6 +170,7 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
         metrics=metrics,
         health=health,
         max_running=running,
+        output_format=output_format,
     )
 
 
@@ -182,6 +188,7 @@ def _admission(
     model_info: ModelInfo,
     submit_recv: trio.MemoryReceiveChannel[Submit],
     admit_send: trio.MemorySendChannel[Admit],
+    output_format: OutputFormat,
 ) -> AdmissionActor:
     return AdmissionActor(
         submit_recv=submit_recv,
@@ -195,6 +202,7 @@ def _admission(
             vocab_size=model_info.vocab_size,
         ),
         preprocess_threads=cfg.limits.preprocess_threads,
+        output_format=output_format,
     )
 
 

@@ -131,6 +131,8 @@ class StopStringMatcher:
         self._stop = stop
         self._include_stop = include_stop
         self._pending = ""
+        #: The stop string that ended the text (the earliest in it; ties: the first listed).
+        self.matched: str | None = None
 
     @property
     def active(self) -> bool:
@@ -142,9 +144,9 @@ class StopStringMatcher:
         if not self._stop:
             return text, False
         self._pending += text
-        hits = [(i, i + len(s)) for i, s in ((self._pending.find(s), s) for s in self._stop) if i >= 0]
+        hits = [(i, i + len(s), s) for s in self._stop if (i := self._pending.find(s)) >= 0]
         if hits:
-            start, end = min(hits)
+            start, end, self.matched = min(hits, key=lambda hit: hit[0])
             emit = self._pending[: end if self._include_stop else start]
             self._pending = ""
             return emit, True

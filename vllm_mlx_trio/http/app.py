@@ -11,10 +11,12 @@ from werkzeug.exceptions import HTTPException
 from ..config import EngineConfig
 from ..engine import Engine
 from ..errors import VllmMlxTrioError
+from .anthropic import register_anthropic_routes
 from .auth import ApiKeys, load_api_keys, register_auth
 from .cache_routes import register_cache_routes
 from .cors import CorsPolicy, register_cors
 from .errors import describe, error_body
+from .openai_responses import register_responses_routes
 from .ops_routes import ThroughputMeter, register_ops_routes
 from .request_log import REQUEST_ID_HEADER, request_id_from
 from .routes import register_routes
@@ -47,6 +49,8 @@ def create_app(
     app.json.sort_keys = False
     app.json.ensure_ascii = False
     register_routes(app, engine)
+    register_anthropic_routes(app, engine)
+    register_responses_routes(app, engine)
     register_cache_routes(app, engine)
     register_ops_routes(app, engine, throughput or ThroughputMeter.for_engine(engine))
 

@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 #: The one path answered without a key (load balancers and orchestrators probe it).
 OPEN_PATHS = frozenset({"/health"})
+#: The header Anthropic clients send their key in (checked when there is no Bearer token).
+API_KEY_HEADER = "x-api-key"
 UNAUTHORIZED_HEADERS = {"WWW-Authenticate": "Bearer"}
 MISSING_KEY_MESSAGE = "Missing API key: send the header 'Authorization: Bearer <key>'."
 INVALID_KEY_MESSAGE = "Incorrect API key provided."
@@ -61,13 +63,15 @@ class ApiKeys:
             matched |= hmac.compare_digest(supplied, digest)
         return matched
 
-    def refusal(self, authorization: bytes | None) -> str | None:
+    def refusal(self, authorization: bytes | None, api_key: bytes | None = None) -> str | None:
         """None when the request may pass (authentication off, or a listed key in the
-        ``Authorization: Bearer`` header); otherwise the 401's message, which never holds
-        what the client sent."""
+        ``Authorization: Bearer`` header, or else in ``x-api-key`` as Anthropic clients send
+        it); otherwise the 401's message, which never holds what the client sent."""
         if not self.enabled:
             return None
         token = bearer_token(authorization)
+        if token is None and api_key is not None and api_key.strip():
+            token = api_key.strip()
         if token is None:
             return MISSING_KEY_MESSAGE
         return None if self.matches(token) else INVALID_KEY_MESSAGE
@@ -167,7 +171,11 @@ def register_auth(app: quart.Quart, keys: ApiKeys) -> None:
         if request.path in OPEN_PATHS:
             return None
         header = request.headers.get("Authorization")
-        message = keys.refusal(None if header is None else header.encode("latin-1"))
+        api_key = request.headers.get(API_KEY_HEADER)
+        message = keys.refusal(
+            None if header is None else header.encode("latin-1"),
+            None if api_key is None else api_key.encode("latin-1"),
+        )
         if message is None:
             return None
         log_refusal(request.method, request.path, message, quart.g.get("request_id"))

@@ -12,7 +12,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .auth import OPEN_PATHS, ApiKeys, log_refusal, unauthorized_body, unauthorized_headers
+from .auth import API_KEY_HEADER, OPEN_PATHS, ApiKeys, log_refusal, unauthorized_body, unauthorized_headers
 from .cors import CorsPolicy
 from .errors import RETRY_AFTER_S, error_body
 
@@ -58,8 +58,11 @@ def _answer(scope: dict[str, Any], api_keys: ApiKeys, cors: CorsPolicy) -> Answe
         return 204, None, headers
     if scope["path"] in OPEN_PATHS:
         return 503, {"status": "loading"}, {**headers, "Retry-After": str(RETRY_AFTER_S)}
-    authorization = request_headers.get("authorization")
-    refusal = api_keys.refusal(None if authorization is None else authorization.encode("latin-1"))
+    authorization, api_key = request_headers.get("authorization"), request_headers.get(API_KEY_HEADER)
+    refusal = api_keys.refusal(
+        None if authorization is None else authorization.encode("latin-1"),
+        None if api_key is None else api_key.encode("latin-1"),
+    )
     if refusal is not None:
         log_refusal(method, scope["path"], refusal)
         length, encoding = request_headers.get("content-length"), request_headers.get("transfer-encoding")

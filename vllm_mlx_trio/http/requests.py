@@ -23,9 +23,10 @@ import msgspec
 from ..core.constraint import ConstraintSpec, canonical_json
 from ..core.params import SamplingParams
 from ..errors import InvalidRequestError, ModelNotFoundError
-from ..messages import ChatMessage, ContentPart, ImagePart, TextPart, VideoPart
+from ..messages import ChatMessage, ChatPrompt, ContentPart, ImagePart, TextPart, VideoPart
 from . import extensions, schemas
 from .schema_errors import bad, check_position, is_off_value, logit_bias_pairs, part_error, type_faults
+from .tool_requests import ToolUse, chat_prompt, tool_message, tool_use, with_tool_constraint
 
 #: Legacy completions return at most this many alternatives per token (OpenAI's limit).
 MAX_COMPLETION_LOGPROBS = 5
@@ -37,7 +38,7 @@ _COMPLETION_NAMES = schemas.field_names(schemas.CompletionBody)
 class ParsedRequest:
     """What a route needs from a body, checked."""
 
-    prompt: str | tuple[ChatMessage, ...]
+    prompt: str | ChatPrompt
     params: SamplingParams
     stream: bool
     include_usage: bool
@@ -45,17 +46,24 @@ class ParsedRequest:
     n: int = 1
     #: vLLM's extension fields the body set (:mod:`.extensions`); already folded into ``params``.
     extensions: extensions.Extensions = extensions.Extensions()
+    #: Chat only: the tools and how the reply's calls are parsed (None: no tools).
+    tools: ToolUse | None = None
 
 
-def parse_chat(body: Any, *, model_name: str, max_n: int, unknown_fields: str = "reject") -> ParsedRequest:
+def parse_chat(
+    body: Any, *, model_name: str, max_n: int, tool_parser: str | None = None, unknown_fields: str = "reject"
+) -> ParsedRequest:
+    """A chat body; ``tool_parser`` is the model's (None: requests that need one get a 400)."""
     body, ext = extensions.split(body, _CHAT_NAMES, chat=True, unknown_fields=unknown_fields)
-    parsed = _parse(body, schemas.ChatBody, _CHAT_NAMES, model_name, partial(_chat, max_n=max_n))
+    build = partial(_chat, max_n=max_n, tool_parser=tool_parser)
+    parsed = _parse(body, schemas.ChatBody, _CHAT_NAMES, model_name, build, schemas.NOT_YET_OFF)
     return _with_extensions(parsed, ext)
 
 
 def parse_completion(body: Any, *, model_name: str, max_n: int, unknown_fields: str = "reject") -> ParsedRequest:
     body, ext = extensions.split(body, _COMPLETION_NAMES, chat=False, unknown_fields=unknown_fields)
-    parsed = _parse(body, schemas.CompletionBody, _COMPLETION_NAMES, model_name, partial(_completion, max_n=max_n))
+    build = partial(_completion, max_n=max_n)
+    parsed = _parse(body, schemas.CompletionBody, _COMPLETION_NAMES, model_name, build, schemas.COMPLETION_OFF)
     return _with_extensions(parsed, ext)
 
 
@@ -64,12 +72,15 @@ def _with_extensions(parsed: ParsedRequest, ext: extensions.Extensions) -> Parse
     return attrs.evolve(parsed, params=params, extensions=ext)
 
 
-def _chat(chat: schemas.ChatBody, body: dict, *, max_n: int) -> ParsedRequest:
+def _chat(chat: schemas.ChatBody, body: dict, *, max_n: int, tool_parser: str | None = None) -> ParsedRequest:
     max_tokens = chat.max_completion_tokens if chat.max_completion_tokens is not None else chat.max_tokens
     if not chat.messages:
         raise bad("messages must be a non-empty array of message objects.", "messages")
-    prompt = tuple(_message(m, body["messages"][i], i) for i, m in enumerate(chat.messages))
-    return _parsed(chat, prompt, max_tokens, max_n, _chat_logprobs(chat))
+    messages = tuple(_message(m, body["messages"][i], i) for i, m in enumerate(chat.messages))
+    use = tool_use(chat, body, tool_parser)
+    parsed = _parsed(chat, chat_prompt(chat, messages, use), max_tokens, max_n, _chat_logprobs(chat))
+    constraint = with_tool_constraint(parsed.params.constraint, use)
+    return attrs.evolve(parsed, params=attrs.evolve(parsed.params, constraint=constraint), tools=use)
 
 
 def _completion(completion: schemas.CompletionBody, body: dict, *, max_n: int) -> ParsedRequest:
@@ -84,12 +95,15 @@ def _completion(completion: schemas.CompletionBody, body: dict, *, max_n: int) -
     return _parsed(completion, prompt, completion.max_tokens, max_n, logprobs)
 
 
-def _parse(body: Any, schema: type, names: frozenset[str], model_name: str, build: Callable) -> ParsedRequest:
-    """Check field names and the model (in the body's order), decode, then ``build``."""
+def _parse(
+    body: Any, schema: type, names: frozenset[str], model_name: str, build: Callable, not_yet: dict[str, tuple]
+) -> ParsedRequest:
+    """Check field names (``not_yet``: the route's fields accepted only when off) and the model
+    (in the body's order), decode, then ``build``."""
     if not isinstance(body, dict):
         raise bad("The request body must be a JSON object.", None)
     for name, value in body.items():
-        off = schemas.NOT_YET_OFF.get(name) if name in names else None
+        off = not_yet.get(name) if name in names else None
         if off is not None and not is_off_value(value, off):
             raise bad(f"{name} is not supported by this server yet.", name, "unsupported_parameter")
         if name not in names:
@@ -132,7 +146,7 @@ def _chat_logprobs(chat: schemas.ChatBody) -> int | None:
 
 def _parsed(
     body: schemas._Body,
-    prompt: str | tuple[ChatMessage, ...],
+    prompt: str | ChatPrompt,
     max_tokens: int | None,
     max_n: int,
     logprobs: int | None,
@@ -242,15 +256,16 @@ def _message(message: schemas.MessageIn, raw: dict, index: int) -> ChatMessage:
         roles = ", ".join(schemas.ROLES)
         raise bad(f"{where}.role must be one of {roles}, got {message.role!r:.50}.", f"{where}.role")
     content = message.content
+    parts: tuple[ContentPart, ...] | None = None
     if isinstance(content, str):
-        parts: tuple[ContentPart, ...] = (TextPart(text=content),)
-    else:
+        parts = (TextPart(text=content),)
+    elif content is not None:
         parts = tuple(_part(part, raw["content"][j], f"{where}.content[{j}]") for j, part in enumerate(content))
     for key, value in raw.items():  # in the body's order
         off = schemas.MESSAGE_OFF.get(key)
         if off is not None and not is_off_value(value, off):
             raise bad(f"{where}.{key} is not supported by this server yet.", f"{where}.{key}", "unsupported_parameter")
-    return ChatMessage(role=message.role, content=parts, name=message.name)
+    return tool_message(message, parts, where)
 
 
 def _part(part: schemas.ContentPartIn, raw: dict, where: str) -> ContentPart:

@@ -24,6 +24,9 @@ class ChoiceResult:
     text: str
     finish_reason: str | None
     logprobs: tuple[TokenLogprob, ...] = ()
+    #: A chat choice's message fields when its text went through output parsers (content,
+    #: reasoning, tool calls: ``agent_output.ChoiceOutput.message``); None: the text is the content.
+    message: dict[str, Any] | None = None
 
 
 class ResponseBuilder:
@@ -72,13 +75,20 @@ class ResponseBuilder:
     def _full_choice(self, choice: ChoiceResult) -> dict[str, Any]:
         logprobs = self._logprobs(choice.index, choice.logprobs)
         if self.chat:
+            fields = choice.message if choice.message is not None else {"content": choice.text}
             return {
                 "index": choice.index,
-                "message": {"role": "assistant", "content": self.echo + choice.text},
+                "message": {"role": "assistant", **self._echoed(fields)},
                 "logprobs": logprobs,
                 "finish_reason": choice.finish_reason,
             }
         return {"index": choice.index, "text": choice.text, "logprobs": logprobs, "finish_reason": choice.finish_reason}
+
+    def _echoed(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """A chat message's fields with the ``echo`` text opening its content."""
+        if not self.echo:
+            return fields
+        return {**fields, "content": self.echo + (fields.get("content") or "")}
 
     def role_chunk(self, index: int) -> str:
         """Chat's first chunk of a choice: the assistant role and no content yet (then the
@@ -120,6 +130,19 @@ class ResponseBuilder:
             head, _, tail = sse(self._envelope(kind, [choice])).rpartition(encode_basestring(_TEXT_MARK))
             template = self._templates[index] = (head, tail)
         return template[0] + encode_basestring(text) + template[1]
+
+    def delta_chunk(
+        self,
+        index: int,
+        delta: dict[str, Any],
+        finish_reason: str | None = None,
+        logprobs: tuple[TokenLogprob, ...] = (),
+    ) -> str:
+        """A chat chunk of choice ``index`` carrying a parsed delta (reasoning, content or
+        tool-call pieces: ``agent_output``), with its tokens' logprobs if asked."""
+        logprobs_json = self._logprobs(index, logprobs) if logprobs else None
+        choice = {"index": index, "delta": delta, "logprobs": logprobs_json, "finish_reason": finish_reason}
+        return sse(self._envelope("chat.completion.chunk", [choice]))
 
     def usage_chunk(self, usage: Usage) -> str:
         kind = "chat.completion.chunk" if self.chat else "text_completion"

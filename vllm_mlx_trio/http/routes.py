@@ -22,6 +22,7 @@ from ..engine import Engine
 from ..errors import VllmMlxTrioError
 from ..messages import TokenLogprob
 from ..stream import Delta, RequestStream
+from .agent_output import ChoiceOutput, OutputSpec, output_spec
 from .body import read_json_body
 from .errors import describe
 from .extensions import extended_builder
@@ -52,6 +53,7 @@ def register_routes(app: quart.Quart, engine: Engine) -> None:
     max_n = engine.cfg.limits.max_n
     unknown_fields = engine.cfg.server.unknown_fields
     engine_ids = EngineIds(engine)
+    tool_parser = engine.output_format.tool_parser
 
     @app.post("/v1/chat/completions")
     async def chat_completions():
@@ -73,8 +75,13 @@ def register_routes(app: quart.Quart, engine: Engine) -> None:
             request_id, quart.request.path, engine.metrics, on_finish=lambda: engine_ids.release(ids)
         )
         with record.outcome():
-            parse = parse_chat if chat else parse_completion
-            parsed = parse(await read_json_body(), model_name=model_name, max_n=max_n, unknown_fields=unknown_fields)
+            body = await read_json_body()
+            if chat:
+                parsed = parse_chat(
+                    body, model_name=model_name, max_n=max_n, tool_parser=tool_parser, unknown_fields=unknown_fields
+                )
+            else:
+                parsed = parse_completion(body, model_name=model_name, max_n=max_n, unknown_fields=unknown_fields)
             ids.extend(engine_ids.reserve(record.request_id, parsed.n))
             return await _complete(engine, parsed, record, ids, chat=chat)
 
@@ -92,6 +99,7 @@ async def _complete(
 ):
     """Run the choices; a streaming response's body finishes ``record``, otherwise this does."""
     builder = extended_builder(parsed, chat=chat, model=engine.cfg.model_name, tokenizer=engine.model_info.tokenizer)
+    spec = _output_spec(engine, parsed) if chat else None
     record.submitting()
     streams = await _submit_choices(engine, parsed, ids)
     record.streams = streams
@@ -101,14 +109,35 @@ async def _complete(
                 opened.enter_context(stream)
             results = await _collect_choices(streams, record)
         record.finish("ok")
+        if spec is not None:
+            results = [_parsed_choice(result, spec, stream) for result, stream in zip(results, streams, strict=True)]
         return builder.full(results, combined_usage([s.usage for s in streams]))
     response = quart.Response(
-        ChoicesSseBody(streams, builder, include_usage=parsed.include_usage, record=record),
+        ChoicesSseBody(streams, builder, include_usage=parsed.include_usage, record=record, output=spec),
         mimetype="text/event-stream",
         headers=SSE_HEADERS,
     )
     response.timeout = None  # Quart's 60 s response timeout must not cut long streams
     return response
+
+
+def _output_spec(engine: Engine, parsed: ParsedRequest) -> OutputSpec | None:
+    """How a chat request's choices are parsed (None: not at all, the text is the content)."""
+    use = parsed.tools
+    return output_spec(
+        engine.output_format,
+        tools=use.tools if use else None,
+        parse_calls=bool(use and use.parse_calls),
+        parallel=use.parallel if use else True,
+    )
+
+
+def _parsed_choice(result: ChoiceResult, spec: OutputSpec, stream: RequestStream) -> ChoiceResult:
+    """A non-streamed choice through the same parser a stream goes through."""
+    output = ChoiceOutput(spec, starts_in_reasoning=stream.starts_in_reasoning)
+    output.feed(result.text)
+    output.finish()
+    return attrs.evolve(result, message=output.message(), finish_reason=output.finish_reason(result.finish_reason))
 
 
 async def _submit_choices(engine: Engine, parsed: ParsedRequest, ids: list[str]) -> list[RequestStream]:
@@ -173,8 +202,13 @@ class ChoicesSseBody(ResponseBody):
         *,
         include_usage: bool,
         record: RequestRecord | None = None,
+        output: OutputSpec | None = None,
     ):
         self._streams = streams
+        #: Chat choices whose text goes through output parsers: one parser per choice.
+        self._outputs = (
+            [ChoiceOutput(output, starts_in_reasoning=s.starts_in_reasoning) for s in streams] if output else None
+        )
         self._builder = builder
         self._include_usage = include_usage
         self._record = record
@@ -258,10 +292,34 @@ class ChoicesSseBody(ResponseBody):
                 events.append(_error_event(item, self._streams[index]))
                 self._error = error_code(item)
                 return "".join(events), True
-            if item.text or item.finish_reason is not None or item.logprobs or index not in started:
+            if self._outputs is not None:
+                events.extend(self._parsed_chunks(index, item, started))
+            elif item.text or item.finish_reason is not None or item.logprobs or index not in started:
                 started.add(index)
                 events.append(self._builder.chunk(index, item.text, item.finish_reason, item.logprobs))
         return "".join(events), False
+
+    def _parsed_chunks(self, index: int, item: Delta, started: set[int]) -> list[str]:
+        """A parsed choice's chunks for one delta: one per parsed piece (the tokens' logprobs
+        on the first, the finish reason on the last), or one empty delta for logprobs or the
+        finish alone."""
+        assert self._outputs is not None
+        output = self._outputs[index]
+        deltas = output.feed(item.text)
+        finish_reason = None
+        if item.finish_reason is not None:
+            deltas += output.finish()
+            finish_reason = output.finish_reason(item.finish_reason)
+        if not deltas and (finish_reason is not None or item.logprobs or index not in started):
+            deltas = [{}]
+        started.add(index)
+        last = len(deltas) - 1
+        return [
+            self._builder.delta_chunk(
+                index, delta, finish_reason if i == last else None, item.logprobs if i == 0 else ()
+            )
+            for i, delta in enumerate(deltas)
+        ]
 
 
 def _drain_nowait(recv: trio.MemoryReceiveChannel) -> list:

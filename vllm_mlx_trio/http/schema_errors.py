@@ -47,7 +47,10 @@ _SAMPLING_ORDER = (
     "stream_interval", "cache_salt", "stop_token_ids", "logit_bias", *schemas.CONSTRAINT_FIELDS,
 )  # fmt: skip
 CHECK_ORDER = {
-    schemas.ChatBody: ("max_completion_tokens", "max_tokens", "messages", "logprobs", "top_logprobs", *_SAMPLING_ORDER),
+    schemas.ChatBody: (
+        "max_completion_tokens", "max_tokens", "messages", "logprobs", "top_logprobs", *_SAMPLING_ORDER,
+        *schemas.CHAT_AGENT_FIELDS,
+    ),  # fmt: skip
     schemas.CompletionBody: ("prompt", "logprobs", "max_tokens", *_SAMPLING_ORDER),
 }
 
@@ -156,7 +159,7 @@ def _message_fault(message: Any, where: str) -> InvalidRequestError | None:
             refused_kind = isinstance(part, dict) and part.get("type") == "input_audio"  # no audio runner yet
             if refused_kind or mismatch(part, schemas.ContentPartIn):
                 return part_error(part, f"{where}.content[{j}]")
-    elif not isinstance(content, str):
+    elif not isinstance(content, str) and not (content is None and _content_may_be_null(message)):
         return bad(f"{where}.content must be a string or an array of text parts.", f"{where}.content")
     for key, value in message.items():
         if key not in _MESSAGE_NAMES:
@@ -164,9 +167,20 @@ def _message_fault(message: Any, where: str) -> InvalidRequestError | None:
         off = schemas.MESSAGE_OFF.get(key)
         if off is not None and not is_off_value(value, off):
             return bad(f"{where}.{key} is not supported by this server yet.", f"{where}.{key}", "unsupported_parameter")
+    if mismatch(message.get("tool_calls"), list[schemas.ToolCall] | None):
+        shape = '{"id", "type": "function", "function": {"name", "arguments"}}'
+        return bad(f"{where}.tool_calls must be an array of {shape} objects.", f"{where}.tool_calls")
+    for key in ("tool_call_id", "reasoning_content", "reasoning"):
+        if mismatch(message.get(key), str | None):
+            return bad(f"{where}.{key} must be a string.", f"{where}.{key}")
     if mismatch(message.get("name"), schemas.Name | None):
         return bad(f"{where}.name must be a string of 1 to {schemas.MAX_NAME_CHARS} characters.", f"{where}.name")
     return None
+
+
+def _content_may_be_null(message: dict) -> bool:
+    """An assistant reply sent back: only calls, or only reasoning, has null content."""
+    return bool(message.get("tool_calls") or message.get("reasoning_content") or message.get("reasoning"))
 
 
 def part_error(part: Any, where: str) -> InvalidRequestError:

@@ -6,7 +6,7 @@ no ``"3"`` for ``3``); :mod:`.requests` turns a decoded body into a ``ParsedRequ
 as the server always worded it. Bounds that depend on the model or the config (context,
 vocabulary, ``limits.*``) are checked later, by admission.
 
-Shapes this server does not honour yet (tools, tool_choice, media parts...)
+Shapes this server does not honour yet (best_of, echo, suffix, audio parts...)
 are declared too, so the next features only have to act on them: :data:`NOT_YET_OFF` lists the
 values at which such a field is accepted today (its "off" values).
 
@@ -24,7 +24,7 @@ import msgspec
 
 #: Longest participant ``name`` accepted (OpenAI's schema has no bound; templates paste it).
 MAX_NAME_CHARS = 256
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 class _Object(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -74,7 +74,7 @@ class AudioPartIn(_Part, tag="input_audio"):
 ContentPartIn = TextPartIn | ImagePartIn | VideoPartIn | AudioPartIn
 
 
-# -- tools (declared, not honoured yet) ----------------------------------------------------
+# -- tools (chat only: requests.py, _tool_use) ----------------------------------------------
 
 
 class FunctionDef(_Object):
@@ -153,6 +153,10 @@ CONSTRAINT_FIELDS = (
 )  # fmt: skip
 
 
+#: The chat body fields of tool calling and the template's extra variables (tool_requests.py).
+CHAT_AGENT_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "reasoning_effort")
+
+
 # -- messages ------------------------------------------------------------------------------
 
 
@@ -162,10 +166,14 @@ Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_CHARS)]
 
 class MessageIn(_Object):
     """One chat turn. ``role`` is checked against :data:`ROLES` by the converter (its message
-    names the value given); the tool and audio fields are accepted only when off."""
+    names the value given). ``content`` may be null only on an assistant turn that made
+    ``tool_calls`` or carries its reasoning; a ``tool`` turn names the call it answers
+    (``tool_call_id``). An assistant turn sent back as a server reply was may keep its
+    ``reasoning_content`` (or the ``reasoning`` alias): templates that show past thinking read
+    it. The audio and legacy ``function_call`` fields are accepted only when off."""
 
     role: str
-    content: str | list[ContentPartIn]
+    content: str | list[ContentPartIn] | None = None
     name: Name | None = None
     refusal: str | None = None
     tool_calls: list[ToolCall] | None = None
@@ -173,6 +181,8 @@ class MessageIn(_Object):
     function_call: FunctionCall | None = None
     audio: dict[str, Any] | None = None
     annotations: list[dict[str, Any]] | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class StreamOptions(_Object):
@@ -214,10 +224,11 @@ class _Body(_Object):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
-    # not honoured yet: accepted only at an off value (NOT_YET_OFF)
+    # tool calling (chat; refused on completions: COMPLETION_OFF)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # not honoured yet: accepted only at an off value (NOT_YET_OFF)
     best_of: int | None = None
     echo: bool | None = None
     suffix: str | None = None
@@ -240,21 +251,22 @@ class CompletionBody(_Body):
 #: Fields a later version honours, and the values at which they are accepted today. A value
 #: is off when it equals one of these *and* has its JSON type (``1`` is not ``true``).
 NOT_YET_OFF: dict[str, tuple] = {
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
-    "parallel_tool_calls": (None, True, False),
     "best_of": (None, 1),
     "echo": (None, False),
     "suffix": (None,),
-    "chat_template_kwargs": (None, {}),
-    "reasoning_effort": (None,),
 }
-#: Message fields this server cannot act on (no tools, audio or refusals): accepted only when
+#: Legacy completions take no tools (a raw prompt has no template to render them): accepted
+#: only at these off values there, as before chat honoured them.
+COMPLETION_OFF: dict[str, tuple] = {
+    **NOT_YET_OFF,
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "parallel_tool_calls": (None, True, False),
+}
+#: Message fields this server cannot act on (audio, refusals, legacy function calls): accepted only when
 #: off, as openai-python writes them when an answer is sent back as the next turn's input.
 MESSAGE_OFF = {
     "refusal": (None, ""),
-    "tool_calls": (None, []),
-    "tool_call_id": (None,),
     "function_call": (None,),
     "audio": (None,),
     "annotations": (None, []),

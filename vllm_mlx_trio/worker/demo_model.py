@@ -18,6 +18,7 @@ single decode stream, by ~15%.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.resources
 import json
 import os
@@ -60,14 +61,44 @@ SPECIAL_ROW_SCALE = 0.01
 RMS_NORM_EPS = 1e-6
 ROPE_THETA = 1_000_000.0
 
+#: ChatML, with Qwen 2.5/3-style tool calling: the tools are listed in the system turn, an
+#: assistant's calls are ``<tool_call>`` blocks (JSON with "name" and "arguments", what the
+#: ``hermes`` tool parser reads), and tool results go back in a user turn as
+#: ``<tool_response>`` blocks. Without tools it renders exactly the plain ChatML it always did.
 CHAT_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' }}"
-    "{%- if message['content'] is string %}{{- message['content'] }}"
-    "{%- else %}{%- for part in message['content'] %}"
+    "{%- macro text(content) %}"
+    "{%- if content is string %}{{- content }}"
+    "{%- elif content %}{%- for part in content %}"
     "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}"
     "{%- endfor %}{%- endif %}"
+    "{%- endmacro %}"
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- text(messages[0]['content']) + '\\n\\n' }}{%- endif %}"
+    "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n'"
+    " + 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
+    "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
+    "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments'"
+    " + ' within <tool_call></tool_call> XML tags:\\n<tool_call>\\n'"
+    " + '{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] == 'tool' %}"
+    "{%- if loop.first or loop.previtem['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\\n<tool_response>\\n' + text(message['content']) + '\\n</tool_response>' }}"
+    "{%- if loop.last or loop.nextitem['role'] != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- elif not (tools and loop.first and message['role'] == 'system') %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + text(message['content']) }}"
+    "{%- for call in message['tool_calls'] or [] %}"
+    "{%- set call = call['function'] if call['function'] is defined else call %}"
+    "{%- if loop.first and message['content'] or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + call['name'] + '\", \"arguments\": ' }}"
+    "{%- if call['arguments'] is string %}{{- call['arguments'] }}"
+    "{%- else %}{{- call['arguments'] | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
     "{{- '<|im_end|>\\n' }}"
+    "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
@@ -135,7 +166,9 @@ def resolve_demo_model(
 
     The model is built (seed 0, default dtype) into
     ``<cache_dir>/<size>-seed0-v<DEMO_FORMAT_VERSION>`` on first use; later
-    calls find the completion marker and return the existing build.
+    calls find the completion marker and return the existing build, unless it
+    records another chat template (:func:`chat_template_hash`): then it is
+    rebuilt, so caches built before a template change get the new one.
     Raises ``ValueError`` for a path that is not a demo path or an unknown size.
     """
     if not is_demo_path(path):
@@ -145,8 +178,24 @@ def resolve_demo_model(
     root = pathlib.Path(cache_dir) if cache_dir is not None else default_demo_cache_dir()
     target = root / f"{size}-seed0-v{DEMO_FORMAT_VERSION}"
     if (target / DEMO_MARKER).is_file():
-        return target
+        if _built_template_hash(target) == chat_template_hash():
+            return target
+        # Built with an older chat template (e.g. before tool calling): rebuilt and swapped in.
+        return _build(target, size=size, seed=0, dtype=DEFAULT_DTYPE, replace=True)
     return _build(target, size=size, seed=0, dtype=DEFAULT_DTYPE, replace=False)
+
+
+def chat_template_hash() -> str:
+    """The hash of :data:`CHAT_TEMPLATE` a build records, so a build with another is rebuilt."""
+    return hashlib.sha256(CHAT_TEMPLATE.encode()).hexdigest()
+
+
+def _built_template_hash(directory: pathlib.Path) -> str | None:
+    try:
+        marker = json.loads((directory / DEMO_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return marker.get("chat_template_sha256") if isinstance(marker, dict) else None
 
 
 def build_demo_model(
@@ -236,7 +285,10 @@ def _write_model_files(
     _write_json(directory / "tokenizer_config.json", _tokenizer_config(spec))
     special = {"eos_token": IM_END, "pad_token": ENDOFTEXT}
     _write_json(directory / "special_tokens_map.json", special)
-    marker = {"format_version": DEMO_FORMAT_VERSION, "size": size, "seed": seed, "dtype": dtype}
+    marker = {
+        "format_version": DEMO_FORMAT_VERSION, "size": size, "seed": seed, "dtype": dtype,
+        "chat_template_sha256": chat_template_hash(),
+    }  # fmt: skip
     _write_json(directory / DEMO_MARKER, {**marker, "shape": attrs.asdict(spec)})
 
 

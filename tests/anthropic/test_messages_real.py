@@ -1,0 +1,83 @@
+"""The Messages API on the real demo model (MLX on the CPU), driven by the anthropic SDK."""
+
+from __future__ import annotations
+
+import anthropic
+import pytest
+import trio
+
+from vllm_mlx_trio.testing.harness import open_server
+
+pytestmark = pytest.mark.mlx
+
+MODEL = "demo:tiny"
+#: Long enough to fill whole prefix-cache blocks (64 tokens each by default).
+LONG_RULES = " ".join(f"Rule {i}: answer briefly and never repeat yourself." for i in range(20))
+SYSTEM = [{"type": "text", "text": LONG_RULES, "cache_control": {"type": "ephemeral"}}]
+USER = [{"role": "user", "content": "What is 2+2?"}]
+TIMEOUT_S = 180
+
+
+async def test_create_stream_and_count_tokens_agree(demo_cfg):
+    # temperature is not a keyword of the newest SDK: older clients send it, so does this test
+    kwargs = {"model": MODEL, "max_tokens": 24, "system": SYSTEM, "messages": USER, "extra_body": {"temperature": 0}}
+    with trio.fail_after(TIMEOUT_S):
+        async with open_server(demo_cfg) as srv:
+            async with anthropic.AsyncAnthropic(base_url=srv.url, api_key="unused", max_retries=0) as c:
+                counted = await c.messages.count_tokens(model=MODEL, system=SYSTEM, messages=USER)
+                whole = await c.messages.create(**kwargs)  # a cold cache: the first request
+                async with c.messages.stream(**kwargs) as stream:
+                    streamed_text = "".join([text async for text in stream.text_stream])
+                    streamed = await stream.get_final_message()
+    assert counted.input_tokens == whole.usage.input_tokens
+    assert whole.usage.cache_read_input_tokens == 0
+    # the same prompt again: read (mostly) from the prefix cache, the sum is still the prompt
+    assert streamed.usage.cache_read_input_tokens > 0
+    assert streamed.usage.input_tokens + streamed.usage.cache_read_input_tokens == counted.input_tokens
+    assert whole.content and whole.content[0].text == streamed_text == streamed.content[0].text
+    assert "\ufffd" not in streamed_text
+    assert whole.stop_reason in ("end_turn", "max_tokens") and whole.stop_reason == streamed.stop_reason
+    assert whole.usage.output_tokens == streamed.usage.output_tokens
+
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}},
+        "required": ["city"],
+        "additionalProperties": False,
+    },
+}
+
+
+async def test_forced_tool_use_and_tool_result_round_trip(demo_cfg):
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    forced = {"type": "tool", "name": "get_weather"}
+    with trio.fail_after(TIMEOUT_S):
+        async with open_server(demo_cfg) as srv:
+            async with anthropic.AsyncAnthropic(base_url=srv.url, api_key="unused", max_retries=0) as c:
+                message = await c.messages.create(
+                    model=MODEL, max_tokens=200, messages=ask, tools=[WEATHER], tool_choice=forced
+                )
+                async with c.messages.stream(
+                    model=MODEL, max_tokens=200, messages=ask, tools=[WEATHER], tool_choice=forced
+                ) as stream:
+                    streamed = await stream.get_final_message()
+                call = next(block for block in message.content if block.type == "tool_use")
+                history = [
+                    *ask,
+                    {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "Sunny"}]},
+                ]
+                answer = await c.messages.create(model=MODEL, max_tokens=8, messages=history, tools=[WEATHER])
+                counted = await c.messages.count_tokens(model=MODEL, messages=history, tools=[WEATHER])
+                no_tools = await c.messages.count_tokens(model=MODEL, messages=history)
+    # the grammar forces one call of the named tool whose input fits the schema
+    assert call.name == "get_weather" and isinstance(call.input, dict) and isinstance(call.input["city"], str)
+    assert set(call.input) == {"city"} and message.stop_reason == "tool_use"
+    assert [b.type for b in streamed.content if b.type == "tool_use"] == ["tool_use"]
+    assert streamed.stop_reason == "tool_use"
+    assert answer.usage.input_tokens + answer.usage.cache_read_input_tokens == counted.input_tokens
+    assert no_tools.input_tokens < counted.input_tokens  # the template renders the tools: they count

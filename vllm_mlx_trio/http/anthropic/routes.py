@@ -1,0 +1,51 @@
+"""``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (Anthropic's Messages API)."""
+
+from __future__ import annotations
+
+import quart
+
+from ...engine import Engine
+from ..body import read_json_body
+from ..one_request import OneRequestRunner
+from .count import TokenCounter
+from .errors import register_error_shape
+from .message import MessageEvents, full_message
+from .translate import parse_count_tokens, parse_messages
+
+MESSAGES_PATH = "/v1/messages"
+#: Seconds without an event before a ``ping``: Anthropic's clients expect one at least every
+#: 10 s while a long prefill runs; half of that leaves room for a busy event loop.
+PING_INTERVAL_S = 5.0
+
+
+def register_anthropic_routes(app: quart.Quart, engine: Engine) -> None:
+    model_name = engine.cfg.model_name
+    runner = OneRequestRunner(engine)
+    counter = TokenCounter(engine.model_info.tokenizer)
+    register_error_shape(app, MESSAGES_PATH)
+
+    @app.post(MESSAGES_PATH)
+    async def messages():
+        with runner.record() as (record, ids):
+            parsed = parse_messages(await read_json_body(), model_name=model_name, output=engine.output_format)
+            stream = await runner.submit(record, ids, parsed.prompt, parsed.params)
+            if parsed.stream:
+                return runner.streaming_response(
+                    stream, MessageEvents(model_name, parsed.output), record, ping_interval_s=PING_INTERVAL_S
+                )
+            outcome = await runner.collect(stream, record)
+            return full_message(
+                model=model_name,
+                text=outcome.text,
+                finish_reason=outcome.finish_reason,
+                stop_sequence=outcome.stop_sequence,
+                usage=stream.usage,
+                output=parsed.output,
+                starts_in_reasoning=stream.starts_in_reasoning,
+            )
+
+    @app.post(f"{MESSAGES_PATH}/count_tokens")
+    async def count_tokens():
+        # ``?beta=true`` (sent by some clients) changes nothing here.
+        prompt = parse_count_tokens(await read_json_body(), model_name=model_name, output=engine.output_format)
+        return {"input_tokens": await counter.count(prompt)}

@@ -1,0 +1,138 @@
+"""Anthropic tool use and thinking onto the engine's tool calling (issue 14's pieces).
+
+- ``tools`` (``name``, ``description``, ``input_schema``) become OpenAI function tools the chat
+  template renders; ``tool_use`` blocks of the history become the assistant turn's calls and
+  ``tool_result`` blocks become ``tool`` turns (``is_error`` results start with "Error: ").
+- ``tool_choice``: ``auto`` (the default with tools) parses the reply for calls with the
+  model's tool parser (a 400 without one); ``any`` and ``tool`` force the calls with a
+  grammar (``ConstraintSpec`` kind ``tool_calls``; ``tool`` allows exactly that one tool);
+  ``none`` renders the tools and never parses calls; ``disable_parallel_tool_use`` allows
+  one call at most.
+- ``thinking``: ``enabled`` / ``disabled`` set the template's ``enable_thinking`` switch; the
+  reply's reasoning (with the model's reasoning parser) becomes a ``thinking`` block.
+  ``budget_tokens`` is checked as Anthropic checks it (>= 1024, below ``max_tokens``) but not
+  enforced during generation: ``max_tokens`` bounds reasoning and answer together.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+
+from ...core.constraint import ConstraintSpec, canonical_json
+from ...errors import InvalidRequestError
+from ...output_format import OutputFormat
+from ..agent_output import OutputSpec
+from . import schemas
+
+#: Anthropic's smallest thinking budget.
+MIN_THINKING_BUDGET = 1024
+#: The prefix of a ``tool_result`` marked ``is_error`` in the tool turn the template renders.
+ERROR_RESULT_PREFIX = "Error: "
+
+
+@attrs.frozen(kw_only=True)
+class ToolPlan:
+    """What a Messages body asks of tool calling and thinking, checked."""
+
+    tools: tuple[dict[str, Any], ...] | None
+    template_kwargs: dict[str, Any]
+    constraint: ConstraintSpec | None
+    #: How the reply is parsed (None: its text is the one text block).
+    output: OutputSpec | None
+
+
+def tool_plan(body: schemas.MessagesBody | schemas.CountTokensBody, output: OutputFormat) -> ToolPlan:
+    tools = _function_tools(body.tools or [])
+    choice = body.tool_choice
+    if choice is not None and not isinstance(choice, schemas.NoneChoice | schemas.AutoChoice) and not tools:
+        raise InvalidRequestError("tool_choice: a tool choice needs tools.", param="tool_choice")
+    parallel = not getattr(choice, "disable_parallel_tool_use", None)
+    parse_calls = bool(tools) and not isinstance(choice, schemas.NoneChoice)
+    if parse_calls and output.tool_parser is None:
+        raise InvalidRequestError(
+            "tools: this model has no tool parser, so tool calls cannot be read from its output: set "
+            '[model] tool_parser (e.g. hermes), or send tool_choice {"type": "none"}.',
+            param="tools",
+        )
+    constraint = _forced(tools, choice, output.tool_parser, parallel=parallel)
+    if isinstance(choice, schemas.NamedChoice):
+        parallel = False
+    spec = None
+    tool_parser = output.tool_parser if parse_calls else None
+    if tool_parser is not None or output.reasoning_parser is not None:
+        spec = OutputSpec(
+            tool_parser=tool_parser, reasoning_parser=output.reasoning_parser, tools=tools or None, parallel=parallel
+        )
+    return ToolPlan(tools=tools or None, template_kwargs=_thinking_kwargs(body), constraint=constraint, output=spec)
+
+
+def _function_tools(tools: list[schemas.Tool]) -> tuple[dict[str, Any], ...]:
+    names: set[str] = set()
+    functions = []
+    for i, tool in enumerate(tools):
+        if not tool.name or tool.name in names:
+            raise InvalidRequestError(f"tools.{i}.name: tool names must be non-empty and unique.", param=f"tools.{i}")
+        names.add(tool.name)
+        function: dict[str, Any] = {"name": tool.name, "parameters": tool.input_schema}
+        if tool.description is not None:
+            function["description"] = tool.description
+        functions.append({"type": "function", "function": function})
+    return tuple(functions)
+
+
+def _forced(
+    tools: tuple[dict[str, Any], ...], choice: Any, tool_parser: str | None, *, parallel: bool
+) -> ConstraintSpec | None:
+    if isinstance(choice, schemas.AnyChoice):
+        allowed = tools
+    elif isinstance(choice, schemas.NamedChoice):
+        allowed = tuple(tool for tool in tools if tool["function"]["name"] == choice.name)
+        if not allowed:
+            raise InvalidRequestError(
+                f"tool_choice.name: {choice.name!r:.80} is not one of the tools given.", param="tool_choice.name"
+            )
+        parallel = False
+    else:
+        return None
+    return ConstraintSpec(
+        kind="tool_calls", body=canonical_json(list(allowed)), tool_call_format=tool_parser, parallel=parallel
+    )
+
+
+def _thinking_kwargs(body: schemas.MessagesBody | schemas.CountTokensBody) -> dict[str, Any]:
+    thinking = body.thinking
+    if thinking is None:
+        return {}
+    if isinstance(thinking, schemas.ThinkingDisabled):
+        return {"enable_thinking": False}
+    budget = thinking.budget_tokens
+    max_tokens = getattr(body, "max_tokens", None)
+    if budget < MIN_THINKING_BUDGET or (max_tokens is not None and budget >= max_tokens):
+        raise InvalidRequestError(
+            f"thinking.budget_tokens: must be at least {MIN_THINKING_BUDGET} and less than max_tokens.",
+            param="thinking.budget_tokens",
+        )
+    return {"enable_thinking": True}
+
+
+def tool_arguments(block: schemas.ToolUseBlock) -> str:
+    """A ``tool_use`` block's ``input`` as the JSON text an OpenAI call carries."""
+    return json.dumps(block.input, ensure_ascii=False)
+
+
+def tool_result_text(block: schemas.ToolResultBlock, where: str) -> str:
+    content = block.content
+    if content is None:
+        text = ""
+    elif isinstance(content, str):
+        text = content
+    else:
+        if any(isinstance(part, schemas.ImageBlock) for part in content):
+            raise InvalidRequestError(
+                f"{where}.content: images in tool results are not supported by this server.", param=f"{where}.content"
+            )
+        text = "\n".join(part.text for part in content if isinstance(part, schemas.TextBlock))
+    return ERROR_RESULT_PREFIX + text if block.is_error else text

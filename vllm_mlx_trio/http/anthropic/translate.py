@@ -1,0 +1,223 @@
+"""An Anthropic Messages body -> the engine's chat turns and :class:`SamplingParams`.
+
+Strict like the chat route: an unknown field is a 400 naming it (worded as Anthropic words
+it, ``messages.0.content.1.foo: Extra inputs are not permitted``), a field that would change
+the answer but is not supported is a 400 naming it, and a bookkeeping field is accepted and
+ignored. The model must be the served one (a 404 otherwise, as on the chat route).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import attrs
+import msgspec
+
+from ...core.params import SamplingParams
+from ...errors import InvalidRequestError, ModelNotFoundError
+from ...messages import CalledTool, ChatMessage, ChatPrompt, ContentPart, ImagePart, TextPart
+from ...output_format import OutputFormat
+from ..agent_output import OutputSpec
+from ..requests import _content_hash
+from . import schemas
+from .tools import tool_arguments, tool_plan, tool_result_text
+
+#: System blocks are joined with a blank line into the one system turn templates take.
+SYSTEM_BLOCK_SEPARATOR = "\n\n"
+_AT = re.compile(r"^(?P<text>.*?)(?: - at `\$(?P<path>.*)`)?$", re.DOTALL)
+_FIELD = re.compile(r"Object (?P<what>contains unknown|missing required) field `(?P<name>[^`]*)`")
+
+
+@attrs.frozen(kw_only=True)
+class MessagesRequest:
+    """What the Messages route needs from a body, checked."""
+
+    prompt: ChatPrompt
+    params: SamplingParams
+    stream: bool
+    #: How the reply is parsed into thinking, text and tool_use blocks (None: one text block).
+    output: OutputSpec | None = None
+
+
+def parse_messages(body: Any, *, model_name: str, output: OutputFormat) -> MessagesRequest:
+    decoded = _decode(body, schemas.MessagesBody, model_name)
+    plan = tool_plan(decoded, output)
+    prompt = ChatPrompt(messages=build_turns(decoded), tools=plan.tools, template_kwargs=plan.template_kwargs)
+    params = SamplingParams(
+        max_tokens=decoded.max_tokens,
+        stop=tuple(decoded.stop_sequences or ()),
+        constraint=plan.constraint,
+        **_sampling_fields(decoded),
+    )
+    return MessagesRequest(prompt=prompt, params=params, stream=bool(decoded.stream), output=plan.output)
+
+
+def parse_count_tokens(body: Any, *, model_name: str, output: OutputFormat) -> ChatPrompt:
+    decoded = _decode(body, schemas.CountTokensBody, model_name)
+    plan = tool_plan(decoded, output)
+    return ChatPrompt(messages=build_turns(decoded), tools=plan.tools, template_kwargs=plan.template_kwargs)
+
+
+def _sampling_fields(body: schemas.MessagesBody) -> dict[str, Any]:
+    fields = {"temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k}
+    return {name: value for name, value in fields.items() if value is not None}
+
+
+def _decode(body: Any, schema: type, model_name: str) -> Any:
+    if not isinstance(body, dict):
+        raise InvalidRequestError("The request body must be a JSON object.")
+    check_unsupported(body)
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise InvalidRequestError("model: Field required (a string).", param="model")
+    if model != model_name:
+        raise ModelNotFoundError(model)
+    try:
+        return msgspec.convert(body, schema)
+    except (msgspec.ValidationError, UnicodeEncodeError) as exc:
+        raise validation_error(str(exc)) from None
+
+
+def validation_error(text: str) -> InvalidRequestError:
+    """msgspec's complaint as Anthropic words it: ``a.0.b: what is wrong``."""
+    match = _AT.match(text)
+    assert match is not None  # the pattern matches any text
+    path = _dotted(match["path"] or "")
+    what = match["text"]
+    field = _FIELD.match(what)
+    if field is not None:
+        path = f"{path}.{field['name']}" if path else field["name"]
+        what = "Extra inputs are not permitted" if field["what"] == "contains unknown" else "Field required"
+    return InvalidRequestError(f"{path}: {what}" if path else what, param=path or None)
+
+
+def _dotted(path: str) -> str:
+    """msgspec's ``.messages[0].content`` as Anthropic's ``messages.0.content``."""
+    return re.sub(r"\[(\d+)\]", r".\1", path).lstrip(".")
+
+
+# -- refusing what is not supported, by name -------------------------------------------------
+
+
+def check_unsupported(body: dict) -> None:
+    for name, what in schemas.UNSUPPORTED_FIELDS.items():
+        if body.get(name) is not None:
+            raise InvalidRequestError(f"{name}: {what} are not supported by this server.", param=name)
+    tools = body.get("tools")
+    for i, tool in enumerate(tools if isinstance(tools, list) else ()):
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind is not None and kind != schemas.CLIENT_TOOL_TYPE:
+            raise InvalidRequestError(
+                f"tools.{i}.type: server tools ({kind!r:.60}) are not supported by this server; "
+                "only client tools with an input_schema.",
+                param=f"tools.{i}.type",
+            )
+    _check_blocks(body.get("system"), "system")
+    messages = body.get("messages")
+    for i, message in enumerate(messages if isinstance(messages, list) else ()):
+        if isinstance(message, dict):
+            _check_blocks(message.get("content"), f"messages.{i}.content")
+
+
+def _check_blocks(blocks: Any, where: str) -> None:
+    for j, block in enumerate(blocks if isinstance(blocks, list) else ()):
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if isinstance(kind, str) and kind in schemas.UNSUPPORTED_BLOCKS:
+            raise InvalidRequestError(
+                f"{where}.{j}: content blocks of type {kind!r} are not supported by this server.",
+                param=f"{where}.{j}.type",
+            )
+        if block.get("citations"):
+            raise InvalidRequestError(
+                f"{where}.{j}.citations: citations are not supported by this server.", param=f"{where}.{j}.citations"
+            )
+        if kind == "tool_result":
+            _check_blocks(block.get("content"), f"{where}.{j}.content")
+
+
+# -- the prompt ------------------------------------------------------------------------------
+
+
+def build_turns(body: schemas.MessagesBody | schemas.CountTokensBody) -> tuple[ChatMessage, ...]:
+    if not body.messages:
+        raise InvalidRequestError("messages: at least one message is required.", param="messages")
+    if body.messages[-1].role == "assistant":
+        raise InvalidRequestError(
+            "messages: a final assistant turn (a prefill to continue) is not supported by this server yet.",
+            param="messages",
+        )
+    turns = [turn for i, message in enumerate(body.messages) for turn in _turns(message, i)]
+    system = _system_text(body.system)
+    if system is not None:
+        turns.insert(0, ChatMessage(role="system", content=system))
+    return tuple(turns)
+
+
+def _system_text(system: str | list[schemas.TextBlock] | None) -> str | None:
+    if system is None:
+        return None
+    if isinstance(system, str):
+        return system or None
+    text = SYSTEM_BLOCK_SEPARATOR.join(block.text for block in system)
+    return text or None
+
+
+def _turns(message: schemas.MessageParam, index: int) -> list[ChatMessage]:
+    """One Anthropic message as chat turns: an assistant message is one turn with its calls;
+    a user message's ``tool_result`` blocks become ``tool`` turns, in order among its text."""
+    content = message.content
+    if isinstance(content, str):
+        return [ChatMessage(role=message.role, content=content)]
+    where = f"messages.{index}.content"
+    if message.role == "assistant":
+        return [_assistant_turn(content, where)]
+    turns: list[ChatMessage] = []
+    parts: list[ContentPart] = []
+    for j, block in enumerate(content):
+        if isinstance(block, schemas.ToolResultBlock):
+            if parts:
+                turns.append(ChatMessage(role="user", content=tuple(parts)))
+                parts = []
+            text = tool_result_text(block, f"{where}.{j}")
+            turns.append(ChatMessage(role="tool", content=text, tool_call_id=block.tool_use_id))
+        elif (part := _part(block, f"{where}.{j}", "user")) is not None:
+            parts.append(part)
+    if parts or not turns:
+        turns.append(ChatMessage(role="user", content=tuple(parts)))
+    return turns
+
+
+def _assistant_turn(content: list[schemas.Block], where: str) -> ChatMessage:
+    parts: list[ContentPart] = []
+    calls: list[CalledTool] = []
+    for j, block in enumerate(content):
+        if isinstance(block, schemas.ToolUseBlock):
+            calls.append(CalledTool(id=block.id, name=block.name, arguments=tool_arguments(block)))
+        elif (part := _part(block, f"{where}.{j}", "assistant")) is not None:
+            parts.append(part)
+    return ChatMessage(role="assistant", content=tuple(parts), tool_calls=tuple(calls))
+
+
+def _part(block: schemas.Block, where: str, role: str) -> ContentPart | None:
+    """A block as an engine content part; None for what templates never see (thinking)."""
+    if isinstance(block, schemas.TextBlock):
+        return TextPart(text=block.text)
+    if isinstance(block, schemas.ImageBlock):
+        return image_part(block)
+    if isinstance(block, schemas.ThinkingBlock | schemas.RedactedThinkingBlock):
+        return None  # earlier turns' reasoning: accepted, and dropped as chat templates do
+    kind = "tool_use" if isinstance(block, schemas.ToolUseBlock) else "tool_result"
+    raise InvalidRequestError(f"{where}: {kind} blocks are not allowed in {role} messages.", param=where)
+
+
+def image_part(block: schemas.ImageBlock) -> ImagePart:
+    """An image by reference: a data URL of base64 bytes, or the URL as given."""
+    source = block.source
+    if isinstance(source, schemas.Base64Source):
+        ref = f"data:{source.media_type};base64,{source.data}"
+    else:
+        ref = source.url
+    return ImagePart(ref=ref, content_hash=_content_hash(ref))
