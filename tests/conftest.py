@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import os
 import pathlib
+import sys
 
 import pytest
 
 from vllm_mlx_trio.config import API_KEYS_ENV, load_config
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def pytest_unconfigure(config):
+    """Destroy the main thread's MLX streams before the interpreter ends (MLX 0.32 leaves that to
+    the caller; otherwise the process may abort at exit after every test passed)."""
+    if "mlx.core" in sys.modules:
+        from vllm_mlx_trio.worker.thread_streams import release_main_thread_streams
+
+        release_main_thread_streams()
 
 
 @pytest.fixture(autouse=True)

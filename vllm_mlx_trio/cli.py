@@ -69,6 +69,10 @@ def console_main() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+    if "mlx.core" in sys.modules:  # a follower rank or a bench ran MLX on this thread
+        from .worker.thread_streams import release_main_thread_streams  # imports MLX: only once loaded
+
+        release_main_thread_streams()
     sys.exit(code)
 
 

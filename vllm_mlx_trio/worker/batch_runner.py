@@ -26,6 +26,7 @@ from .sampling import (
     make_request_sampler,
     token_logprob,
 )
+from .thread_streams import enter_mlx_thread, leave_mlx_thread
 
 
 class BatchRunner(RunnerBase):
@@ -41,6 +42,7 @@ class BatchRunner(RunnerBase):
         self._request_ids: dict[int, RequestId] = {}  # BatchGenerator uid -> request
 
     def _load(self) -> ModelInfo:
+        enter_mlx_thread()
         model, info = load_for_serving(self._cfg.model, self._cfg.engine)
         self._prefix = PrefixBlocks.from_config(model, self._cfg.cache)
         engine = self._cfg.engine
@@ -153,3 +155,4 @@ class BatchRunner(RunnerBase):
             self._generator = None
         self._request_ids.clear()
         mx.clear_cache()
+        leave_mlx_thread()

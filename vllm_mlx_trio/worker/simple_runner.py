@@ -16,6 +16,7 @@ from .kv_store import PrefixBlocks
 from .loading import load_for_serving, mlx_memory
 from .runner_base import Advance, Emission, LiveSequence, RunnerBase
 from .sampling import guard_processors, make_request_processors, make_request_sampler, token_logprob
+from .thread_streams import enter_mlx_thread, leave_mlx_thread
 
 
 class SimpleRunner(RunnerBase):
@@ -30,6 +31,7 @@ class SimpleRunner(RunnerBase):
         return 1
 
     def _load(self) -> ModelInfo:
+        enter_mlx_thread()
         self._model, info = load_for_serving(self._cfg.model, self._cfg.engine)
         self._stream = mx.new_stream(mx.default_device())
         self._prefix = PrefixBlocks.from_config(self._model, self._cfg.cache)
@@ -119,6 +121,7 @@ class SimpleRunner(RunnerBase):
     def _close(self) -> None:
         self._model = None
         mx.clear_cache()
+        leave_mlx_thread()
 
 
 def _with_prefix_context(processors: list, cached_token_ids: tuple[int, ...]) -> list:
