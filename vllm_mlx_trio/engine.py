@@ -23,8 +23,10 @@ from .actors.scheduler_stats import SchedulerStatistics
 from .actors.topology import ExecutorFactory, Topology, max_running, mlx_executor_factory, open_topology
 from .config import EngineConfig
 from .core.params import SamplingParams
+from .core.text import with_special_markup
 from .errors import EngineClosedError, QueueFullError, VllmMlxTrioError
-from .messages import ChatMessage, ChatPrompt, ClearPrefixCache, FailAll, RequestId, Submit
+from .messages import ChatMessage, ChatPrompt, ClearPrefixCache, FailAll, ModelInfo, RequestId, Submit
+from .output_format import OutputFormat
 from .stream import Delta, RequestStream
 from .warm_prompts import warm_prefix_cache
 
@@ -76,6 +78,8 @@ class Engine:
         #: The tool and reasoning parsers chat replies go through, resolved at load from
         #: ``[model] tool_parser`` / ``reasoning_parser`` and the chat template.
         self.output_format = topology.output_format
+        #: Chat replies keep the parsers' markup that the tokenizer has as special tokens.
+        self._chat_token_bytes = _chat_token_bytes(self.model_info, self.output_format)
         self._submit_send = topology.submit_send
         self._control_send = topology.control_send
         self._scheduler = topology.scheduler
@@ -196,7 +200,7 @@ class Engine:
             outbox_recv,
             self.model_info.tokenizer,
             params.stop,
-            token_bytes=self.model_info.token_bytes,
+            token_bytes=self.model_info.token_bytes if isinstance(prompt, str) else self._chat_token_bytes,
             on_close=self._release_slot,
             timer=self.metrics.request_timer(trio.current_time()),
             min_tokens=params.min_tokens,
@@ -261,3 +265,11 @@ def _as_message(turn: dict[str, Any]) -> ChatMessage:
         tool_call_id=turn.get("tool_call_id"),
         reasoning=turn.get("reasoning_content", turn.get("reasoning")),
     )
+
+
+def _chat_token_bytes(model_info: ModelInfo, output_format: OutputFormat) -> tuple[bytes, ...] | None:
+    """The byte table chat replies are detokenized with: the model's, with the output parsers'
+    markup kept where the tokenizer has it as special tokens (otherwise the parsers never see it)."""
+    if model_info.token_bytes is None or not output_format.markup:
+        return model_info.token_bytes
+    return with_special_markup(model_info.token_bytes, model_info.tokenizer, output_format.markup)

@@ -26,6 +26,11 @@ class OutputFormat:
     reasoning_parser: str | None = None
 
     @property
+    def markup(self) -> frozenset[str]:
+        """The markup strings the resolved parsers read (kept in the reply's text)."""
+        return parsers.markup_strings(self.tool_parser, self.reasoning_parser)
+
+    @property
     def reasoning_markers(self) -> tuple[str, str] | None:
         """(start, end) of the model's thinking block, when it has a reasoning parser."""
         if self.reasoning_parser is None:

@@ -68,3 +68,20 @@ def test_chunking_never_changes_the_result(text, cuts):
         i += cut
     expected = (text[: text.index("Sab")], True) if "Sab" in text else (text, False)
     assert feed_all(StopStringMatcher(("Sab",)), chunks) == expected
+
+
+def test_special_markup_is_spelled_out_and_other_special_tokens_stay_skipped():
+    from types import SimpleNamespace
+
+    from vllm_mlx_trio.core.text import ByteLevelDetokenizer, with_special_markup
+
+    added = {
+        0: SimpleNamespace(content="<|eot_id|>", special=True),
+        1: SimpleNamespace(content="<|python_tag|>", special=True),
+    }
+    tokenizer = SimpleNamespace(added_tokens_decoder=added)
+    table = (b"", b"", b"{", b"}")
+    kept = with_special_markup(table, tokenizer, frozenset({"<|python_tag|>", "[TOOL_CALLS]"}))
+    assert kept == (b"", b"<|python_tag|>", b"{", b"}")
+    assert ByteLevelDetokenizer(kept).add([1, 2, 3, 0]) == "<|python_tag|>{}"
+    assert with_special_markup(table, tokenizer, frozenset()) == table

@@ -107,6 +107,18 @@ def byte_level_table(tokenizer: Any) -> tuple[bytes, ...] | None:
     return tuple(table)
 
 
+def with_special_markup(table: Sequence[bytes], tokenizer: Any, markup: frozenset[str]) -> tuple[bytes, ...]:
+    """``table`` with the special tokens whose text is in ``markup`` spelled out instead of
+    skipped: output parsers read markup that many models write as special tokens (Llama's
+    ``<|python_tag|>``, Mistral's ``[TOOL_CALLS]``, gpt-oss's harmony channels)."""
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    added = getattr(hf, "added_tokens_decoder", {})
+    kept = {i: t.content.encode() for i, t in added.items() if t.special and t.content in markup and i < len(table)}
+    if not kept:
+        return tuple(table)
+    return tuple(kept.get(i, b) for i, b in enumerate(table))
+
+
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character map, used by every byte-level BPE."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
