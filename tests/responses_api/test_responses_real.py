@@ -72,10 +72,18 @@ async def test_forced_function_call_and_json_schema_output(demo_cfg):
                     model=MODEL, input="Weather in Paris?", tools=[WEATHER], tool_choice=forced, max_output_tokens=200
                 )
                 async with c.responses.stream(
-                    model=MODEL, input="What is 2+2?", text=json_format, max_output_tokens=60
+                    model=MODEL, input="What is 2+2?", text=json_format, max_output_tokens=200
                 ) as stream:
-                    structured = await stream.get_final_response()
+                    events = [event async for event in stream]
     [call] = [item for item in called.output if item.type == "function_call"]
     assert call.name == "get_weather" and set(json.loads(call.arguments)) == {"city"}
-    assert isinstance(json.loads(structured.output_text)["answer"], int)
+    # The random model may wander inside the JSON until the token limit: then the response is
+    # incomplete (the client knows the JSON is cut), else the JSON validates.
+    last = events[-1]
+    assert last.type in ("response.completed", "response.incomplete")
+    structured = last.response
     assert structured.text.format.type == "json_schema"
+    if last.type == "response.incomplete":
+        assert structured.incomplete_details.reason == "max_output_tokens"
+    else:
+        assert isinstance(json.loads(structured.output_text)["answer"], int)
