@@ -4,7 +4,7 @@ Per server and repetition, two rounds, servers alternating: ``alone``, ``streams
 chats with short fresh prompts decode to the end; ``arrival``, the same, and once every stream
 has had ``settle`` pieces, one fresh ``long_tokens`` prompt is sent. The streams' inter-token
 latency alone (every gap after ``settle`` pieces) is compared with their gaps while the long
-prompt is prefilled (gaps ending between its sending and its first token), and the long
+prompt is prefilled (gaps overlapping the time from its sending to its first token), and the long
 prompt's TTFT is reported. The issue's target: ITL p95 during the arrival <= 2x ITL p50 alone.
 """
 
@@ -56,11 +56,12 @@ async def timed_stream(http: httpx.AsyncClient, target: HttpTarget, prompt: str,
 
 
 def gaps(times: Sequence[float], *, after: int = 0, window: tuple[float, float] | None = None) -> list[float]:
-    """Seconds between consecutive pieces, from piece ``after`` on, or those ending in ``window``."""
+    """Seconds between consecutive pieces, from piece ``after`` on, or those overlapping
+    ``window`` (a stream frozen through the whole window gives the one gap spanning it)."""
     pairs = zip(times[after:], times[after + 1 :], strict=False)
     if window is None:
         return [b - a for a, b in pairs]
-    return [b - a for a, b in zip(times, times[1:], strict=False) if window[0] < b <= window[1]]
+    return [b - a for a, b in pairs if b > window[0] and a < window[1]]
 
 
 async def one_round(http: httpx.AsyncClient, target: HttpTarget, maker: PromptMaker, tag: str,
