@@ -90,7 +90,7 @@ def test_arrival_rows_give_the_ratio_and_medians_per_server():
     alone = {"gaps": [0.010] * 20}
     during = {"gaps": [0.010] * 18 + [0.050, 0.050], "long_ttft_s": 1.5, "streams_outlasted": True}
     row = arrival_row("ours", 0, alone, during)
-    assert row["alone_itl_p50_ms"] == 10.0 and row["long_ttft_ms"] == 1500.0
+    assert row["alone_itl_p50_ms"] == 10.0 and row["long_ttft_ms"] == 1500.0 and row["arrival_itl_max_ms"] == 50.0
     assert row["p95_over_alone_p50"] == round(percentile(during["gaps"], 95) / 0.010, 2)
     rows = [{**row, "rep": r, "long_ttft_ms": t} for r, t in enumerate((1000.0, 3000.0, 2000.0))]
     (table,) = median_arrival_rows(rows)

@@ -23,8 +23,8 @@ from .http_bench import BenchError, HttpTarget, _content
 from .latency_prompts import PromptMaker
 from .stats import percentile
 
-FIGURES = ("alone_itl_p50_ms", "alone_itl_p95_ms", "arrival_itl_p50_ms", "arrival_itl_p95_ms", "long_ttft_ms",
-           "p95_over_alone_p50")  # fmt: skip
+FIGURES = ("alone_itl_p50_ms", "alone_itl_p95_ms", "arrival_itl_p50_ms", "arrival_itl_p95_ms", "arrival_itl_max_ms",
+           "long_ttft_ms", "p95_over_alone_p50")  # fmt: skip
 
 
 @attrs.frozen(kw_only=True)
@@ -109,6 +109,7 @@ def arrival_row(name: str, rep: int, alone: dict, during: dict) -> dict:
         "path": name, "rep": rep, "alone_gaps": len(alone["gaps"]), "arrival_gaps": len(during["gaps"]),
         "alone_itl_p50_ms": _ms(alone_p50), "alone_itl_p95_ms": _ms(percentile(alone["gaps"], 95)),
         "arrival_itl_p50_ms": _ms(percentile(during["gaps"], 50)), "arrival_itl_p95_ms": _ms(during_p95),
+        "arrival_itl_max_ms": _ms(max(during["gaps"], default=None)),
         "long_ttft_ms": _ms(during["long_ttft_s"]), "outlasted": during["streams_outlasted"],
         "p95_over_alone_p50": round(during_p95 / alone_p50, 2) if during_p95 and alone_p50 else None,
     }  # fmt: skip

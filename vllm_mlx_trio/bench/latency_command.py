@@ -15,7 +15,8 @@ COLUMNS = ("path", "conc", "reps", "reqs", "prompt_tok", "tok_per_req", "ttft_p5
 
 
 ARRIVAL_COLUMNS = ("path", "reps", "outlasted", "arrival_gaps", "alone_itl_p50_ms", "alone_itl_p95_ms",
-                   "arrival_itl_p50_ms", "arrival_itl_p95_ms", "p95_over_alone_p50", "long_ttft_ms")  # fmt: skip
+                   "arrival_itl_p50_ms", "arrival_itl_p95_ms", "arrival_itl_max_ms", "p95_over_alone_p50",
+                   "long_ttft_ms")  # fmt: skip
 
 
 def arrival_from_args(args: argparse.Namespace) -> ArrivalWorkload:
