@@ -7,14 +7,17 @@ import argparse
 
 import pytest
 
+from vllm_mlx_trio.bench.latency_arrival import ArrivalWorkload, arrival_row, gaps, median_arrival_rows
 from vllm_mlx_trio.bench.latency_bench import QUICK, median_rows
 from vllm_mlx_trio.bench.latency_command import (
     _with_port,
+    arrival_from_args,
     parse_variant,
     servers_from_args,
     workload_from_args,
 )
 from vllm_mlx_trio.bench.latency_prompts import PromptMaker
+from vllm_mlx_trio.bench.stats import percentile
 
 
 def _count_words(text: str) -> int:
@@ -73,3 +76,28 @@ def test_variants_are_our_server_with_settings_on_their_own_ports():
 def test_a_missing_peer_is_left_out_with_a_note():
     servers, notes = servers_from_args(_args(peers="ours,vllm-mlx", vllm_mlx="/nonexistent/vllm-mlx"), "/m")
     assert [s.name for s in servers] == ["ours"] and "vllm-mlx left out" in notes[0]
+
+
+def test_arrival_gaps_after_settling_and_those_overlapping_the_window():
+    times = [0.0, 1.0, 2.0, 6.0, 7.0]
+    assert gaps(times, after=1) == [1.0, 4.0, 1.0]
+    # the window 2.5..3.0 lies inside the frozen gap 2..6: that gap is the one counted
+    assert gaps(times, window=(2.5, 3.0)) == [4.0]
+    assert gaps(times, window=(0.5, 6.5)) == [1.0, 1.0, 4.0, 1.0]
+
+
+def test_arrival_rows_give_the_ratio_and_medians_per_server():
+    alone = {"gaps": [0.010] * 20}
+    during = {"gaps": [0.010] * 18 + [0.050, 0.050], "long_ttft_s": 1.5, "streams_outlasted": True}
+    row = arrival_row("ours", 0, alone, during)
+    assert row["alone_itl_p50_ms"] == 10.0 and row["long_ttft_ms"] == 1500.0 and row["arrival_itl_max_ms"] == 50.0
+    assert row["p95_over_alone_p50"] == round(percentile(during["gaps"], 95) / 0.010, 2)
+    rows = [{**row, "rep": r, "long_ttft_ms": t} for r, t in enumerate((1000.0, 3000.0, 2000.0))]
+    (table,) = median_arrival_rows(rows)
+    assert table["long_ttft_ms"] == "2000.0 (1000.0-3000.0)" and table["outlasted"] == 3
+
+
+def test_long_arrival_takes_the_streams_tokens_and_the_long_prompts_length():
+    work = arrival_from_args(_args(max_tokens=64, lengths=(3000,), repetitions=2))
+    assert (work.stream_max_tokens, work.long_tokens, work.repetitions, work.streams) == (64, 3000, 2, 4)
+    assert arrival_from_args(_args()) == ArrivalWorkload()

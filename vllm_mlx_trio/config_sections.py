@@ -119,6 +119,10 @@ class EngineSection:
     #: Prompt tokens per forward pass during prefill (>= 1); in batched mode a long prompt is
     #: prefilled in chunks of this size between decode steps.
     prefill_step_size: int = _option(512, _in_range(1))
+    #: Batched mode: the prefill chunk while other rows decode (>= 1; none: prefill_step_size).
+    #: Smaller keeps the running streams' inter-token latency while a long prompt arrives, at
+    #: the cost of its time to first token; a prompt prefilled alone takes full chunks.
+    prefill_step_size_decoding: int | None = _option(32, _in_range(1))
     #: Batched mode: most sequences in the model at once (>= 1); the rest wait in the queue.
     max_num_seqs: int = _option(32, _in_range(1))
     #: Batched mode: token budget of one step (>= 1; none: no budget): a decoding row counts

@@ -69,3 +69,14 @@ def test_cached_tokens_and_aborts_give_the_budget_back():
     assert s.step_tokens == 10  # a prefills only what the cache does not hold
     s.abort(RequestId("a"), RequestStatus.FINISHED_ABORTED)
     assert s.step_tokens == 0 and start_all(s) == ["b"]
+
+
+def test_while_rows_decode_a_prompt_costs_the_smaller_decoding_chunk():
+    s = Scheduler(max_running=8, max_num_batched_tokens=100, prefill_chunk_tokens=512, prefill_chunk_decoding_tokens=16)
+    s.add(make_request("a", 50))
+    assert start_all(s) == ["a"] and s.step_tokens == 50  # alone: the full chunk (its whole prompt)
+    step(s, "a")  # a decodes now
+    for name in ("long1", "long2", "long3"):
+        s.add(make_request(name, 2000))
+    # beside a decoding row each long prompt costs 16, not 512: 1 + 16 * 3 = 49 <= 100
+    assert start_all(s) == ["long1", "long2", "long3"] and s.step_tokens == 1 + 16 * 3

@@ -75,7 +75,7 @@ class SchedulerActor:
         health: EngineHealth | None = None,
         stall_timeout_s: float | None = None,
         kv_budget_tokens: int | None = None,
-        prefill_budget: tuple[int | None, int | None] = (None, None),
+        prefill_budget: tuple[int | None, int | None, int | None] = (None, None, None),
     ):
         self._admit_recv = admit_recv
         self._control_recv = control_recv
@@ -90,7 +90,8 @@ class SchedulerActor:
         self._plans_in_flight = plans_in_flight
         self._max_tokens_per_step = max_tokens_per_step
         self._max_running = max_running
-        #: (engine.max_num_batched_tokens, the runner's prefill chunk): see core/scheduler.py.
+        #: (engine.max_num_batched_tokens, the runner's prefill chunk, its chunk while rows
+        #: decode): see core/scheduler.py.
         self._prefill_budget = prefill_budget
         self._scheduler = self._new_scheduler()
         self._in_flight: collections.deque[StepPlan] = collections.deque()
@@ -118,6 +119,7 @@ class SchedulerActor:
             lookahead_tokens=(self._plans_in_flight + 1) * self._max_tokens_per_step,
             max_num_batched_tokens=self._prefill_budget[0],
             prefill_chunk_tokens=self._prefill_budget[1],
+            prefill_chunk_decoding_tokens=self._prefill_budget[2],
         )
 
     def statistics(self) -> SchedulerStatistics:

@@ -146,7 +146,8 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
         plans_in_flight=in_flight,
         max_tokens_per_step=runner.max_tokens_per_step,
         stream_interval=cfg.engine.stream_interval,
-        prefill_budget=(cfg.engine.max_num_batched_tokens, cfg.engine.prefill_step_size),
+        prefill_budget=(cfg.engine.max_num_batched_tokens, cfg.engine.prefill_step_size,
+                        cfg.engine.prefill_step_size_decoding),  # fmt: skip
         metrics=metrics,
         health=health,
         stall_timeout_s=cfg.limits.engine_stall_timeout_s,

@@ -133,6 +133,8 @@ def _latency_args(sub, config_args: ConfigArgs) -> None:
     lat.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
                      help="also our server with these --set settings, named NAME (repeatable)")  # fmt: skip
     lat.add_argument("--vllm-mlx", default=None, help="the vllm-mlx executable (a separate venv)")
+    lat.add_argument("--scenario", choices=("levels", "long-arrival"), default="levels",
+                     help="levels: 1/5/16 streams; long-arrival: a 2000-token prompt while 4 decode")  # fmt: skip
     lat.add_argument("--quick", action="store_true", help="levels 1,5; lengths 50,500; 16 tokens; 2 repetitions")
     lat.add_argument("--levels", type=_levels, default=None, help="concurrency levels (default 1,5,16)")
     lat.add_argument("--lengths", type=_levels, default=None, help="prompt tokens, cycled (default 50,500,2000)")

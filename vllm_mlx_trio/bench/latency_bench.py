@@ -25,6 +25,7 @@ import httpx
 import trio
 
 from .http_bench import HttpTarget, closed_loop, prepare
+from .latency_arrival import ArrivalWorkload, measure_arrival, median_arrival_rows
 from .latency_prompts import PromptMaker
 from .peers import PeerServer, peak_rss_mib, peer_server, port_free, stop, wait_ready
 from .stats import summarize
@@ -98,18 +99,32 @@ def _rotated(items: Sequence, by: int) -> list:
     return [*items[by:], *items[:by]]
 
 
+async def _warm_targets(http: httpx.AsyncClient, servers: Sequence[Running], lengths: Sequence[int],
+                        maker: PromptMaker) -> dict[str, HttpTarget]:  # fmt: skip
+    targets = {}
+    for server in servers:
+        target = HttpTarget(base_url=server.base_url, model=server.peer.model)
+        await prepare(http, target)
+        warm = maker.batch(f"warm-{server.peer.name}", lengths, len(lengths))
+        await closed_loop(http, target, warm, 1, WARMUP_MAX_TOKENS)
+        targets[server.peer.name] = target
+    return targets
+
+
+async def measure_long_arrival(servers: Sequence[Running], work: ArrivalWorkload, maker: PromptMaker) -> list[dict]:
+    """The long-arrival scenario's rows (see latency_arrival.py)."""
+    limits = httpx.Limits(max_connections=work.streams + 8)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits) as http:
+        targets = await _warm_targets(http, servers, (work.stream_prompt_tokens, work.long_tokens), maker)
+        return await measure_arrival(list(targets.items()), http, work, maker)
+
+
 async def measure(servers: Sequence[Running], workload: LatencyWorkload, maker: PromptMaker,
                   progress=print) -> list[dict]:  # fmt: skip
     """Every (repetition, level, server) row, servers alternating."""
     limits = httpx.Limits(max_connections=max(workload.levels) + 8)
     async with httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits) as http:
-        targets = {}
-        for server in servers:
-            target = HttpTarget(base_url=server.base_url, model=server.peer.model)
-            await prepare(http, target)
-            warm = maker.batch(f"warm-{server.peer.name}", workload.lengths, len(workload.lengths))
-            await closed_loop(http, target, warm, 1, WARMUP_MAX_TOKENS)
-            targets[server.peer.name] = target
+        targets = await _warm_targets(http, servers, workload.lengths, maker)
         rows = []
         for rep in range(workload.repetitions):
             for index, level in enumerate(workload.levels):
@@ -161,11 +176,13 @@ def missing_executable(peer: PeerServer) -> bool:
     return not shutil.which(peer.argv[0]) and not os.path.exists(peer.argv[0])
 
 
-def run_latency(peers: Sequence[PeerServer], workload: LatencyWorkload, maker: PromptMaker, *,
+def run_latency(peers: Sequence[PeerServer], workload: LatencyWorkload | ArrivalWorkload, maker: PromptMaker, *,
                 first_port: int, startup_timeout_s: float) -> dict:  # fmt: skip
+    """Start the servers, measure ``workload`` (levels, or the long-arrival scenario), stop them."""
+    arrival = isinstance(workload, ArrivalWorkload)
     with tempfile.TemporaryDirectory(prefix="bench-latency-") as tmp:
         with started(peers, first_port, pathlib.Path(tmp), startup_timeout_s) as servers:
-            rows = trio.run(measure, servers, workload, maker)
+            rows = trio.run(measure_long_arrival if arrival else measure, servers, workload, maker)
             rss = {s.peer.name: peak_rss_mib(s.proc.pid) for s in servers}
-    return {"rows": rows, "table": median_rows(rows), "peak_rss_mib": rss,
-            "argv": {p.name: list(p.argv) for p in peers}}  # fmt: skip
+    table = median_arrival_rows(rows) if arrival else median_rows(rows)
+    return {"rows": rows, "table": table, "peak_rss_mib": rss, "argv": {p.name: list(p.argv) for p in peers}}

@@ -6,11 +6,34 @@ import argparse
 
 import attrs
 
+from .latency_arrival import ArrivalWorkload
 from .latency_bench import QUICK, LatencyWorkload, missing_executable, ours_variant, run_latency
 from .peers import DEFAULT_VLLM_MLX, PeerServer, peer_server
 
 COLUMNS = ("path", "conc", "reps", "reqs", "prompt_tok", "tok_per_req", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms",
            "itl_p95_ms", "agg_tok_s", "ttft_vs_best_peer")  # fmt: skip
+
+
+ARRIVAL_COLUMNS = ("path", "reps", "outlasted", "arrival_gaps", "alone_itl_p50_ms", "alone_itl_p95_ms",
+                   "arrival_itl_p50_ms", "arrival_itl_p95_ms", "arrival_itl_max_ms", "p95_over_alone_p50",
+                   "long_ttft_ms")  # fmt: skip
+
+
+def arrival_from_args(args: argparse.Namespace) -> ArrivalWorkload:
+    """``--scenario long-arrival``: ``--max-tokens`` is the streams', ``--lengths`` the long prompt's."""
+    given = {"stream_max_tokens": args.max_tokens, "repetitions": args.repetitions,
+             "long_tokens": args.lengths[-1] if args.lengths else None}  # fmt: skip
+    return attrs.evolve(ArrivalWorkload(), **{k: v for k, v in given.items() if v is not None})
+
+
+def _arrival_notes(work: ArrivalWorkload) -> list[str]:
+    return [
+        f"{work.streams} streams ({work.stream_prompt_tokens}-token fresh prompts, {work.stream_max_tokens} tokens, "
+        f"greedy); alone: their gaps after {work.settle} pieces; arrival: once each has {work.settle} pieces a fresh "
+        f"{work.long_tokens}-token prompt is sent, their gaps overlapping the time from its sending to its first token",
+        "p95_over_alone_p50: arrival ITL p95 over alone ITL p50, per repetition (target <= 2); outlasted: "
+        "repetitions where every stream still ran at the long prompt's first token; figures: median (min-max)",
+    ]
 
 
 def workload_from_args(args: argparse.Namespace) -> LatencyWorkload:
@@ -65,21 +88,24 @@ def run_latency_command(cfg, args: argparse.Namespace) -> int:
     from .suite import resolve_model_dir
 
     model_dir = resolve_model_dir(args.model_dir, cfg)
-    workload = workload_from_args(args)
+    arrival = args.scenario == "long-arrival"
+    workload = arrival_from_args(args) if arrival else workload_from_args(args)
     servers, notes = servers_from_args(args, model_dir)
     servers = [_with_port(s, args.port + i) for i, s in enumerate(servers)]
     maker = PromptMaker(chat_token_counter(model_dir))
     result = run_latency(servers, workload, maker, first_port=args.port, startup_timeout_s=args.startup_timeout)
-    notes += [
+    notes += _arrival_notes(workload) if arrival else [
         f"model {args.model_dir}; prompts of {','.join(map(str, workload.lengths))} tokens cycled, fresh each "
         f"(a unique tag first); max_tokens {workload.max_tokens}, greedy; {workload.repetitions} repetitions",
         "each level: max(level, number of lengths) requests from `level` clients (closed loop); servers alternate",
         "figures: median (min-max) over the repetitions; ttft_vs_best_peer: TTFT p50 over the best non-ours server's",
-        "client: this process; every server in its own process; peak RSS MiB: "
-        + ", ".join(f"{k} {v}" for k, v in result["peak_rss_mib"].items()),
     ]
-    print("== latency: TTFT and ITL under load", format_machine(machine_info()),
-          format_table(result["table"], list(COLUMNS)), *(f"note: {n}" for n in notes), sep="\n", flush=True)
+    notes.append(f"model {args.model_dir}; client: this process; every server in its own process; peak RSS MiB: "
+                 + ", ".join(f"{k} {v}" for k, v in result["peak_rss_mib"].items()))  # fmt: skip
+    title = "long prompt arriving while streams decode" if arrival else "TTFT and ITL under load"
+    print(f"== latency: {title}", format_machine(machine_info()),
+          format_table(result["table"], list(ARRIVAL_COLUMNS if arrival else COLUMNS)),
+          *(f"note: {n}" for n in notes), sep="\n", flush=True)  # fmt: skip
     if args.json_path:
         write_json(args.json_path, {"kind": "latency", "workload": attrs.asdict(workload), **result, "notes": notes})
     return 0

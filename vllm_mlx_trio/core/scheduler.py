@@ -33,7 +33,8 @@ class Scheduler:
 
     With ``max_num_batched_tokens`` (vLLM's name) each step has a token budget: one per
     decoding row, plus, per prompt being prefilled, the chunk the runner gives it each step
-    (``min(prompt tokens left, prefill_chunk_tokens)``). A waiting request starts only if its
+    (``min(prompt tokens left, prefill_chunk_tokens)``, or ``prefill_chunk_decoding_tokens``
+    while some row decodes, as the runner does). A waiting request starts only if its
     chunk still fits beside them, so the first arrivals are prefilled alone and get their
     first token early instead of all waiting for the whole group; one prompt is always let in
     when none is being prefilled, so a long one cannot wait for ever. A request counts as
@@ -48,6 +49,7 @@ class Scheduler:
         lookahead_tokens: int = 1,
         max_num_batched_tokens: int | None = None,
         prefill_chunk_tokens: int | None = None,
+        prefill_chunk_decoding_tokens: int | None = None,
     ):
         assert max_running >= 1
         self.max_running = max_running
@@ -58,7 +60,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefill_chunk_tokens = prefill_chunk_tokens
-        #: Started requests with no token yet: the prompt tokens each is given per step.
+        self.prefill_chunk_decoding_tokens = prefill_chunk_decoding_tokens
+        #: Started requests with no token yet: the prompt tokens each has to prefill.
         self._prefilling: dict[RequestId, int] = {}
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: dict[RequestId, Request] = {}
@@ -105,14 +108,21 @@ class Scheduler:
             yield self.waiting.popleft()
 
     def _chunk(self, num_prompt_tokens: int) -> int:
-        """Prompt tokens the runner gives a prompt this long in one step."""
+        """Prompt tokens the runner gives a prompt this long in one step (the smaller chunk
+        while some row decodes)."""
         chunk = self.prefill_chunk_tokens
+        if self._num_decoding and self.prefill_chunk_decoding_tokens is not None:
+            chunk = min(chunk or self.prefill_chunk_decoding_tokens, self.prefill_chunk_decoding_tokens)
         return max(1, min(num_prompt_tokens, chunk) if chunk else num_prompt_tokens)
+
+    @property
+    def _num_decoding(self) -> int:
+        return len(self.running) - len(self._prefilling)
 
     @property
     def step_tokens(self) -> int:
         """Tokens the next step computes: one per decoding row, a chunk per prefilling one."""
-        return len(self.running) - len(self._prefilling) + sum(self._prefilling.values())
+        return self._num_decoding + sum(self._chunk(left) for left in self._prefilling.values())
 
     def _prefill_fits(self, request: Request) -> bool:
         """Whether ``request``'s first chunk fits the step's budget (its whole prompt counts:
@@ -174,7 +184,7 @@ class Scheduler:
             )
         )
         self.running[request.request_id] = request
-        self._prefilling[request.request_id] = self._chunk(request.num_tokens - num_cached_tokens)
+        self._prefilling[request.request_id] = request.num_tokens - num_cached_tokens
 
     def abort(self, request_id: RequestId, status: RequestStatus) -> Request | None:
         """Take a request out of the batch (or the queue). Unknown or finished: a no-op."""

@@ -2,8 +2,10 @@
 
 Each step removes the sequences the scheduler dropped, inserts the new ones, and calls
 ``BatchGenerator.next()`` once: one decode step for every generating row (the next one is
-already queued with ``mx.async_eval``) plus one ``prefill_step_size`` chunk of the prompts
-being prefilled, so a long prompt never freezes the other streams for long.
+already queued with ``mx.async_eval``) plus one chunk of the prompts being prefilled, so a
+long prompt never freezes the other streams for long. The chunk is ``prefill_step_size`` when
+no row decodes and ``prefill_step_size_decoding`` (smaller) while some do: mlx-lm reads the
+generator's ``prefill_step_size`` at every ``next()``, so it is set before each step.
 
 Every row carries its own sampler (its own PRNG key), logits processors, stop token ids and
 max_tokens; the generator ends a row itself at max_tokens or a stop token, where the one
@@ -40,6 +42,7 @@ class BatchRunner(RunnerBase):
         super().__init__(cfg)
         self._generator: BatchGenerator | None = None
         self._request_ids: dict[int, RequestId] = {}  # BatchGenerator uid -> request
+        self._decoding: set[int] = set()  # uids past their prompt: they decode every step
 
     def _load(self) -> ModelInfo:
         enter_mlx_thread()
@@ -92,7 +95,9 @@ class BatchRunner(RunnerBase):
     def _advance(self, live: list[LiveSequence]) -> Advance:
         """One ``BatchGenerator.next()`` for the whole batch (``live`` is every row anyway)."""
         assert self._generator is not None
+        self._generator.prefill_step_size = self._prefill_chunk()
         prompt_progress, generated = self._generator.next()
+        self._decoding.update(r.uid for r in prompt_progress if r.end_of_prompt)
         # All but the last prompt token are in the cache (mlx-lm makes that token its own
         # segment): where the prefix store checkpoints a prompt.
         prompts_done = [self._request_ids[r.uid] for r in prompt_progress if r.end_of_segment and not r.end_of_prompt]
@@ -110,7 +115,15 @@ class BatchRunner(RunnerBase):
             )
             if ended:  # the generator has let the row go
                 del self._request_ids[response.uid]
+                self._decoding.discard(response.uid)
         return Advance(emissions, prompts_done)
+
+    def _prefill_chunk(self) -> int:
+        """Prompt tokens per prefilling row in the next step: smaller while rows decode."""
+        engine = self._cfg.engine
+        if self._decoding and engine.prefill_step_size_decoding is not None:
+            return min(engine.prefill_step_size, engine.prefill_step_size_decoding)
+        return engine.prefill_step_size
 
     def _remove(self, live: list[LiveSequence]) -> None:
         assert self._generator is not None
@@ -119,6 +132,7 @@ class BatchRunner(RunnerBase):
             self._generator.remove(uids)
         for uid in uids:
             del self._request_ids[uid]
+            self._decoding.discard(uid)
 
     def _prompt_ready(self, live: LiveSequence) -> KVReady | None:
         """The prompt is processed: copy its new full blocks for the prefix store."""
@@ -154,5 +168,6 @@ class BatchRunner(RunnerBase):
             self._generator.close()
             self._generator = None
         self._request_ids.clear()
+        self._decoding.clear()
         mx.clear_cache()
         leave_mlx_thread()

@@ -1,0 +1,71 @@
+"""``engine.prefill_step_size_decoding`` on the real demo model: a long prompt arriving while a
+stream decodes is prefilled in the small chunk (many steps, each decoding the stream), alone in
+the full one, and its greedy output is the same either way."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+import trio
+
+from vllm_mlx_trio import SamplingParams, open_engine
+from vllm_mlx_trio.config import load_config
+
+pytestmark = pytest.mark.mlx
+
+TIMEOUT_S = 120
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+LONG_PROMPT = [{"role": "user", "content": "the sea and the sky " * 120}]  # ~600 tokens
+SHORT_PROMPT = [{"role": "user", "content": "Tell me about number 1 and the sea."}]
+
+
+def config(model_dir: str, *overrides: str):
+    return load_config(None, overrides=[f"model.path={model_dir}", *overrides], environ={})
+
+
+async def _tokens(engine, prompt, params, on_token=lambda: None) -> list[int]:
+    out: list[int] = []
+    async for delta in engine.generate(prompt, params):
+        out.extend(delta.token_ids)
+        for _ in delta.token_ids:
+            on_token()
+    return out
+
+
+async def _arrival(engine) -> tuple[list[str], list[int]]:
+    """A short stream decodes; once it has 5 tokens the long prompt arrives. The arrivals in
+    order ("s" a stream token, "L" a long-prompt token) and the long prompt's tokens."""
+    arrivals: list[str] = []
+    streaming = trio.Event()
+    long_tokens: list[int] = []
+
+    def stream_token():
+        arrivals.append("s")
+        if arrivals.count("s") >= 5:
+            streaming.set()
+
+    async def long():
+        await streaming.wait()
+        arrivals.append("L-submitted")
+        long_tokens.extend(await _tokens(engine, LONG_PROMPT, GREEDY, lambda: arrivals.append("L")))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_tokens, engine, SHORT_PROMPT, attrs.evolve(GREEDY, max_tokens=300), stream_token)
+        nursery.start_soon(long)
+    return arrivals, long_tokens
+
+
+@pytest.mark.parametrize("decoding_chunk", ["16", "none"])
+async def test_the_chunk_is_small_while_a_stream_decodes_and_the_output_is_the_same(float32_dir, decoding_chunk):
+    cfg = config(float32_dir, "engine.prefill_step_size=512", f"engine.prefill_step_size_decoding={decoding_chunk}")
+    with trio.fail_after(TIMEOUT_S):
+        async with open_engine(cfg) as engine:  # its own engine: the prefix cache would hold the prompt
+            alone = await _tokens(engine, LONG_PROMPT, GREEDY)
+        async with open_engine(cfg) as engine:
+            arrivals, beside = await _arrival(engine)
+    window = arrivals[arrivals.index("L-submitted") : arrivals.index("L")]
+    if decoding_chunk == "16":  # ~600 prompt tokens at 16 per step: dozens of steps, each decoding the stream
+        assert window.count("s") >= 20
+    else:  # 512-token chunks: the prompt takes two steps
+        assert window.count("s") < 10
+    assert beside == alone and len(alone) == GREEDY.max_tokens
