@@ -58,6 +58,7 @@ class HermesFormat(ToolFormat):
     name = "hermes"
     regions = (("<tool_call>", "</tool_call>"),)
     markup = ("<tool_call>", "</tool_call>")
+    streams_arguments = True
 
     def parse_region(self, start: str, body: str) -> list[RawCall]:
         values = decode_json_values(body)
