@@ -1,9 +1,10 @@
-"""A JSON-in-tags tool call whose arguments stream as the model writes them (hermes).
+"""A JSON-in-tags tool call whose arguments stream as the model writes them (hermes, llama3_json).
 
 Once a call's markup shows its name and the ``{`` of its arguments object, the call opens (a
 delta with its index, id and name) and the object's text goes out as fragments as it arrives,
 exactly as the model wrote it: the fragments concatenate to the call's final ``arguments``.
-When the markup closes, the whole of it is read again by the format to check it.
+When the markup closes, the whole of it is read again by the format to check it; calls after
+the first in the same markup (llama3_json's ``;``-separated ones) are sent whole then.
 
 If it does not check out (the arguments are cut off or are not JSON, or text after them is not
 the call's markup), the call is kept with the arguments already sent (as vLLM does: a client
@@ -93,8 +94,9 @@ class StreamedCall:
         self.arguments += piece
         return piece
 
-    def check(self, calls: list[RawCall] | MarkupError, fmt_name: str) -> None:
-        """At the end of the markup: WARNING unless it read as exactly this call with these arguments."""
+    def check(self, calls: list[RawCall] | MarkupError, fmt_name: str) -> list[RawCall]:
+        """At the end of the markup: the calls after this one in it (llama3_json's ``;``-separated calls), to
+        send whole; a WARNING (and none) unless it reads as this call with these arguments first."""
         problem = self._problem(calls)
         if problem is not None:
             logger.warning(
@@ -102,12 +104,15 @@ class StreamedCall:
                 "markup: %.300r; not sent: %.200r",
                 fmt_name, self.name, len(self.arguments), problem, self.head + self.arguments + self.tail, self.tail,
             )  # fmt: skip
+            return []
+        assert not isinstance(calls, MarkupError)
+        return calls[1:]
 
     def _problem(self, calls: list[RawCall] | MarkupError) -> str | None:
         if isinstance(calls, MarkupError):
             return str(calls)
-        if len(calls) != 1 or calls[0].name != self.name:
-            return "the markup is not this one call"
+        if not calls or calls[0].name != self.name:
+            return "the markup does not start with this call"
         try:
             streamed = json.loads(self.arguments)
         except ValueError as exc:

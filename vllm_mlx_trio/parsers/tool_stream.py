@@ -4,7 +4,7 @@ Content streams until a format's start marker; only a suffix that could be the s
 held back. Markup is buffered until its end marker (or the end of the text), then read into
 whole calls by the format. Each call goes out as one delta with its index, id, name and the
 whole arguments JSON. Markup that does not parse goes back into the content with a WARNING.
-A format with ``streams_arguments`` (hermes) instead opens a call as soon as its name and the
+A format with ``streams_arguments`` (hermes, llama3_json) instead opens a call as soon as its name and the
 start of its arguments are seen, and streams the arguments' text (see ``streamed_call``).
 """
 
@@ -205,7 +205,7 @@ class ToolStream:
             calls: list[RawCall] | MarkupError = self._fmt.parse_region(start, call.head + call.arguments + call.tail)
         except MarkupError as exc:
             calls = exc
-        call.check(calls, self._fmt.name)
+        out.extend(self._call_deltas(call.check(calls, self._fmt.name)))
 
     def _read_markup(self, start: str, body: str, end: str, out: list[ParsedDelta], *, last: bool) -> None:
         """Markup text as calls, or as content as written if it does not parse (with a WARNING).
