@@ -174,8 +174,11 @@ class Engine:
         params: SamplingParams | None = None,
         *,
         request_id: str | None = None,
+        endpoint: str = "",
     ) -> RequestStream:
         """Admit a request and return its open :class:`RequestStream`.
+
+        ``endpoint``: the HTTP route it came from, the ``endpoint`` label of its metrics ("" for none).
 
         Raises :class:`QueueFullError` at once when the engine is full (the request is never
         tokenized), and the request's :class:`InvalidRequestError` when admission refuses it.
@@ -202,7 +205,7 @@ class Engine:
             params.stop,
             token_bytes=self.model_info.token_bytes if isinstance(prompt, str) else self._chat_token_bytes,
             on_close=self._release_slot,
-            timer=self.metrics.request_timer(trio.current_time()),
+            timer=self.metrics.request_timer(trio.current_time(), endpoint),
             min_tokens=params.min_tokens,
             include_stop=params.include_stop_str_in_output,
             skip_special_tokens=params.skip_special_tokens,

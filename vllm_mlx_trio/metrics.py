@@ -28,6 +28,15 @@ REQUEST_TIME_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 STEP_TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 FINISH_REASONS = ("stop", "length", "abort", "error")
+#: The HTTP routes that run requests: the ``endpoint`` label of the per-request metrics (issue 15). A request
+#: submitted to the engine directly (benchmarks, tests) has the empty endpoint.
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
+#: Per-request histograms, labelled by ``endpoint`` as well as ``model_name``.
+REQUEST_HISTOGRAMS = (
+    "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds",
+    "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
+)  # fmt: skip
+DISCONNECTED = "vllm:http_requests_client_disconnected"
 
 #: Gauge name -> (help, key in the snapshot dict the engine provides).
 GAUGES = {
@@ -88,16 +97,23 @@ class EngineMetrics:
                 ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."),
                 ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache."),
                 ("vllm:num_preemptions", "Requests preempted to stay within the KV budget."),
-                ("vllm:http_requests_client_disconnected", "HTTP requests whose client left first."),
                 ("vllm_mlx_trio_steps", "Model steps run."),
             )
         }
         self._success = Counter(
-            "vllm:request_success", "Requests finished, by reason.", ["model_name", "finished_reason"],
+            "vllm:request_success", "Requests finished, by reason.", ["model_name", "finished_reason", "endpoint"],
             registry=self.registry,
         )  # fmt: skip
+        self._disconnected = Counter(
+            DISCONNECTED, "HTTP requests whose client left first.", ["model_name", "endpoint"], registry=self.registry
+        )
+        for endpoint in ENDPOINTS:
+            self._disconnected.labels(model_name, endpoint).inc(0)
         self._histograms = {
-            name: Histogram(name, help_text, ["model_name"], buckets=buckets, registry=self.registry).labels(model_name)
+            name: Histogram(
+                name, help_text, ["model_name", "endpoint"] if name in REQUEST_HISTOGRAMS else ["model_name"],
+                buckets=buckets, registry=self.registry,
+            )  # fmt: skip
             for name, help_text, buckets in (
                 ("vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS),
                 ("vllm:inter_token_latency_seconds", "Time between output tokens.", ITL_BUCKETS),
@@ -122,17 +138,23 @@ class EngineMetrics:
         """The text exposition format."""
         return generate_latest(self.registry)
 
-    def request_timer(self, arrival_time: float) -> RequestTimer:
-        return RequestTimer(self, arrival_time)
+    def request_timer(self, arrival_time: float, endpoint: str = "") -> RequestTimer:
+        return RequestTimer(self, arrival_time, endpoint)
 
-    def observe(self, name: str, value: float) -> None:
-        self._histograms[name].observe(value)
+    def observe(self, name: str, value: float, *, endpoint: str = "") -> None:
+        """One value of a histogram; ``endpoint`` only for the per-request ones (REQUEST_HISTOGRAMS)."""
+        histogram = self._histograms[name]
+        labels = (self.model_name, endpoint) if name in REQUEST_HISTOGRAMS else (self.model_name,)
+        histogram.labels(*labels).observe(value)
 
     def count(self, name: str, amount: float = 1.0) -> None:
         self._counters[name].inc(amount)
 
-    def finished(self, reason: str) -> None:
-        self._success.labels(self.model_name, reason).inc()
+    def finished(self, reason: str, *, endpoint: str = "") -> None:
+        self._success.labels(self.model_name, reason, endpoint).inc()
+
+    def client_disconnected(self, endpoint: str) -> None:
+        self._disconnected.labels(self.model_name, endpoint).inc()
 
     def on_step(self, num_tokens: int, elapsed_s: float) -> None:
         self.count("vllm_mlx_trio_steps")
@@ -152,11 +174,12 @@ class EngineMetrics:
 class RequestTimer:
     """A request's client-side clock: first token, gaps between tokens, finish."""
 
-    __slots__ = ("_metrics", "_arrival", "_last", "_done")
+    __slots__ = ("_metrics", "_arrival", "_endpoint", "_last", "_done")
 
-    def __init__(self, metrics: EngineMetrics, arrival_time: float):
+    def __init__(self, metrics: EngineMetrics, arrival_time: float, endpoint: str = ""):
         self._metrics = metrics
         self._arrival = arrival_time
+        self._endpoint = endpoint
         self._last: float | None = None
         self._done = False
 
@@ -166,11 +189,11 @@ class RequestTimer:
             return
         now = trio.current_time()
         if self._last is None:
-            self._metrics.observe("vllm:time_to_first_token_seconds", now - self._arrival)
+            self._metrics.observe("vllm:time_to_first_token_seconds", now - self._arrival, endpoint=self._endpoint)
         else:
             gap = (now - self._last) / num_tokens
             for _ in range(num_tokens):
-                self._metrics.observe("vllm:inter_token_latency_seconds", gap)
+                self._metrics.observe("vllm:inter_token_latency_seconds", gap, endpoint=self._endpoint)
         self._last = now
 
     def finish(self, reason: str, *, prompt_tokens: int, completion_tokens: int) -> None:
@@ -178,11 +201,11 @@ class RequestTimer:
         if self._done:
             return
         self._done = True
-        metrics = self._metrics
-        metrics.finished(reason)
-        metrics.observe("vllm:e2e_request_latency_seconds", trio.current_time() - self._arrival)
-        metrics.observe("vllm:request_prompt_tokens", prompt_tokens)
-        metrics.observe("vllm:request_generation_tokens", completion_tokens)
+        metrics, endpoint = self._metrics, self._endpoint
+        metrics.finished(reason, endpoint=endpoint)
+        metrics.observe("vllm:e2e_request_latency_seconds", trio.current_time() - self._arrival, endpoint=endpoint)
+        metrics.observe("vllm:request_prompt_tokens", prompt_tokens, endpoint=endpoint)
+        metrics.observe("vllm:request_generation_tokens", completion_tokens, endpoint=endpoint)
         metrics.count("vllm:prompt_tokens", prompt_tokens)
 
 

@@ -66,7 +66,7 @@ def count_tasks() -> int:
 
 def success_count(engine, reason: str) -> float:
     value = engine.metrics.registry.get_sample_value(
-        "vllm:request_success_total", {"model_name": engine.cfg.model_name, "finished_reason": reason}
+        "vllm:request_success_total", {"model_name": engine.cfg.model_name, "finished_reason": reason, "endpoint": ""}
     )
     return value or 0.0
 

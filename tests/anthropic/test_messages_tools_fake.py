@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 
 import anthropic
-import httpx
 import pytest
 import trio
 
@@ -74,20 +73,23 @@ async def test_tool_use_blocks(stream):
 
 
 async def test_arguments_stream_as_input_json_delta():
-    reply = call_markup("get_weather", {"city": "Paris, the capital of France"})
-    body = {"model": MODEL, "max_tokens": 200, "messages": ASK, "tools": [WEATHER], "stream": True}
+    """A long call's arguments reach the SDK in several ``input_json_delta`` fragments, as generated (the
+    scripted model writes a few characters a step), and add up to the final ``input``."""
+    arguments = {"city": "Paris, the capital of France, on the Seine, in the north of the country"}
+    reply = call_markup("get_weather", arguments)
+    kwargs = {"model": MODEL, "max_tokens": 400, "messages": ASK, "tools": [WEATHER]}
     with trio.fail_after(20):
-        async with server(cfg(), reply) as srv, httpx.AsyncClient() as http:
-            resp = await http.post(f"{srv.url}/v1/messages", json=body)
-    payloads = [json.loads(line[len("data: ") :]) for line in resp.text.splitlines() if line.startswith("data: ")]
-    fragments = [p["delta"]["partial_json"] for p in payloads
-                 if p["type"] == "content_block_delta" and p["delta"]["type"] == "input_json_delta"]  # fmt: skip
-    # One fragment per parser delta: today's hermes parser gives a call's arguments whole once
-    # its </tool_call> is read (parsers/tool_stream.py); finer deltas would pass through as they are.
-    assert fragments
-    assert json.loads("".join(fragments)) == {"city": "Paris, the capital of France"}
-    start = next(p for p in payloads if p["type"] == "content_block_start")
-    assert start["content_block"]["type"] == "tool_use" and start["content_block"]["input"] == {}
+        async with server(cfg(), reply) as srv, client(srv.url) as c, c.messages.stream(**kwargs) as s:
+            events = [event async for event in s]
+            message = await s.get_final_message()
+    fragments = [e.delta.partial_json for e in events
+                 if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]  # fmt: skip
+    assert len(fragments) > 5
+    assert json.loads("".join(fragments)) == arguments == message.content[0].input
+    start = next(e for e in events if e.type == "content_block_start")
+    assert start.content_block.type == "tool_use" and start.content_block.input == {}
+    # The first fragment goes out before the last of the call's text was generated.
+    assert events.index(next(e for e in events if e.type == "content_block_delta")) < len(events) - 5
 
 
 async def test_disable_parallel_tool_use_keeps_the_first_call():

@@ -26,6 +26,7 @@ MODEL = "demo:tiny"
 TEXT = "Hello, world!"
 SECRET = "SECRET-PROMPT-TEXT"
 REQUEST_LOGGER = "vllm_mlx_trio.http.request_log"
+CHAT = {"endpoint": "/v1/chat/completions"}
 
 
 def config(*overrides: str):
@@ -86,11 +87,11 @@ async def test_metrics_expose_vllm_names_and_move_after_requests():
     assert metric(before, "vllm:prompt_tokens_total") == 0.0
     assert metric(after, "vllm:prompt_tokens_total") > 0
     assert metric(after, "vllm:generation_tokens_total") >= 2 * (len(TEXT) + 1)
-    assert metric(after, "vllm:request_success_total", finished_reason="stop") == 2.0
-    assert metric(after, "vllm:time_to_first_token_seconds_bucket", le="+Inf") == 2.0
-    assert metric(after, "vllm:time_to_first_token_seconds_count") == 2.0
-    assert metric(after, "vllm:e2e_request_latency_seconds_count") == 2.0
-    assert metric(after, "vllm:http_requests_client_disconnected_total") == 0.0
+    assert metric(after, "vllm:request_success_total", finished_reason="stop", **CHAT) == 2.0
+    assert metric(after, "vllm:time_to_first_token_seconds_bucket", le="+Inf", **CHAT) == 2.0
+    assert metric(after, "vllm:time_to_first_token_seconds_count", **CHAT) == 2.0
+    assert metric(after, "vllm:e2e_request_latency_seconds_count", **CHAT) == 2.0
+    assert metric(after, "vllm:http_requests_client_disconnected_total", **CHAT) == 0.0
 
 
 async def test_metrics_disabled_is_a_404():
@@ -101,6 +102,26 @@ async def test_metrics_disabled_is_a_404():
     assert resp.status_code == 404
     assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
     assert status.status_code == 200  # only /metrics goes
+
+
+async def test_request_metrics_carry_the_endpoint_label():
+    """Each route's requests count under its own ``endpoint``; the others stay at zero (issue 15)."""
+    messages = {"model": MODEL, "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}
+    with trio.fail_after(20):
+        async with server(config()) as srv, httpx.AsyncClient() as http:
+            for _ in range(2):
+                assert (await http.post(f"{srv.url}/v1/messages", json=messages)).status_code == 200
+            for path, body in (("/v1/completions", {"prompt": "hi"}), ("/v1/responses", {"input": "hi"})):
+                assert (await http.post(f"{srv.url}{path}", json={"model": MODEL, **body})).status_code == 200
+            text = await scrape(http, srv.url)
+    counts = {"/v1/messages": 2.0, "/v1/completions": 1.0, "/v1/responses": 1.0}
+    for endpoint, count in counts.items():
+        assert metric(text, "vllm:request_success_total", finished_reason="stop", endpoint=endpoint) == count
+        assert metric(text, "vllm:e2e_request_latency_seconds_count", endpoint=endpoint) == count
+        assert metric(text, "vllm:time_to_first_token_seconds_count", endpoint=endpoint) == count
+        assert metric(text, "vllm:request_generation_tokens_count", endpoint=endpoint) == count
+        assert metric(text, "vllm:http_requests_client_disconnected_total", endpoint=endpoint) == 0.0
+    assert metric(text, "vllm:e2e_request_latency_seconds_count", **CHAT) is None
 
 
 async def test_streaming_disconnect_counts_and_logs_aborted(caplog):
@@ -115,9 +136,9 @@ async def test_streaming_disconnect_counts_and_logs_aborted(caplog):
                     await lines.__anext__()
             text = await poll(
                 lambda: scrape(http, srv.url),
-                lambda t: metric(t, "vllm:http_requests_client_disconnected_total") == 1.0,
+                lambda t: metric(t, "vllm:http_requests_client_disconnected_total", **CHAT) == 1.0,
             )
-    assert metric(text, "vllm:request_success_total", finished_reason="abort") == 1.0
+    assert metric(text, "vllm:request_success_total", finished_reason="abort", **CHAT) == 1.0
     (record,) = request_lines(caplog)
     fields = getattr(record, FIELDS)
     assert fields["request_id"] == "leaving-early" and fields["status"] == "aborted"
@@ -134,10 +155,10 @@ async def test_non_streaming_disconnect_counts():
                 nursery.cancel_scope.cancel()  # the client gives up: its connection closes
             text = await poll(
                 lambda: scrape(http, srv.url),
-                lambda t: metric(t, "vllm:http_requests_client_disconnected_total") == 1.0,
+                lambda t: metric(t, "vllm:http_requests_client_disconnected_total", **CHAT) == 1.0,
             )
             gate.allow(1000)
-    assert metric(text, "vllm:request_success_total", finished_reason="abort") == 1.0
+    assert metric(text, "vllm:request_success_total", finished_reason="abort", **CHAT) == 1.0
 
 
 # --- /v1/status and /version ----------------------------------------------------------------

@@ -32,14 +32,20 @@ def stream(chunks: list[str], **kwargs) -> tuple[list[ParsedDelta], ParsedMessag
     return deltas, parser.message()
 
 
+def decoded(arguments: str) -> dict | str:
+    """A call's arguments decoded (checked to be a JSON object), or as written with ``BROKEN:`` in front when they
+    are not JSON (a streamed call whose markup broke keeps what was sent)."""
+    try:
+        args = json.loads(arguments)
+    except ValueError:
+        return "BROKEN:" + arguments
+    assert isinstance(args, dict)
+    return args
+
+
 def shape(message: ParsedMessage) -> tuple:
-    """The message without the random call ids; arguments decoded (and checked to be JSON objects)."""
-    calls = []
-    for call in message.tool_calls:
-        args = json.loads(call.arguments)
-        assert isinstance(args, dict)
-        calls.append((call.name, args))
-    return message.content, message.reasoning, calls
+    """The message without the random call ids; arguments decoded (see :func:`decoded`)."""
+    return message.content, message.reasoning, [(call.name, decoded(call.arguments)) for call in message.tool_calls]
 
 
 def from_deltas(deltas: list[ParsedDelta]) -> tuple:
@@ -58,7 +64,7 @@ def from_deltas(deltas: list[ParsedDelta]) -> tuple:
         call["arguments"] += d.arguments
     assert sorted(calls) == list(range(len(calls))), "call indexes are not 0, 1, ..."
     assert all(c["id"] and c["name"] for c in calls.values())
-    return content, reasoning, [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())]
+    return content, reasoning, [(c["name"], decoded(c["arguments"])) for _, c in sorted(calls.items())]
 
 
 def check_all_chunkings(text: str, expected: tuple, **kwargs) -> None:

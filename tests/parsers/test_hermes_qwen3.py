@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
 
 from vllm_mlx_trio.parsers import OutputParser, parse_text, prompt_ends_in_reasoning, reasoning_markers
 
-from .helpers import check_all_chunkings, shape, stream
+from .helpers import check_all_chunkings, chunkings, shape, stream
 
 H = {"tool_parser": "hermes", "reasoning_parser": "qwen3"}
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
@@ -59,10 +60,46 @@ def test_stray_closer_is_dropped_from_the_content(caplog):
 
 
 def test_unparseable_markup_is_content_with_a_warning(caplog):
-    text = 'Here: <tool_call>\n{"name": "f", "arguments": {oops}\n</tool_call> done'
+    for text in (
+        'Here: <tool_call>\n{"name": f, "arguments": {"a": 1}}\n</tool_call> done',
+        'Here: <tool_call>\n{"arguments": {oops}, "name": "f"}\n</tool_call> done',
+    ):
+        with caplog.at_level(logging.WARNING):
+            check_all_chunkings(text, (text, None, []), **H)
+        assert "markup returned as content" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("text", "kept", "not_sent"),
+    [
+        ('<tool_call>\n{"name": "f", "arguments": {oops}\n</tool_call> done', "{", "oops}"),
+        ('<tool_call>\n{"name": "f", "arguments": {"a": [1, "x</tool_call>', '{"a": [1, "x', ""),
+        ('<tool_call>{"name": "f", "arguments": {"a": 1}} junk</tool_call>', '{"a": 1}', "} junk"),
+        ('<tool_call>{"name": "f", "arguments": {"a": 1, "b": ', '{"a": 1, "b": ', ""),
+    ],
+)
+def test_a_call_whose_arguments_began_streaming_keeps_them_when_its_markup_breaks(caplog, text, kept, not_sent):
+    """Decision: once the name and the arguments' start were sent, the call stays with what was sent
+    (clients hold it already), nothing of the markup reaches the content, and a WARNING logs the markup."""
+    args = json.loads(kept) if kept == '{"a": 1}' else "BROKEN:" + kept
+    after = "done" if text.endswith(" done") else None
     with caplog.at_level(logging.WARNING):
-        check_all_chunkings(text, (text, None, []), **H)
-    assert "markup returned as content" in caplog.text
+        check_all_chunkings(text, (after, None, [("f", args)]), **H)
+    assert "kept with the" in caplog.text and repr(not_sent)[1:-1] in caplog.text
+
+
+def test_arguments_stream_as_written_once_the_name_is_known():
+    args = '{"city":  "Paris", "note": "a } \\" {", "days": [1, {"x": null}]}'
+    text = f'Ok <tool_call>\n{{"name": "get_weather", "arguments": {args}}}\n</tool_call>'
+    for chunks in chunkings(text).values():
+        deltas, message = stream(chunks, **H)
+        pieces = [d for d in deltas if d.tool_index is not None]
+        assert pieces[0].tool_name == "get_weather" and pieces[0].arguments == ""
+        assert all(d.tool_id is None and d.tool_name is None for d in pieces[1:])
+        assert "".join(d.arguments for d in pieces) == args == message.tool_calls[0].arguments
+        assert message.content == "Ok"
+    one_char = stream(list(text), **H)[0]
+    assert len([d for d in one_char if d.arguments]) == len(args)  # every character goes out as it comes
 
 
 def test_unclosed_call_at_the_end_is_still_a_call():
@@ -77,8 +114,9 @@ def test_content_streams_before_the_call_and_markup_is_held_only_while_partial()
     assert [d.content for d in parser.feed("b> now")] == [" <b> now"]
     deltas, message = stream(["Sure", " <tool", "_call>", '{"name": "f", "arguments": {}}', "</tool_call>"], **H)
     assert [d.content for d in deltas if d.content] == ["Sure"]
-    assert [(d.tool_index, d.tool_name, d.arguments) for d in deltas if d.tool_index is not None] == [(0, "f", "{}")]
-    assert deltas[-1].tool_id.startswith("call_") and len(deltas[-1].tool_id) == 29
+    calls = [d for d in deltas if d.tool_index is not None]
+    assert [(d.tool_index, d.tool_name, d.arguments) for d in calls] == [(0, "f", ""), (0, None, "{}")]
+    assert calls[0].tool_id.startswith("call_") and len(calls[0].tool_id) == 29
     assert shape(message) == ("Sure", None, [("f", {})])
 
 

@@ -7,7 +7,7 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from vllm_mlx_trio.parsers import REASONING_PARSERS, TOOL_PARSERS, parse_text
+from vllm_mlx_trio.parsers import REASONING_PARSERS, TOOL_PARSERS, OutputParser, parse_text
 
 from .helpers import from_deltas, shape, stream
 
@@ -68,3 +68,26 @@ def test_hermes_calls_survive_any_chunking(content, calls, cuts):
     got = from_deltas(deltas)
     assert (got[0], got[1], [list(call) for call in got[2]]) == expected
     assert shape(message) == got
+
+
+@settings(max_examples=200, deadline=None)
+@given(words, st.from_regex(r"[a-z_]{1,8}", fullmatch=True), arguments, st.sampled_from([None, 2]),
+       st.lists(st.integers(0, 10_000), max_size=30))  # fmt: skip
+def test_hermes_arguments_stream_as_fragments_that_add_up_to_the_final_json(content, name, args, indent, cuts):
+    """Each feed sends the arguments seen so far (a prefix of the final JSON); once the text up to the
+    arguments' closing brace is in, all of them are out, before the markup closes."""
+    args_text = json.dumps(args, indent=indent)
+    head = f'{content.strip()}\n<tool_call>\n{{"name": "{name}", "arguments": '
+    text = head + args_text + "}\n</tool_call>"
+    args_end = len(head) + len(args_text)
+    parser = OutputParser(tool_parser="hermes", reasoning_parser="qwen3")
+    sent, fed = "", 0
+    for chunk in _split(text, cuts):
+        sent += "".join(d.arguments for d in parser.feed(chunk) if d.tool_index is not None)
+        fed += len(chunk)
+        assert args_text.startswith(sent)
+        if fed >= args_end:
+            assert sent == args_text
+    sent += "".join(d.arguments for d in parser.finish() if d.tool_index is not None)
+    assert sent == args_text == parser.message().tool_calls[0].arguments
+    assert json.loads(parser.message().tool_calls[0].arguments) == args

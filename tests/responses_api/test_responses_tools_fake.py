@@ -71,6 +71,22 @@ async def test_function_call_items(stream):
     assert [item.type for item in single.output] == ["message", "function_call"]
 
 
+async def test_function_call_arguments_stream_in_several_deltas():
+    """A long call's ``arguments`` reach the SDK in several ``function_call_arguments.delta`` events, as generated,
+    and add up to the item's final arguments."""
+    arguments = {"city": "Paris, the capital of France, on the Seine, in the north of the country"}
+    kwargs = {"model": MODEL, "input": "Weather in Paris?", "tools": [WEATHER]}
+    with trio.fail_after(20):
+        async with server(cfg(), call_markup("get_weather", arguments)) as srv, client(srv.url) as c:
+            async with c.responses.stream(**kwargs) as s:
+                events = [event async for event in s]
+                response = await s.get_final_response()
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(deltas) > 5
+    assert "".join(deltas) == response.output[0].arguments
+    assert json.loads(response.output[0].arguments) == arguments
+
+
 async def test_function_call_output_round_trip_and_continuation():
     executors: list[FakeExecutor] = []
     with trio.fail_after(20):

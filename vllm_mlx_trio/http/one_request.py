@@ -82,7 +82,7 @@ class OneRequestRunner:
     ) -> RequestStream:
         ids.extend(self._engine_ids.reserve(record.request_id, 1))
         record.submitting()
-        stream = await self.engine.submit(prompt, params, request_id=ids[0])
+        stream = await self.engine.submit(prompt, params, request_id=ids[0], endpoint=record.endpoint)
         record.streams = [stream]
         return stream
 

@@ -117,7 +117,7 @@ class RequestRecord:
             self._first_delta = trio.current_time()
 
     def disconnected(self) -> None:
-        self._metrics.count("vllm:http_requests_client_disconnected")
+        self._metrics.client_disconnected(self.endpoint)
         self.finish("aborted")
 
     @contextmanager

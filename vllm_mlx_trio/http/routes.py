@@ -101,7 +101,7 @@ async def _complete(
     builder = extended_builder(parsed, chat=chat, model=engine.cfg.model_name, tokenizer=engine.model_info.tokenizer)
     spec = _output_spec(engine, parsed) if chat else None
     record.submitting()
-    streams = await _submit_choices(engine, parsed, ids)
+    streams = await _submit_choices(engine, parsed, ids, endpoint=record.endpoint)
     record.streams = streams
     if not parsed.stream:
         with contextlib.ExitStack() as opened:
@@ -140,13 +140,15 @@ def _parsed_choice(result: ChoiceResult, spec: OutputSpec, stream: RequestStream
     return attrs.evolve(result, message=output.message(), finish_reason=output.finish_reason(result.finish_reason))
 
 
-async def _submit_choices(engine: Engine, parsed: ParsedRequest, ids: list[str]) -> list[RequestStream]:
+async def _submit_choices(
+    engine: Engine, parsed: ParsedRequest, ids: list[str], *, endpoint: str
+) -> list[RequestStream]:
     """Submit one engine request per choice; if one is refused, close those already open."""
     with contextlib.ExitStack() as opened:
         streams = []
         for index, request_id in enumerate(ids):
             params = choice_params(parsed.params, index)
-            stream = await engine.submit(parsed.prompt, params, request_id=request_id)
+            stream = await engine.submit(parsed.prompt, params, request_id=request_id, endpoint=endpoint)
             streams.append(opened.enter_context(stream))
         opened.pop_all()
     return streams

@@ -58,6 +58,7 @@ class HermesFormat(ToolFormat):
     name = "hermes"
     regions = (("<tool_call>", "</tool_call>"),)
     markup = ("<tool_call>", "</tool_call>")
+    streams_arguments = True
 
     def parse_region(self, start: str, body: str) -> list[RawCall]:
         values = decode_json_values(body)
@@ -69,13 +70,15 @@ class HermesFormat(ToolFormat):
 class Llama3JsonFormat(ToolFormat):
     """Llama 3.x: ``<|python_tag|>{"name": "f", "parameters": {...}}`` or the same JSON bare as the whole reply.
 
-    Several calls are separated by ``;``. A reply that starts with ``{`` is held until it ends,
-    then read as calls; if it is not one, it is the content (no warning: a JSON answer).
+    Several calls are separated by ``;``: the first one's arguments stream, the others are sent whole
+    at the end. A reply that starts with ``{`` and is not a call's head is held until it ends, then
+    read as calls; if it is not one, it is the content (no warning: a JSON answer).
     """
 
     name = "llama3_json"
     regions = (("<|python_tag|>", None),)
     markup = ("<|python_tag|>",)
+    streams_arguments = True
     _END_TOKENS = re.compile(r"\s*(?:<\|eom_id\|>|<\|eot_id\|>)\s*$")
 
     def bare_call_start(self, text: str) -> bool | None:

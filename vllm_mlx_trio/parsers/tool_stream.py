@@ -4,6 +4,8 @@ Content streams until a format's start marker; only a suffix that could be the s
 held back. Markup is buffered until its end marker (or the end of the text), then read into
 whole calls by the format. Each call goes out as one delta with its index, id, name and the
 whole arguments JSON. Markup that does not parse goes back into the content with a WARNING.
+A format with ``streams_arguments`` (hermes, llama3_json) instead opens a call as soon as its name and the
+start of its arguments are seen, and streams the arguments' text (see ``streamed_call``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 from collections.abc import Sequence
 from typing import ClassVar
 
+from .streamed_call import StreamedCall, match_call_head
 from .text import MarkupTrimmer, find_first, partial_marker_len
 from .types import MarkupError, ParsedDelta, RawCall, new_call_id
 
@@ -26,6 +29,8 @@ class ToolFormat:
     regions: ClassVar[tuple[tuple[str, str | None], ...]]
     #: Every markup string of the family (many are special tokens the detokenizer must keep).
     markup: ClassVar[tuple[str, ...]] = ()
+    #: A region holds one ``{"name": ..., "arguments": {...}}`` object whose arguments can stream as they come.
+    streams_arguments: ClassVar[bool] = False
 
     def __init__(self, tools: Sequence[dict] | None = None) -> None:
         self.tools = {
@@ -65,6 +70,7 @@ class ToolStream:
         self._region_parsed = False
         self._openers = frozenset(start[0] for start in self._starts)
         self._scan_from = 0
+        self._call: StreamedCall | None = None
 
     def feed(self, text: str) -> list[ParsedDelta]:
         if self._region is None and not self._at_start and not self._pending and not self._may_open(text):
@@ -131,6 +137,9 @@ class ToolStream:
         start, end = self._region
         end_at = self._pending.find(end, self._scan_from) if end else -1
         self._scan_from = 0
+        if self._fmt.streams_arguments and (self._call is not None or self._open_call(end_at, out)):
+            self._step_streamed_call(end_at, out)
+            return
         ready = self._fmt.ready_call(self._pending)
         if ready is not None and (end_at < 0 or ready <= end_at):
             piece, self._pending = self._pending[:ready], self._pending[ready:]
@@ -145,7 +154,58 @@ class ToolStream:
     def _close_region(self, start: str, body: str, end: str, out: list[ParsedDelta]) -> None:
         """The end of a region: the rest of its text (``end``: its end marker, "" at the end of the output)."""
         self._region = None
+        if self._call is not None:
+            self._close_streamed_call(start, body, out)
+            return
         self._read_markup(start, body, end, out, last=True)
+
+    def _open_call(self, end_at: int, out: list[ParsedDelta]) -> bool:
+        """Open a streamed call if the region (up to its end marker, if seen) starts with a call's head."""
+        assert self._fmt is not None
+        head = match_call_head(self._pending if end_at < 0 else self._pending[:end_at])
+        if head is None:
+            return False
+        name, length = head
+        self._call = StreamedCall(index=self._next_index, name=name, head=self._pending[:length])
+        self._next_index += 1
+        self._pending = self._pending[length:]
+        self._trimmer.markup()
+        out.append(ParsedDelta(tool_index=self._call.index, tool_id=self._fmt.new_id(), tool_name=name))
+        return True
+
+    def _step_streamed_call(self, end_at: int, out: list[ParsedDelta]) -> None:
+        """Send the arguments seen so far; at the end marker, close the call."""
+        assert self._call is not None and self._region is not None
+        end = self._region[1]
+        if end_at >= 0:
+            end_at = self._pending.find(end)  # the head was taken off since it was found
+            limit = end_at
+        else:  # a suffix that may be the start of the end marker waits
+            limit = len(self._pending) - (partial_marker_len(self._pending, (end,)) if end else 0)
+        piece = self._call.take_arguments(self._pending[:limit])
+        if piece:
+            out.append(ParsedDelta(tool_index=self._call.index, arguments=piece))
+            self._pending = self._pending[len(piece) :]
+            end_at -= len(piece) if end_at >= 0 else 0
+        if end_at < 0 or end is None:
+            return
+        body, self._pending = self._pending[:end_at], self._pending[end_at + len(end) :]
+        self._close_region(self._region[0], body, end, out)
+
+    def _close_streamed_call(self, start: str, rest: str, out: list[ParsedDelta]) -> None:
+        """The end of a streamed call's markup (``rest``: its text not taken yet): send the last of its
+        arguments, then check the whole markup (a WARNING if it does not read as the call sent)."""
+        assert self._call is not None and self._fmt is not None
+        call, self._call = self._call, None
+        piece = call.take_arguments(rest)
+        if piece:
+            out.append(ParsedDelta(tool_index=call.index, arguments=piece))
+        call.tail = rest[len(piece) :]
+        try:
+            calls: list[RawCall] | MarkupError = self._fmt.parse_region(start, call.head + call.arguments + call.tail)
+        except MarkupError as exc:
+            calls = exc
+        out.extend(self._call_deltas(call.check(calls, self._fmt.name)))
 
     def _read_markup(self, start: str, body: str, end: str, out: list[ParsedDelta], *, last: bool) -> None:
         """Markup text as calls, or as content as written if it does not parse (with a WARNING).

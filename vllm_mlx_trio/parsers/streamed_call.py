@@ -1,0 +1,120 @@
+"""A JSON-in-tags tool call whose arguments stream as the model writes them (hermes, llama3_json).
+
+Once a call's markup shows its name and the ``{`` of its arguments object, the call opens (a
+delta with its index, id and name) and the object's text goes out as fragments as it arrives,
+exactly as the model wrote it: the fragments concatenate to the call's final ``arguments``.
+When the markup closes, the whole of it is read again by the format to check it; calls after
+the first in the same markup (llama3_json's ``;``-separated ones) are sent whole then.
+
+If it does not check out (the arguments are cut off or are not JSON, or text after them is not
+the call's markup), the call is kept with the arguments already sent (as vLLM does: a client
+holds them already), and a WARNING logs the markup, including any text that was not sent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+
+from .types import MarkupError, RawCall
+
+logger = logging.getLogger(__name__)
+
+#: The markup of a call up to the ``{`` that opens its arguments object: name first, then the arguments.
+CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+#: Characters JSON has outside its strings (the letters of true/false/null and exponents included).
+_JSON_OUTSIDE_STRINGS = frozenset("{}[],:.+-0123456789 \t\r\neEtrufalsn")
+
+
+def match_call_head(text: str) -> tuple[str, int] | None:
+    """(name, length of the head) when ``text`` starts with a call's head, else None."""
+    head = CALL_HEAD.match(text)
+    if head is None:
+        return None
+    try:
+        name = json.loads(head.group(1))
+    except ValueError:
+        return None
+    return (name, head.end()) if name else None
+
+
+class ObjectScanner:
+    """Finds where a JSON object ends in text arriving piece by piece (strings, escapes, nesting)."""
+
+    def __init__(self) -> None:
+        self._depth = 0
+        self._in_string = False
+        self._escaped = False
+        #: The object closed.
+        self.done = False
+        #: A character that JSON cannot have here came: the object is broken, nothing more is taken.
+        self.stopped = False
+
+    def take(self, text: str) -> int:
+        """How many characters of ``text`` belong to the object (all, unless it ends or breaks)."""
+        for at, ch in enumerate(text):
+            if self.done or self.stopped:
+                return at
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif ch == "\\":
+                    self._escaped = True
+                elif ch == '"':
+                    self._in_string = False
+                continue
+            if ch == '"':
+                self._in_string = True
+            elif ch in "{[":
+                self._depth += 1
+            elif ch in "}]":
+                self._depth -= 1
+                self.done = self._depth == 0
+            elif ch not in _JSON_OUTSIDE_STRINGS:
+                self.stopped = True
+                return at
+        return len(text)
+
+
+class StreamedCall:
+    """One call being streamed: its head, the arguments sent, the markup after them."""
+
+    def __init__(self, *, index: int, name: str, head: str) -> None:
+        self.index = index
+        self.name = name
+        self.head = head
+        self.arguments = ""
+        self.tail = ""
+        self.scanner = ObjectScanner()
+
+    def take_arguments(self, text: str) -> str:
+        """The part of ``text`` that is arguments (to send now); the caller keeps the rest."""
+        piece = text[: self.scanner.take(text)]
+        self.arguments += piece
+        return piece
+
+    def check(self, calls: list[RawCall] | MarkupError, fmt_name: str) -> list[RawCall]:
+        """At the end of the markup: the calls after this one in it (llama3_json's ``;``-separated calls), to
+        send whole; a WARNING (and none) unless it reads as this call with these arguments first."""
+        problem = self._problem(calls)
+        if problem is not None:
+            logger.warning(
+                "%s tool parser: call %r kept with the %d characters of arguments already streamed (%s); "
+                "markup: %.300r; not sent: %.200r",
+                fmt_name, self.name, len(self.arguments), problem, self.head + self.arguments + self.tail, self.tail,
+            )  # fmt: skip
+            return []
+        assert not isinstance(calls, MarkupError)
+        return calls[1:]
+
+    def _problem(self, calls: list[RawCall] | MarkupError) -> str | None:
+        if isinstance(calls, MarkupError):
+            return str(calls)
+        if not calls or calls[0].name != self.name:
+            return "the markup does not start with this call"
+        try:
+            streamed = json.loads(self.arguments)
+        except ValueError as exc:
+            return f"the arguments are not JSON: {exc}"
+        return None if streamed == calls[0].arguments else "the markup gives other arguments"
