@@ -31,6 +31,15 @@ class OutputSpec:
     #: More than one call may be returned (``parallel_tool_calls``); else only the first.
     parallel: bool = True
 
+    def new_parser(self, *, starts_in_reasoning: bool = False) -> OutputParser:
+        """A parser for one choice's reply."""
+        return OutputParser(
+            tool_parser=self.tool_parser,
+            reasoning_parser=self.reasoning_parser,
+            tools=self.tools,
+            starts_in_reasoning=starts_in_reasoning,
+        )
+
 
 def output_spec(
     output: OutputFormat, *, tools: Sequence[dict[str, Any]] | None, parse_calls: bool, parallel: bool
@@ -53,12 +62,7 @@ class ChoiceOutput:
 
     def __init__(self, spec: OutputSpec, *, starts_in_reasoning: bool = False):
         self._spec = spec
-        self._parser = OutputParser(
-            tool_parser=spec.tool_parser,
-            reasoning_parser=spec.reasoning_parser,
-            tools=spec.tools,
-            starts_in_reasoning=starts_in_reasoning,
-        )
+        self._parser = spec.new_parser(starts_in_reasoning=starts_in_reasoning)
         self._called = False
 
     def feed(self, text: str) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ import json
 import logging
 from typing import Any
 
-from ...parsers import OutputParser, ParsedDelta
+from ...parsers import ParsedDelta
 from ..agent_output import OutputSpec
 
 logger = logging.getLogger(__name__)
@@ -28,12 +28,7 @@ class ContentBlocks:
         self._spec = spec
         self._parser = None
         if spec is not None:
-            self._parser = OutputParser(
-                tool_parser=spec.tool_parser,
-                reasoning_parser=spec.reasoning_parser,
-                tools=spec.tools,
-                starts_in_reasoning=starts_in_reasoning,
-            )
+            self._parser = spec.new_parser(starts_in_reasoning=starts_in_reasoning)
         #: The blocks so far (a tool_use block's input is filled in when it closes).
         self.blocks: list[dict[str, Any]] = []
         self._open: tuple[str, int | None] | None = None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from ...parsers import OutputParser, ParsedDelta
+from ...parsers import ParsedDelta
 from ..agent_output import OutputSpec
 
 Event = tuple[str, dict[str, Any]]
@@ -34,12 +34,7 @@ class OutputItems:
         self._spec = spec
         self._parser = None
         if spec is not None:
-            self._parser = OutputParser(
-                tool_parser=spec.tool_parser,
-                reasoning_parser=spec.reasoning_parser,
-                tools=spec.tools,
-                starts_in_reasoning=starts_in_reasoning,
-            )
+            self._parser = spec.new_parser(starts_in_reasoning=starts_in_reasoning)
         self.items: list[dict[str, Any]] = []
         self._open: tuple[str, int | None] | None = None
         self.called = False
