@@ -55,7 +55,7 @@ class BadBlockFile(ValueError):
 def _host_array(array: mx.array) -> np.ndarray:
     if array.dtype == mx.bfloat16:
         array = array.view(mx.uint16)
-    return np.array(array, copy=True)
+    return np.asarray(array)  # a view of the evaluated array (it keeps the array alive): no copy here
 
 
 def _device_array(array: np.ndarray, dtype_name: str) -> mx.array:
@@ -68,7 +68,9 @@ def _dtype_name(array: mx.array) -> str:
 
 
 def to_host(block: BlockArrays) -> HostBlock:
-    """A block's arrays as numpy copies (on the MLX thread; the writer thread takes it from here)."""
+    """A block's arrays as numpy views (on the MLX thread; the writer thread takes it from here).
+    A view keeps its evaluated MLX array alive and costs no copy: the block is immutable."""
+    mx.eval([a for pair in block for stored in pair for a in (stored if isinstance(stored, Packed) else [stored])])
     tensors: dict[str, np.ndarray] = {}
     packed: dict[str, Any] = {}
     dtypes: dict[str, str] = {}
