@@ -17,16 +17,21 @@ corrupted or from another model or format version is a miss: one WARNING, and it
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import os
 import pathlib
 import queue
 import threading
+from typing import Any
 
 import attrs
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
 
+from ..core.block_pool import DISK_BLOCK_SUFFIX as SUFFIX
 from .disk_tier_file import (
-    SUFFIX,
     BadBlockFile,
     HostBlock,
     check_identity,
@@ -46,6 +51,25 @@ logger = logging.getLogger(__name__)
 #: hold the MLX thread (an eviction burst of a 32-layer model is a few hundred blocks).
 WRITER_QUEUE_BLOCKS = 256
 _TMP_SUFFIX = ".tmp"
+
+
+#: Parameters (and values of each) fingerprinted into a model's identity: enough to tell two
+#: checkpoints of one architecture apart, cheap at load.
+_IDENTITY_PARAMS = 4
+_IDENTITY_VALUES = 4096
+
+
+def model_identity(model: Any, kinds: tuple[str, ...], block_size: int) -> str:
+    """What a block file must name to be this model's: its arguments, cache layout, block size
+    and a fingerprint of its first weights (files of any other model are foreign)."""
+    h = hashlib.sha256(repr(getattr(model, "args", type(model).__name__)).encode())
+    h.update(repr((kinds, block_size)).encode())
+    for name, value in tree_flatten(model.parameters())[:_IDENTITY_PARAMS]:
+        sample = value.reshape(-1)[:_IDENTITY_VALUES]
+        if sample.dtype == mx.bfloat16:
+            sample = sample.view(mx.uint16)
+        h.update(name.encode() + np.asarray(sample).tobytes())
+    return h.hexdigest()[:32]
 
 
 @attrs.define(slots=True)

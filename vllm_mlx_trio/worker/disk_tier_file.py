@@ -28,7 +28,6 @@ from .prefix_layers import BlockArrays, Packed
 FORMAT = "vllm-mlx-trio/kv-block"
 #: Bump when the layout of a block file changes: older files are then foreign (deleted).
 FORMAT_VERSION = "1"
-SUFFIX = ".safetensors"
 _U64 = struct.Struct("<Q")
 _CHECKSUM_HEX = 32  # blake2b, 16 bytes
 #: Largest header we accept: a block has two tensors (six when packed) per layer.
