@@ -24,10 +24,10 @@ OTHER = [
 ]
 
 
-def config(model_dir: str, disk_dir, *, enabled: bool = True):
+def config(model_dir: str, disk_dir, *, enabled: bool = True, mode: str = "simple"):
     overrides = [
         f"model.path={model_dir}",
-        "engine.mode=simple",
+        f"engine.mode={mode}",
         "cache.block_size=16",
         f"cache.enabled={str(enabled).lower()}",
         # two entries in memory: every finished prompt's deeper blocks are evicted (spilled)
@@ -55,11 +55,12 @@ async def cache_off(model_dir) -> list[int]:
         return (await run(engine, PROMPT))[0]
 
 
-async def test_spilled_blocks_are_read_back_and_survive_a_restart(float32_dir, tmp_path):
+@pytest.mark.parametrize("mode", ["simple", "batched"])
+async def test_spilled_blocks_are_read_back_and_survive_a_restart(float32_dir, tmp_path, mode):
     disk = tmp_path / "disk"
     with trio.fail_after(TIMEOUT_S):
         expected = await cache_off(float32_dir)
-        async with open_engine(config(float32_dir, disk)) as engine:
+        async with open_engine(config(float32_dir, disk, mode=mode)) as engine:
             first = await run(engine, PROMPT)
             await run(engine, OTHER)  # pushes the rest of PROMPT's blocks out of memory
             pool = engine._cache.pool

@@ -102,7 +102,7 @@ class PrefixBlocks:
         self._pending: dict[int, tuple[int, list[BlockArrays], Checkpoint | None]] = {}
         self._next_ready_id = 0
         self.disk: DiskTier | None = None
-        if self.enabled and disk_dir is not None:
+        if enabled and disk_dir is not None:  # also when uncachable: other models' files go
             identity = model_identity(model, self.layout.kinds, block_size)
             self.disk = DiskTier(disk_dir, disk_mb * 1024 * 1024, identity)
         # live request -> how many of its leading full blocks the pool has (its hit's, then
