@@ -177,6 +177,11 @@ class CacheConfig:
     #: A JSON list of prompts (strings) or chats (message lists) prefilled into the cache at
     #: startup, after the model loads and before the server says it is ready; none: no warm-up.
     warm_prompts_file: str | None = _option(None, _non_empty)
+    #: Directory of the disk tier: full blocks evicted from memory are written there (one
+    #: safetensors file each) and read back on a hit, also after a restart; none: no disk tier.
+    disk_dir: str | None = _option(None, _non_empty)
+    #: Budget in MiB of the disk tier's files (least recently used deleted beyond it).
+    disk_mb: int = _option(1024, _in_range(1))
 
 
 @attrs.frozen(kw_only=True)

@@ -294,6 +294,8 @@ class PrefixMatch:
     request_id: RequestId
     num_cached_tokens: int
     block_ids: tuple[BlockId, ...]
+    #: Those of ``block_ids`` to read back from the disk tier: (id, block hash).
+    disk_blocks: tuple[tuple[BlockId, bytes], ...] = ()
 
 
 @_frozen
@@ -324,6 +326,8 @@ class PrefixStored:
     ready_id: int
     store: tuple[tuple[int, BlockId], ...] = ()
     evicted: tuple[BlockId, ...] = ()
+    #: Of ``evicted``, the full blocks to write to the disk tier first: (id, block hash).
+    spilled: tuple[tuple[BlockId, bytes], ...] = ()
 
 
 @_frozen
@@ -339,6 +343,8 @@ class PrefixReleased:
     """Blocks evicted because the release let the store get back under its budget."""
 
     evicted: tuple[BlockId, ...] = ()
+    #: Of ``evicted``, the full blocks to write to the disk tier first: (id, block hash).
+    spilled: tuple[tuple[BlockId, bytes], ...] = ()
 
 
 @_frozen

@@ -69,12 +69,13 @@ class CacheClient:
         assert isinstance(stored, PrefixStored) and stored.ready_id == ready.ready_id
         return stored
 
-    async def release(self, request_ids: tuple[RequestId, ...]) -> tuple[BlockId, ...]:
-        """Return these requests' leases; the blocks evicted to stay in budget come back."""
+    async def release(self, request_ids: tuple[RequestId, ...]) -> PrefixReleased:
+        """Return these requests' leases; the blocks evicted to stay in budget (and which of
+        them to spill to disk) come back."""
         await self._send.send(PrefixRelease(request_ids=request_ids))
         released = await self._recv.receive()
         assert isinstance(released, PrefixReleased)
-        return released.evicted
+        return released
 
     async def clear(self) -> tuple[BlockId, ...]:
         """Drop every unleased block; the dropped ids come back."""

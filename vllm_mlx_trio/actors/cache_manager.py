@@ -8,12 +8,14 @@ names them for the scheduler to put in the next plan.
 
 from __future__ import annotations
 
+import pathlib
 from typing import assert_never
 
 import attrs
 import trio
 
 from ..config import CacheConfig
+from ..core.block_pool import DISK_BLOCK_SUFFIX as DISK_SUFFIX
 from ..core.block_pool import BlockPool, Budget, PoolStats
 from ..core.memory import available_memory_bytes
 from ..distributed.kv_events import KVEventSink, NoKVEvents
@@ -56,6 +58,24 @@ def cache_budget(cfg: CacheConfig) -> Budget:
     return Budget(max_bytes=int(available_memory_bytes() * cfg.memory_percent))
 
 
+def remember_disk_blocks(pool: BlockPool, directory: pathlib.Path) -> None:
+    """Tell the pool which blocks the disk tier holds, least recently used first. The runner's
+    tier has opened the directory by now (the model loads before the cache manager starts)
+    and deleted every file that is not this model's or cannot be read."""
+    if not directory.is_dir():
+        return
+    found = []
+    for path in directory.glob(f"*{DISK_SUFFIX}"):
+        try:
+            block_hash = bytes.fromhex(path.name.removesuffix(DISK_SUFFIX))
+            stat = path.stat()
+        except (ValueError, OSError):  # not a block's name, or deleted meanwhile
+            continue
+        found.append((stat.st_mtime_ns, block_hash, stat.st_size))
+    for _, block_hash, size in sorted(found):
+        pool.remember_on_disk(block_hash, size)
+
+
 class CacheManagerActor:
     """Answers every command, in order, on ``reply_send``."""
 
@@ -71,7 +91,10 @@ class CacheManagerActor:
         self._command_recv = command_recv
         self._reply_send = reply_send
         self._enabled = cfg.enabled
-        self.pool = BlockPool(block_size=cfg.block_size, budget=cache_budget(cfg))
+        disk_budget = cfg.disk_mb * 1024 * 1024 if cfg.disk_dir is not None else None
+        self.pool = BlockPool(block_size=cfg.block_size, budget=cache_budget(cfg), disk_budget=disk_budget)
+        if cfg.enabled and cfg.disk_dir is not None:
+            remember_disk_blocks(self.pool, pathlib.Path(cfg.disk_dir))
         self._leased: set[str] = set()
         self._num_commits = 0
         self._num_releases = 0
@@ -119,6 +142,7 @@ class CacheManagerActor:
                     request_id=command.request_id,
                     num_cached_tokens=hit.num_cached_tokens,
                     block_ids=hit.block_ids,
+                    disk_blocks=hit.disk_blocks,
                 )
             case PrefixCommit():
                 return self._commit(command)
@@ -140,6 +164,7 @@ class CacheManagerActor:
             ready_id=command.ready_id,
             store=store,
             evicted=self._evict(),
+            spilled=self.pool.take_spilled(),
         )
 
     def _store(self, command: PrefixCommit) -> tuple[tuple[int, BlockId], ...]:
@@ -181,4 +206,4 @@ class CacheManagerActor:
             if request_id in self._leased:
                 self._leased.discard(request_id)
                 self._num_releases += 1
-        return PrefixReleased(evicted=self._evict())
+        return PrefixReleased(evicted=self._evict(), spilled=self.pool.take_spilled())

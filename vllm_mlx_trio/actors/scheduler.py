@@ -276,7 +276,10 @@ class SchedulerActor:
                 self._scheduler.waiting.appendleft(request)  # back where whoever cleans up finds it
                 raise
             self._scheduler.start(
-                request, num_cached_tokens=match.num_cached_tokens, block_ids=match.block_ids
+                request,
+                num_cached_tokens=match.num_cached_tokens,
+                block_ids=match.block_ids,
+                disk_blocks=match.disk_blocks,
             )
             request.scheduled_time = trio.current_time()
             if self._metrics is not None:
@@ -335,6 +338,7 @@ class SchedulerActor:
                 store=tuple(BlockStore(ready_id=ready.ready_id, block_index=i, block_id=b) for i, b in stored.store),
                 released_ready_ids=(ready.ready_id,),
                 drop=stored.evicted,
+                spill=stored.spilled,
             )
 
     async def _act_on_command(self) -> None:
@@ -345,7 +349,7 @@ class SchedulerActor:
                     self._fail_held(error)
                 case ClearPrefixCache(reply=reply):
                     evicted = await self._cache.clear()
-                    self._scheduler.queue_block_ops(drop=evicted)
+                    self._scheduler.queue_block_ops(drop=evicted, clear_disk=True)
                     with contextlib.suppress(trio.BrokenResourceError):  # the caller left
                         reply.send_nowait(len(evicted))
 
@@ -382,7 +386,8 @@ class SchedulerActor:
         self._abort_departed()
         dropped = self._scheduler.pending_drops()
         if dropped:
-            self._scheduler.queue_block_ops(drop=await self._cache.release(dropped))
+            released = await self._cache.release(dropped)
+            self._scheduler.queue_block_ops(drop=released.evicted, spill=released.spilled)
 
     def _close_all_outboxes(self) -> None:
         for request in [*self._scheduler.waiting, *self._scheduler.running.values()]:

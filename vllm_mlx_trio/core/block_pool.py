@@ -16,6 +16,15 @@ recurrent layers' state was saved: at a tail (blocks committed with ``blocks_end
 never end a hit themselves). A request *leases* the blocks it looks up or commits; a
 block's ``ref_count`` is the number of requests leasing it. Unleased blocks stay cached in a
 free queue, least recently used first, and are evicted from its front when over budget.
+
+With a disk budget (``cache.disk_mb``), full blocks that can end a hit are written through to
+the disk tier when created (so a restart finds the blocks that were still in memory too) and
+*spilled* when evicted: the pool remembers the hash (and size) in a second LRU, bounded by
+that budget, and the runner writes the block unless its file is there already (both through
+:meth:`BlockPool.take_spilled`). A lookup that runs out
+of cached blocks goes on through remembered hashes: each becomes a block again under a new
+id, which the runner reads back from disk (``PrefixHit.disk_blocks``). The hashes found on
+disk at start are remembered the same way (:meth:`BlockPool.remember_on_disk`).
 """
 
 from __future__ import annotations
@@ -56,6 +65,10 @@ __all__ = [
 ]
 
 
+#: The disk tier's file name for a block: its hash in hex, then this.
+DISK_BLOCK_SUFFIX = ".safetensors"
+
+
 @attrs.define(slots=True, kw_only=True)
 class _Block:
     block_id: BlockId
@@ -78,7 +91,7 @@ class BlockPool:
     id never names a new entry. Every method is synchronous and costs O(entries it touches).
     """
 
-    def __init__(self, block_size: int = 64, budget: Budget = NO_BUDGET):
+    def __init__(self, block_size: int = 64, budget: Budget = NO_BUDGET, disk_budget: int | None = None):
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
@@ -94,6 +107,11 @@ class BlockPool:
         self._bytes_used = 0
         self._num_shared = 0
         self._counts = collections.Counter[str]()
+        #: Bytes of spilled blocks to remember (None: no disk tier).
+        self.disk_budget = disk_budget
+        self._on_disk: collections.OrderedDict[bytes, int] = collections.OrderedDict()  # hash -> bytes, LRU first
+        self._disk_bytes = 0
+        self._spilled: list[tuple[BlockId, bytes]] = []
 
     # -- the protocol -------------------------------------------------------------------
 
@@ -108,19 +126,26 @@ class BlockPool:
         limit = len(token_ids) - 1
         eligible = max(0, limit // self.block_size)
         chain = list(self._cached_run(token_ids, extra_keys, eligible))
+        restored = self._restore_from_disk(token_ids, extra_keys, chain, eligible)
         depth, tail_id, num_cached = self._best_end(token_ids, extra_keys, chain, limit)
         block_ids = tuple(block_id for _, block_id in chain[:depth])
         if tail_id is not None:
             block_ids += (tail_id,)
         for block_id in block_ids:
             self._lease(request_id, block_id)
+        for h, block_id in restored:  # not part of the hit after all: back to disk only
+            if block_id not in block_ids:
+                nbytes = self._blocks[block_id].nbytes
+                self._drop(block_id)
+                self._remember(h, nbytes)
         kind: HitKind = "hit" if num_cached >= eligible * self.block_size else "prefix_hit"
         if not num_cached:
             kind = "miss"
         self._counts["queries"] += 1
         self._counts[kind] += 1
         self._counts["tokens_saved"] += num_cached
-        return PrefixHit(block_ids=block_ids, num_cached_tokens=num_cached, kind=kind)
+        disk_blocks = tuple((block_id, h) for h, block_id in restored if block_id in block_ids)
+        return PrefixHit(block_ids=block_ids, num_cached_tokens=num_cached, kind=kind, disk_blocks=disk_blocks)
 
     def commit(
         self,
@@ -150,6 +175,8 @@ class BlockPool:
             if block_id is None:
                 chunk = tuple(token_ids[index * size : (index + 1) * size])
                 block_id = self._create(h, parent, chunk, index, endable=blocks_end_hits)
+                if self.disk_budget is not None and blocks_end_hits:  # written through to disk
+                    self._spilled.append((block_id, h))
                 start = index * size
                 new.append(NewBlock(block_id=block_id, block_index=index, token_start=start, token_end=start + size))
             self._lease(request_id, block_id)
@@ -208,15 +235,42 @@ class BlockPool:
         """
         evicted: list[BlockId] = []
         while self._free and self.over_budget:
-            evicted.extend(self._drop(next(iter(self._free))))
+            block = self._blocks[next(iter(self._free))]
+            spill = self.disk_budget is not None and not block.is_tail and block.endable
+            evicted.extend(self._drop(block.block_id))
+            if spill and self._remember(block.block_hash, block.nbytes):
+                self._spilled.append((block.block_id, block.block_hash))
         self._counts["evictions"] += len(evicted)
         return tuple(evicted)
+
+    def take_spilled(self) -> tuple[tuple[BlockId, bytes], ...]:
+        """The (id, hash) of the blocks evicted since the last call that the runner writes to
+        the disk tier before dropping them."""
+        spilled, self._spilled = tuple(self._spilled), []
+        return spilled
+
+    def remember_on_disk(self, h: bytes, nbytes: int) -> None:
+        """A block the disk tier holds (found at start): a lookup may read it back."""
+        if self.disk_budget is not None and h not in self._by_hash:
+            self._remember(h, nbytes)
+
+    @property
+    def num_on_disk(self) -> int:
+        """How many spilled blocks the pool remembers."""
+        return len(self._on_disk)
+
+    @property
+    def disk_bytes(self) -> int:
+        return self._disk_bytes
 
     def clear(self) -> tuple[BlockId, ...]:
         """Drop every unleased entry (DELETE /v1/cache); return their ids. Leased ones stay."""
         dropped: list[BlockId] = []
         while self._free:
             dropped.extend(self._drop(next(iter(self._free))))
+        self._on_disk.clear()
+        self._disk_bytes = 0
+        self._spilled.clear()
         return tuple(dropped)
 
     # -- gauges and accessors -----------------------------------------------------------
@@ -306,6 +360,9 @@ class BlockPool:
         assert len(self._free) + in_use == len(self._blocks)
         assert self._num_shared == sum(1 for b in self._blocks.values() if b.ref_count > 1)
         assert self._bytes_used == sum(b.nbytes for b in self._blocks.values())
+        assert self._disk_bytes == sum(self._on_disk.values())
+        assert not set(self._on_disk) & set(self._by_hash), "a hash both in memory and only on disk"
+        assert self.disk_budget is None or self._disk_bytes <= self.disk_budget
 
     # -- internals ----------------------------------------------------------------------
 
@@ -325,6 +382,43 @@ class BlockPool:
             if block_id is None:
                 return
             yield h, block_id
+
+    def _restore_from_disk(
+        self, token_ids: Tokens, extra_keys: ExtraKeys, chain: list[tuple[bytes, BlockId]], max_blocks: int
+    ) -> list[tuple[bytes, BlockId]]:
+        """Extend ``chain`` (in place) through spilled blocks, each a new unleased block again;
+        their (hash, id)."""
+        restored: list[tuple[bytes, BlockId]] = []
+        if not self._on_disk or len(chain) >= max_blocks:
+            return restored
+        size = self.block_size
+        for index, h in enumerate(self._chain(token_ids, extra_keys, max_blocks)):
+            if index < len(chain):
+                continue
+            nbytes = self._on_disk.pop(h, None)
+            if nbytes is None:
+                break
+            self._disk_bytes -= nbytes
+            parent = chain[-1][0] if chain else root_key(extra_keys)
+            block_id = self._create(h, parent, tuple(token_ids[index * size : (index + 1) * size]), index)
+            self._blocks[block_id].nbytes = nbytes
+            self._bytes_used += nbytes
+            chain.append((h, block_id))
+            restored.append((h, block_id))
+        return restored
+
+    def _remember(self, h: bytes, nbytes: int) -> bool:
+        """Remember a spilled block's hash (most recently used), forgetting the least recently
+        used over the disk budget; False if it does not fit at all."""
+        assert self.disk_budget is not None
+        if nbytes > self.disk_budget:
+            return False
+        self._disk_bytes += nbytes - self._on_disk.pop(h, 0)
+        self._on_disk[h] = nbytes
+        while self._disk_bytes > self.disk_budget:
+            _, forgotten = self._on_disk.popitem(last=False)
+            self._disk_bytes -= forgotten
+        return True
 
     def _best_end(
         self, token_ids: Tokens, extra_keys: ExtraKeys, chain: list[tuple[bytes, BlockId]], limit: int
@@ -360,6 +454,7 @@ class BlockPool:
             block_id=block_id, block_hash=h, parent=parent, tokens=tokens, block_index=index, endable=endable
         )
         self._by_hash[h] = block_id
+        self._disk_bytes -= self._on_disk.pop(h, 0)  # in memory again (its file stays)
         self._children.add(parent, tokens, block_id)
         return block_id
 

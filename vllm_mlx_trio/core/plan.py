@@ -44,6 +44,8 @@ class NewSequence:
     #: checkpoint at ``num_cached_tokens``, which need not be a multiple of the block size).
     cached_block_ids: tuple[BlockId, ...] = ()
     num_output_tokens: int = 0
+    #: Those of ``cached_block_ids`` to read back from the disk tier first: (id, block hash).
+    disk_blocks: tuple[tuple[BlockId, bytes], ...] = ()
 
     @property
     def output_token_ids(self) -> tuple[int, ...]:
@@ -80,6 +82,10 @@ class StepPlan:
     store_blocks: tuple[BlockStore, ...] = ()
     released_ready_ids: tuple[int, ...] = ()
     drop_blocks: tuple[BlockId, ...] = ()
+    #: Of ``drop_blocks``, the full blocks to write to the disk tier first: (id, block hash).
+    spill_blocks: tuple[tuple[BlockId, bytes], ...] = ()
+    #: Empty the disk tier (``DELETE /v1/cache``).
+    clear_disk: bool = False
 
     @property
     def is_empty(self) -> bool:
@@ -89,6 +95,7 @@ class StepPlan:
             or self.finished_ids
             or self.released_ready_ids
             or self.drop_blocks
+            or self.clear_disk
         )
 
 

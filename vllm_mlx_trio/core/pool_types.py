@@ -46,6 +46,8 @@ class PrefixHit:
     block_ids: tuple[BlockId, ...]
     num_cached_tokens: int
     kind: HitKind
+    #: Those of ``block_ids`` read back from the disk tier: (id, block hash).
+    disk_blocks: tuple[tuple[BlockId, bytes], ...] = ()
 
 
 @_frozen

@@ -70,6 +70,8 @@ class Scheduler:
         self._store_blocks: list[BlockStore] = []
         self._released_ready_ids: list[int] = []
         self._drop_blocks: list[BlockId] = []
+        self._spill_blocks: list[tuple[BlockId, bytes]] = []
+        self._clear_disk = False
         self._next_step_id = 0
 
     @property
@@ -83,7 +85,12 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return bool(
-            self.waiting or self.running or self._to_drop or self._released_ready_ids or self._drop_blocks
+            self.waiting
+            or self.running
+            or self._to_drop
+            or self._released_ready_ids
+            or self._drop_blocks
+            or self._clear_disk
         )
 
     def add(self, request: Request) -> None:
@@ -168,7 +175,9 @@ class Scheduler:
         self.num_preemptions += 1
         return request
 
-    def start(self, request: Request, *, num_cached_tokens: int, block_ids: tuple = ()) -> None:
+    def start(
+        self, request: Request, *, num_cached_tokens: int, block_ids: tuple = (), disk_blocks: tuple = ()
+    ) -> None:
         """Put a request in the next plan; a preempted one restarts from prompt + output."""
         request.status = RequestStatus.RUNNING
         if not request.num_preemptions:  # usage reports the first run's cache hit
@@ -180,6 +189,7 @@ class Scheduler:
                 params=request.params,
                 num_cached_tokens=num_cached_tokens,
                 cached_block_ids=block_ids,
+                disk_blocks=disk_blocks,
                 num_output_tokens=request.num_output_tokens,
             )
         )
@@ -207,11 +217,16 @@ class Scheduler:
         store: tuple[BlockStore, ...] = (),
         released_ready_ids: tuple[int, ...] = (),
         drop: tuple[BlockId, ...] = (),
+        spill: tuple[tuple[BlockId, bytes], ...] = (),
+        clear_disk: bool = False,
     ) -> None:
-        """Prefix-store work for the next plan: keep these copies, free the rest, drop these."""
+        """Prefix-store work for the next plan: keep these copies, free the rest, drop these
+        (writing ``spill`` to the disk tier first), empty the disk tier."""
         self._store_blocks.extend(store)
         self._released_ready_ids.extend(released_ready_ids)
         self._drop_blocks.extend(drop)
+        self._spill_blocks.extend(spill)
+        self._clear_disk = self._clear_disk or clear_disk
 
     def pending_drops(self) -> tuple[RequestId, ...]:
         """Requests that left the batch since the last plan (the next plan drops them)."""
@@ -229,12 +244,16 @@ class Scheduler:
             store_blocks=tuple(self._store_blocks),
             released_ready_ids=tuple(self._released_ready_ids),
             drop_blocks=tuple(self._drop_blocks),
+            spill_blocks=tuple(self._spill_blocks),
+            clear_disk=self._clear_disk,
         )
         if plan.is_empty:
             return None
         self._next_step_id += 1
-        for pending in (self._starting, self._to_drop, self._store_blocks, self._released_ready_ids, self._drop_blocks):
+        pendings = (self._starting, self._to_drop, self._store_blocks, self._released_ready_ids, self._drop_blocks)
+        for pending in (*pendings, self._spill_blocks):
             pending.clear()
+        self._clear_disk = False
         return plan
 
     def apply(self, result: StepResult) -> list[Request]:

@@ -6,7 +6,10 @@ block is ``block_size`` tokens of every ``kv`` layer's keys and values; a checkp
 block, the sliding-window layers' last window, the recurrent layers' state
 (``worker/prefix_layers.py``). Both are copied out of a sequence's cache when its prompt is
 done (and when it finishes), and assembled into a fresh cache to start a sequence that
-shares the prefix.
+shares the prefix. With ``cache.disk_dir``, full blocks the pool evicts are written to the
+disk tier (``worker/disk_tier.py``) before they are dropped, and a hit the pool extended
+through spilled blocks reads them back; a block the tier no longer has (deleted, bad file)
+is recomputed from its tokens, so the hit's cache is exact either way.
 """
 
 from __future__ import annotations
@@ -14,8 +17,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
 from ..core.block_pool import TAIL_INDEX
 from ..messages import BlockId, KVReady, NewSequence, RequestId, StepPlan
+from .disk_tier import DiskTier, model_identity
 from .prefix_layers import BlockArrays, CacheLayout, Checkpoint, cache_layout, nbytes_of
 
 logger = logging.getLogger(__name__)
@@ -71,7 +78,15 @@ class PrefixBlocks:
     """
 
     def __init__(
-        self, model: Any, block_size: int, *, enabled: bool, kv_bits: int | None = None, kv_group_size: int = 64
+        self,
+        model: Any,
+        block_size: int,
+        *,
+        enabled: bool,
+        kv_bits: int | None = None,
+        kv_group_size: int = 64,
+        disk_dir: str | None = None,
+        disk_mb: int = 0,
     ):
         self.layout: CacheLayout = cache_layout(model, kv_bits=kv_bits, kv_group_size=kv_group_size)
         if enabled and not self.layout.cachable:
@@ -86,6 +101,10 @@ class PrefixBlocks:
         # ready_id -> (first block, block copies, checkpoint copy or None)
         self._pending: dict[int, tuple[int, list[BlockArrays], Checkpoint | None]] = {}
         self._next_ready_id = 0
+        self.disk: DiskTier | None = None
+        if enabled and disk_dir is not None:  # also when uncachable: other models' files go
+            identity = model_identity(model, self.layout.kinds, block_size)
+            self.disk = DiskTier(disk_dir, disk_mb * 1024 * 1024, identity)
         # live request -> how many of its leading full blocks the pool has (its hit's, then
         # those it reported): a later ready copies from there, whatever the runner guessed
         self._known_blocks: dict[RequestId, int] = {}
@@ -94,7 +113,13 @@ class PrefixBlocks:
     def from_config(cls, model: Any, cfg: Any) -> PrefixBlocks:
         """The store for a ``[cache]`` section (``CacheConfig``)."""
         return cls(
-            model, cfg.block_size, enabled=cfg.enabled, kv_bits=cfg.kv_bits, kv_group_size=cfg.kv_group_size
+            model,
+            cfg.block_size,
+            enabled=cfg.enabled,
+            kv_bits=cfg.kv_bits,
+            kv_group_size=cfg.kv_group_size,
+            disk_dir=cfg.disk_dir,
+            disk_mb=cfg.disk_mb,
         )
 
     @property
@@ -114,6 +139,12 @@ class PrefixBlocks:
                 self.store.put(store.block_id, copies[store.block_index - first_block])
         for ready_id in plan.released_ready_ids:
             self._pending.pop(ready_id, None)
+        if self.disk is not None:
+            for block_id, block_hash in plan.spill_blocks:
+                if block_id in self.store:
+                    self.disk.spill(block_hash, self.store.get(block_id))
+            if plan.clear_disk:
+                self.disk.clear()
         self.store.drop(plan.drop_blocks)
         for request_id in plan.finished_ids:
             self._known_blocks.pop(request_id, None)
@@ -123,12 +154,42 @@ class PrefixBlocks:
         self._known_blocks[seq.request_id] = 0
         if not seq.cached_block_ids:
             return None
+        missing = self._read_back(seq.disk_blocks)
+        if missing is not None:
+            return self._recompute_from(seq, missing)
         entries = [self.store.get(block_id) for block_id in seq.cached_block_ids]
         checkpoint = entries[-1] if isinstance(entries[-1], Checkpoint) else None
         blocks = entries[:-1] if checkpoint is not None else entries
         self._known_blocks[seq.request_id] = seq.num_cached_tokens // self.block_size
         assert all(not isinstance(block, Checkpoint) for block in blocks), "one tail, at the end"
         return self.layout.build(self._model, blocks, checkpoint, seq.num_cached_tokens)
+
+    def _read_back(self, disk_blocks: tuple[tuple[BlockId, bytes], ...]) -> int | None:
+        """Put the spilled blocks of a hit back in the store; the position in ``disk_blocks``
+        of the first the disk tier cannot give (None: all came back)."""
+        for index, (block_id, block_hash) in enumerate(disk_blocks):
+            block = None if self.disk is None else self.disk.load(block_hash)
+            if block is None:
+                return index
+            self.store.put(block_id, block)
+        return None
+
+    def _recompute_from(self, seq: NewSequence, missing: int) -> list[Any]:
+        """The hit's cache when a spilled block is gone: the blocks before it from the store,
+        the rest of the ``num_cached_tokens`` recomputed (a model whose blocks spill is all
+        KV, so a prefill of those tokens is exact), and the missing blocks stored again."""
+        block_ids = seq.cached_block_ids
+        first_missing = block_ids.index(seq.disk_blocks[missing][0])
+        blocks = [self.store.get(block_id) for block_id in block_ids[:first_missing]]
+        start = first_missing * self.block_size
+        cache = self.layout.build(self._model, blocks, None, start) if blocks else make_prompt_cache(self._model)
+        self._model(mx.array(seq.prompt_token_ids[start : seq.num_cached_tokens], dtype=mx.uint32)[None], cache=cache)
+        mx.eval([c.state for c in cache])
+        for block_id, _ in seq.disk_blocks[missing:]:
+            index = block_ids.index(block_id)
+            self.store.put(block_id, self.layout.cut_blocks(cache, index, 1, self.block_size)[0])
+        self._known_blocks[seq.request_id] = seq.num_cached_tokens // self.block_size
+        return cache
 
     def snapshot(self, cache: list[Any], num_tokens: int) -> Checkpoint | None:
         """A checkpoint of a cache that holds exactly ``num_tokens`` tokens now, for a later
@@ -190,6 +251,8 @@ class PrefixBlocks:
         return self.layout.checkpoint(cache, at, self.block_size) if at > 0 else None
 
     def close(self) -> None:
+        if self.disk is not None:
+            self.disk.close()
         self._known_blocks.clear()
         self._pending.clear()
         self.store.clear()
