@@ -30,7 +30,7 @@ from ..engine import Engine
 from ..errors import VllmMlxTrioError
 from ..messages import ChatMessage
 from ..stream import Delta, RequestStream
-from .request_log import REQUEST_ID_HEADER, EngineIds, RequestRecord, error_code, is_cancellation, request_id_from
+from .request_log import REQUEST_ID_HEADER, EngineIds, RequestRecord, error_code, request_id_from
 from .routes import SSE_HEADERS
 
 logger = logging.getLogger(__name__)
@@ -143,14 +143,7 @@ class EventStreamBody(ResponseBody):
             self._log_outcome(exc)
 
     def _log_outcome(self, exc: BaseException | None) -> None:
-        if is_cancellation(exc):
-            self._record.disconnected()
-        elif self._error is not None:
-            self._record.finish("error", error=self._error)
-        elif exc is not None:
-            self._record.finish("error", error=error_code(exc))
-        else:
-            self._record.finish("ok" if self._complete else "aborted")
+        self._record.stream_ended(exc, error=self._error, complete=self._complete)
 
     async def _sse_events(self) -> AsyncIterator[str]:
         source, stream = self._source, self._stream

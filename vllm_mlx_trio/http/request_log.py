@@ -133,6 +133,18 @@ class RequestRecord:
                 self.finish("error", error=error_code(exc))
             raise
 
+    def stream_ended(self, exc: BaseException | None, *, error: str | None, complete: bool) -> None:
+        """A streaming body is over: a disconnect, an in-band ``error`` already sent, the body's
+        own failure ``exc``, or the end (``ok`` when its last event went out, else ``aborted``)."""
+        if is_cancellation(exc):
+            self.disconnected()
+        elif error is not None:
+            self.finish("error", error=error)
+        elif exc is not None:
+            self.finish("error", error=error_code(exc))
+        else:
+            self.finish("ok" if complete else "aborted")
+
     def finish(self, status: str, *, error: str | None = None) -> None:
         if self._done:
             return

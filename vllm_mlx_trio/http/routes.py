@@ -31,7 +31,6 @@ from .request_log import (
     EngineIds,
     RequestRecord,
     error_code,
-    is_cancellation,
     request_id_from,
 )
 from .requests import ParsedRequest, parse_chat, parse_completion
@@ -253,14 +252,7 @@ class ChoicesSseBody(ResponseBody):
         """The request's line, once its streams are closed (their usage is final)."""
         if self._record is None:
             return
-        if is_cancellation(exc):
-            self._record.disconnected()
-        elif self._error is not None:
-            self._record.finish("error", error=self._error)
-        elif exc is not None:
-            self._record.finish("error", error=error_code(exc))
-        else:
-            self._record.finish("ok" if self._complete else "aborted")
+        self._record.stream_ended(exc, error=self._error, complete=self._complete)
 
     async def _sse_events(self, recv: trio.MemoryReceiveChannel) -> AsyncIterator[str]:
         builder = self._builder
