@@ -20,6 +20,8 @@ PNG = image_bytes((5, 4))
 FIRST = "messages[1].content[1]"
 #: A documentation-range public address the patched resolver gives public.example.
 PUBLIC_IP = "93.184.216.34"
+#: A public address nobody answers at (the patched connector refuses it).
+DEAD_IP = "93.184.216.35"
 #: Far past any deadline the tests set, far below the 30 s a drip lasts: a fetch still running then hangs.
 HANG_S = 15.0
 
@@ -125,6 +127,8 @@ class Network:
 
     def connect(self, ip: str, port: int, timeout_s: float) -> socket.socket:
         self.connected.append(ip)
+        if ip == DEAD_IP:
+            raise ConnectionRefusedError(ip)
         if ip == PUBLIC_IP:
             return direct_connector("127.0.0.1", self.port, timeout_s)
         return direct_connector(ip, port, timeout_s)
@@ -201,6 +205,18 @@ def test_a_public_hostname_connects_to_the_address_checked(server):
     assert loaded.image.size == (5, 4)
     assert net.lookups == ["public.example"] and net.connected == [PUBLIC_IP]
     assert Handler.hosts == [f"public.example:{port}"]
+
+
+def test_the_next_checked_address_is_tried_when_one_refuses(server):
+    port = server.server_address[1]
+    net = Network(server, {"public.example": [DEAD_IP, PUBLIC_IP]})
+    (loaded,) = net.loader().load_prompt_media(prompt(image(f"http://public.example:{port}/img")))
+    assert loaded.image.size == (5, 4) and net.connected == [DEAD_IP, PUBLIC_IP]
+
+
+def test_no_address_accepting_is_a_400(server):
+    net = Network(server, {"public.example": [DEAD_IP]})
+    assert "ConnectionRefusedError" in refused(net.loader().load_prompt_media, "http://public.example/a.png").message
 
 
 @pytest.mark.parametrize(
