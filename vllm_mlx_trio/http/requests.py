@@ -286,7 +286,8 @@ def _part(part: schemas.ContentPartIn, raw: dict, where: str) -> ContentPart:
     if isinstance(part, schemas.TextPartIn):
         return TextPart(text=part.text)
     if isinstance(part, schemas.ImagePartIn):
-        return ImagePart(ref=part.image_url.url, content_hash=_content_hash(part.image_url.url))
+        url = part.image_url.url
+        return ImagePart(ref=url, content_hash=_content_hash(url), detail=part.image_url.detail)
     if isinstance(part, schemas.VideoPartIn):
         return VideoPart(ref=part.video_url.url, content_hash=_content_hash(part.video_url.url))
     if isinstance(part, schemas.VideoPartAlt):
