@@ -297,3 +297,27 @@ def test_http_errors_and_unknown_hosts_are_400s(server):
     assert "HTTP 404" in refused(net.loader(allow_private_urls=True).load_prompt_media, local(server, "/nope")).message
     assert "could not be fetched" in refused(net.loader().load_prompt_media, "http://nowhere.example/a.png").message
     assert "could not be fetched" in refused(net.loader().load_prompt_media, "http://public.example:99999/").message
+
+
+@pytest.mark.parametrize(
+    "url, words",
+    [
+        ("http://2852039166/latest/meta-data/", "metadata"),  # 169.254.169.254 as one decimal number
+        ("http://0xa9fea9fe/", "metadata"),
+        ("http://0251.0376.0251.0376/", "metadata"),  # octal
+        ("http://0x7f000001/", "loopback"),
+        ("http://127.1/", "loopback"),
+        ("http://localhost/", "loopback"),
+    ],
+)
+def test_other_spellings_of_refused_addresses_are_judged_by_the_system_resolver(server, url, words):
+    """Numeric forms the system resolver turns into addresses (no DNS query needed) are judged
+    by the address they resolve to, before any connection."""
+    connected: list[str] = []
+
+    def connect(ip, port, timeout_s):
+        connected.append(ip)
+        raise AssertionError("no connection may be made")
+
+    assert words in refused(loader(connector=connect).load_prompt_media, url).message
+    assert connected == []
