@@ -13,8 +13,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from fetch_helpers import PUBLIC_IP, Handler, Network
 from media_helpers import image, prompt
-from test_media_fetch import PUBLIC_IP, Handler, Network
 
 from vllm_mlx_trio.errors import InvalidRequestError
 from vllm_mlx_trio.media import fetch
