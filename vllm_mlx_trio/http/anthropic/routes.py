@@ -8,11 +8,10 @@ from ...engine import Engine
 from ..body import read_json_body
 from ..one_request import OneRequestRunner
 from .count import TokenCounter
-from .errors import register_error_shape
+from .errors import MESSAGES_PATH, register_error_shape
 from .message import MessageEvents, full_message
 from .translate import parse_count_tokens, parse_messages
 
-MESSAGES_PATH = "/v1/messages"
 #: Seconds without an event before a ``ping``: Anthropic's clients expect one at least every
 #: 10 s while a long prefill runs; half of that leaves room for a busy event loop.
 PING_INTERVAL_S = 5.0
@@ -22,7 +21,7 @@ def register_anthropic_routes(app: quart.Quart, engine: Engine) -> None:
     model_name = engine.cfg.model_name
     runner = OneRequestRunner(engine)
     counter = TokenCounter(engine.model_info.tokenizer)
-    register_error_shape(app, MESSAGES_PATH)
+    register_error_shape(app)
 
     @app.post(MESSAGES_PATH)
     async def messages():
