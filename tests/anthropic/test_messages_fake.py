@@ -167,7 +167,10 @@ BAD = [
     ("wrong type", {"temperature": "hot"}, "temperature"),
     ("bad role", {"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
     ("no messages", {"messages": []}, "messages"),
-    ("prefill", {"messages": [*USER, {"role": "assistant", "content": "Sure"}]}, "final assistant turn"),
+    ("prefill ending in whitespace", {"messages": [*USER, {"role": "assistant", "content": "Sure "}]},
+     "trailing whitespace"),
+    ("prefill with a tool call", {"messages": [*USER, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "f", "input": {}}]}]}, "cannot hold tool_use"),
     ("mcp_servers", {"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]}, "mcp_servers"),
     ("container", {"container": "c1"}, "container"),
     ("server tool", {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "server tools"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import anthropic
+import httpx
 import pytest
 import trio
 
@@ -81,3 +82,26 @@ async def test_forced_tool_use_and_tool_result_round_trip(demo_cfg):
     assert streamed.stop_reason == "tool_use"
     assert answer.usage.input_tokens + answer.usage.cache_read_input_tokens == counted.input_tokens
     assert no_tools.input_tokens < counted.input_tokens  # the template renders the tools: they count
+
+
+async def test_prefill_is_continued_as_the_chat_route_continues_it(demo_cfg):
+    """A final assistant turn is continued (vLLM's ``continue_final_message``): the reply is
+    what the chat route gives with that flag, and count_tokens counts the open prompt."""
+    prefill = [*USER, {"role": "assistant", "content": "The answer is"}]
+    chat_body = {"model": MODEL, "messages": prefill, "max_tokens": 12, "temperature": 0,
+                 "continue_final_message": True, "add_generation_prompt": False}  # fmt: skip
+    closed_body = {**chat_body, "continue_final_message": False, "add_generation_prompt": True}
+    with trio.fail_after(TIMEOUT_S):
+        async with open_server(demo_cfg) as srv:
+            async with anthropic.AsyncAnthropic(base_url=srv.url, api_key="unused", max_retries=0) as c:
+                message = await c.messages.create(
+                    model=MODEL, max_tokens=12, messages=prefill, extra_body={"temperature": 0}
+                )
+                counted = await c.messages.count_tokens(model=MODEL, messages=prefill)
+            async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
+                continued = (await http.post(f"{srv.url}/v1/chat/completions", json=chat_body)).json()
+                closed = (await http.post(f"{srv.url}/v1/chat/completions", json=closed_body)).json()
+    assert message.content[0].text == continued["choices"][0]["message"]["content"]
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens == counted.input_tokens
+    assert counted.input_tokens == continued["usage"]["prompt_tokens"]
+    assert counted.input_tokens < closed["usage"]["prompt_tokens"]  # no end of turn, no assistant opening

@@ -46,5 +46,5 @@ def register_anthropic_routes(app: quart.Quart, engine: Engine) -> None:
     @app.post(f"{MESSAGES_PATH}/count_tokens")
     async def count_tokens():
         # ``?beta=true`` (sent by some clients) changes nothing here.
-        prompt = parse_count_tokens(await read_json_body(), model_name=model_name, output=engine.output_format)
-        return {"input_tokens": await counter.count(prompt)}
+        prompt, prefill = parse_count_tokens(await read_json_body(), model_name=model_name, output=engine.output_format)
+        return {"input_tokens": await counter.count(prompt, prefill=prefill)}
