@@ -182,6 +182,9 @@ BAD = [
      {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x/a.png"}}]}]},
      "not supported by this model"),
     ("max_tokens range", {"max_tokens": 0}, "max_tokens"),
+    ("effort beyond the templates' levels", {"output_config": {"effort": "max"}}, "output_config.effort"),
+    ("output format not a schema", {"output_config": {"format": {"type": "json_object"}}}, "output_config.format"),
+
 ]  # fmt: skip
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import anthropic
 import httpx
 import pytest
@@ -105,3 +107,28 @@ async def test_prefill_is_continued_as_the_chat_route_continues_it(demo_cfg):
     assert message.usage.input_tokens + message.usage.cache_read_input_tokens == counted.input_tokens
     assert counted.input_tokens == continued["usage"]["prompt_tokens"]
     assert counted.input_tokens < closed["usage"]["prompt_tokens"]  # no end of turn, no assistant opening
+
+
+BOOLEAN_ANSWER = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}},
+    "required": ["ok"],
+    "additionalProperties": False,
+}
+
+
+async def test_output_config_format_constrains_the_reply_to_the_schema(demo_cfg):
+    """The random demo model writes JSON only because the grammar makes it."""
+    config = {"format": {"type": "json_schema", "schema": BOOLEAN_ANSWER}, "effort": "low"}
+    kwargs = {"model": MODEL, "max_tokens": 40, "messages": USER, "extra_body": {"temperature": 0}}
+    with trio.fail_after(TIMEOUT_S):
+        async with open_server(demo_cfg) as srv:
+            async with anthropic.AsyncAnthropic(base_url=srv.url, api_key="unused", max_retries=0) as c:
+                message = await c.messages.create(**kwargs, output_config=config)
+                async with c.messages.stream(**kwargs, output_config=config) as stream:
+                    streamed = await stream.get_final_message()
+                counted = await c.messages.count_tokens(model=MODEL, messages=USER, output_config=config)
+    assert message.stop_reason == "end_turn"
+    assert set(json.loads(message.content[0].text)) == {"ok"}
+    assert streamed.content[0].text == message.content[0].text
+    assert counted.input_tokens == message.usage.input_tokens + message.usage.cache_read_input_tokens

@@ -12,6 +12,9 @@
   reply's reasoning (with the model's reasoning parser) becomes a ``thinking`` block.
   ``budget_tokens`` is checked as Anthropic checks it (>= 1024, below ``max_tokens``) but not
   enforced during generation: ``max_tokens`` bounds reasoning and answer together.
+- ``output_config``: ``format`` (``json_schema``) constrains the reply with the grammar, as
+  ``response_format`` does on the chat route (not together with forced tool use); ``effort``
+  ``low``/``medium``/``high`` is the template's ``reasoning_effort``; ``xhigh``/``max`` are a 400.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from . import schemas
 
 #: Anthropic's smallest thinking budget.
 MIN_THINKING_BUDGET = 1024
+#: The ``output_config.effort`` levels chat templates know (gpt-oss's ``reasoning_effort``).
+TEMPLATE_EFFORTS = ("low", "medium", "high")
 #: The prefix of a ``tool_result`` marked ``is_error`` in the tool turn the template renders.
 ERROR_RESULT_PREFIX = "Error: "
 
@@ -58,6 +63,14 @@ def tool_plan(body: schemas.MessagesBody | schemas.CountTokensBody, output: Outp
             param="tools",
         )
     constraint = _forced(tools, choice, output.tool_parser, parallel=parallel)
+    json_format = _format_constraint(body.output_config)
+    if json_format is not None and constraint is not None:
+        raise InvalidRequestError(
+            "output_config.format: a JSON output format cannot be combined with forced tool use "
+            '(tool_choice "any" or "tool").',
+            param="output_config.format",
+        )
+    constraint = constraint or json_format
     if isinstance(choice, schemas.NamedChoice):
         parallel = False
     spec = None
@@ -66,7 +79,8 @@ def tool_plan(body: schemas.MessagesBody | schemas.CountTokensBody, output: Outp
         spec = OutputSpec(
             tool_parser=tool_parser, reasoning_parser=output.reasoning_parser, tools=tools or None, parallel=parallel
         )
-    return ToolPlan(tools=tools or None, template_kwargs=_thinking_kwargs(body), constraint=constraint, output=spec)
+    template_kwargs = {**_thinking_kwargs(body), **_effort_kwargs(body.output_config)}
+    return ToolPlan(tools=tools or None, template_kwargs=template_kwargs, constraint=constraint, output=spec)
 
 
 def _function_tools(tools: list[schemas.Tool]) -> tuple[dict[str, Any], ...]:
@@ -100,6 +114,29 @@ def _forced(
     return ConstraintSpec(
         kind="tool_calls", body=canonical_json(list(allowed)), tool_call_format=tool_parser, parallel=parallel
     )
+
+
+def _format_constraint(config: schemas.OutputConfig | None) -> ConstraintSpec | None:
+    """``output_config.format`` (a JSON schema) as the grammar constraint the chat route's
+    ``response_format`` json_schema becomes."""
+    if config is None or config.format is None:
+        return None
+    return ConstraintSpec(kind="json_schema", body=canonical_json(config.format.schema))
+
+
+def _effort_kwargs(config: schemas.OutputConfig | None) -> dict[str, Any]:
+    """``output_config.effort`` as the template variable ``reasoning_effort`` (as the chat
+    route passes vLLM's ``reasoning_effort``); levels above ``high`` exist in no template."""
+    effort = None if config is None else config.effort
+    if effort is None:
+        return {}
+    if effort not in TEMPLATE_EFFORTS:
+        raise InvalidRequestError(
+            f"output_config.effort: {effort!r} has no meaning here; chat templates know "
+            f"{', '.join(TEMPLATE_EFFORTS)}.",
+            param="output_config.effort",
+        )
+    return {"reasoning_effort": effort}
 
 
 def _thinking_kwargs(body: schemas.MessagesBody | schemas.CountTokensBody) -> dict[str, Any]:
