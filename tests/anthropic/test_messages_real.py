@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import anthropic
+import attrs
 import httpx
 import pytest
 import trio
@@ -132,3 +133,26 @@ async def test_output_config_format_constrains_the_reply_to_the_schema(demo_cfg)
     assert set(json.loads(message.content[0].text)) == {"ok"}
     assert streamed.content[0].text == message.content[0].text
     assert counted.input_tokens == message.usage.input_tokens + message.usage.cache_read_input_tokens
+
+
+@pytest.mark.parametrize("budgeted", [True, False])
+async def test_thinking_budget_closes_the_block(demo_cfg, budgeted):
+    """The random demo model never writes ``</think>``: with a budget the block is closed for it
+    after ``budget_tokens`` and an answer follows; without one the reply is all thinking."""
+    cfg = attrs.evolve(demo_cfg, model=attrs.evolve(demo_cfg.model, reasoning_parser="qwen3"))
+    opened = [*USER, {"role": "assistant", "content": "<think>"}]  # the block is open: the model starts inside
+    thinking = {"type": "enabled", "budget_tokens": 1024} if budgeted else None
+    with trio.fail_after(TIMEOUT_S):
+        async with open_server(cfg) as srv:
+            async with anthropic.AsyncAnthropic(base_url=srv.url, api_key="unused", max_retries=0) as c:
+                message = await c.messages.create(
+                    model=MODEL, max_tokens=1100, messages=opened, extra_body={"temperature": 0, "thinking": thinking}
+                )
+            tokenizer = srv.engine.model_info.tokenizer
+    kinds = [block.type for block in message.content]
+    if not budgeted:
+        assert kinds == ["thinking"] and message.stop_reason == "max_tokens"
+        return
+    assert kinds[0] == "thinking" and "text" in kinds[1:], kinds
+    thought = len(tokenizer.encode(message.content[0].thinking, add_special_tokens=False))
+    assert abs(thought - 1024) <= 16  # the budget's tokens, re-tokenized

@@ -10,6 +10,7 @@ from ..one_request import OneRequestRunner
 from .count import TokenCounter
 from .errors import MESSAGES_PATH, register_error_shape
 from .message import MessageEvents, full_message
+from .tools import marker_ids
 from .translate import parse_count_tokens, parse_messages
 
 #: Seconds without an event before a ``ping``: Anthropic's clients expect one at least every
@@ -21,12 +22,14 @@ def register_anthropic_routes(app: quart.Quart, engine: Engine) -> None:
     model_name = engine.cfg.model_name
     runner = OneRequestRunner(engine)
     counter = TokenCounter(engine.model_info.tokenizer)
+    markers = marker_ids(engine.model_info.tokenizer, engine.output_format.reasoning_markers)
     register_error_shape(app)
 
     @app.post(MESSAGES_PATH)
     async def messages():
         with runner.record() as (record, ids):
-            parsed = parse_messages(await read_json_body(), model_name=model_name, output=engine.output_format)
+            body = await read_json_body()
+            parsed = parse_messages(body, model_name=model_name, output=engine.output_format, markers=markers)
             stream = await runner.submit(record, ids, parsed.prompt, parsed.params)
             if parsed.stream:
                 return runner.streaming_response(

@@ -10,8 +10,9 @@
   one call at most.
 - ``thinking``: ``enabled`` / ``disabled`` set the template's ``enable_thinking`` switch; the
   reply's reasoning (with the model's reasoning parser) becomes a ``thinking`` block.
-  ``budget_tokens`` is checked as Anthropic checks it (>= 1024, below ``max_tokens``) but not
-  enforced during generation: ``max_tokens`` bounds reasoning and answer together.
+  ``budget_tokens`` is checked as Anthropic checks it (>= 1024, below ``max_tokens``) and
+  enforced during generation (:mod:`...core.thinking_budget`): after that many tokens inside
+  the thinking block its end marker is forced; ``max_tokens`` bounds both together.
 - ``output_config``: ``format`` (``json_schema``) constrains the reply with the grammar, as
   ``response_format`` does on the chat route (not together with forced tool use); ``effort``
   ``low``/``medium``/``high`` is the template's ``reasoning_effort``; ``xhigh``/``max`` are a 400.
@@ -25,11 +26,14 @@ from typing import Any
 import attrs
 
 from ...core.constraint import ConstraintSpec, canonical_json
+from ...core.thinking_budget import ThinkingBudget
 from ...errors import InvalidRequestError
 from ...output_format import OutputFormat
 from ..agent_output import OutputSpec
 from . import schemas
 
+#: The (start, end) markers of a thinking block as token ids.
+MarkerIds = tuple[tuple[int, ...], tuple[int, ...]]
 #: Anthropic's smallest thinking budget.
 MIN_THINKING_BUDGET = 1024
 #: The ``output_config.effort`` levels chat templates know (gpt-oss's ``reasoning_effort``).
@@ -47,9 +51,14 @@ class ToolPlan:
     constraint: ConstraintSpec | None
     #: How the reply is parsed (None: its text is the one text block).
     output: OutputSpec | None
+    #: ``thinking.budget_tokens`` as a generation limit (None: no budget, or no thinking block).
+    thinking_budget: ThinkingBudget | None = None
 
 
-def tool_plan(body: schemas.MessagesBody | schemas.CountTokensBody, output: OutputFormat) -> ToolPlan:
+def tool_plan(
+    body: schemas.MessagesBody | schemas.CountTokensBody, output: OutputFormat, markers: MarkerIds | None = None
+) -> ToolPlan:
+    """``markers``: the token ids of the model's thinking block's (start, end) markers."""
     tools = _function_tools(body.tools or [])
     choice = body.tool_choice
     if choice is not None and not isinstance(choice, schemas.NoneChoice | schemas.AutoChoice) and not tools:
@@ -80,7 +89,13 @@ def tool_plan(body: schemas.MessagesBody | schemas.CountTokensBody, output: Outp
             tool_parser=tool_parser, reasoning_parser=output.reasoning_parser, tools=tools or None, parallel=parallel
         )
     template_kwargs = {**_thinking_kwargs(body), **_effort_kwargs(body.output_config)}
-    return ToolPlan(tools=tools or None, template_kwargs=template_kwargs, constraint=constraint, output=spec)
+    return ToolPlan(
+        tools=tools or None,
+        template_kwargs=template_kwargs,
+        constraint=constraint,
+        output=spec,
+        thinking_budget=_budget(body.thinking, markers),
+    )
 
 
 def _function_tools(tools: list[schemas.Tool]) -> tuple[dict[str, Any], ...]:
@@ -137,6 +152,22 @@ def _effort_kwargs(config: schemas.OutputConfig | None) -> dict[str, Any]:
             param="output_config.effort",
         )
     return {"reasoning_effort": effort}
+
+
+def _budget(thinking: schemas.Thinking | None, markers: MarkerIds | None) -> ThinkingBudget | None:
+    """The budget to enforce; none for a model without a thinking block (nothing to bound)."""
+    if not isinstance(thinking, schemas.ThinkingEnabled) or markers is None:
+        return None
+    start_ids, end_ids = markers
+    return ThinkingBudget(budget=thinking.budget_tokens, start_ids=start_ids, end_ids=end_ids)
+
+
+def marker_ids(tokenizer: Any, markers: tuple[str, str] | None) -> MarkerIds | None:
+    """The thinking markers as token ids (one special token or several plain ones)."""
+    if markers is None:
+        return None
+    start, end = (tuple(tokenizer.encode(marker, add_special_tokens=False)) for marker in markers)
+    return (start, end) if start and end else None
 
 
 def _thinking_kwargs(body: schemas.MessagesBody | schemas.CountTokensBody) -> dict[str, Any]:

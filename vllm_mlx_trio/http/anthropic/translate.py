@@ -21,7 +21,7 @@ from ...output_format import OutputFormat
 from ..agent_output import OutputSpec
 from ..requests import _content_hash
 from . import schemas
-from .tools import tool_arguments, tool_plan, tool_result_text
+from .tools import MarkerIds, tool_arguments, tool_plan, tool_result_text
 
 #: System blocks are joined with a blank line into the one system turn templates take.
 SYSTEM_BLOCK_SEPARATOR = "\n\n"
@@ -40,14 +40,18 @@ class MessagesRequest:
     output: OutputSpec | None = None
 
 
-def parse_messages(body: Any, *, model_name: str, output: OutputFormat) -> MessagesRequest:
+def parse_messages(
+    body: Any, *, model_name: str, output: OutputFormat, markers: MarkerIds | None = None
+) -> MessagesRequest:
+    """``markers``: the thinking block's markers as token ids (``budget_tokens`` is enforced with them)."""
     decoded = _decode(body, schemas.MessagesBody, model_name)
-    plan = tool_plan(decoded, output)
+    plan = tool_plan(decoded, output, markers)
     prompt = ChatPrompt(messages=build_turns(decoded), tools=plan.tools, template_kwargs=plan.template_kwargs)
     params = SamplingParams(
         max_tokens=decoded.max_tokens,
         stop=tuple(decoded.stop_sequences or ()),
         constraint=plan.constraint,
+        thinking_budget=plan.thinking_budget,
         **_sampling_fields(decoded),
         **prefill_options(decoded),
     )
