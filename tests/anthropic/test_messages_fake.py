@@ -182,6 +182,12 @@ BAD = [
      {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x/a.png"}}]}]},
      "not supported by this model"),
     ("max_tokens range", {"max_tokens": 0}, "max_tokens"),
+    ("image in a tool result on a text-only model", {"messages": [
+        *USER,
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]},
+    ]}, "not supported by this model"),
     ("effort beyond the templates' levels", {"output_config": {"effort": "max"}}, "output_config.effort"),
     ("output format not a schema", {"output_config": {"format": {"type": "json_object"}}}, "output_config.format"),
 

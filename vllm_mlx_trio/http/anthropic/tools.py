@@ -2,7 +2,8 @@
 
 - ``tools`` (``name``, ``description``, ``input_schema``) become OpenAI function tools the chat
   template renders; ``tool_use`` blocks of the history become the assistant turn's calls and
-  ``tool_result`` blocks become ``tool`` turns (``is_error`` results start with "Error: ").
+  ``tool_result`` blocks become ``tool`` turns (``is_error`` results start with "Error: "; their
+  images become image parts of the turn, as a user turn's do).
 - ``tool_choice``: ``auto`` (the default with tools) parses the reply for calls with the
   model's tool parser (a 400 without one); ``any`` and ``tool`` force the calls with a
   grammar (``ConstraintSpec`` kind ``tool_calls``; ``tool`` allows exactly that one tool);
@@ -21,6 +22,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -28,10 +30,13 @@ import attrs
 from ...core.constraint import ConstraintSpec, canonical_json
 from ...core.thinking_budget import ThinkingBudget
 from ...errors import InvalidRequestError
+from ...messages import ImagePart, TextPart
 from ...output_format import OutputFormat
 from ..agent_output import OutputSpec
 from . import schemas
 
+#: A tool turn's content: its text, or its text and image parts in order.
+ToolContent = str | tuple[TextPart | ImagePart, ...]
 #: The (start, end) markers of a thinking block as token ids.
 MarkerIds = tuple[tuple[int, ...], tuple[int, ...]]
 #: Anthropic's smallest thinking budget.
@@ -191,16 +196,18 @@ def tool_arguments(block: schemas.ToolUseBlock) -> str:
     return json.dumps(block.input, ensure_ascii=False)
 
 
-def tool_result_text(block: schemas.ToolResultBlock, where: str) -> str:
+def tool_result_content(
+    block: schemas.ToolResultBlock, image: Callable[[schemas.ImageBlock], ImagePart]
+) -> ToolContent:
+    """A ``tool_result``'s content as the tool turn's: text, or text and image parts (images go
+    the way of a user turn's: the model takes them, or admission refuses them with a 400)."""
     content = block.content
-    if content is None:
-        text = ""
-    elif isinstance(content, str):
-        text = content
-    else:
-        if any(isinstance(part, schemas.ImageBlock) for part in content):
-            raise InvalidRequestError(
-                f"{where}.content: images in tool results are not supported by this server.", param=f"{where}.content"
-            )
-        text = "\n".join(part.text for part in content if isinstance(part, schemas.TextBlock))
-    return ERROR_RESULT_PREFIX + text if block.is_error else text
+    prefix = ERROR_RESULT_PREFIX if block.is_error else ""
+    if content is None or isinstance(content, str):
+        return prefix + (content or "")
+    if not any(isinstance(part, schemas.ImageBlock) for part in content):
+        return prefix + "\n".join(part.text for part in content if isinstance(part, schemas.TextBlock))
+    parts: list[TextPart | ImagePart] = [TextPart(text=prefix)] if prefix else []
+    for part in content:
+        parts.append(image(part) if isinstance(part, schemas.ImageBlock) else TextPart(text=part.text))
+    return tuple(parts)

@@ -21,7 +21,7 @@ from ...output_format import OutputFormat
 from ..agent_output import OutputSpec
 from ..requests import _content_hash
 from . import schemas
-from .tools import MarkerIds, tool_arguments, tool_plan, tool_result_text
+from .tools import MarkerIds, tool_arguments, tool_plan, tool_result_content
 
 #: System blocks are joined with a blank line into the one system turn templates take.
 SYSTEM_BLOCK_SEPARATOR = "\n\n"
@@ -213,8 +213,8 @@ def _turns(message: schemas.MessageParam, index: int) -> list[ChatMessage]:
             if parts:
                 turns.append(ChatMessage(role="user", content=tuple(parts)))
                 parts = []
-            text = tool_result_text(block, f"{where}.{j}")
-            turns.append(ChatMessage(role="tool", content=text, tool_call_id=block.tool_use_id))
+            content = tool_result_content(block, image_part)
+            turns.append(ChatMessage(role="tool", content=content, tool_call_id=block.tool_use_id))
         elif (part := _part(block, f"{where}.{j}", "user")) is not None:
             parts.append(part)
     if parts or not turns:

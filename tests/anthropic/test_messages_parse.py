@@ -1,5 +1,6 @@
-"""``output_config`` onto the engine: ``format`` is the json_schema grammar, ``effort`` the template's
-``reasoning_effort`` (the parse alone; the real-model test shows the grammar at work)."""
+"""Messages bodies onto the engine's turns and params (the parse alone; the real-model tests show
+them at work): ``output_config`` (``format`` the json_schema grammar, ``effort`` the template's
+``reasoning_effort``), images in user turns and tool results."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 
 from vllm_mlx_trio.errors import InvalidRequestError
 from vllm_mlx_trio.http.anthropic.translate import parse_count_tokens, parse_messages
+from vllm_mlx_trio.messages import ImagePart
 from vllm_mlx_trio.output_format import OutputFormat
 
 MODEL = "m"
@@ -45,3 +47,20 @@ def test_what_has_no_meaning_here_is_a_400_naming_the_field(config, param):
     with pytest.raises(InvalidRequestError) as caught:
         parse(output_config=config)
     assert caught.value.param == param
+
+
+def test_images_in_user_turns_and_tool_results_are_image_parts():
+    png = {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
+    messages = [
+        {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "https://x/a.png"}}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "is_error": True, "content": [
+            {"type": "text", "text": "seen"}, {"type": "image", "source": png}]}]},
+    ]  # fmt: skip
+    turns = parse(messages=messages).prompt.messages
+    assert [turn.role for turn in turns] == ["user", "assistant", "tool"]
+    assert isinstance(turns[0].content[0], ImagePart) and turns[0].content[0].ref == "https://x/a.png"
+    error, text, image = turns[2].content
+    assert (error.text, text.text) == ("Error: ", "seen")
+    assert isinstance(image, ImagePart) and image.ref == "data:image/png;base64,iVBORw0KGgo="
+    assert [part.kind for _, part in turns[2].media] == ["image_url"]
