@@ -173,6 +173,7 @@ class AdmissionActor:
                 outbox=outbox,
                 arrival_time=submit.arrival_time,
                 extra_keys=media_keys(prompt),
+                endpoint=submit.endpoint,
             )
             await self._admit_send.send(admit)
             owned.pop_all()  # the scheduler owns the outbox now
