@@ -220,6 +220,7 @@ class Engine:
                         params=params,
                         outbox=outbox_send,
                         arrival_time=trio.current_time(),
+                        endpoint=endpoint,
                     )
                 )
             except (trio.BrokenResourceError, trio.ClosedResourceError):

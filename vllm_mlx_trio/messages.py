@@ -255,6 +255,8 @@ class Submit:
     params: SamplingParams
     outbox: Outbox
     arrival_time: float
+    #: The HTTP route it came from: the ``endpoint`` label of its metrics ("" for none).
+    endpoint: str = ""
 
 
 # -- AdmissionActor -> SchedulerActor ----------------------------------------------------
@@ -272,6 +274,8 @@ class Admit:
     #: Prefix-cache keys beyond the params' own (``cache_salt``): the hashes of the prompt's
     #: media, so blocks are shared only between prompts showing the same images.
     extra_keys: tuple = ()
+    #: The HTTP route it came from: the ``endpoint`` label of its metrics ("" for none).
+    endpoint: str = ""
 
     @property
     def cache_keys(self) -> tuple:

@@ -38,6 +38,8 @@ ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/res
 REQUEST_HISTOGRAMS = (
     "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds",
     "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
+    # the scheduler's phases of a request (it carries the endpoint from the HTTP route)
+    "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
 )  # fmt: skip
 DISCONNECTED = "vllm:http_requests_client_disconnected"
 

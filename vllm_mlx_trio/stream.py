@@ -7,7 +7,7 @@ from collections.abc import Callable
 import attrs
 import trio
 
-from .core.termination import stop_strings_from
+from .core.termination import STOP, stop_strings_from
 from .core.text import Decoder, StopStringMatcher, make_detokenizer
 from .errors import EngineClosedError
 from .messages import Accepted, Output, RequestFailed, RequestId, RequestOutput, TokenLogprob
@@ -73,6 +73,9 @@ class RequestStream:
         self._detokenizer = make_detokenizer(decoder, token_bytes, skip_special_tokens=skip_special_tokens)
         self._stop = StopStringMatcher(stop, include_stop=include_stop)
         self._min_tokens = min_tokens
+        #: vLLM's rule: the token that ended the request (EOS, a stop token id) is counted
+        #: but not rendered as text, unless ``include_stop_str_in_output``.
+        self._render_stop_token = include_stop
         self._finished = False
         self.num_prompt_tokens = 0
         self.max_tokens = 0
@@ -156,7 +159,8 @@ class RequestStream:
             )
 
     def _to_delta(self, output: RequestOutput) -> Delta:
-        text, stopped, num_kept = self._text_of(output.token_ids)
+        text, stopped, num_kept = self._text_of(self._rendered_ids(output))
+        num_kept = num_kept if stopped else len(output.token_ids)
         token_ids, logprobs = output.token_ids[:num_kept], output.logprobs[:num_kept]
         self.num_completion_tokens += num_kept
         if self._timer is not None:
@@ -174,6 +178,13 @@ class RequestStream:
             self._record_finish(finish_reason)
             self.close()
         return Delta(text=text, token_ids=token_ids, finish_reason=finish_reason, logprobs=logprobs)
+
+    def _rendered_ids(self, output: RequestOutput) -> tuple[int, ...]:
+        """The output's tokens whose text is shown: all but a final stop token (see
+        ``_render_stop_token``), so ``skip_special_tokens: false`` never shows the EOS."""
+        if output.finish_reason == STOP and not self._render_stop_token:
+            return output.token_ids[:-1]
+        return output.token_ids
 
     def _text_of(self, token_ids: tuple[int, ...]) -> tuple[str, bool, int]:
         """(text safe to emit, whether a stop string was hit, how many tokens are kept).

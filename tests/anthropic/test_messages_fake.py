@@ -167,7 +167,10 @@ BAD = [
     ("wrong type", {"temperature": "hot"}, "temperature"),
     ("bad role", {"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
     ("no messages", {"messages": []}, "messages"),
-    ("prefill", {"messages": [*USER, {"role": "assistant", "content": "Sure"}]}, "final assistant turn"),
+    ("prefill ending in whitespace", {"messages": [*USER, {"role": "assistant", "content": "Sure "}]},
+     "trailing whitespace"),
+    ("prefill with a tool call", {"messages": [*USER, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "f", "input": {}}]}]}, "cannot hold tool_use"),
     ("mcp_servers", {"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]}, "mcp_servers"),
     ("container", {"container": "c1"}, "container"),
     ("server tool", {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "server tools"),
@@ -179,6 +182,15 @@ BAD = [
      {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x/a.png"}}]}]},
      "not supported by this model"),
     ("max_tokens range", {"max_tokens": 0}, "max_tokens"),
+    ("image in a tool result on a text-only model", {"messages": [
+        *USER,
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]},
+    ]}, "not supported by this model"),
+    ("effort beyond the templates' levels", {"output_config": {"effort": "max"}}, "output_config.effort"),
+    ("output format not a schema", {"output_config": {"format": {"type": "json_object"}}}, "output_config.format"),
+
 ]  # fmt: skip
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import anthropic
+import attrs
+import httpx
 import pytest
 import trio
 
@@ -81,3 +85,74 @@ async def test_forced_tool_use_and_tool_result_round_trip(demo_cfg):
     assert streamed.stop_reason == "tool_use"
     assert answer.usage.input_tokens + answer.usage.cache_read_input_tokens == counted.input_tokens
     assert no_tools.input_tokens < counted.input_tokens  # the template renders the tools: they count
+
+
+async def test_prefill_is_continued_as_the_chat_route_continues_it(demo_cfg):
+    """A final assistant turn is continued (vLLM's ``continue_final_message``): the reply is
+    what the chat route gives with that flag, and count_tokens counts the open prompt."""
+    prefill = [*USER, {"role": "assistant", "content": "The answer is"}]
+    chat_body = {"model": MODEL, "messages": prefill, "max_tokens": 12, "temperature": 0,
+                 "continue_final_message": True, "add_generation_prompt": False}  # fmt: skip
+    closed_body = {**chat_body, "continue_final_message": False, "add_generation_prompt": True}
+    with trio.fail_after(TIMEOUT_S):
+        async with open_server(demo_cfg) as srv:
+            async with anthropic.AsyncAnthropic(base_url=srv.url, api_key="unused", max_retries=0) as c:
+                message = await c.messages.create(
+                    model=MODEL, max_tokens=12, messages=prefill, extra_body={"temperature": 0}
+                )
+                counted = await c.messages.count_tokens(model=MODEL, messages=prefill)
+            async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
+                continued = (await http.post(f"{srv.url}/v1/chat/completions", json=chat_body)).json()
+                closed = (await http.post(f"{srv.url}/v1/chat/completions", json=closed_body)).json()
+    assert message.content[0].text == continued["choices"][0]["message"]["content"]
+    assert message.usage.input_tokens + message.usage.cache_read_input_tokens == counted.input_tokens
+    assert counted.input_tokens == continued["usage"]["prompt_tokens"]
+    assert counted.input_tokens < closed["usage"]["prompt_tokens"]  # no end of turn, no assistant opening
+
+
+BOOLEAN_ANSWER = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}},
+    "required": ["ok"],
+    "additionalProperties": False,
+}
+
+
+async def test_output_config_format_constrains_the_reply_to_the_schema(demo_cfg):
+    """The random demo model writes JSON only because the grammar makes it."""
+    config = {"format": {"type": "json_schema", "schema": BOOLEAN_ANSWER}, "effort": "low"}
+    kwargs = {"model": MODEL, "max_tokens": 40, "messages": USER, "extra_body": {"temperature": 0}}
+    with trio.fail_after(TIMEOUT_S):
+        async with open_server(demo_cfg) as srv:
+            async with anthropic.AsyncAnthropic(base_url=srv.url, api_key="unused", max_retries=0) as c:
+                message = await c.messages.create(**kwargs, output_config=config)
+                async with c.messages.stream(**kwargs, output_config=config) as stream:
+                    streamed = await stream.get_final_message()
+                counted = await c.messages.count_tokens(model=MODEL, messages=USER, output_config=config)
+    assert message.stop_reason == "end_turn"
+    assert set(json.loads(message.content[0].text)) == {"ok"}
+    assert streamed.content[0].text == message.content[0].text
+    assert counted.input_tokens == message.usage.input_tokens + message.usage.cache_read_input_tokens
+
+
+@pytest.mark.parametrize("budgeted", [True, False])
+async def test_thinking_budget_closes_the_block(demo_cfg, budgeted):
+    """The random demo model never writes ``</think>``: with a budget the block is closed for it
+    after ``budget_tokens`` and an answer follows; without one the reply is all thinking."""
+    cfg = attrs.evolve(demo_cfg, model=attrs.evolve(demo_cfg.model, reasoning_parser="qwen3"))
+    opened = [*USER, {"role": "assistant", "content": "<think>"}]  # the block is open: the model starts inside
+    thinking = {"type": "enabled", "budget_tokens": 1024} if budgeted else None
+    with trio.fail_after(TIMEOUT_S):
+        async with open_server(cfg) as srv:
+            async with anthropic.AsyncAnthropic(base_url=srv.url, api_key="unused", max_retries=0) as c:
+                message = await c.messages.create(
+                    model=MODEL, max_tokens=1100, messages=opened, extra_body={"temperature": 0, "thinking": thinking}
+                )
+            tokenizer = srv.engine.model_info.tokenizer
+    kinds = [block.type for block in message.content]
+    if not budgeted:
+        assert kinds == ["thinking"] and message.stop_reason == "max_tokens"
+        return
+    assert kinds[0] == "thinking" and "text" in kinds[1:], kinds
+    thought = len(tokenizer.encode(message.content[0].thinking, add_special_tokens=False))
+    assert abs(thought - 1024) <= 16  # the budget's tokens, re-tokenized

@@ -165,6 +165,8 @@ BAD = [
     ({"tools": [WEATHER, WEATHER]}, "unique"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "x", "name": "f", "input": {}}]}]},
      "not allowed in user messages"),
+    ({"tool_choice": {"type": "any"}, "output_config": {"format": {"type": "json_schema", "schema": {}}}},
+     "cannot be combined with forced tool use"),
 ]  # fmt: skip
 
 

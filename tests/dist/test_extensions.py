@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import attrs
 import httpx
 import pytest
@@ -19,6 +21,8 @@ from vllm_mlx_trio.testing.fake_executor import FakeExecutor, text_script
 from vllm_mlx_trio.testing.harness import open_server
 
 MODEL = "demo:tiny"
+#: The fake tokenizer's EOS as text.
+EOS_TEXT = "<|im_end|>"
 CHAT = [{"role": "user", "content": "hi"}]
 
 
@@ -163,8 +167,14 @@ async def test_special_tokens_are_text_when_not_skipped(fake_cfg):
         async with server(fake_cfg, "a<|im_start|>b") as srv, httpx.AsyncClient() as http:
             skipped = await _post(http, srv.url, {"messages": CHAT})
             kept = await _post(http, srv.url, {"messages": CHAT, "skip_special_tokens": False})
+            body = {"messages": CHAT, "skip_special_tokens": False, "include_stop_str_in_output": True, "stream": True}
+            async with http.stream("POST", f"{srv.url}/v1/chat/completions", json={"model": MODEL, **body}) as resp:
+                streamed = (await resp.aread()).decode()
     assert skipped["choices"][0]["message"]["content"] == "ab"
-    assert kept["choices"][0]["message"]["content"].startswith("a<|im_start|>b")
+    # vLLM's rule: the EOS that ended the reply is counted, not shown, unless include_stop_str_in_output
+    assert kept["choices"][0]["message"]["content"] == "a<|im_start|>b"
+    assert kept["usage"]["completion_tokens"] == skipped["usage"]["completion_tokens"] == 4
+    assert EOS_TEXT in streamed and EOS_TEXT not in json.dumps(kept)
 
 
 async def test_request_id_echo_and_token_ids(fake_cfg):

@@ -120,6 +120,8 @@ async def test_request_metrics_carry_the_endpoint_label():
         assert metric(text, "vllm:e2e_request_latency_seconds_count", endpoint=endpoint) == count
         assert metric(text, "vllm:time_to_first_token_seconds_count", endpoint=endpoint) == count
         assert metric(text, "vllm:request_generation_tokens_count", endpoint=endpoint) == count
+        for phase in ("queue", "prefill", "decode"):  # the scheduler's phases carry it too
+            assert metric(text, f"vllm:request_{phase}_time_seconds_count", endpoint=endpoint) == count
         assert metric(text, "vllm:http_requests_client_disconnected_total", endpoint=endpoint) == 0.0
     assert metric(text, "vllm:e2e_request_latency_seconds_count", **CHAT) is None
 

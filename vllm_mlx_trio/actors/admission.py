@@ -153,11 +153,15 @@ class AdmissionActor:
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                     outbox.send_nowait(RequestFailed(error=exc))  # else the client left: nobody to tell
                 return
+            starts_in_reasoning = self.starts_in_reasoning(prompt, prompt_token_ids)
+            if params.thinking_budget is not None:  # the budget counts from the block the template opened
+                budget = attrs.evolve(params.thinking_budget, starts_inside=starts_in_reasoning)
+                params = attrs.evolve(params, thinking_budget=budget)
             try:
                 accepted = Accepted(
                     num_prompt_tokens=len(prompt_token_ids),
                     max_tokens=params.max_tokens,
-                    starts_in_reasoning=self.starts_in_reasoning(prompt, prompt_token_ids),
+                    starts_in_reasoning=starts_in_reasoning,
                 )
                 outbox.send_nowait(accepted)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -169,6 +173,7 @@ class AdmissionActor:
                 outbox=outbox,
                 arrival_time=submit.arrival_time,
                 extra_keys=media_keys(prompt),
+                endpoint=submit.endpoint,
             )
             await self._admit_send.send(admit)
             owned.pop_all()  # the scheduler owns the outbox now

@@ -62,13 +62,16 @@ class Delivery:
         if request.first_token_time is None and request.num_output_tokens:
             request.first_token_time = now
             if self._metrics is not None and request.scheduled_time is not None:
-                self._metrics.observe("vllm:request_prefill_time_seconds", now - request.scheduled_time)
+                self._metrics.observe(
+                    "vllm:request_prefill_time_seconds", now - request.scheduled_time, endpoint=request.endpoint
+                )
         if request.status.is_finished:
             self.time_end(request)
 
     def time_end(self, request: Request) -> None:
         if self._metrics is not None and request.first_token_time is not None:
-            self._metrics.observe("vllm:request_decode_time_seconds", trio.current_time() - request.first_token_time)
+            elapsed = trio.current_time() - request.first_token_time
+            self._metrics.observe("vllm:request_decode_time_seconds", elapsed, endpoint=request.endpoint)
 
     def fail(self, request: Request, error: VllmMlxTrioError) -> None:
         """The request's last output is ``error`` (if its client is still there to read it)."""

@@ -284,7 +284,9 @@ class SchedulerActor:
             request.scheduled_time = trio.current_time()
             if self._metrics is not None:
                 self._metrics.observe(
-                    "vllm:request_queue_time_seconds", request.scheduled_time - request.arrival_time
+                    "vllm:request_queue_time_seconds",
+                    request.scheduled_time - request.arrival_time,
+                    endpoint=request.endpoint,
                 )
                 self._metrics.on_prefix_lookup(len(request.prompt_token_ids), match.num_cached_tokens)
 

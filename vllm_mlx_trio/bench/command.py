@@ -107,6 +107,7 @@ def add_bench_parser(commands, config_args: ConfigArgs) -> None:
     soak.add_argument("--json", dest="json_path", default=None, help="also write the results here")
 
     _latency_args(sub, config_args)
+    _router_args(sub, config_args)
 
     every = sub.add_parser("all", help="ceiling, engine and our HTTP server for each model")
     config_args(every)
@@ -145,6 +146,20 @@ def _latency_args(sub, config_args: ConfigArgs) -> None:
     lat.add_argument("--json", dest="json_path", default=None, help="also write the results here")
 
 
+def _router_args(sub, config_args: ConfigArgs) -> None:
+    from .router_bench import DEFAULT_TARGETS, TARGETS
+
+    router = sub.add_parser("router", help="replicas behind vllm-router and 2-rank sharding vs one process")
+    config_args(router)
+    router.add_argument("--model-dir", default="demo:tiny", help="model directory (or demo:<size>; default demo:tiny)")
+    router.add_argument("--targets", default=",".join(DEFAULT_TARGETS), help=f"some of {','.join(TARGETS)}")
+    router.add_argument("--rounds", type=_positive, default=3, help="alternated rounds (default 3)")
+    router.add_argument("--policy", default="round_robin", help="vllm-router policy for router-2")
+    router.add_argument("--port", type=int, default=8731, help="first port to try")
+    router.add_argument("--startup-timeout", type=float, default=180.0, help="seconds to wait for a server")
+    _workload_args(router, "1,8")
+
+
 def workload_from(args: argparse.Namespace) -> Workload:
     return Workload(max_tokens=args.max_tokens, concurrency=args.concurrency, min_requests=args.requests)
 
@@ -169,12 +184,29 @@ def run_bench(cfg, args: argparse.Namespace) -> int:
         from .latency_command import run_latency_command
 
         return run_latency_command(cfg, args)
+    if args.bench_command == "router":
+        return _router(cfg, args)
     if args.bench_command == "prefix-cache":
         from .prefix_cache_bench import run_prefix_cache_bench
 
         return run_prefix_cache_bench(cfg, disabled_run=not args.no_disabled)
     handlers = {"ceiling": _ceiling, "engine": _engine, "http": _http, "all": _all, "peers": _peers}
     payload = handlers[args.bench_command](cfg, args, workload_from(args))
+    if args.json_path:
+        write_json(args.json_path, payload)
+    return 0
+
+
+def _router(cfg, args: argparse.Namespace) -> int:
+    from .report import write_json
+    from .router_bench import RouterBenchArgs, run_router_bench
+    from .suite import resolve_model_dir
+
+    bench_args = RouterBenchArgs(
+        model_dir=resolve_model_dir(args.model_dir, cfg), targets=tuple(args.targets.split(",")),
+        rounds=args.rounds, policy=args.policy, port=args.port, startup_timeout_s=args.startup_timeout,
+    )  # fmt: skip
+    payload = run_router_bench(bench_args, workload_from(args))
     if args.json_path:
         write_json(args.json_path, payload)
     return 0

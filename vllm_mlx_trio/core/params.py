@@ -8,6 +8,7 @@ import attrs
 
 from ..errors import InvalidRequestError
 from .constraint import CompiledGrammar, ConstraintSpec
+from .thinking_budget import ThinkingBudget
 
 #: Largest ``n``-free limits we accept; beyond these a request is refused, never clamped.
 MAX_TOP_K = 1_000_000
@@ -67,6 +68,9 @@ class SamplingParams:
     continue_final_message: bool = False
     #: Waiting order: lower first, first come first served within one priority (vLLM's rule).
     priority: int = 0
+    #: At most this many tokens inside the thinking block, then its end marker is forced
+    #: (Anthropic's ``thinking.budget_tokens``); admission sets whether the prompt opened it.
+    thinking_budget: ThinkingBudget | None = None
 
     @property
     def cache_keys(self) -> tuple:

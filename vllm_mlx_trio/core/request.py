@@ -78,6 +78,7 @@ class Request:
         "num_preemptions",
         "first_valid_step",
         "termination",
+        "endpoint",
     )
 
     def __init__(self, admit: Admitted, eos_token_ids: tuple[int, ...]):
@@ -88,6 +89,8 @@ class Request:
         self.cache_keys: tuple = admit.cache_keys
         self.outbox: Outbox = admit.outbox
         self.arrival_time = admit.arrival_time
+        #: The HTTP route it came from (the ``endpoint`` label of the queue/prefill/decode times).
+        self.endpoint: str = getattr(admit, "endpoint", "")
         self.status = RequestStatus.WAITING
         self.num_output_tokens = 0
         self.num_cached_tokens = 0

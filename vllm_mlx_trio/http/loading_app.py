@@ -1,5 +1,6 @@
 """The app that answers while the model loads: ``/health`` is 503 "loading", every other
-path a 503 OpenAI error with ``Retry-After``. A bare ASGI callable: nothing to set up.
+path a 503 OpenAI error with ``Retry-After`` (in Anthropic's shape on ``/v1/messages``).
+A bare ASGI callable: nothing to set up.
 
 It keeps the real app's rules: with API keys, a path other than ``/health`` without a valid
 key is a 401 (the 503 tells a caller without a key nothing), and with CORS origins a
@@ -12,6 +13,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from .anthropic.errors import is_messages_path, reshaped
 from .auth import API_KEY_HEADER, OPEN_PATHS, ApiKeys, log_refusal, unauthorized_body, unauthorized_headers
 from .cors import CorsPolicy
 from .errors import RETRY_AFTER_S, error_body
@@ -31,6 +33,8 @@ def create_loading_app(api_keys: ApiKeys, cors: CorsPolicy) -> AsgiApp:
         if scope["type"] != "http":
             return
         status, body, headers = _answer(scope, api_keys, cors)
+        if is_messages_path(scope["path"]):
+            body = reshaped(status, body)  # Anthropic's clients parse their own shape
         payload = b"" if body is None else json.dumps(body).encode()
         raw_headers = [(b"content-length", str(len(payload)).encode())]
         if body is not None:

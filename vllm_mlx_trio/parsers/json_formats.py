@@ -6,6 +6,7 @@ import json
 import re
 from typing import Any
 
+from .streamed_call import CallHead, match_call_head
 from .tool_stream import ToolFormat
 from .types import MarkupError, RawCall
 
@@ -92,6 +93,12 @@ class Llama3JsonFormat(ToolFormat):
         return [call_from_object(value) for value in decode_json_values(body, separators=";")]
 
 
+#: A v11+ call's head up to its arguments object: ``name[ARGS]`` or ``name[CALL_ID]id[ARGS]``.
+_V11_HEAD = re.compile(r"\s*(?P<name>[\w.\-]+)(?:\[CALL_ID\](?P<id>[^\[]*))?\[ARGS\]\s*(?=\{)")
+#: The ``[`` of an older Mistral reply's array of call objects.
+_ARRAY_OPEN = re.compile(r"\s*\[")
+
+
 class MistralFormat(ToolFormat):
     """``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` (older) or ``[TOOL_CALLS]name[ARGS]{...}``
     repeated per call (tokenizer v11+), optionally ``name[CALL_ID]id[ARGS]{...}``.
@@ -102,6 +109,18 @@ class MistralFormat(ToolFormat):
     name = "mistral"
     regions = (("[TOOL_CALLS]", None),)
     markup = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")
+    streams_arguments = True
+
+    def call_head(self, text: str) -> CallHead | None:
+        """``name[ARGS]`` / ``name[CALL_ID]id[ARGS]`` (v11+), or ``[{"name": ..., "arguments": `` (older)."""
+        v11 = _V11_HEAD.match(text)
+        if v11 is not None:
+            return CallHead(name=v11["name"], length=v11.end(), call_id=(v11["id"] or "").strip() or None)
+        bracket = _ARRAY_OPEN.match(text)
+        if bracket is None:
+            return None
+        head = match_call_head(text[bracket.end() :])
+        return None if head is None else CallHead(name=head[0], length=bracket.end() + head[1])
 
     def ready_call(self, region_text: str) -> int | None:
         """A call is whole once the next ``[TOOL_CALLS]`` starts."""

@@ -1,4 +1,4 @@
-"""A JSON-in-tags tool call whose arguments stream as the model writes them (hermes, llama3_json).
+"""A tool call whose arguments object streams as the model writes it (hermes, llama3_json, mistral).
 
 Once a call's markup shows its name and the ``{`` of its arguments object, the call opens (a
 delta with its index, id and name) and the object's text goes out as fragments as it arrives,
@@ -17,6 +17,8 @@ import json
 import logging
 import re
 
+import attrs
+
 from .types import MarkupError, RawCall
 
 logger = logging.getLogger(__name__)
@@ -25,6 +27,15 @@ logger = logging.getLogger(__name__)
 CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
 #: Characters JSON has outside its strings (the letters of true/false/null and exponents included).
 _JSON_OUTSIDE_STRINGS = frozenset("{}[],:.+-0123456789 \t\r\neEtrufalsn")
+
+
+@attrs.frozen(kw_only=True)
+class CallHead:
+    """The markup before a call's arguments object: the call's name, its length, the id it gives."""
+
+    name: str
+    length: int
+    call_id: str | None = None
 
 
 def match_call_head(text: str) -> tuple[str, int] | None:

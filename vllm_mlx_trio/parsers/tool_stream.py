@@ -4,8 +4,9 @@ Content streams until a format's start marker; only a suffix that could be the s
 held back. Markup is buffered until its end marker (or the end of the text), then read into
 whole calls by the format. Each call goes out as one delta with its index, id, name and the
 whole arguments JSON. Markup that does not parse goes back into the content with a WARNING.
-A format with ``streams_arguments`` (hermes, llama3_json) instead opens a call as soon as its name and the
-start of its arguments are seen, and streams the arguments' text (see ``streamed_call``).
+A format with ``streams_arguments`` (hermes, llama3_json, mistral) instead opens a call as soon as its
+name and the start of its arguments are seen (:meth:`ToolFormat.call_head`), and streams the
+arguments' text (see ``streamed_call``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 from collections.abc import Sequence
 from typing import ClassVar
 
-from .streamed_call import StreamedCall, match_call_head
+from .streamed_call import CallHead, StreamedCall, match_call_head
 from .text import MarkupTrimmer, find_first, partial_marker_len
 from .types import MarkupError, ParsedDelta, RawCall, new_call_id
 
@@ -42,6 +43,11 @@ class ToolFormat:
     def parse_region(self, start: str, body: str) -> list[RawCall]:
         """The calls in one region (``body`` is between the markers); raises MarkupError."""
         raise NotImplementedError
+
+    def call_head(self, text: str) -> CallHead | None:
+        """With ``streams_arguments``: the call whose arguments object starts in an open region's text."""
+        head = match_call_head(text)
+        return None if head is None else CallHead(name=head[0], length=head[1])
 
     def ready_call(self, region_text: str) -> int | None:
         """Length of a whole call at the start of an open region's text, to send before the region ends."""
@@ -162,15 +168,15 @@ class ToolStream:
     def _open_call(self, end_at: int, out: list[ParsedDelta]) -> bool:
         """Open a streamed call if the region (up to its end marker, if seen) starts with a call's head."""
         assert self._fmt is not None
-        head = match_call_head(self._pending if end_at < 0 else self._pending[:end_at])
+        head = self._fmt.call_head(self._pending if end_at < 0 else self._pending[:end_at])
         if head is None:
             return False
-        name, length = head
-        self._call = StreamedCall(index=self._next_index, name=name, head=self._pending[:length])
+        self._call = StreamedCall(index=self._next_index, name=head.name, head=self._pending[: head.length])
         self._next_index += 1
-        self._pending = self._pending[length:]
+        self._pending = self._pending[head.length :]
         self._trimmer.markup()
-        out.append(ParsedDelta(tool_index=self._call.index, tool_id=self._fmt.new_id(), tool_name=name))
+        call_id = head.call_id or self._fmt.new_id()
+        out.append(ParsedDelta(tool_index=self._call.index, tool_id=call_id, tool_name=head.name))
         return True
 
     def _step_streamed_call(self, end_at: int, out: list[ParsedDelta]) -> None:
@@ -187,10 +193,19 @@ class ToolStream:
             out.append(ParsedDelta(tool_index=self._call.index, arguments=piece))
             self._pending = self._pending[len(piece) :]
             end_at -= len(piece) if end_at >= 0 else 0
+        if end is None and self._next_region_starts():  # mistral: the next call's own [TOOL_CALLS]
+            self._close_region(self._region[0], "", "", out)
+            return
         if end_at < 0 or end is None:
             return
         body, self._pending = self._pending[:end_at], self._pending[end_at + len(end) :]
         self._close_region(self._region[0], body, end, out)
+
+    def _next_region_starts(self) -> bool:
+        """A region without an end marker: its call's arguments are whole and another region starts."""
+        assert self._call is not None
+        rest = self._pending.lstrip()
+        return self._call.scanner.done and rest.startswith(self._starts)
 
     def _close_streamed_call(self, start: str, rest: str, out: list[ParsedDelta]) -> None:
         """The end of a streamed call's markup (``rest``: its text not taken yet): send the last of its

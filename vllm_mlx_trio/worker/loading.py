@@ -57,6 +57,7 @@ def _shard(model: Any, model_cfg: ModelConfig) -> None:
         raise ModelLoadError(f"model {model_cfg.path!r}: its architecture does not support tensor parallelism")
     if pipeline:
         inner.pipeline(group)
+        logger.info("rank %d: pipeline stage with layers %d-%d", group.rank(), inner.start_idx, inner.end_idx - 1)
     else:
         model.shard(group)
     mx.eval(model.parameters())

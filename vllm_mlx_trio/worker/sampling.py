@@ -21,6 +21,7 @@ import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_repetition_penalty
 
 from ..core.params import SamplingParams
+from ..core.thinking_budget import ThinkingBudget, ThinkingBudgetTracker
 from ..messages import TokenLogprob
 from .grammar_mask import grammar_processor
 
@@ -96,6 +97,8 @@ def make_request_processors(
         processors.append(
             make_repetition_penalty(params.repetition_penalty, REPETITION_CONTEXT_SIZE)
         )
+    if params.thinking_budget is not None:
+        processors.append(thinking_budget_processor(params.thinking_budget, generated))
     if params.constraint is not None:
         processors.append(_constraint(params, stop_ids, generated))
     return processors
@@ -110,6 +113,26 @@ def _constraint(params: SamplingParams, stop_ids: tuple[int, ...], generated: tu
 
         return uncompiled
     return grammar_processor(params.grammar, stop_ids=stop_ids, generated=generated)
+
+
+def thinking_budget_processor(budget: ThinkingBudget, generated: tuple[int, ...]) -> LogitsProcessor:
+    """Forces the thinking block's end marker once ``budget`` tokens were spent inside it.
+    Like the grammar mask, each call after the first advances by the token sampled last."""
+    tracker = ThinkingBudgetTracker(budget, generated)
+    calls = 0
+
+    def limit(context: mx.array, logits: mx.array) -> mx.array:
+        nonlocal calls
+        if calls > 0:
+            tracker.feed(int(context[-1].item()))
+        calls += 1
+        forced = tracker.forced()
+        if forced is None:
+            return logits
+        only = mx.arange(logits.shape[-1]) == forced
+        return mx.where(only, logits, mx.array(-mx.inf, dtype=logits.dtype))
+
+    return limit
 
 
 def _logit_bias(bias: tuple[tuple[int, float], ...]) -> LogitsProcessor:

@@ -13,7 +13,14 @@ import logging
 
 import trio
 
-from ...actors.admission import PREPROCESS_INLINE_CHARS, Tokenizer, as_prompt, prompt_chars, tokenize_prompt
+from ...actors.admission import (
+    PREPROCESS_INLINE_CHARS,
+    ChatTemplateOptions,
+    Tokenizer,
+    as_prompt,
+    prompt_chars,
+    tokenize_prompt,
+)
 from ...messages import ChatMessage, ChatPrompt
 
 logger = logging.getLogger(__name__)
@@ -25,16 +32,18 @@ class TokenCounter:
         self._thread_tokenizer: Tokenizer | None = None
         self._lock = trio.Lock()
 
-    async def count(self, turns: ChatPrompt | tuple[ChatMessage, ...]) -> int:
+    async def count(self, turns: ChatPrompt | tuple[ChatMessage, ...], *, prefill: bool = False) -> int:
+        """The prompt's tokens; ``prefill``: its last (assistant) turn is left open to continue."""
         prompt = as_prompt(turns)
+        options = ChatTemplateOptions(add_generation_prompt=not prefill, continue_final_message=prefill)
         if prompt_chars(prompt) < PREPROCESS_INLINE_CHARS:
-            return len(tokenize_prompt(self._tokenizer, prompt))
+            return len(tokenize_prompt(self._tokenizer, prompt, options))
         async with self._lock:
             if self._thread_tokenizer is None:
                 self._thread_tokenizer = await trio.to_thread.run_sync(_copy_or_none, self._tokenizer)
             if self._thread_tokenizer is None:
-                return len(tokenize_prompt(self._tokenizer, prompt))
-            return len(await trio.to_thread.run_sync(tokenize_prompt, self._thread_tokenizer, prompt))
+                return len(tokenize_prompt(self._tokenizer, prompt, options))
+            return len(await trio.to_thread.run_sync(tokenize_prompt, self._thread_tokenizer, prompt, options))
 
 
 def _copy_or_none(tokenizer: Tokenizer) -> Tokenizer | None:

@@ -32,6 +32,21 @@ FALLBACK_CLIENT_ERROR = "invalid_request_error"
 FALLBACK_SERVER_ERROR = "api_error"
 
 
+#: Where Anthropic's shape applies: this path and everything under it.
+MESSAGES_PATH = "/v1/messages"
+
+
+def is_messages_path(path: str) -> bool:
+    return path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/")
+
+
+def reshaped(status: int, body: Any) -> Any:
+    """An OpenAI-shaped error body in Anthropic's shape (any other body as it is)."""
+    if isinstance(body, dict) and isinstance(body.get("error"), dict) and body.get("type") != "error":
+        return anthropic_error(status, body["error"].get("message") or "Request failed.")
+    return body
+
+
 def error_type(status: int) -> str:
     if status in ERROR_TYPES:
         return ERROR_TYPES[status]
@@ -53,18 +68,17 @@ def sse_event(name: str, payload: dict[str, Any]) -> str:
     return f"event: {name}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def register_error_shape(app: quart.Quart, path_prefix: str) -> None:
-    """Every JSON error answered under ``path_prefix`` gets Anthropic's shape."""
+def register_error_shape(app: quart.Quart) -> None:
+    """Every JSON error answered on the Messages paths gets Anthropic's shape."""
 
     @app.after_request
     async def anthropic_error_shape(response: quart.Response) -> quart.Response:
-        path = quart.request.path
-        if response.status_code < 400 or not (path == path_prefix or path.startswith(path_prefix + "/")):
+        if response.status_code < 400 or not is_messages_path(quart.request.path):
             return response
         if response.mimetype != "application/json":
             return response
         body = await response.get_json()
-        if isinstance(body, dict) and isinstance(body.get("error"), dict) and body.get("type") != "error":
-            message = body["error"].get("message") or "Request failed."
-            response.set_data(json.dumps(anthropic_error(response.status_code, message), ensure_ascii=False))
+        shaped = reshaped(response.status_code, body)
+        if shaped is not body:
+            response.set_data(json.dumps(shaped, ensure_ascii=False))
         return response

@@ -8,11 +8,11 @@ from ...engine import Engine
 from ..body import read_json_body
 from ..one_request import OneRequestRunner
 from .count import TokenCounter
-from .errors import register_error_shape
+from .errors import MESSAGES_PATH, register_error_shape
 from .message import MessageEvents, full_message
+from .tools import marker_ids
 from .translate import parse_count_tokens, parse_messages
 
-MESSAGES_PATH = "/v1/messages"
 #: Seconds without an event before a ``ping``: Anthropic's clients expect one at least every
 #: 10 s while a long prefill runs; half of that leaves room for a busy event loop.
 PING_INTERVAL_S = 5.0
@@ -22,12 +22,14 @@ def register_anthropic_routes(app: quart.Quart, engine: Engine) -> None:
     model_name = engine.cfg.model_name
     runner = OneRequestRunner(engine)
     counter = TokenCounter(engine.model_info.tokenizer)
-    register_error_shape(app, MESSAGES_PATH)
+    markers = marker_ids(engine.model_info.tokenizer, engine.output_format.reasoning_markers)
+    register_error_shape(app)
 
     @app.post(MESSAGES_PATH)
     async def messages():
         with runner.record() as (record, ids):
-            parsed = parse_messages(await read_json_body(), model_name=model_name, output=engine.output_format)
+            body = await read_json_body()
+            parsed = parse_messages(body, model_name=model_name, output=engine.output_format, markers=markers)
             stream = await runner.submit(record, ids, parsed.prompt, parsed.params)
             if parsed.stream:
                 return runner.streaming_response(
@@ -47,5 +49,5 @@ def register_anthropic_routes(app: quart.Quart, engine: Engine) -> None:
     @app.post(f"{MESSAGES_PATH}/count_tokens")
     async def count_tokens():
         # ``?beta=true`` (sent by some clients) changes nothing here.
-        prompt = parse_count_tokens(await read_json_body(), model_name=model_name, output=engine.output_format)
-        return {"input_tokens": await counter.count(prompt)}
+        prompt, prefill = parse_count_tokens(await read_json_body(), model_name=model_name, output=engine.output_format)
+        return {"input_tokens": await counter.count(prompt, prefill=prefill)}

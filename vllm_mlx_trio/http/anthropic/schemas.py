@@ -19,7 +19,6 @@ UNSUPPORTED_FIELDS = {
     "container": "code-execution containers",
     "context_management": "context management",
     "diagnostics": "prompt-cache diagnostics",
-    "output_config": "output configuration (effort, format)",
 }
 #: Content block types (server tools' results, documents with citations...) refused by name.
 UNSUPPORTED_BLOCKS = frozenset({
@@ -144,6 +143,19 @@ class ThinkingDisabled(_Thinking, tag="disabled"):
 Thinking = ThinkingEnabled | ThinkingDisabled
 
 
+class JsonOutputFormat(_Object, tag_field="type", tag="json_schema"):
+    schema: dict[str, Any]
+
+
+class OutputConfig(_Object):
+    """``output_config``: ``format`` constrains the reply to a JSON schema (the grammar);
+    ``effort`` reaches the template as ``reasoning_effort`` (``xhigh``/``max`` have no
+    template level: a 400)."""
+
+    effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
+    format: JsonOutputFormat | None = None
+
+
 class Metadata(_Object):
     user_id: str | None = None
 
@@ -157,6 +169,7 @@ class CountTokensBody(_Object):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
     cache_control: CacheControl = None
 
 
@@ -170,6 +183,7 @@ class MessagesBody(_Object):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
     stop_sequences: list[str] | None = None
     temperature: float | None = None
     top_p: float | None = None

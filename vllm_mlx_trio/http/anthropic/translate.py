@@ -21,7 +21,7 @@ from ...output_format import OutputFormat
 from ..agent_output import OutputSpec
 from ..requests import _content_hash
 from . import schemas
-from .tools import tool_arguments, tool_plan, tool_result_text
+from .tools import MarkerIds, tool_arguments, tool_plan, tool_result_content
 
 #: System blocks are joined with a blank line into the one system turn templates take.
 SYSTEM_BLOCK_SEPARATOR = "\n\n"
@@ -40,23 +40,43 @@ class MessagesRequest:
     output: OutputSpec | None = None
 
 
-def parse_messages(body: Any, *, model_name: str, output: OutputFormat) -> MessagesRequest:
+def parse_messages(
+    body: Any, *, model_name: str, output: OutputFormat, markers: MarkerIds | None = None
+) -> MessagesRequest:
+    """``markers``: the thinking block's markers as token ids (``budget_tokens`` is enforced with them)."""
     decoded = _decode(body, schemas.MessagesBody, model_name)
-    plan = tool_plan(decoded, output)
+    plan = tool_plan(decoded, output, markers)
     prompt = ChatPrompt(messages=build_turns(decoded), tools=plan.tools, template_kwargs=plan.template_kwargs)
     params = SamplingParams(
         max_tokens=decoded.max_tokens,
         stop=tuple(decoded.stop_sequences or ()),
         constraint=plan.constraint,
+        thinking_budget=plan.thinking_budget,
         **_sampling_fields(decoded),
+        **prefill_options(decoded),
     )
     return MessagesRequest(prompt=prompt, params=params, stream=bool(decoded.stream), output=plan.output)
 
 
-def parse_count_tokens(body: Any, *, model_name: str, output: OutputFormat) -> ChatPrompt:
+def parse_count_tokens(body: Any, *, model_name: str, output: OutputFormat) -> tuple[ChatPrompt, bool]:
+    """The prompt to count, and whether it ends in a prefill (rendered left open)."""
     decoded = _decode(body, schemas.CountTokensBody, model_name)
     plan = tool_plan(decoded, output)
-    return ChatPrompt(messages=build_turns(decoded), tools=plan.tools, template_kwargs=plan.template_kwargs)
+    prompt = ChatPrompt(messages=build_turns(decoded), tools=plan.tools, template_kwargs=plan.template_kwargs)
+    return prompt, ends_in_prefill(decoded)
+
+
+def ends_in_prefill(body: schemas.MessagesBody | schemas.CountTokensBody) -> bool:
+    """A final assistant turn is a prefill: the reply continues its text."""
+    return bool(body.messages) and body.messages[-1].role == "assistant"
+
+
+def prefill_options(body: schemas.MessagesBody | schemas.CountTokensBody) -> dict[str, bool]:
+    """The template options of a prompt ending in a prefill: the last turn left open
+    (vLLM's ``continue_final_message``), no assistant opening after it."""
+    if not ends_in_prefill(body):
+        return {}
+    return {"add_generation_prompt": False, "continue_final_message": True}
 
 
 def _sampling_fields(body: schemas.MessagesBody) -> dict[str, Any]:
@@ -144,16 +164,28 @@ def _check_blocks(blocks: Any, where: str) -> None:
 def build_turns(body: schemas.MessagesBody | schemas.CountTokensBody) -> tuple[ChatMessage, ...]:
     if not body.messages:
         raise InvalidRequestError("messages: at least one message is required.", param="messages")
-    if body.messages[-1].role == "assistant":
-        raise InvalidRequestError(
-            "messages: a final assistant turn (a prefill to continue) is not supported by this server yet.",
-            param="messages",
-        )
+    if ends_in_prefill(body):
+        _check_prefill(body.messages[-1], len(body.messages) - 1)
     turns = [turn for i, message in enumerate(body.messages) for turn in _turns(message, i)]
     system = _system_text(body.system)
     if system is not None:
         turns.insert(0, ChatMessage(role="system", content=system))
     return tuple(turns)
+
+
+def _check_prefill(message: schemas.MessageParam, index: int) -> None:
+    """A prefill is text the reply continues: no tool calls in it, no trailing whitespace
+    (Anthropic's rule: the continuation would start mid-whitespace)."""
+    where = f"messages.{index}.content"
+    content = message.content
+    blocks = [schemas.TextBlock(text=content)] if isinstance(content, str) else content
+    if any(isinstance(block, schemas.ToolUseBlock) for block in blocks):
+        raise InvalidRequestError(
+            f"{where}: a final assistant turn (a prefill) cannot hold tool_use blocks.", param=where
+        )
+    texts = [block.text for block in blocks if isinstance(block, schemas.TextBlock)]
+    if texts and texts[-1] != texts[-1].rstrip():
+        raise InvalidRequestError(f"{where}: final assistant content cannot end with trailing whitespace.", param=where)
 
 
 def _system_text(system: str | list[schemas.TextBlock] | None) -> str | None:
@@ -181,8 +213,8 @@ def _turns(message: schemas.MessageParam, index: int) -> list[ChatMessage]:
             if parts:
                 turns.append(ChatMessage(role="user", content=tuple(parts)))
                 parts = []
-            text = tool_result_text(block, f"{where}.{j}")
-            turns.append(ChatMessage(role="tool", content=text, tool_call_id=block.tool_use_id))
+            content = tool_result_content(block, image_part)
+            turns.append(ChatMessage(role="tool", content=content, tool_call_id=block.tool_use_id))
         elif (part := _part(block, f"{where}.{j}", "user")) is not None:
             parts.append(part)
     if parts or not turns:
