@@ -265,6 +265,9 @@ class Admit:
     #: Prefix-cache keys beyond the params' own (``cache_salt``): the hashes of the prompt's
     #: media, so blocks are shared only between prompts showing the same images.
     extra_keys: tuple = ()
+    #: ((token position where a media item's tokens start, its cache key), ...) in prompt
+    #: order: folded into the prefix-cache blocks from the one each item starts in on.
+    media_keys: tuple[tuple[int, str], ...] = ()
 
     @property
     def cache_keys(self) -> tuple:
@@ -279,12 +282,14 @@ class Admit:
 class PrefixLookup:
     """Find (and lease) the longest cached prefix of a prompt. Answered by PrefixMatch.
 
-    ``extra_keys`` are folded into the blocks' hashes (a cache salt; for multimodal prompts,
-    the media's hashes): blocks are only shared between requests with equal extra keys."""
+    ``extra_keys`` are folded into the blocks' hashes (a cache salt): blocks are only shared
+    between requests with equal extra keys. ``media_keys`` ((start position, cache key), ...)
+    fold into the block each media item starts in and thereby into every later one."""
 
     request_id: RequestId
     prompt_token_ids: tuple[int, ...]
     extra_keys: tuple = ()
+    media_keys: tuple[tuple[int, str], ...] = ()
 
 
 @_frozen
@@ -307,6 +312,7 @@ class PrefixCommit:
     request_id: RequestId
     token_ids: tuple[int, ...]
     extra_keys: tuple = ()
+    media_keys: tuple[tuple[int, str], ...] = ()
     ready_id: int = 0
     first_block: int = 0
     block_nbytes: tuple[int, ...] = ()

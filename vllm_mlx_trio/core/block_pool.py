@@ -7,8 +7,10 @@ executor holds the KV arrays keyed by block id and is told which token ranges to
 
 A prompt is cut into blocks of ``block_size`` tokens. Each full block is keyed by a chained
 hash (:func:`~.block_hash.block_hash`) so a block names its whole prefix; the request's
-``extra_keys`` (image hashes, ``cache_salt``) go into the first block's hash and thereby into
-the whole chain. A *tail* (``core/child_index.py``) is a checkpoint at any other position:
+``extra_keys`` (``cache_salt``) go into the first block's hash and thereby into the whole
+chain; its ``media_keys`` ((start position, content key) of each image or video) go into the
+block each item starts in (``core/media_keys.py``), so text before the first image is shared.
+A *tail* (``core/child_index.py``) is a checkpoint at any other position:
 the tokens after the last full block, keyed by the tokens themselves under that block's
 hash, so a repeat or a shared prefix reuses every token it can, not only whole blocks. For
 models whose cache is not all full-attention KV, a hit must end where the sliding-window or
@@ -34,8 +36,8 @@ from collections.abc import Iterable, Iterator
 
 import attrs
 
-from .block_hash import block_hash
 from .child_index import ChildIndex, common_length, root_key
+from .media_keys import MediaKeys, chain_hashes, first_difference, media_between, normalize_media_keys
 from .plan import BlockId, RequestId
 from .pool_types import (
     NO_BUDGET,
@@ -76,6 +78,8 @@ class _Block:
     parent: bytes  # the parent key it hangs under in the child index
     tokens: Tokens
     block_index: int  # a tail's: its depth (full blocks before it)
+    #: The media keys starting inside it (absolute positions); part of its child-index key.
+    media: MediaKeys = ()
     is_tail: bool = False
     #: A hit may end after this entry, or inside it: its model's cache is all plain KV (a
     #: KV prefix of any length is exact). Otherwise only at a tail's end (a checkpoint).
@@ -115,19 +119,23 @@ class BlockPool:
 
     # -- the protocol -------------------------------------------------------------------
 
-    def lookup(self, request_id: RequestId, token_ids: Tokens, extra_keys: ExtraKeys = ()) -> PrefixHit:
+    def lookup(
+        self, request_id: RequestId, token_ids: Tokens, extra_keys: ExtraKeys = (), media_keys: MediaKeys = ()
+    ) -> PrefixHit:
         """Lease the longest cached prefix of the prompt: full blocks, then maybe a tail.
 
         The match covers at most ``len(token_ids) - 1`` tokens, since the last prompt token is
         always recomputed for its logits. ``kind`` is "miss" when nothing matches, "hit" when
         the match reaches at least every eligible full block (``(len(token_ids) - 1) //
-        block_size`` of them), and "prefix_hit" otherwise.
+        block_size`` of them), and "prefix_hit" otherwise. ``media_keys`` ((start position,
+        content key), ...) fold into the blocks from the one each media item starts in.
         """
+        media = normalize_media_keys(media_keys)
         limit = len(token_ids) - 1
         eligible = max(0, limit // self.block_size)
-        chain = list(self._cached_run(token_ids, extra_keys, eligible))
-        restored = self._restore_from_disk(token_ids, extra_keys, chain, eligible)
-        depth, tail_id, num_cached = self._best_end(token_ids, extra_keys, chain, limit)
+        chain = list(self._cached_run(token_ids, extra_keys, media, eligible))
+        restored = self._restore_from_disk(token_ids, extra_keys, media, chain, eligible)
+        depth, tail_id, num_cached = self._best_end(token_ids, extra_keys, media, chain, limit)
         block_ids = tuple(block_id for _, block_id in chain[:depth])
         if tail_id is not None:
             block_ids += (tail_id,)
@@ -152,6 +160,7 @@ class BlockPool:
         request_id: RequestId,
         token_ids: Tokens,
         extra_keys: ExtraKeys = (),
+        media_keys: MediaKeys = (),
         *,
         tail_at: int | None = None,
         blocks_end_hits: bool = True,
@@ -167,14 +176,17 @@ class BlockPool:
         """
         new: list[NewBlock] = []
         size = self.block_size
+        media = normalize_media_keys(media_keys)
         hashes: list[bytes] = []
-        for index, h in enumerate(self._chain(token_ids, extra_keys, len(token_ids) // size)):
+        for index, h in enumerate(chain_hashes(token_ids, extra_keys, media, size, len(token_ids) // size)):
             parent = hashes[-1] if hashes else root_key(extra_keys)
             hashes.append(h)
             block_id = self._by_hash.get(h)
             if block_id is None:
-                chunk = tuple(token_ids[index * size : (index + 1) * size])
-                block_id = self._create(h, parent, chunk, index, endable=blocks_end_hits)
+                start = index * size
+                chunk = tuple(token_ids[start : start + size])
+                block_media = media_between(media, start, start + size)
+                block_id = self._create(h, parent, chunk, index, block_media, endable=blocks_end_hits)
                 if self.disk_budget is not None and blocks_end_hits:  # written through to disk
                     self._spilled.append((block_id, h))
                 start = index * size
@@ -185,9 +197,10 @@ class BlockPool:
             tail = tuple(token_ids[depth * size : tail_at])
             if tail or not blocks_end_hits:
                 parent = hashes[depth - 1] if depth else root_key(extra_keys)
-                tail_id = self._children.get(parent, tail)
+                tail_media = media_between(media, depth * size, tail_at)
+                tail_id = self._children.get(parent, tail, tail_media)
                 if tail_id is None:
-                    tail_id = self._create_tail(parent, tail, depth, endable=blocks_end_hits)
+                    tail_id = self._create_tail(parent, tail, depth, tail_media, endable=blocks_end_hits)
                     new.append(
                         NewBlock(block_id=tail_id, block_index=TAIL_INDEX, token_start=depth * size, token_end=tail_at)
                     )
@@ -335,10 +348,13 @@ class BlockPool:
         """Unleased entries in eviction order (first evicted first)."""
         return tuple(self._free)
 
-    def cached_prefix(self, token_ids: Tokens, extra_keys: ExtraKeys = ()) -> tuple[BlockId, ...]:
+    def cached_prefix(
+        self, token_ids: Tokens, extra_keys: ExtraKeys = (), media_keys: MediaKeys = ()
+    ) -> tuple[BlockId, ...]:
         """The cached full blocks that start ``token_ids`` (any may match); leases nothing."""
-        size = self.block_size
-        return tuple(b for _, b in self._cached_run(token_ids, extra_keys, len(token_ids) // size))
+        num_blocks = len(token_ids) // self.block_size
+        media = normalize_media_keys(media_keys)
+        return tuple(b for _, b in self._cached_run(token_ids, extra_keys, media, num_blocks))
 
     def check_invariants(self) -> None:
         """Assert the pool's bookkeeping is consistent (O(all entries); for tests)."""
@@ -353,7 +369,7 @@ class BlockPool:
             assert block.ref_count >= 0 and block.nbytes >= 0
             assert block.ref_count == leased[block_id], "ref_count != number of leases"
             assert (block.ref_count == 0) == (block_id in self._free), "free queue != unleased"
-            assert self._children.get(block.parent, block.tokens) == block_id
+            assert self._children.get(block.parent, block.tokens, block.media) == block_id
             assert len(block.tokens) < self.block_size if block.is_tail else len(block.tokens) == self.block_size
         assert set(self._free) <= set(self._blocks)
         in_use = sum(1 for b in self._blocks.values() if b.ref_count > 0)
@@ -366,25 +382,23 @@ class BlockPool:
 
     # -- internals ----------------------------------------------------------------------
 
-    def _chain(self, token_ids: Tokens, extra_keys: ExtraKeys, num_blocks: int) -> Iterator[bytes]:
-        """The chained hashes of the first ``num_blocks`` blocks, computed lazily."""
-        parent: bytes | None = None
-        for index in range(num_blocks):
-            start = index * self.block_size
-            chunk = tuple(token_ids[start : start + self.block_size])
-            parent = block_hash(parent, chunk, extra_keys if index == 0 else ())
-            yield parent
-
-    def _cached_run(self, token_ids: Tokens, extra_keys: ExtraKeys, max_blocks: int) -> Iterator[tuple[bytes, BlockId]]:
+    def _cached_run(
+        self, token_ids: Tokens, extra_keys: ExtraKeys, media: MediaKeys, max_blocks: int
+    ) -> Iterator[tuple[bytes, BlockId]]:
         """(hash, id) of the leading cached blocks, at most ``max_blocks``; stops at a gap."""
-        for h in self._chain(token_ids, extra_keys, max_blocks):
+        for h in chain_hashes(token_ids, extra_keys, media, self.block_size, max_blocks):
             block_id = self._by_hash.get(h)
             if block_id is None:
                 return
             yield h, block_id
 
     def _restore_from_disk(
-        self, token_ids: Tokens, extra_keys: ExtraKeys, chain: list[tuple[bytes, BlockId]], max_blocks: int
+        self,
+        token_ids: Tokens,
+        extra_keys: ExtraKeys,
+        media: MediaKeys,
+        chain: list[tuple[bytes, BlockId]],
+        max_blocks: int,
     ) -> list[tuple[bytes, BlockId]]:
         """Extend ``chain`` (in place) through spilled blocks, each a new unleased block again;
         their (hash, id)."""
@@ -392,7 +406,7 @@ class BlockPool:
         if not self._on_disk or len(chain) >= max_blocks:
             return restored
         size = self.block_size
-        for index, h in enumerate(self._chain(token_ids, extra_keys, max_blocks)):
+        for index, h in enumerate(chain_hashes(token_ids, extra_keys, media, size, max_blocks)):
             if index < len(chain):
                 continue
             nbytes = self._on_disk.pop(h, None)
@@ -400,7 +414,9 @@ class BlockPool:
                 break
             self._disk_bytes -= nbytes
             parent = chain[-1][0] if chain else root_key(extra_keys)
-            block_id = self._create(h, parent, tuple(token_ids[index * size : (index + 1) * size]), index)
+            start = index * size
+            chunk = tuple(token_ids[start : start + size])
+            block_id = self._create(h, parent, chunk, index, media_between(media, start, start + size))
             self._blocks[block_id].nbytes = nbytes
             self._bytes_used += nbytes
             chain.append((h, block_id))
@@ -421,11 +437,17 @@ class BlockPool:
         return True
 
     def _best_end(
-        self, token_ids: Tokens, extra_keys: ExtraKeys, chain: list[tuple[bytes, BlockId]], limit: int
+        self,
+        token_ids: Tokens,
+        extra_keys: ExtraKeys,
+        media: MediaKeys,
+        chain: list[tuple[bytes, BlockId]],
+        limit: int,
     ) -> tuple[int, BlockId | None, int]:
         """Where the longest hit ends: (full blocks, then the id of the entry it ends in or
         None, tokens covered). After ``depth`` full blocks it may end in any child of the last
-        one: inside it when its model is all plain KV, else only at a tail's exact end."""
+        one: inside it when its model is all plain KV, else only at a tail's exact end; never
+        past a position where the child's media keys and the prompt's disagree."""
         size = self.block_size
         best: tuple[int, BlockId | None, int] = (0, None, 0)
         for depth in range(len(chain) + 1):
@@ -436,9 +458,11 @@ class BlockPool:
             rest = tuple(token_ids[base : base + size])
             for tokens, child_id in self._children.candidates(parent, rest):
                 child = self._blocks[child_id]
+                differ = first_difference(child.media, media_between(media, base, base + len(tokens)))
+                media_ok = len(tokens) if differ is None else differ - base
                 if child.endable:
-                    n = min(common_length(tokens, rest), limit - base)
-                elif child.is_tail and rest[: len(tokens)] == tokens and base + len(tokens) <= limit:
+                    n = min(common_length(tokens, rest), limit - base, media_ok)
+                elif child.is_tail and rest[: len(tokens)] == tokens and media_ok == len(tokens) <= limit - base:
                     n = len(tokens)
                 else:
                     continue
@@ -446,19 +470,27 @@ class BlockPool:
                     best = (depth, child_id, base + n)
         return best
 
-    def _create(self, h: bytes, parent: bytes, tokens: Tokens, index: int, *, endable: bool = True) -> BlockId:
+    def _create(
+        self, h: bytes, parent: bytes, tokens: Tokens, index: int, media: MediaKeys = (), *, endable: bool = True
+    ) -> BlockId:
         """A new, unleased and not yet free full block under a fresh id."""
         block_id = BlockId(self._next_id)
         self._next_id += 1
         self._blocks[block_id] = _Block(
-            block_id=block_id, block_hash=h, parent=parent, tokens=tokens, block_index=index, endable=endable
+            block_id=block_id,
+            block_hash=h,
+            parent=parent,
+            tokens=tokens,
+            block_index=index,
+            media=media,
+            endable=endable,
         )
         self._by_hash[h] = block_id
         self._disk_bytes -= self._on_disk.pop(h, 0)  # in memory again (its file stays)
-        self._children.add(parent, tokens, block_id)
+        self._children.add(parent, tokens, block_id, media)
         return block_id
 
-    def _create_tail(self, parent: bytes, tail: Tokens, depth: int, *, endable: bool) -> BlockId:
+    def _create_tail(self, parent: bytes, tail: Tokens, depth: int, media: MediaKeys, *, endable: bool) -> BlockId:
         """A new, unleased and not yet free tail under a fresh id."""
         tail_id = BlockId(self._next_id)
         self._next_id += 1
@@ -468,10 +500,11 @@ class BlockPool:
             parent=parent,
             tokens=tail,
             block_index=depth,
+            media=media,
             is_tail=True,
             endable=endable,
         )
-        self._children.add(parent, tail, tail_id)
+        self._children.add(parent, tail, tail_id, media)
         self._num_tails += 1
         return tail_id
 
@@ -493,7 +526,7 @@ class BlockPool:
         assert block.ref_count == 0, "only unleased entries are dropped"
         self._free.pop(block_id, None)
         self._bytes_used -= block.nbytes
-        self._children.remove(block.parent, block.tokens)
+        self._children.remove(block.parent, block.tokens, block.media)
         if block.is_tail:
             self._num_tails -= 1
             return [block_id]
