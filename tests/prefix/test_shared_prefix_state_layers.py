@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import trio
-from test_every_layer_type import BS, PARAMS, chat, config, run, text
+from test_every_layer_type import BS, chat, config, run, text
 
 from vllm_mlx_trio import open_engine
 
