@@ -140,3 +140,6 @@ class StepResult:
     elapsed_s: float = 0.0
     #: MLX memory after the step, in bytes: (active, peak, buffer cache).
     memory: tuple[int, int, int] = (0, 0, 0)
+    #: Of a new sequence's ``num_cached_tokens``, how many the executor recomputed after all
+    #: (disk-tier blocks it could not read back): its reported ``cached_tokens`` drop by those.
+    recomputed: tuple[tuple[RequestId, int], ...] = ()
