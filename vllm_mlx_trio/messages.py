@@ -276,6 +276,9 @@ class Admit:
     extra_keys: tuple = ()
     #: The HTTP route it came from: the ``endpoint`` label of its metrics ("" for none).
     endpoint: str = ""
+    #: ((token position where a media item's tokens start, its cache key), ...) in prompt
+    #: order: folded into the prefix-cache blocks from the one each item starts in on.
+    media_keys: tuple[tuple[int, str], ...] = ()
 
     @property
     def cache_keys(self) -> tuple:
@@ -290,12 +293,14 @@ class Admit:
 class PrefixLookup:
     """Find (and lease) the longest cached prefix of a prompt. Answered by PrefixMatch.
 
-    ``extra_keys`` are folded into the blocks' hashes (a cache salt; for multimodal prompts,
-    the media's hashes): blocks are only shared between requests with equal extra keys."""
+    ``extra_keys`` are folded into the blocks' hashes (a cache salt): blocks are only shared
+    between requests with equal extra keys. ``media_keys`` ((start position, cache key), ...)
+    fold into the block each media item starts in and thereby into every later one."""
 
     request_id: RequestId
     prompt_token_ids: tuple[int, ...]
     extra_keys: tuple = ()
+    media_keys: tuple[tuple[int, str], ...] = ()
 
 
 @_frozen
@@ -318,6 +323,7 @@ class PrefixCommit:
     request_id: RequestId
     token_ids: tuple[int, ...]
     extra_keys: tuple = ()
+    media_keys: tuple[tuple[int, str], ...] = ()
     ready_id: int = 0
     first_block: int = 0
     block_nbytes: tuple[int, ...] = ()
@@ -325,6 +331,9 @@ class PrefixCommit:
     tail_at: int | None = None
     tail_nbytes: int = 0
     blocks_end_hits: bool = True
+    #: Boundary snapshots the executor also holds (see KVReady): positions and sizes.
+    boundary_at: tuple[int, ...] = ()
+    boundary_nbytes: tuple[int, ...] = ()
 
 
 @_frozen

@@ -18,6 +18,7 @@ from ..config import CacheConfig
 from ..core.block_pool import DISK_BLOCK_SUFFIX as DISK_SUFFIX
 from ..core.block_pool import BlockPool, Budget, PoolStats
 from ..core.memory import available_memory_bytes
+from ..core.pool_types import boundary_store_index
 from ..distributed.kv_events import KVEventSink, NoKVEvents
 from ..messages import (
     BlockId,
@@ -137,7 +138,9 @@ class CacheManagerActor:
                 self._leased.add(command.request_id)
                 if not self._enabled:
                     return PrefixMatch(request_id=command.request_id, num_cached_tokens=0, block_ids=())
-                hit = self.pool.lookup(command.request_id, command.prompt_token_ids, command.extra_keys)
+                hit = self.pool.lookup(
+                    command.request_id, command.prompt_token_ids, command.extra_keys, command.media_keys
+                )
                 return PrefixMatch(
                     request_id=command.request_id,
                     num_cached_tokens=hit.num_cached_tokens,
@@ -173,11 +176,18 @@ class CacheManagerActor:
             command.request_id,
             command.token_ids,
             command.extra_keys,
+            command.media_keys,
             tail_at=command.tail_at,
             blocks_end_hits=command.blocks_end_hits,
+            boundary_at=command.boundary_at,
         )
         store = []
         for block in new:
+            if block.is_tail and block.token_end != command.tail_at:  # a boundary snapshot
+                k = command.boundary_at.index(block.token_end)
+                self.pool.set_nbytes(block.block_id, command.boundary_nbytes[k])
+                store.append((boundary_store_index(k), block.block_id))
+                continue
             if block.is_tail:
                 self.pool.set_nbytes(block.block_id, command.tail_nbytes)
             else:
@@ -186,7 +196,7 @@ class CacheManagerActor:
                 self.pool.set_nbytes(block.block_id, command.block_nbytes[copy_index])
             store.append((block.block_index, block.block_id))
         full_blocks = [block.block_id for block in new if not block.is_tail]  # the router knows blocks only
-        self._kv_events.stored(self.pool, command.token_ids, command.extra_keys, full_blocks)
+        self._kv_events.stored(self.pool, command.token_ids, command.extra_keys, full_blocks, command.media_keys)
         return tuple(store)
 
     def _evict(self) -> tuple[BlockId, ...]:

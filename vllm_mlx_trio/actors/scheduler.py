@@ -304,6 +304,10 @@ class SchedulerActor:
         self._memory = result.memory
         await self._commit(result.kv_ready)
         running = self._scheduler.running
+        for request_id, recomputed in result.recomputed:  # disk blocks the executor could not read
+            request = running.get(request_id)
+            if request is not None and result.step_id >= request.first_valid_step:
+                request.num_cached_tokens -= recomputed
         num_tokens = sum(len(tokens) for rid, tokens in result.sampled if rid in running)
         if self._metrics is not None:
             self._metrics.on_step(num_tokens, result.elapsed_s)
@@ -335,7 +339,7 @@ class SchedulerActor:
             if request is None:  # aborted meanwhile: its blocks are released, keep no copies
                 self._scheduler.queue_block_ops(released_ready_ids=(ready.ready_id,))
                 continue
-            stored = await self._cache.commit(ready, request.cache_keys)
+            stored = await self._cache.commit(ready, request.cache_keys, request.media_keys)
             self._scheduler.queue_block_ops(
                 store=tuple(BlockStore(ready_id=ready.ready_id, block_index=i, block_id=b) for i, b in stored.store),
                 released_ready_ids=(ready.ready_id,),
