@@ -55,17 +55,26 @@ async def _arrival(engine) -> tuple[list[str], list[int]]:
     return arrivals, long_tokens
 
 
-@pytest.mark.parametrize("decoding_chunk", ["16", "none"])
-async def test_the_chunk_is_small_while_a_stream_decodes_and_the_output_is_the_same(float32_dir, decoding_chunk):
-    cfg = config(float32_dir, "engine.prefill_step_size=512", f"engine.prefill_step_size_decoding={decoding_chunk}")
+@pytest.mark.parametrize(
+    ("decoding_chunk", "time_ratio"),
+    [("16", "none"), ("none", "none"), ("32", "1.0")],
+    ids=["generator-16", "generator-full", "runner-timed"],
+)
+async def test_the_chunk_is_small_while_a_stream_decodes_and_the_output_is_the_same(
+    float32_dir, decoding_chunk, time_ratio
+):
+    """mlx-lm's prefill (time ratio none) in fixed chunks, and the runner's own prefill in
+    timed chunks of at most prefill_step_size_decoding."""
+    cfg = config(float32_dir, "engine.prefill_step_size=512", f"engine.prefill_step_size_decoding={decoding_chunk}",
+                 f"engine.prefill_time_ratio={time_ratio}")  # fmt: skip
     with trio.fail_after(TIMEOUT_S):
         async with open_engine(cfg) as engine:  # its own engine: the prefix cache would hold the prompt
             alone = await _tokens(engine, LONG_PROMPT, GREEDY)
         async with open_engine(cfg) as engine:
             arrivals, beside = await _arrival(engine)
     window = arrivals[arrivals.index("L-submitted") : arrivals.index("L")]
-    if decoding_chunk == "16":  # ~600 prompt tokens at 16 per step: dozens of steps, each decoding the stream
-        assert window.count("s") >= 20
+    if decoding_chunk != "none":  # ~600 prompt tokens, at most 16 or 32 per step: each step decodes the stream
+        assert window.count("s") >= 600 // int(decoding_chunk) - 2
     else:  # 512-token chunks: the prompt takes two steps
         assert window.count("s") < 10
     assert beside == alone and len(alone) == GREEDY.max_tokens

@@ -7,6 +7,11 @@ long prompt never freezes the other streams for long. The chunk is ``prefill_ste
 no row decodes and ``prefill_step_size_decoding`` (smaller) while some do: mlx-lm reads the
 generator's ``prefill_step_size`` at every ``next()``, so it is set before each step.
 
+With ``engine.prefill_time_ratio`` set (the default) the runner prefills prompts itself
+(worker/prefill.py): the oldest prompt gets one chunk per step, sized by measured time
+(worker/prefill_budget.py) while rows decode, and enters the generator as a one-token prompt
+with its cache once the rest of it is in, so no step pays mlx-lm's per-prompt-step fixed cost.
+
 Every row carries its own sampler (its own PRNG key), logits processors, stop token ids and
 max_tokens; the generator ends a row itself at max_tokens or a stop token, where the one
 termination rule (core/termination.py, applied by :class:`RunnerBase`) ends it too.
@@ -14,12 +19,16 @@ termination rule (core/termination.py, applied by :class:`RunnerBase`) ends it t
 
 from __future__ import annotations
 
+import time
+
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 
 from ..messages import KVReady, ModelInfo, RequestId, TokenLogprob
 from .kv_store import PrefixBlocks
 from .loading import load_for_serving, mlx_memory
+from .prefill import PrefillRow, PromptPrefill
+from .prefill_budget import ChunkSizer
 from .runner_base import Advance, Emission, LiveSequence, RunnerBase
 from .sampling import (
     greedy,
@@ -43,6 +52,14 @@ class BatchRunner(RunnerBase):
         self._generator: BatchGenerator | None = None
         self._request_ids: dict[int, RequestId] = {}  # BatchGenerator uid -> request
         self._decoding: set[int] = set()  # uids past their prompt: they decode every step
+        #: Prompts the runner prefills itself (engine.prefill_time_ratio set), else None.
+        self._prefill: PromptPrefill | None = None
+        self._sizer: ChunkSizer | None = None
+        #: Caches of prompts whose prefill ended this step (all but the last token), by
+        #: request: what :meth:`_prompt_ready` copies once they are in the generator.
+        self._prompt_caches: dict[RequestId, list] = {}
+        #: (start of the last step, its prompt tokens, whether rows decoded in it).
+        self._last_step: tuple[float, int, bool] | None = None
 
     def _load(self) -> ModelInfo:
         enter_mlx_thread()
@@ -57,16 +74,39 @@ class BatchRunner(RunnerBase):
             prefill_step_size=engine.prefill_step_size,
             stream=mx.new_stream(mx.default_device()),
         )
+        if engine.prefill_time_ratio is not None:
+            self._prefill = PromptPrefill(model, self._generator.stream)
+            chunk = min(engine.prefill_step_size, engine.prefill_step_size_decoding or engine.prefill_step_size)
+            self._sizer = ChunkSizer(ratio=engine.prefill_time_ratio, max_tokens=chunk)
         return info
 
     def _insert(self, live: list[LiveSequence]) -> None:
+        """New prompts wait for the runner's prefill when it has one and they have more than
+        their last token to compute; the rest go to the generator at once."""
+        caches = [self._prefix.cache_for(sequence.seq) for sequence in live]
+        if self._prefill is None:
+            self._to_generator(live, caches, [sequence.seq.num_cached_tokens for sequence in live])
+            return
+        direct = []
+        for sequence, cache in zip(live, caches, strict=True):
+            if len(sequence.seq.prompt_token_ids) - sequence.seq.num_cached_tokens > 1:
+                sequence.handle = self._prefill.add(sequence, cache)
+            else:
+                direct.append((sequence, cache))
+        if direct:
+            self._to_generator([d[0] for d in direct], [d[1] for d in direct],
+                               [d[0].seq.num_cached_tokens for d in direct])  # fmt: skip
+
+    def _to_generator(self, live: list[LiveSequence], caches: list, in_cache: list[int]) -> None:
+        """Insert rows into the generator: each one's first ``in_cache`` prompt tokens are in
+        its cache (None: an empty one), the rest are its prompt there."""
         assert self._generator is not None
         seqs = [sequence.seq for sequence in live]
         rows = [self._row(sequence) for sequence in live]
         uids = self._generator.insert(
-            [list(seq.prompt_token_ids[seq.num_cached_tokens :]) for seq in seqs],
-            caches=[self._prefix.cache_for(seq) for seq in seqs],
-            all_tokens=[list(seq.prompt_token_ids[: seq.num_cached_tokens]) for seq in seqs],
+            [list(seq.prompt_token_ids[n:]) for seq, n in zip(seqs, in_cache, strict=True)],
+            caches=caches,
+            all_tokens=[list(seq.prompt_token_ids[:n]) for seq, n in zip(seqs, in_cache, strict=True)],
             max_tokens=[seq.max_new_tokens for seq in seqs],
             samplers=[row[0] for row in rows],
             logits_processors=[row[1] for row in rows],
@@ -93,14 +133,16 @@ class BatchRunner(RunnerBase):
         )
 
     def _advance(self, live: list[LiveSequence]) -> Advance:
-        """One ``BatchGenerator.next()`` for the whole batch (``live`` is every row anyway)."""
+        """One chunk of the runner's own prefill (if any), then one ``BatchGenerator.next()``
+        for the whole batch (``live`` is every row anyway)."""
         assert self._generator is not None
+        prompts_done = self._prefill_step()
         self._generator.prefill_step_size = self._prefill_chunk()
         prompt_progress, generated = self._generator.next()
         self._decoding.update(r.uid for r in prompt_progress if r.end_of_prompt)
         # All but the last prompt token are in the cache (mlx-lm makes that token its own
         # segment): where the prefix store checkpoints a prompt.
-        prompts_done = [self._request_ids[r.uid] for r in prompt_progress if r.end_of_segment and not r.end_of_prompt]
+        prompts_done += [self._request_ids[r.uid] for r in prompt_progress if r.end_of_segment and not r.end_of_prompt]
         emissions = []
         for response in generated:
             ended = response.finish_reason is not None
@@ -118,6 +160,36 @@ class BatchRunner(RunnerBase):
                 self._decoding.discard(response.uid)
         return Advance(emissions, prompts_done)
 
+    def _prefill_step(self) -> list[RequestId]:
+        """The runner's own prefill for this step: a chunk of the oldest prompt, timed against
+        the decode steps while rows decode; a prompt whose prefill ends joins the generator."""
+        self._prompt_caches.clear()
+        if self._prefill is None:
+            return []
+        decoding = bool(self._request_ids)
+        self._observe_step(decoding)
+        if not self._prefill:
+            return []
+        assert self._sizer is not None and self._last_step is not None
+        budget = self._sizer.chunk() if decoding else self._cfg.engine.prefill_step_size
+        tokens, done = self._prefill.step(budget)
+        self._last_step = (self._last_step[0], tokens, decoding)
+        if done is None:
+            return []
+        if self._prefix.enabled:
+            self._prompt_caches[done.live.request_id] = done.cache
+        self._to_generator([done.live], [done.cache], [len(done.prompt) - 1])
+        return [done.live.request_id]
+
+    def _observe_step(self, decoding: bool) -> None:
+        """Time the step that just ended (start to start) for the chunk sizer, when rows
+        decoded through it and still do."""
+        assert self._sizer is not None
+        now = time.perf_counter()
+        if self._last_step is not None and decoding and self._last_step[2]:
+            self._sizer.observe(now - self._last_step[0], self._last_step[1])
+        self._last_step = (now, 0, decoding)
+
     def _prefill_chunk(self) -> int:
         """Prompt tokens per prefilling row in the next step: smaller while rows decode."""
         engine = self._cfg.engine
@@ -127,6 +199,8 @@ class BatchRunner(RunnerBase):
 
     def _remove(self, live: list[LiveSequence]) -> None:
         assert self._generator is not None
+        if self._prefill is not None:
+            self._prefill.remove([sequence.handle for sequence in live if isinstance(sequence.handle, PrefillRow)])
         uids = [sequence.handle for sequence in live if sequence.handle in self._request_ids]
         if uids:
             self._generator.remove(uids)
@@ -140,7 +214,9 @@ class BatchRunner(RunnerBase):
         if not self._prefix.enabled:
             return None
         seq = live.seq
-        cache, _tokens = self._generator.extract_cache([live.handle])[live.handle]
+        cache = self._prompt_caches.pop(seq.request_id, None)
+        if cache is None:
+            cache, _tokens = self._generator.extract_cache([live.handle])[live.handle]
         first_block = seq.num_cached_tokens // self._prefix.block_size
         return self._prefix.ready(seq.request_id, seq.prompt_token_ids, cache, first_block)
 
@@ -169,5 +245,7 @@ class BatchRunner(RunnerBase):
             self._generator = None
         self._request_ids.clear()
         self._decoding.clear()
+        self._prompt_caches.clear()
+        self._prefill = None
         mx.clear_cache()
         leave_mlx_thread()
