@@ -78,3 +78,37 @@ async def test_the_chunk_is_small_while_a_stream_decodes_and_the_output_is_the_s
     else:  # 512-token chunks: the prompt takes two steps
         assert window.count("s") < 10
     assert beside == alone and len(alone) == GREEDY.max_tokens
+
+
+@pytest.mark.parametrize("time_ratio", ["1.0", "none"])
+async def test_the_runner_prefills_the_prompt_itself_unless_the_time_ratio_is_none(float32_dir, monkeypatch,
+                                                                                  time_ratio):  # fmt: skip
+    """With a time ratio no prompt token goes through mlx-lm's prompt path (and its per-step
+    eval and cache clearing): the runner's prefill computes all but the last one."""
+    from mlx_lm.generate import PromptProcessingBatch
+
+    from vllm_mlx_trio.worker.prefill import PromptPrefill
+
+    by_generator, by_runner = [], []
+    generator_prompt, runner_step = PromptProcessingBatch.prompt, PromptPrefill.step
+
+    def spy_generator(self, tokens):
+        by_generator.extend(len(t) for t in tokens)
+        return generator_prompt(self, tokens)
+
+    def spy_runner(self, budget):
+        done = runner_step(self, budget)
+        by_runner.append(done[0])
+        return done
+
+    monkeypatch.setattr(PromptProcessingBatch, "prompt", spy_generator)
+    monkeypatch.setattr(PromptPrefill, "step", spy_runner)
+    cfg = config(float32_dir, f"engine.prefill_time_ratio={time_ratio}", "cache.enabled=false")
+    with trio.fail_after(TIMEOUT_S):
+        async with open_engine(cfg) as engine:
+            arrivals, _ = await _arrival(engine)
+    assert "L" in arrivals
+    if time_ratio == "none":
+        assert sum(by_generator) > 500 and not by_runner
+    else:
+        assert sum(by_runner) > 500 and sum(by_generator) == 0

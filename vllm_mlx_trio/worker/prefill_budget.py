@@ -18,9 +18,9 @@ SMOOTHING = 0.25
 #: Chunk before any chunk has been timed: small enough not to stall the streams much, large
 #: enough that the first measurement is above the timer's noise.
 FIRST_CHUNK_TOKENS = 16
-#: A period this many times the decode estimate is a pause (the loop waited for a plan, the
-#: machine was busy elsewhere), not a cost of the chunk: it is clipped to this.
-MAX_PERIOD_RATIO = 8.0
+#: A period over this many times what the estimates expect for it is a pause (the loop waited
+#: for a plan, the machine was busy elsewhere), not a cost of the chunk: it is clipped to this.
+MAX_PERIOD_RATIO = 3.0
 
 
 @attrs.define(slots=True)
@@ -38,12 +38,13 @@ class ChunkSizer:
     def observe(self, period_s: float, chunk_tokens: int) -> None:
         """One step's period while rows decode, and the prompt tokens it prefilled."""
         if chunk_tokens <= 0:
-            self.decode_s = _smooth(self.decode_s, period_s if self.decode_s is None else min(
-                period_s, MAX_PERIOD_RATIO * self.decode_s))  # fmt: skip
+            expected = period_s if self.decode_s is None else self.decode_s
+            self.decode_s = _smooth(self.decode_s, min(period_s, MAX_PERIOD_RATIO * expected))
             return
         if self.decode_s is None:
             return  # the chunk's share of the period is not known yet
-        period_s = min(period_s, MAX_PERIOD_RATIO * self.decode_s * (1 + self.ratio))
+        if self.token_s is not None:
+            period_s = min(period_s, MAX_PERIOD_RATIO * (self.decode_s + self.token_s * chunk_tokens))
         self.token_s = _smooth(self.token_s, max(period_s - self.decode_s, 0.0) / chunk_tokens)
 
     def chunk(self) -> int:
