@@ -88,9 +88,10 @@ class BatchRunner(RunnerBase):
             self._to_generator(live, caches, [sequence.seq.num_cached_tokens for sequence in live])
             return
         direct = []
+        running = frozenset(self._request_ids)
         for sequence, cache in zip(live, caches, strict=True):
             if len(sequence.seq.prompt_token_ids) - sequence.seq.num_cached_tokens > 1:
-                sequence.handle = self._prefill.add(sequence, cache)
+                sequence.handle = self._prefill.add(sequence, cache, running)
             else:
                 direct.append((sequence, cache))
         if direct:
@@ -162,18 +163,22 @@ class BatchRunner(RunnerBase):
 
     def _prefill_step(self) -> list[RequestId]:
         """The runner's own prefill for this step: a chunk of the oldest prompt, timed against
-        the decode steps while rows decode; a prompt whose prefill ends joins the generator."""
+        the decode steps while rows that were decoding before it arrived still do (a full
+        chunk otherwise); a prompt whose prefill ends joins the generator."""
         self._prompt_caches.clear()
         if self._prefill is None:
             return []
         decoding = bool(self._request_ids)
         self._observe_step(decoding)
-        if not self._prefill:
+        head = self._prefill.head
+        if head is None:
             return []
         assert self._sizer is not None and self._last_step is not None
-        budget = self._sizer.chunk() if decoding else self._cfg.engine.prefill_step_size
+        protect = any(uid in self._request_ids for uid in head.protects)
+        budget = self._sizer.chunk() if protect else self._cfg.engine.prefill_step_size
         tokens, done = self._prefill.step(budget)
-        self._last_step = (self._last_step[0], tokens, decoding)
+        # A full chunk beside rows that are not protected says nothing of a small one's cost.
+        self._last_step = (self._last_step[0], tokens, decoding and (protect or not tokens))
         if done is None:
             return []
         if self._prefix.enabled:
