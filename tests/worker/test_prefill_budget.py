@@ -51,3 +51,10 @@ def test_a_pause_is_not_taken_for_the_cost_of_a_chunk():
     before = sizer.chunk()
     sizer.observe(5.0, before)  # the loop waited seconds for a plan
     assert sizer.chunk() >= before // 4
+
+
+def test_untimed_the_chunk_is_always_the_cap():
+    """A sharded model's ranks must all prefill the same chunk: no clock decides it."""
+    sizer = ChunkSizer(ratio=1.0, max_tokens=32, timed=False)
+    feed(sizer, decode_s=0.004, token_s=0.1)
+    assert sizer.chunk() == 32

@@ -26,7 +26,7 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 
 from ..messages import KVReady, ModelInfo, RequestId, TokenLogprob
 from .kv_store import PrefixBlocks
-from .loading import load_for_serving, mlx_memory
+from .loading import load_for_serving, mlx_memory, sharding
 from .prefill import PrefillRow, PromptPrefill
 from .prefill_budget import ChunkSizer
 from .runner_base import Advance, Emission, LiveSequence, RunnerBase
@@ -77,7 +77,7 @@ class BatchRunner(RunnerBase):
         if engine.prefill_time_ratio is not None:
             self._prefill = PromptPrefill(model, self._generator.stream)
             chunk = min(engine.prefill_step_size, engine.prefill_step_size_decoding or engine.prefill_step_size)
-            self._sizer = ChunkSizer(ratio=engine.prefill_time_ratio, max_tokens=chunk)
+            self._sizer = ChunkSizer(ratio=engine.prefill_time_ratio, max_tokens=chunk, timed=not sharding())
         return info
 
     def _insert(self, live: list[LiveSequence]) -> None:

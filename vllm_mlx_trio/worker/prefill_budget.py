@@ -32,11 +32,16 @@ class ChunkSizer:
     #: Never more than this many tokens in one chunk (engine.prefill_step_size_decoding).
     max_tokens: int
     min_tokens: int = 1
+    #: False: always ``max_tokens`` (ranks of a sharded model must all pick the same chunk,
+    #: and their clocks differ).
+    timed: bool = True
     decode_s: float | None = None
     token_s: float | None = None
 
     def observe(self, period_s: float, chunk_tokens: int) -> None:
         """One step's period while rows decode, and the prompt tokens it prefilled."""
+        if not self.timed:
+            return
         if chunk_tokens <= 0:
             expected = period_s if self.decode_s is None else self.decode_s
             self.decode_s = _smooth(self.decode_s, min(period_s, MAX_PERIOD_RATIO * expected))
@@ -49,6 +54,8 @@ class ChunkSizer:
 
     def chunk(self) -> int:
         """Tokens for the next chunk step."""
+        if not self.timed:
+            return self.max_tokens
         if self.decode_s is None or self.token_s is None:
             return max(self.min_tokens, min(self.max_tokens, FIRST_CHUNK_TOKENS))
         if self.token_s <= 0:
