@@ -96,9 +96,12 @@ async def test_the_runner_prefills_the_prompt_itself_unless_the_time_ratio_is_no
         by_generator.extend(len(t) for t in tokens)
         return generator_prompt(self, tokens)
 
+    budgets = []
+
     def spy_runner(self, budget):
         done = runner_step(self, budget)
         by_runner.append(done[0])
+        budgets.append(budget)
         return done
 
     monkeypatch.setattr(PromptProcessingBatch, "prompt", spy_generator)
@@ -110,5 +113,26 @@ async def test_the_runner_prefills_the_prompt_itself_unless_the_time_ratio_is_no
     assert "L" in arrivals
     if time_ratio == "none":
         assert sum(by_generator) > 500 and not by_runner
-    else:
+    else:  # the short prompt alone in a full chunk; the long one beside its stream in timed chunks
         assert sum(by_runner) > 500 and sum(by_generator) == 0
+        assert budgets[0] == 512 and max(budgets[1:]) <= 32
+
+
+async def test_prompts_arriving_together_are_prefilled_back_to_back_in_full_chunks(float32_dir, monkeypatch):
+    """No row was decoding when they came: the second is not held to the first one's pace."""
+    from vllm_mlx_trio.worker.prefill import PromptPrefill
+
+    budgets, runner_step = [], PromptPrefill.step
+
+    def spy_runner(self, budget):
+        budgets.append(budget)
+        return runner_step(self, budget)
+
+    monkeypatch.setattr(PromptPrefill, "step", spy_runner)
+    cfg = config(float32_dir, "engine.prefill_step_size=128", "cache.enabled=false")
+    together = [[{"role": "user", "content": f"{i} " + "the sea and the sky " * 200}] for i in range(2)]
+    with trio.fail_after(TIMEOUT_S):
+        async with open_engine(cfg) as engine, trio.open_nursery() as nursery:
+            for prompt in together:
+                nursery.start_soon(_tokens, engine, prompt, GREEDY)
+    assert len(budgets) >= 4 and set(budgets) == {128}
