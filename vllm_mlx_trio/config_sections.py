@@ -127,7 +127,7 @@ class EngineSection:
     #: beside decoding rows by measured time: a step with a chunk costs about (1 + this)
     #: decode steps, chunks at most prefill_step_size_decoding (>= 0.01; none: mlx-lm's
     #: BatchGenerator prefills, prefill_batch_size prompts together, in fixed chunks).
-    prefill_time_ratio: float | None = _option(0.5, _in_range(0.01), converter=_to_float)
+    prefill_time_ratio: float | None = _option(1.0, _in_range(0.01), converter=_to_float)
     #: Batched mode: most sequences in the model at once (>= 1); the rest wait in the queue.
     max_num_seqs: int = _option(32, _in_range(1))
     #: Batched mode: token budget of one step (>= 1; none: no budget): a decoding row counts
