@@ -88,10 +88,9 @@ class BatchRunner(RunnerBase):
             self._to_generator(live, caches, [sequence.seq.num_cached_tokens for sequence in live])
             return
         direct = []
-        running = frozenset(self._request_ids)
         for sequence, cache in zip(live, caches, strict=True):
             if len(sequence.seq.prompt_token_ids) - sequence.seq.num_cached_tokens > 1:
-                sequence.handle = self._prefill.add(sequence, cache, running)
+                sequence.handle = self._prefill.add(sequence, cache)
             else:
                 direct.append((sequence, cache))
         if direct:
@@ -163,8 +162,8 @@ class BatchRunner(RunnerBase):
 
     def _prefill_step(self) -> list[RequestId]:
         """The runner's own prefill for this step: a chunk of the oldest prompt, timed against
-        the decode steps while rows that were decoding before it arrived still do (a full
-        chunk otherwise); a prompt whose prefill ends joins the generator."""
+        the decode steps while streams that had their first token before it arrived still
+        run (a full chunk otherwise); a prompt whose prefill ends joins the generator."""
         self._prompt_caches.clear()
         if self._prefill is None:
             return []
@@ -174,7 +173,7 @@ class BatchRunner(RunnerBase):
         if head is None:
             return []
         assert self._sizer is not None and self._last_step is not None
-        protect = any(uid in self._request_ids for uid in head.protects)
+        protect = decoding and any(rid in self._live for rid in head.live.seq.protects)
         budget = self._sizer.chunk() if protect else self._cfg.engine.prefill_step_size
         tokens, done = self._prefill.step(budget)
         # A full chunk beside rows that are not protected says nothing of a small one's cost.

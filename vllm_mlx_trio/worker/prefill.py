@@ -6,10 +6,11 @@ and every prompt step evaluates synchronously and then empties MLX's buffer cach
 several decode steps, however small the chunk. Here a prompt waits in :class:`PromptPrefill`
 with its own cache (empty, or the prefix store's) and is prefilled one chunk per step, oldest
 prompt first, one prompt at a time (on a CPU prefill time is linear in the tokens, so a prompt
-alone finishes, and gets its first token, as early as it can). Only the rows that were already
-decoding when a prompt arrived are protected from it (the runner sizes its chunks by time for
-them); prompts that arrived together are prefilled back to back in full chunks, as a batch
-would be, each one's first token as soon as its own prompt is in. The chunk's evaluation is only
+alone finishes, and gets its first token, as early as it can). Only the streams that had their
+first token before a prompt arrived (``NewSequence.protects``, from the scheduler) are protected
+from it (the runner sizes its chunks by time for them); prompts that arrived together are
+prefilled back to back in full chunks, as a batch would be, each one's first token as soon as
+its own prompt is in. The chunk's evaluation is only
 queued (``mx.async_eval``) on the generator's stream, so it runs while the loop hands the step's
 tokens out. When all but a prompt's last token are in its cache, the runner inserts it into the
 generator with that cache and the last token as a one-token prompt, which mlx-lm moves straight
@@ -31,13 +32,11 @@ from .runner_base import LiveSequence
 @attrs.define(slots=True, eq=False)
 class PrefillRow:
     """A prompt being prefilled: its cache holds ``prompt[:done]``; the last token is left
-    for the generator, whose first decode step reads it. ``protects``: the generator rows
-    that were already there when it arrived, whose pace its chunks must keep."""
+    for the generator, whose first decode step reads it."""
 
     live: LiveSequence
     cache: list[Any]
     done: int
-    protects: frozenset[int] = frozenset()
 
     @property
     def prompt(self) -> tuple[int, ...]:
@@ -64,10 +63,10 @@ class PromptPrefill:
     def tokens_left(self) -> int:
         return sum(row.left for row in self._rows)
 
-    def add(self, live: LiveSequence, cache: list[Any] | None, protects: frozenset[int]) -> PrefillRow:
+    def add(self, live: LiveSequence, cache: list[Any] | None) -> PrefillRow:
         """Queue ``live`` (its first ``num_cached_tokens`` prompt tokens are in ``cache``)."""
         cache = cache if cache is not None else make_prompt_cache(self._model)
-        row = PrefillRow(live, cache, live.seq.num_cached_tokens, protects)
+        row = PrefillRow(live, cache, live.seq.num_cached_tokens)
         self._rows.append(row)
         return row
 
