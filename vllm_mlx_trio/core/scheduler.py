@@ -38,7 +38,9 @@ class Scheduler:
     chunk still fits beside them, so the first arrivals are prefilled alone and get their
     first token early instead of all waiting for the whole group; one prompt is always let in
     when none is being prefilled, so a long one cannot wait for ever. A request counts as
-    prefilling from its start until its first token.
+    prefilling from its start until its first token. Each new sequence names the running
+    requests whose first token came before it arrived (``NewSequence.protects``): the runner
+    keeps their pace while it prefills the newcomer, and prefills a burst back to back.
     """
 
     def __init__(

@@ -9,8 +9,9 @@ generator's ``prefill_step_size`` at every ``next()``, so it is set before each 
 
 With ``engine.prefill_time_ratio`` set (the default) the runner prefills prompts itself
 (worker/prefill.py): the oldest prompt gets one chunk per step, sized by measured time
-(worker/prefill_budget.py) while rows decode, and enters the generator as a one-token prompt
-with its cache once the rest of it is in, so no step pays mlx-lm's per-prompt-step fixed cost.
+(worker/prefill_budget.py) beside the streams that were running before it arrived (a full
+chunk otherwise), and enters the generator as a one-token prompt with its cache once the rest
+of it is in, so no step pays mlx-lm's per-prompt-step fixed cost.
 
 Every row carries its own sampler (its own PRNG key), logits processors, stop token ids and
 max_tokens; the generator ends a row itself at max_tokens or a stop token, where the one
