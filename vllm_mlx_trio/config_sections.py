@@ -123,6 +123,12 @@ class EngineSection:
     #: Smaller keeps the running streams' inter-token latency while a long prompt arrives, at
     #: the cost of its time to first token; a prompt prefilled alone takes full chunks.
     prefill_step_size_decoding: int | None = _option(32, _in_range(1))
+    #: Batched mode: the runner prefills prompts itself, one at a time, and sizes the chunk
+    #: beside streams that were running before the prompt came by measured time: a step with
+    #: a chunk costs about (1 + this) decode steps, chunks of 4 to prefill_step_size_decoding
+    #: tokens (>= 0.01; none: mlx-lm's BatchGenerator prefills, prefill_batch_size prompts
+    #: together, in fixed chunks).
+    prefill_time_ratio: float | None = _option(1.0, _in_range(0.01), converter=_to_float)
     #: Batched mode: most sequences in the model at once (>= 1); the rest wait in the queue.
     max_num_seqs: int = _option(32, _in_range(1))
     #: Batched mode: token budget of one step (>= 1; none: no budget): a decoding row counts

@@ -80,3 +80,20 @@ def test_while_rows_decode_a_prompt_costs_the_smaller_decoding_chunk():
         s.add(make_request(name, 2000))
     # beside a decoding row each long prompt costs 16, not 512: 1 + 16 * 3 = 49 <= 100
     assert start_all(s) == ["long1", "long2", "long3"] and s.step_tokens == 1 + 16 * 3
+
+
+def test_a_new_sequence_names_the_streams_that_had_their_first_token_before_it_arrived():
+    """Those its prefill must not slow down; those that arrived with it wait for it."""
+    s = Scheduler(max_running=8)
+    early, burst, late = make_request("early", 10), make_request("burst", 10), make_request("late", 10)
+    burst.arrival_time = 0.5
+    s.add(early)
+    s.add(burst)
+    start_all(s)
+    early.first_token_time = 1.0  # after burst arrived: they came together
+    late.arrival_time = 2.0
+    s.add(late)
+    start_all(s)
+    by_id = {seq.request_id: seq for seq in s.build_plan().new_seqs}
+    assert by_id["early"].protects == () and by_id["burst"].protects == ()
+    assert by_id["late"].protects == ("early",)  # burst has no token yet

@@ -55,17 +55,84 @@ async def _arrival(engine) -> tuple[list[str], list[int]]:
     return arrivals, long_tokens
 
 
-@pytest.mark.parametrize("decoding_chunk", ["16", "none"])
-async def test_the_chunk_is_small_while_a_stream_decodes_and_the_output_is_the_same(float32_dir, decoding_chunk):
-    cfg = config(float32_dir, "engine.prefill_step_size=512", f"engine.prefill_step_size_decoding={decoding_chunk}")
+@pytest.mark.parametrize(
+    ("decoding_chunk", "time_ratio"),
+    [("16", "none"), ("none", "none"), ("32", "1.0")],
+    ids=["generator-16", "generator-full", "runner-timed"],
+)
+async def test_the_chunk_is_small_while_a_stream_decodes_and_the_output_is_the_same(
+    float32_dir, decoding_chunk, time_ratio
+):
+    """mlx-lm's prefill (time ratio none) in fixed chunks, and the runner's own prefill in
+    timed chunks of at most prefill_step_size_decoding."""
+    cfg = config(float32_dir, "engine.prefill_step_size=512", f"engine.prefill_step_size_decoding={decoding_chunk}",
+                 f"engine.prefill_time_ratio={time_ratio}")  # fmt: skip
     with trio.fail_after(TIMEOUT_S):
         async with open_engine(cfg) as engine:  # its own engine: the prefix cache would hold the prompt
             alone = await _tokens(engine, LONG_PROMPT, GREEDY)
         async with open_engine(cfg) as engine:
             arrivals, beside = await _arrival(engine)
     window = arrivals[arrivals.index("L-submitted") : arrivals.index("L")]
-    if decoding_chunk == "16":  # ~600 prompt tokens at 16 per step: dozens of steps, each decoding the stream
-        assert window.count("s") >= 20
+    if decoding_chunk != "none":  # ~600 prompt tokens, at most 16 or 32 per step: each step decodes the stream
+        assert window.count("s") >= 600 // int(decoding_chunk) - 2
     else:  # 512-token chunks: the prompt takes two steps
         assert window.count("s") < 10
     assert beside == alone and len(alone) == GREEDY.max_tokens
+
+
+@pytest.mark.parametrize("time_ratio", ["1.0", "none"])
+async def test_the_runner_prefills_the_prompt_itself_unless_the_time_ratio_is_none(float32_dir, monkeypatch,
+                                                                                  time_ratio):  # fmt: skip
+    """With a time ratio no prompt token goes through mlx-lm's prompt path (and its per-step
+    eval and cache clearing): the runner's prefill computes all but the last one."""
+    from mlx_lm.generate import PromptProcessingBatch
+
+    from vllm_mlx_trio.worker.prefill import PromptPrefill
+
+    by_generator, by_runner = [], []
+    generator_prompt, runner_step = PromptProcessingBatch.prompt, PromptPrefill.step
+
+    def spy_generator(self, tokens):
+        by_generator.extend(len(t) for t in tokens)
+        return generator_prompt(self, tokens)
+
+    budgets = []
+
+    def spy_runner(self, budget):
+        done = runner_step(self, budget)
+        by_runner.append(done[0])
+        budgets.append(budget)
+        return done
+
+    monkeypatch.setattr(PromptProcessingBatch, "prompt", spy_generator)
+    monkeypatch.setattr(PromptPrefill, "step", spy_runner)
+    cfg = config(float32_dir, f"engine.prefill_time_ratio={time_ratio}", "cache.enabled=false")
+    with trio.fail_after(TIMEOUT_S):
+        async with open_engine(cfg) as engine:
+            arrivals, _ = await _arrival(engine)
+    assert "L" in arrivals
+    if time_ratio == "none":
+        assert sum(by_generator) > 500 and not by_runner
+    else:  # the short prompt alone in a full chunk; the long one beside its stream in timed chunks
+        assert sum(by_runner) > 500 and sum(by_generator) == 0
+        assert budgets[0] == 512 and max(budgets[1:]) <= 32
+
+
+async def test_prompts_arriving_together_are_prefilled_back_to_back_in_full_chunks(float32_dir, monkeypatch):
+    """No row was decoding when they came: the second is not held to the first one's pace."""
+    from vllm_mlx_trio.worker.prefill import PromptPrefill
+
+    budgets, runner_step = [], PromptPrefill.step
+
+    def spy_runner(self, budget):
+        budgets.append(budget)
+        return runner_step(self, budget)
+
+    monkeypatch.setattr(PromptPrefill, "step", spy_runner)
+    cfg = config(float32_dir, "engine.prefill_step_size=128", "cache.enabled=false")
+    together = [[{"role": "user", "content": f"{i} " + "the sea and the sky " * 200}] for i in range(2)]
+    with trio.fail_after(TIMEOUT_S):
+        async with open_engine(cfg) as engine, trio.open_nursery() as nursery:
+            for prompt in together:
+                nursery.start_soon(_tokens, engine, prompt, GREEDY)
+    assert len(budgets) >= 4 and set(budgets) == {128}

@@ -46,6 +46,9 @@ class NewSequence:
     num_output_tokens: int = 0
     #: Those of ``cached_block_ids`` to read back from the disk tier first: (id, block hash).
     disk_blocks: tuple[tuple[BlockId, bytes], ...] = ()
+    #: Running requests that had their first token before this one arrived: streams its
+    #: prefill must not slow down much (requests that arrived together wait for each other).
+    protects: tuple[RequestId, ...] = ()
 
     @property
     def output_token_ids(self) -> tuple[int, ...]:

@@ -38,7 +38,9 @@ class Scheduler:
     chunk still fits beside them, so the first arrivals are prefilled alone and get their
     first token early instead of all waiting for the whole group; one prompt is always let in
     when none is being prefilled, so a long one cannot wait for ever. A request counts as
-    prefilling from its start until its first token.
+    prefilling from its start until its first token. Each new sequence names the running
+    requests whose first token came before it arrived (``NewSequence.protects``): the runner
+    keeps their pace while it prefills the newcomer, and prefills a burst back to back.
     """
 
     def __init__(
@@ -191,10 +193,17 @@ class Scheduler:
                 cached_block_ids=block_ids,
                 disk_blocks=disk_blocks,
                 num_output_tokens=request.num_output_tokens,
+                protects=self._streaming_before(request),
             )
         )
         self.running[request.request_id] = request
         self._prefilling[request.request_id] = request.num_tokens - num_cached_tokens
+
+    def _streaming_before(self, request: Request) -> tuple[RequestId, ...]:
+        """The running requests whose first token came before ``request`` arrived."""
+        arrived = request.arrival_time
+        return tuple(rid for rid, other in self.running.items()
+                     if other.first_token_time is not None and other.first_token_time < arrived)  # fmt: skip
 
     def abort(self, request_id: RequestId, status: RequestStatus) -> Request | None:
         """Take a request out of the batch (or the queue). Unknown or finished: a no-op."""

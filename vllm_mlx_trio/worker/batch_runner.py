@@ -7,6 +7,12 @@ long prompt never freezes the other streams for long. The chunk is ``prefill_ste
 no row decodes and ``prefill_step_size_decoding`` (smaller) while some do: mlx-lm reads the
 generator's ``prefill_step_size`` at every ``next()``, so it is set before each step.
 
+With ``engine.prefill_time_ratio`` set (the default) the runner prefills prompts itself
+(worker/prefill.py): the oldest prompt gets one chunk per step, sized by measured time
+(worker/prefill_budget.py) beside the streams that were running before it arrived (a full
+chunk otherwise), and enters the generator as a one-token prompt with its cache once the rest
+of it is in, so no step pays mlx-lm's per-prompt-step fixed cost.
+
 Every row carries its own sampler (its own PRNG key), logits processors, stop token ids and
 max_tokens; the generator ends a row itself at max_tokens or a stop token, where the one
 termination rule (core/termination.py, applied by :class:`RunnerBase`) ends it too.
@@ -14,12 +20,16 @@ termination rule (core/termination.py, applied by :class:`RunnerBase`) ends it t
 
 from __future__ import annotations
 
+import time
+
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 
 from ..messages import KVReady, ModelInfo, RequestId, TokenLogprob
 from .kv_store import PrefixBlocks
-from .loading import load_for_serving, mlx_memory
+from .loading import load_for_serving, mlx_memory, sharding
+from .prefill import PrefillRow, PromptPrefill
+from .prefill_budget import ChunkSizer
 from .runner_base import Advance, Emission, LiveSequence, RunnerBase
 from .sampling import (
     greedy,
@@ -43,6 +53,14 @@ class BatchRunner(RunnerBase):
         self._generator: BatchGenerator | None = None
         self._request_ids: dict[int, RequestId] = {}  # BatchGenerator uid -> request
         self._decoding: set[int] = set()  # uids past their prompt: they decode every step
+        #: Prompts the runner prefills itself (engine.prefill_time_ratio set), else None.
+        self._prefill: PromptPrefill | None = None
+        self._sizer: ChunkSizer | None = None
+        #: Caches of prompts whose prefill ended this step (all but the last token), by
+        #: request: what :meth:`_prompt_ready` copies once they are in the generator.
+        self._prompt_caches: dict[RequestId, list] = {}
+        #: (start of the last step, its prompt tokens, whether rows decoded in it).
+        self._last_step: tuple[float, int, bool] | None = None
 
     def _load(self) -> ModelInfo:
         enter_mlx_thread()
@@ -57,16 +75,39 @@ class BatchRunner(RunnerBase):
             prefill_step_size=engine.prefill_step_size,
             stream=mx.new_stream(mx.default_device()),
         )
+        if engine.prefill_time_ratio is not None:
+            self._prefill = PromptPrefill(model, self._generator.stream, on_boundary=self._prefix.at_boundary)
+            chunk = min(engine.prefill_step_size, engine.prefill_step_size_decoding or engine.prefill_step_size)
+            self._sizer = ChunkSizer(ratio=engine.prefill_time_ratio, max_tokens=chunk, timed=not sharding())
         return info
 
     def _insert(self, live: list[LiveSequence]) -> None:
+        """New prompts wait for the runner's prefill when it has one and they have more than
+        their last token to compute; the rest go to the generator at once."""
+        caches = [self._prefix.cache_for(sequence.seq) for sequence in live]
+        if self._prefill is None:
+            self._to_generator(live, caches, [sequence.seq.num_cached_tokens for sequence in live])
+            return
+        direct = []
+        for sequence, cache in zip(live, caches, strict=True):
+            if len(sequence.seq.prompt_token_ids) - sequence.seq.num_cached_tokens > 1:
+                sequence.handle = self._prefill.add(sequence, cache, self._prefix.boundaries(sequence.seq))
+            else:
+                direct.append((sequence, cache))
+        if direct:
+            self._to_generator([d[0] for d in direct], [d[1] for d in direct],
+                               [d[0].seq.num_cached_tokens for d in direct])  # fmt: skip
+
+    def _to_generator(self, live: list[LiveSequence], caches: list, in_cache: list[int]) -> None:
+        """Insert rows into the generator: each one's first ``in_cache`` prompt tokens are in
+        its cache (None: an empty one), the rest are its prompt there."""
         assert self._generator is not None
         seqs = [sequence.seq for sequence in live]
         rows = [self._row(sequence) for sequence in live]
         uids = self._generator.insert_segments(
-            [self._prefix.prompt_segments(seq) for seq in seqs],  # prefill stops at each segment's end
-            caches=[self._prefix.cache_for(seq) for seq in seqs],
-            all_tokens=[list(seq.prompt_token_ids[: seq.num_cached_tokens]) for seq in seqs],
+            [self._segments(seq, n) for seq, n in zip(seqs, in_cache, strict=True)],
+            caches=caches,
+            all_tokens=[list(seq.prompt_token_ids[:n]) for seq, n in zip(seqs, in_cache, strict=True)],
             max_tokens=[seq.max_new_tokens for seq in seqs],
             samplers=[row[0] for row in rows],
             logits_processors=[row[1] for row in rows],
@@ -75,6 +116,14 @@ class BatchRunner(RunnerBase):
         for uid, sequence in zip(uids, live, strict=True):
             sequence.handle = uid
             self._request_ids[uid] = sequence.request_id
+
+    def _segments(self, seq, in_cache: int) -> list[list[int]]:
+        """The prompt left for the generator: cut at the prefix store's block boundaries
+        (mlx-lm ends a prefill chunk at each segment's end, where :meth:`_advance` snapshots)
+        when it starts at the hit, else whole (the runner's own prefill stopped there)."""
+        if in_cache == seq.num_cached_tokens:
+            return self._prefix.prompt_segments(seq)
+        return [list(seq.prompt_token_ids[in_cache:])]
 
     def _row(self, live: LiveSequence) -> tuple:
         """(sampler, logits processors, stop sequences) for one new row: the stop ids are
@@ -93,8 +142,10 @@ class BatchRunner(RunnerBase):
         )
 
     def _advance(self, live: list[LiveSequence]) -> Advance:
-        """One ``BatchGenerator.next()`` for the whole batch (``live`` is every row anyway)."""
+        """One chunk of the runner's own prefill (if any), then one ``BatchGenerator.next()``
+        for the whole batch (``live`` is every row anyway)."""
         assert self._generator is not None
+        prompts_done = self._prefill_step()
         self._generator.prefill_step_size = self._prefill_chunk()
         prompt_progress, generated = self._generator.next()
         self._decoding.update(r.uid for r in prompt_progress if r.end_of_prompt)
@@ -102,7 +153,7 @@ class BatchRunner(RunnerBase):
         # segment): where the prefix store checkpoints a prompt. An earlier segment's end is a
         # block boundary where it snapshots the sliding-window / recurrent layers.
         ends = [r for r in prompt_progress if r.end_of_segment and not r.end_of_prompt]
-        prompts_done = [self._request_ids[r.uid] for r in ends if r.progress[0] == r.progress[1] - 1]
+        prompts_done += [self._request_ids[r.uid] for r in ends if r.progress[0] == r.progress[1] - 1]
         for r in ends:
             if r.progress[0] < r.progress[1] - 1:
                 self._prefix.at_boundary(self._request_ids[r.uid], self._generator.extract_cache([r.uid])[r.uid][0])
@@ -123,6 +174,40 @@ class BatchRunner(RunnerBase):
                 self._decoding.discard(response.uid)
         return Advance(emissions, prompts_done)
 
+    def _prefill_step(self) -> list[RequestId]:
+        """The runner's own prefill for this step: a chunk of the oldest prompt, timed against
+        the decode steps while streams that had their first token before it arrived still
+        run (a full chunk otherwise); a prompt whose prefill ends joins the generator."""
+        self._prompt_caches.clear()
+        if self._prefill is None:
+            return []
+        decoding = bool(self._request_ids)
+        self._observe_step(decoding)
+        head = self._prefill.head
+        if head is None:
+            return []
+        assert self._sizer is not None and self._last_step is not None
+        protect = decoding and any(rid in self._live for rid in head.live.seq.protects)
+        budget = self._sizer.chunk() if protect else self._cfg.engine.prefill_step_size
+        tokens, done = self._prefill.step(budget)
+        # A full chunk beside rows that are not protected says nothing of a small one's cost.
+        self._last_step = (self._last_step[0], tokens, decoding and (protect or not tokens))
+        if done is None:
+            return []
+        if self._prefix.enabled:
+            self._prompt_caches[done.live.request_id] = done.cache
+        self._to_generator([done.live], [done.cache], [len(done.prompt) - 1])
+        return [done.live.request_id]
+
+    def _observe_step(self, decoding: bool) -> None:
+        """Time the step that just ended (start to start) for the chunk sizer, when rows
+        decoded through it and still do."""
+        assert self._sizer is not None
+        now = time.perf_counter()
+        if self._last_step is not None and decoding and self._last_step[2]:
+            self._sizer.observe(now - self._last_step[0], self._last_step[1])
+        self._last_step = (now, 0, decoding)
+
     def _prefill_chunk(self) -> int:
         """Prompt tokens per prefilling row in the next step: smaller while rows decode."""
         engine = self._cfg.engine
@@ -132,6 +217,8 @@ class BatchRunner(RunnerBase):
 
     def _remove(self, live: list[LiveSequence]) -> None:
         assert self._generator is not None
+        if self._prefill is not None:
+            self._prefill.remove([sequence.handle for sequence in live if isinstance(sequence.handle, PrefillRow)])
         uids = [sequence.handle for sequence in live if sequence.handle in self._request_ids]
         if uids:
             self._generator.remove(uids)
@@ -145,7 +232,9 @@ class BatchRunner(RunnerBase):
         if not self._prefix.enabled:
             return None
         seq = live.seq
-        cache, _tokens = self._generator.extract_cache([live.handle])[live.handle]
+        cache = self._prompt_caches.pop(seq.request_id, None)
+        if cache is None:
+            cache, _tokens = self._generator.extract_cache([live.handle])[live.handle]
         first_block = seq.num_cached_tokens // self._prefix.block_size
         return self._prefix.ready(seq.request_id, seq.prompt_token_ids, cache, first_block)
 
@@ -174,5 +263,7 @@ class BatchRunner(RunnerBase):
             self._generator = None
         self._request_ids.clear()
         self._decoding.clear()
+        self._prompt_caches.clear()
+        self._prefill = None
         mx.clear_cache()
         leave_mlx_thread()

@@ -48,6 +48,11 @@ def sharded_over(group: Any, *, pipeline: bool = False) -> Iterator[None]:
         _SHARDING = None
 
 
+def sharding() -> bool:
+    """Whether models load sharded now: every rank must then make the same choices."""
+    return _SHARDING is not None
+
+
 def _shard(model: Any, model_cfg: ModelConfig) -> None:
     group, pipeline = _SHARDING  # type: ignore[misc]
     inner = getattr(model, "model", None)

@@ -1,0 +1,110 @@
+"""Prompt prefill driven by the batched runner itself, on the MLX thread, beside BatchGenerator.
+
+mlx-lm's ``BatchGenerator`` prefills its prompts in the same ``next()`` as the decode step,
+and every prompt step evaluates synchronously and then empties MLX's buffer cache
+(``mx.clear_cache``): on a CPU that fixed cost made any step carrying a prompt chunk cost
+several decode steps, however small the chunk. Here a prompt waits in :class:`PromptPrefill`
+with its own cache (empty, or the prefix store's) and is prefilled one chunk per step, oldest
+prompt first, one prompt at a time (on a CPU prefill time is linear in the tokens, so a prompt
+alone finishes, and gets its first token, as early as it can). Only the streams that had their
+first token before a prompt arrived (``NewSequence.protects``, from the scheduler) are protected
+from it (the runner sizes its chunks by time for them); prompts that arrived together are
+prefilled back to back in full chunks, as a batch would be, each one's first token as soon as
+its own prompt is in. The chunk's evaluation is only
+queued (``mx.async_eval``) on the generator's stream, so it runs while the loop hands the step's
+tokens out. When all but a prompt's last token are in its cache, the runner inserts it into the
+generator with that cache and the last token as a one-token prompt, which mlx-lm moves straight
+to decoding: the generator's prompt path (and its fixed cost) is never taken.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from .runner_base import LiveSequence
+
+
+@attrs.define(slots=True, eq=False)
+class PrefillRow:
+    """A prompt being prefilled: its cache holds ``prompt[:done]``; the last token is left
+    for the generator, whose first decode step reads it."""
+
+    live: LiveSequence
+    cache: list[Any]
+    done: int
+    #: Positions where the prefix store snapshots the sliding-window / recurrent layers
+    #: (ascending, each below the last prompt token): a chunk never crosses one.
+    boundaries: tuple[int, ...] = ()
+
+    def next_boundary(self) -> int | None:
+        return next((b for b in self.boundaries if b > self.done), None)
+
+    @property
+    def prompt(self) -> tuple[int, ...]:
+        return self.live.seq.prompt_token_ids
+
+    @property
+    def left(self) -> int:
+        """Tokens still to prefill (the last prompt token is not one of them)."""
+        return len(self.prompt) - 1 - self.done
+
+
+class PromptPrefill:
+    """The prompts waiting for prefill, oldest first; one chunk of the oldest per step."""
+
+    def __init__(self, model: Any, stream: mx.Stream, on_boundary: Callable[[Any, list[Any]], None] | None = None):
+        self._model = model
+        self._stream = stream
+        #: Called with (request id, cache) when a row's cache stands at one of its boundaries.
+        self._on_boundary = on_boundary
+        self._rows: collections.deque[PrefillRow] = collections.deque()
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @property
+    def tokens_left(self) -> int:
+        return sum(row.left for row in self._rows)
+
+    def add(self, live: LiveSequence, cache: list[Any] | None, boundaries: tuple[int, ...] = ()) -> PrefillRow:
+        """Queue ``live`` (its first ``num_cached_tokens`` prompt tokens are in ``cache``)."""
+        cache = cache if cache is not None else make_prompt_cache(self._model)
+        row = PrefillRow(live, cache, live.seq.num_cached_tokens, boundaries)
+        self._rows.append(row)
+        return row
+
+    def remove(self, rows: list[PrefillRow]) -> None:
+        gone = {id(row) for row in rows}
+        self._rows = collections.deque(row for row in self._rows if id(row) not in gone)
+
+    @property
+    def head(self) -> PrefillRow | None:
+        """The prompt the next step prefills."""
+        return self._rows[0] if self._rows else None
+
+    def step(self, budget: int) -> tuple[int, PrefillRow | None]:
+        """Prefill up to ``budget`` tokens of the oldest prompt: (tokens prefilled, the row
+        if its prompt is now in its cache, all but the last token; it leaves the queue)."""
+        if not self._rows or budget <= 0:
+            return 0, None
+        row = self._rows[0]
+        n = min(budget, row.left)
+        boundary = row.next_boundary()
+        if boundary is not None:
+            n = min(n, boundary - row.done)
+        if n > 0:
+            with mx.stream(self._stream):
+                self._model(mx.array([row.prompt[row.done : row.done + n]]), cache=row.cache)
+                mx.async_eval([c.state for c in row.cache])
+            row.done += n
+        if row.done == boundary and self._on_boundary is not None:
+            self._on_boundary(row.live.request_id, row.cache)
+        if row.left > 0:
+            return n, None
+        return n, self._rows.popleft()
