@@ -6,7 +6,7 @@ Frozen, tuples only, never an ``mx.array``: token ids, block ids and numbers.
 
 from __future__ import annotations
 
-from typing import NewType
+from typing import Any, NewType
 
 import attrs
 
@@ -46,6 +46,8 @@ class NewSequence:
     num_output_tokens: int = 0
     #: Those of ``cached_block_ids`` to read back from the disk tier first: (id, block hash).
     disk_blocks: tuple[tuple[BlockId, bytes], ...] = ()
+    #: The prompt's images and videos (``messages.MediaInput``, numpy), for a VLM runner.
+    media: tuple[Any, ...] = ()
 
     @property
     def output_token_ids(self) -> tuple[int, ...]:

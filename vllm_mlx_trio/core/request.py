@@ -78,6 +78,7 @@ class Request:
         "num_preemptions",
         "first_valid_step",
         "termination",
+        "media",
     )
 
     def __init__(self, admit: Admitted, eos_token_ids: tuple[int, ...]):
@@ -86,6 +87,8 @@ class Request:
         self.params: SamplingParams = admit.params
         #: Extra keys of its prefix-cache blocks: the cache salt and the media hashes.
         self.cache_keys: tuple = admit.cache_keys
+        #: The prompt's images and videos for the runner (``messages.MediaInput``), if any.
+        self.media: tuple = getattr(admit, "media", ())
         self.outbox: Outbox = admit.outbox
         self.arrival_time = admit.arrival_time
         self.status = RequestStatus.WAITING

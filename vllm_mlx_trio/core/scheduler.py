@@ -191,6 +191,7 @@ class Scheduler:
                 cached_block_ids=block_ids,
                 disk_blocks=disk_blocks,
                 num_output_tokens=request.num_output_tokens,
+                media=request.media,
             )
         )
         self.running[request.request_id] = request

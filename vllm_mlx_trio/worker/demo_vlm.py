@@ -25,7 +25,7 @@ import numpy as np
 from . import demo_model as text_demo
 
 #: The size name ``demo:vlm-tiny`` / ``demo build --size vlm-tiny`` selects.
-VLM_SIZE = "vlm-tiny"
+VLM_SIZE = text_demo.VLM_SIZE
 #: Bump when anything below changes, so older cached builds are rebuilt.
 VLM_FORMAT_VERSION = 1
 
