@@ -23,6 +23,7 @@ from vllm_mlx_trio.config import (
     config_to_toml,
     load_config,
 )
+from vllm_mlx_trio.config_sections import MllmSection
 from vllm_mlx_trio.errors import ConfigError, VllmMlxTrioError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -382,6 +383,11 @@ def test_round_trip_with_every_option_set():
                         "collective_timeout_s": 5.0},
         "metrics": {"enabled": False},
         "logging": {"level": "debug", "format": "json"},
+        "mllm": {"video_fps": 1.5, "video_max_frames": 8, "max_request_video_fps": 4.0,
+                 "max_request_video_frames": 16, "allow_url_fetch": False, "fetch_timeout_s": 2.0,
+                 "max_redirects": 1, "allow_private_urls": True, "max_image_bytes": 1000, "max_video_bytes": 2000,
+                 "allowed_local_dirs": ["/srv/media"], "max_images_per_request": 2, "max_image_pixels": 4096,
+                 "max_decoded_pixels": 8192},
     }  # fmt: skip
     cfg = config_from_dict(data)
     assert config_to_dict(cfg) == data
@@ -402,7 +408,7 @@ def all_options() -> list[tuple[str, str]]:
     """(section, key) for every field of every section class."""
     classes = {
         ServerConfig, ModelConfig, EngineSection, CacheConfig, LimitsConfig, DistributedConfig, MetricsConfig,
-        LoggingConfig,
+        LoggingConfig, MllmSection,
     }  # fmt: skip
     assert set(SECTIONS.values()) == classes
     return [(section, f.name) for section, cls in SECTIONS.items() for f in attrs.fields(cls)]

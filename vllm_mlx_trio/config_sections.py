@@ -249,6 +249,43 @@ class LoggingConfig:
 
 
 @attrs.frozen(kw_only=True)
+class MllmSection:
+    """``[mllm]``: image and video input (vllm_mlx_trio/media): where media may come from,
+    size limits, and how video is sampled. Only read when the model takes media."""
+
+    #: Frames per second sampled from a video when a request sets no ``video_fps`` (> 0).
+    video_fps: float = _option(2.0, _in_range(0.001), converter=_to_float)
+    #: Most frames sampled from one video when a request sets no ``video_max_frames`` (>= 2).
+    video_max_frames: int = _option(32, _in_range(2))
+    #: Largest ``video_fps`` a request may ask for (> 0).
+    max_request_video_fps: float = _option(30.0, _in_range(0.001), converter=_to_float)
+    #: Largest ``video_max_frames`` a request may ask for (>= 2).
+    max_request_video_frames: int = _option(128, _in_range(2))
+    #: Fetch http(s) media URLs (false: only data: URLs and allowed local files).
+    allow_url_fetch: bool = _option(True)
+    #: Total seconds one URL fetch may take, redirects and all (> 0); beyond it a 400.
+    fetch_timeout_s: float = _option(10.0, _in_range(0.001), converter=_to_float)
+    #: Redirects followed per URL, each re-checked like the first URL (>= 0).
+    max_redirects: int = _option(3, _in_range(0))
+    #: Fetch URLs whose host resolves to loopback, private, link-local, metadata or other
+    #: non-public addresses (false: refused before connecting).
+    allow_private_urls: bool = _option(False)
+    #: Largest encoded image in bytes (data: URL, download or file); beyond it a 400.
+    max_image_bytes: int = _option(20 * 1024 * 1024, _in_range(1))
+    #: Largest encoded video in bytes; beyond it a 400.
+    max_video_bytes: int = _option(100 * 1024 * 1024, _in_range(1))
+    #: Directories local file paths may name (resolved, symlinks followed); empty: no local files.
+    allowed_local_dirs: tuple[str, ...] = _option((), converter=_to_tuple)
+    #: Most images (and videos) in one request (>= 0); the first one over is named in the 400.
+    max_images_per_request: int = _option(8, _in_range(0))
+    #: Images and video frames larger than this many pixels are scaled down to it, aspect kept
+    #: (default 1280*28*28, Qwen-VL's usual max_pixels).
+    max_image_pixels: int = _option(1280 * 28 * 28, _in_range(1))
+    #: Images declaring more pixels than this are refused before decoding (decompression bombs).
+    max_decoded_pixels: int = _option(64 * 1024 * 1024, _in_range(1))
+
+
+@attrs.frozen(kw_only=True)
 class EngineConfig:
     """The whole configuration: one attribute per TOML section."""
 
@@ -268,6 +305,8 @@ class EngineConfig:
     metrics: MetricsConfig = _option(attrs.Factory(MetricsConfig))
     #: ``[logging]``: log level and format.
     logging: LoggingConfig = _option(attrs.Factory(LoggingConfig))
+    #: ``[mllm]``: image and video input: sources, size limits, video sampling.
+    mllm: MllmSection = _option(attrs.Factory(MllmSection))
 
     @property
     def model_name(self) -> str:
