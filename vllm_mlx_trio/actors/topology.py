@@ -33,6 +33,7 @@ from ..metrics import EngineMetrics, engine_snapshot
 from ..output_format import OutputFormat, resolve_output_format
 from ..worker.registry import runner_class
 from .admission import AdmissionActor, AdmissionLimits
+from .admission_media import make_media_loader
 from .cache_manager import CacheManagerActor
 from .scheduler import SchedulerActor
 
@@ -201,9 +202,13 @@ def _admission(
             default_max_tokens=cfg.engine.default_max_tokens,
             max_stop_sequences=cfg.limits.max_stop_sequences,
             vocab_size=model_info.vocab_size,
+            media_kinds=model_info.media_kinds,
         ),
         preprocess_threads=cfg.limits.preprocess_threads,
         output_format=output_format,
+        # a VLM's media step (actors/admission_media.py)
+        media_loader=make_media_loader(cfg.mllm) if model_info.media_processor is not None else None,
+        media_processor=model_info.media_processor,
     )
 
 

@@ -27,7 +27,7 @@ from . import demo_model as text_demo
 #: The size name ``demo:vlm-tiny`` / ``demo build --size vlm-tiny`` selects.
 VLM_SIZE = text_demo.VLM_SIZE
 #: Bump when anything below changes, so older cached builds are rebuilt.
-VLM_FORMAT_VERSION = 1
+VLM_FORMAT_VERSION = 2
 
 VISION_START = "<|vision_start|>"
 VISION_END = "<|vision_end|>"
@@ -114,6 +114,8 @@ def _write_files(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
     text_demo._write_json(directory / "special_tokens_map.json", special)
     text_demo._write_json(directory / "preprocessor_config.json", _image_processor_config())
     text_demo._write_json(directory / "video_preprocessor_config.json", _video_processor_config())
+    # Present so mlx-vlm's processor loader never asks the hub for it.
+    text_demo._write_json(directory / "processor_config.json", {"processor_class": "Qwen2VLProcessor"})
     marker = {"format_version": VLM_FORMAT_VERSION, "size": VLM_SIZE, "seed": seed, "dtype": dtype}
     text_demo._write_json(directory / text_demo.DEMO_MARKER, {**marker, "chat_template_sha256": template_hash()})
 

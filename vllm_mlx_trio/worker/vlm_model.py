@@ -83,18 +83,20 @@ class MediaPrefill:
         if self.embeds is None:
             self._encode(adapter.vlm)
             self.encode_s += time.perf_counter() - started
-            return
-        lm = adapter.language_model
+        else:
+            self._prefill_chunk(adapter.language_model)
+            self.prefill_s += time.perf_counter() - started
+        if self.done:  # the next tokens are placed after the prompt's M-RoPE grid
+            for layer in self.cache:
+                layer.rope_delta = self.rope_delta
+
+    def _prefill_chunk(self, lm: Any) -> None:
         a, b = self.start + self.cursor, min(self.end, self.start + self.cursor + self.chunk)
         ids = mx.array(self.seq.prompt_token_ids[a:b])[None]
         embeds = self.embeds[:, self.cursor : self.cursor + (b - a)]
         lm(ids, inputs_embeds=embeds, cache=self.cache, position_ids=self.positions[..., a:b])
         mx.eval([c.state for c in self.cache])
         self.cursor += b - a
-        if self.done:
-            for layer in self.cache:
-                layer.rope_delta = self.rope_delta
-        self.prefill_s += time.perf_counter() - started
 
     def _encode(self, model: Any) -> None:
         """Positions for the whole prompt; embeddings of the uncached tokens, with the

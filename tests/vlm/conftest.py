@@ -1,0 +1,34 @@
+"""Fixtures for the demo VLM over HTTP (helpers in vlm_helpers.py)."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+from vlm_helpers import MODEL, StandInLoader
+
+from vllm_mlx_trio.config import load_config
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def offline_hub(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture
+def media_loader(monkeypatch):
+    monkeypatch.setattr("vllm_mlx_trio.actors.topology.make_media_loader", StandInLoader)
+
+
+@pytest.fixture
+def vlm_cfg(demo_cache_dir, media_loader):
+    return load_config(
+        REPO / "config" / "demo.toml",
+        overrides=[
+            "server.port=0", "server.drain_timeout_s=5", f"model.demo_cache_dir={demo_cache_dir}",
+            f"model.path={MODEL}", "engine.mode=vlm", "cache.block_size=16",
+        ],
+        environ={},
+    )  # fmt: skip
