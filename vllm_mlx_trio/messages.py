@@ -197,6 +197,10 @@ class ChatPrompt(Sequence):
     messages: tuple[ChatMessage, ...] = attrs.field(converter=_as_messages)
     tools: tuple[dict[str, Any], ...] | None = attrs.field(default=None, converter=_as_tools)
     template_kwargs: tuple[tuple[str, Any], ...] = attrs.field(default=(), converter=_as_kwargs)
+    #: Frames per second sampled from each video part (``video_fps``); None: ``mllm.video_fps``.
+    video_fps: float | None = None
+    #: Most frames sampled from each video part (``video_max_frames``); None: ``mllm.video_max_frames``.
+    video_max_frames: int | None = None
 
     def __len__(self) -> int:
         return len(self.messages)

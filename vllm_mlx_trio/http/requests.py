@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -78,9 +79,21 @@ def _chat(chat: schemas.ChatBody, body: dict, *, max_n: int, tool_parser: str | 
         raise bad("messages must be a non-empty array of message objects.", "messages")
     messages = tuple(_message(m, body["messages"][i], i) for i, m in enumerate(chat.messages))
     use = tool_use(chat, body, tool_parser)
-    parsed = _parsed(chat, chat_prompt(chat, messages, use), max_tokens, max_n, _chat_logprobs(chat))
+    prompt = attrs.evolve(chat_prompt(chat, messages, use), **_video_options(chat))
+    parsed = _parsed(chat, prompt, max_tokens, max_n, _chat_logprobs(chat))
     constraint = with_tool_constraint(parsed.params.constraint, use)
     return attrs.evolve(parsed, params=attrs.evolve(parsed.params, constraint=constraint), tools=use)
+
+
+def _video_options(chat: schemas.ChatBody) -> dict[str, float | int | None]:
+    """``video_fps`` / ``video_max_frames``: positive when given (their upper bounds are the
+    server's ``mllm.max_request_video_*``, checked by the media loader)."""
+    fps, max_frames = chat.video_fps, chat.video_max_frames
+    if fps is not None and not (math.isfinite(fps) and fps > 0):
+        raise bad(f"video_fps must be a number above 0, got {fps!r}.", "video_fps")
+    if max_frames is not None and max_frames < 1:
+        raise bad(f"video_max_frames must be a positive integer, got {max_frames}.", "video_max_frames")
+    return {"video_fps": fps, "video_max_frames": max_frames}
 
 
 def _completion(completion: schemas.CompletionBody, body: dict, *, max_n: int) -> ParsedRequest:
@@ -276,6 +289,8 @@ def _part(part: schemas.ContentPartIn, raw: dict, where: str) -> ContentPart:
         return ImagePart(ref=part.image_url.url, content_hash=_content_hash(part.image_url.url))
     if isinstance(part, schemas.VideoPartIn):
         return VideoPart(ref=part.video_url.url, content_hash=_content_hash(part.video_url.url))
+    if isinstance(part, schemas.VideoPartAlt):
+        return VideoPart(ref=part.video, content_hash=_content_hash(part.video))
     raise part_error(raw, where)  # input_audio: no runner takes audio yet
 
 

@@ -49,7 +49,7 @@ _SAMPLING_ORDER = (
 CHECK_ORDER = {
     schemas.ChatBody: (
         "max_completion_tokens", "max_tokens", "messages", "logprobs", "top_logprobs", *_SAMPLING_ORDER,
-        *schemas.CHAT_AGENT_FIELDS,
+        *schemas.CHAT_AGENT_FIELDS, *schemas.CHAT_MEDIA_FIELDS,
     ),  # fmt: skip
     schemas.CompletionBody: ("prompt", "logprobs", "max_tokens", *_SAMPLING_ORDER),
 }

@@ -60,6 +60,13 @@ class VideoPartIn(_Part, tag="video_url"):
     video_url: VideoUrl
 
 
+class VideoPartAlt(_Part, tag="video"):
+    """The ``{"type": "video", "video": "<url>"}`` part some clients (Qwen-VL's examples) send:
+    the same as a ``video_url`` part."""
+
+    video: str
+
+
 class InputAudio(_Object):
     data: str
     format: str
@@ -71,7 +78,7 @@ class AudioPartIn(_Part, tag="input_audio"):
     input_audio: InputAudio
 
 
-ContentPartIn = TextPartIn | ImagePartIn | VideoPartIn | AudioPartIn
+ContentPartIn = TextPartIn | ImagePartIn | VideoPartIn | VideoPartAlt | AudioPartIn
 
 
 # -- tools (chat only: requests.py, _tool_use) ----------------------------------------------
@@ -155,6 +162,10 @@ CONSTRAINT_FIELDS = (
 
 #: The chat body fields of tool calling and the template's extra variables (tool_requests.py).
 CHAT_AGENT_FIELDS = ("tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs", "reasoning_effort")
+
+
+#: The chat body fields of media input (video frame sampling; vllm_mlx_trio/media).
+CHAT_MEDIA_FIELDS = ("video_fps", "video_max_frames")
 
 
 # -- messages ------------------------------------------------------------------------------
@@ -241,6 +252,9 @@ class ChatBody(_Body):
     top_logprobs: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    # media (vllm_mlx_trio/media): frame sampling of the video parts; none: the [mllm] defaults
+    video_fps: float | None = None
+    video_max_frames: int | None = None
 
 
 class CompletionBody(_Body):
