@@ -289,7 +289,8 @@ class Admit:
     extra_keys: tuple = ()
     #: The prompt's images and videos for the vision tower, in prompt order (a VLM only).
     media: tuple[MediaInput, ...] = ()
-    #: ((token position where a media item's tokens start, its cache key), ...) in prompt order.
+    #: ((token position where a media item's tokens start, its cache key), ...) in prompt
+    #: order: folded into the prefix-cache blocks from the one each item starts in on.
     media_keys: tuple[tuple[int, str], ...] = ()
 
     @property
@@ -305,12 +306,14 @@ class Admit:
 class PrefixLookup:
     """Find (and lease) the longest cached prefix of a prompt. Answered by PrefixMatch.
 
-    ``extra_keys`` are folded into the blocks' hashes (a cache salt; for multimodal prompts,
-    the media's hashes): blocks are only shared between requests with equal extra keys."""
+    ``extra_keys`` are folded into the blocks' hashes (a cache salt): blocks are only shared
+    between requests with equal extra keys. ``media_keys`` ((start position, cache key), ...)
+    fold into the block each media item starts in and thereby into every later one."""
 
     request_id: RequestId
     prompt_token_ids: tuple[int, ...]
     extra_keys: tuple = ()
+    media_keys: tuple[tuple[int, str], ...] = ()
 
 
 @_frozen
@@ -333,6 +336,7 @@ class PrefixCommit:
     request_id: RequestId
     token_ids: tuple[int, ...]
     extra_keys: tuple = ()
+    media_keys: tuple[tuple[int, str], ...] = ()
     ready_id: int = 0
     first_block: int = 0
     block_nbytes: tuple[int, ...] = ()

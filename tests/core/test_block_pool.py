@@ -24,7 +24,7 @@ def new_ids(blocks: tuple[NewBlock, ...]) -> list[int]:
 
 def refs(pool: BlockPool) -> dict[int, int]:
     """Ref count of every cached block, by id."""
-    return {b: pool.ref_count(b) for b in range(pool._next_id) if b in pool}
+    return {b: pool.ref_count(b) for b in range(pool.next_id) if b in pool}
 
 
 # -- the hash -------------------------------------------------------------------------------

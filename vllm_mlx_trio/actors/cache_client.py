@@ -44,19 +44,23 @@ class CacheClient:
                 request_id=request.request_id,
                 prompt_token_ids=request.all_token_ids,
                 extra_keys=request.cache_keys,
+                media_keys=request.media_keys,
             )
         )
         match = await self._recv.receive()
         assert isinstance(match, PrefixMatch) and match.request_id == request.request_id
         return match
 
-    async def commit(self, ready: KVReady, extra_keys: tuple) -> PrefixStored:
+    async def commit(
+        self, ready: KVReady, extra_keys: tuple, media_keys: tuple[tuple[int, str], ...] = ()
+    ) -> PrefixStored:
         """Offer a computed prompt's new blocks; the reply says which copies to keep."""
         await self._send.send(
             PrefixCommit(
                 request_id=ready.request_id,
                 token_ids=ready.token_ids,
                 extra_keys=extra_keys,
+                media_keys=media_keys,
                 ready_id=ready.ready_id,
                 first_block=ready.first_block,
                 block_nbytes=ready.block_nbytes,

@@ -137,7 +137,9 @@ class CacheManagerActor:
                 self._leased.add(command.request_id)
                 if not self._enabled:
                     return PrefixMatch(request_id=command.request_id, num_cached_tokens=0, block_ids=())
-                hit = self.pool.lookup(command.request_id, command.prompt_token_ids, command.extra_keys)
+                hit = self.pool.lookup(
+                    command.request_id, command.prompt_token_ids, command.extra_keys, command.media_keys
+                )
                 return PrefixMatch(
                     request_id=command.request_id,
                     num_cached_tokens=hit.num_cached_tokens,
@@ -173,6 +175,7 @@ class CacheManagerActor:
             command.request_id,
             command.token_ids,
             command.extra_keys,
+            command.media_keys,
             tail_at=command.tail_at,
             blocks_end_hits=command.blocks_end_hits,
         )
@@ -186,7 +189,7 @@ class CacheManagerActor:
                 self.pool.set_nbytes(block.block_id, command.block_nbytes[copy_index])
             store.append((block.block_index, block.block_id))
         full_blocks = [block.block_id for block in new if not block.is_tail]  # the router knows blocks only
-        self._kv_events.stored(self.pool, command.token_ids, command.extra_keys, full_blocks)
+        self._kv_events.stored(self.pool, command.token_ids, command.extra_keys, full_blocks, command.media_keys)
         return tuple(store)
 
     def _evict(self) -> tuple[BlockId, ...]:

@@ -333,7 +333,7 @@ class SchedulerActor:
             if request is None:  # aborted meanwhile: its blocks are released, keep no copies
                 self._scheduler.queue_block_ops(released_ready_ids=(ready.ready_id,))
                 continue
-            stored = await self._cache.commit(ready, request.cache_keys)
+            stored = await self._cache.commit(ready, request.cache_keys, request.media_keys)
             self._scheduler.queue_block_ops(
                 store=tuple(BlockStore(ready_id=ready.ready_id, block_index=i, block_id=b) for i, b in stored.store),
                 released_ready_ids=(ready.ready_id,),

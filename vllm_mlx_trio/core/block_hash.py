@@ -1,7 +1,8 @@
 """Chained content hashes for prefix-cache blocks. Pure: no Trio, no MLX, no I/O.
 
 A block's hash names its whole prefix: the parent block's hash, the block's own token ids and
-(for the first block only, by the pool's convention) the request's extra keys. Two blocks with
+(for the first block only, by the pool's convention) the request's extra keys, and the keys of
+the media items whose tokens start inside the block. Two blocks with
 equal hashes therefore hold the KV of equal token prefixes under equal extra keys.
 
 The hash is SHA-256 over a canonical, tagged and length-prefixed byte encoding, truncated to
@@ -24,14 +25,19 @@ _U64 = struct.Struct("<Q")
 
 
 def block_hash(
-    parent: bytes | None, token_ids: tuple[int, ...], extra_keys: tuple[Hashable, ...] = ()
+    parent: bytes | None,
+    token_ids: tuple[int, ...],
+    extra_keys: tuple[Hashable, ...] = (),
+    media: tuple[tuple[int, Hashable], ...] = (),
 ) -> bytes:
     """The 16-byte hash of a block holding ``token_ids`` after the block hashed ``parent``.
 
     ``parent`` is None for a sequence's first block. ``extra_keys`` may hold None, bools,
     ints, strs, bytes and (nested) tuples of those: e.g. an image's content hash or a
     request's ``cache_salt``. Any other type raises TypeError (it has no canonical bytes).
-    Token ids must fit in a signed 64-bit int.
+    Token ids must fit in a signed 64-bit int. ``media`` holds the (start position, content
+    key) of the media items starting inside this block (``core/media_keys.py``); without any,
+    the hash is what it was before media keys existed.
     """
     h = hashlib.sha256(_DOMAIN)
     if parent is None:
@@ -41,6 +47,8 @@ def block_hash(
     h.update(_U64.pack(len(token_ids)))
     h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
     h.update(encode_key(extra_keys))
+    if media:  # after a self-delimiting tuple: "no media" and "some media" never collide
+        h.update(b"M" + encode_key(media))
     return h.digest()[:HASH_NBYTES]
 
 

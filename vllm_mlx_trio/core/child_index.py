@@ -28,30 +28,35 @@ def root_key(extra_keys: tuple[Hashable, ...]) -> bytes:
     return block_hash(None, (), extra_keys)
 
 
+Media = tuple[tuple[int, Hashable], ...]
+"""The media keys starting inside an entry (``core/media_keys.py``): two entries with equal
+tokens under one parent differ when the images they show do."""
+
+
 class ChildIndex:
-    """Entries by (parent key, tokens), and by first token for the lookup's scan."""
+    """Entries by (parent key, tokens, media), and by first token for the lookup's scan."""
 
     def __init__(self) -> None:
-        # parent key -> first tail token (None for an empty tail) -> {tail tokens: id}
-        self._by_parent: dict[bytes, dict[int | None, dict[Tokens, BlockId]]] = {}
+        # parent key -> first tail token (None for an empty tail) -> {(tail tokens, media): id}
+        self._by_parent: dict[bytes, dict[int | None, dict[tuple[Tokens, Media], BlockId]]] = {}
         self._count = 0
 
     def __len__(self) -> int:
         return self._count
 
-    def get(self, parent: bytes, tokens: Tokens) -> BlockId | None:
-        return self._by_parent.get(parent, {}).get(_first(tokens), {}).get(tokens)
+    def get(self, parent: bytes, tokens: Tokens, media: Media = ()) -> BlockId | None:
+        return self._by_parent.get(parent, {}).get(_first(tokens), {}).get((tokens, media))
 
-    def add(self, parent: bytes, tokens: Tokens, tail_id: BlockId) -> None:
+    def add(self, parent: bytes, tokens: Tokens, tail_id: BlockId, media: Media = ()) -> None:
         bucket = self._by_parent.setdefault(parent, {}).setdefault(_first(tokens), {})
-        assert tokens not in bucket, "one entry per (parent, tokens)"
-        bucket[tokens] = tail_id
+        assert (tokens, media) not in bucket, "one entry per (parent, tokens, media)"
+        bucket[tokens, media] = tail_id
         self._count += 1
 
-    def remove(self, parent: bytes, tokens: Tokens) -> None:
+    def remove(self, parent: bytes, tokens: Tokens, media: Media = ()) -> None:
         by_first = self._by_parent[parent]
         bucket = by_first[_first(tokens)]
-        del bucket[tokens]
+        del bucket[tokens, media]
         self._count -= 1
         if not bucket:
             del by_first[_first(tokens)]
@@ -69,9 +74,11 @@ class ChildIndex:
         by_first = self._by_parent.get(parent)
         if not by_first:
             return
-        yield from by_first.get(None, {}).items()
+        for key, block_id in by_first.get(None, {}).items():
+            yield key[0], block_id
         if rest:
-            yield from by_first.get(rest[0], {}).items()
+            for key, block_id in by_first.get(rest[0], {}).items():
+                yield key[0], block_id
 
 
 def common_length(a: Tokens, b: Tokens) -> int:

@@ -28,6 +28,7 @@ class Admitted(Protocol):
     params: SamplingParams
     outbox: Outbox
     arrival_time: float
+    media_keys: tuple[tuple[int, str], ...]
 
     @property
     def cache_keys(self) -> tuple: ...
@@ -64,6 +65,7 @@ class Request:
         "prompt_token_ids",
         "params",
         "cache_keys",
+        "media_keys",
         "outbox",
         "arrival_time",
         "status",
@@ -87,8 +89,13 @@ class Request:
         self.params: SamplingParams = admit.params
         #: Extra keys of its prefix-cache blocks: the cache salt and the media hashes.
         self.cache_keys: tuple = admit.cache_keys
+<<<<<<< HEAD
         #: The prompt's images and videos for the runner (``messages.MediaInput``), if any.
         self.media: tuple = getattr(admit, "media", ())
+=======
+        #: ((start position, cache key), ...) of its media, for the prefix cache's block hashes.
+        self.media_keys: tuple[tuple[int, str], ...] = admit.media_keys
+>>>>>>> prefix
         self.outbox: Outbox = admit.outbox
         self.arrival_time = admit.arrival_time
         self.status = RequestStatus.WAITING

@@ -74,7 +74,12 @@ class KVEventSink(Protocol):
     """What the cache manager tells about its blocks (a no-op when events are off)."""
 
     def stored(
-        self, pool: BlockPool, token_ids: Sequence[int], extra_keys: Any, block_ids: Sequence[BlockId]
+        self,
+        pool: BlockPool,
+        token_ids: Sequence[int],
+        extra_keys: Any,
+        block_ids: Sequence[BlockId],
+        media_keys: Sequence[tuple[int, str]] = (),
     ) -> None: ...
 
     def removed(self, block_ids: Sequence[BlockId]) -> None: ...
@@ -87,7 +92,14 @@ class KVEventSink(Protocol):
 class NoKVEvents:
     """``cache.kv_events_endpoint`` not set: nothing is recorded or sent."""
 
-    def stored(self, pool: BlockPool, token_ids: Sequence[int], extra_keys: Any, block_ids: Sequence[BlockId]) -> None:
+    def stored(
+        self,
+        pool: BlockPool,
+        token_ids: Sequence[int],
+        extra_keys: Any,
+        block_ids: Sequence[BlockId],
+        media_keys: Sequence[tuple[int, str]] = (),
+    ) -> None:
         pass
 
     def removed(self, block_ids: Sequence[BlockId]) -> None:
@@ -113,14 +125,21 @@ class KVEventRecorder:
         self._events: list[BlockStored | BlockRemoved | AllBlocksCleared] = []
         self._encoder = msgspec.msgpack.Encoder()
 
-    def stored(self, pool: BlockPool, token_ids: Sequence[int], extra_keys: Any, block_ids: Sequence[BlockId]) -> None:
+    def stored(
+        self,
+        pool: BlockPool,
+        token_ids: Sequence[int],
+        extra_keys: Any,
+        block_ids: Sequence[BlockId],
+        media_keys: Sequence[tuple[int, str]] = (),
+    ) -> None:
         size = pool.block_size
         for block_id in block_ids:
             info = pool.block_info(block_id)
             start = info.block_index * size
             parent = None
             if info.block_index > 0:  # the block before it in this prompt's chain
-                chain = pool.cached_prefix(token_ids[:start], extra_keys)
+                chain = pool.cached_prefix(token_ids[:start], extra_keys, tuple(media_keys))
                 if len(chain) == info.block_index:
                     parent = external_hash(pool.block_info(chain[-1]).block_hash)
             self._hashes[block_id] = external_hash(info.block_hash)

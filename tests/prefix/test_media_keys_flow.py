@@ -1,0 +1,50 @@
+"""Admit.media_keys travel to the cache manager: with the lookup and with the commit."""
+
+from __future__ import annotations
+
+import trio
+
+from vllm_mlx_trio.actors.cache_client import CacheClient
+from vllm_mlx_trio.core.params import SamplingParams
+from vllm_mlx_trio.core.plan import KVReady
+from vllm_mlx_trio.core.request import Request
+from vllm_mlx_trio.messages import Admit, PrefixCommit, PrefixLookup, PrefixMatch, PrefixStored, RequestId
+
+MEDIA = ((3, "sha-cat"), (40, "sha-dog"))
+
+
+def _request() -> Request:
+    send, _ = trio.open_memory_channel(1)
+    admit = Admit(
+        request_id=RequestId("r"),
+        prompt_token_ids=tuple(range(50)),
+        params=SamplingParams(max_tokens=4),
+        outbox=send,
+        arrival_time=0.0,
+        media_keys=MEDIA,
+    )
+    return Request(admit, eos_token_ids=(1,))
+
+
+async def test_the_cache_client_sends_the_requests_media_keys():
+    request = _request()
+    assert request.media_keys == MEDIA
+    cache_send, cache_recv = trio.open_memory_channel(1)
+    reply_send, reply_recv = trio.open_memory_channel(1)
+    client = CacheClient(cache_send, reply_recv)
+    with trio.fail_after(10):
+        reply_send.send_nowait(PrefixMatch(request_id=request.request_id, num_cached_tokens=0, block_ids=()))
+        await client.lookup(request)
+        lookup = cache_recv.receive_nowait()
+        assert isinstance(lookup, PrefixLookup) and lookup.media_keys == MEDIA
+        ready = KVReady(
+            request_id=request.request_id,
+            ready_id=7,
+            token_ids=request.prompt_token_ids,
+            first_block=0,
+            block_nbytes=(),
+        )
+        reply_send.send_nowait(PrefixStored(request_id=request.request_id, ready_id=7))
+        await client.commit(ready, request.cache_keys, request.media_keys)
+        commit = cache_recv.receive_nowait()
+        assert isinstance(commit, PrefixCommit) and commit.media_keys == MEDIA
