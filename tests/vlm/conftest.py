@@ -5,7 +5,7 @@ from __future__ import annotations
 import pathlib
 
 import pytest
-from vlm_helpers import MODEL, StandInLoader
+from vlm_helpers import MODEL
 
 from vllm_mlx_trio.config import load_config
 
@@ -18,12 +18,7 @@ def offline_hub(monkeypatch):
 
 
 @pytest.fixture
-def media_loader(monkeypatch):
-    monkeypatch.setattr("vllm_mlx_trio.actors.topology.make_media_loader", StandInLoader)
-
-
-@pytest.fixture
-def vlm_cfg(demo_cache_dir, media_loader):
+def vlm_cfg(demo_cache_dir):
     return load_config(
         REPO / "config" / "demo.toml",
         overrides=[

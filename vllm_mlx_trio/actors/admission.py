@@ -178,8 +178,6 @@ class AdmissionActor:
                 params=params,
                 outbox=outbox,
                 arrival_time=submit.arrival_time,
-                # Until block hashes fold media_keys by position, the loaded keys key the whole prompt.
-                extra_keys=media.media_keys if media is not None else media_keys(prompt),
                 media=media.media if media is not None else (),
                 media_keys=media.media_keys if media is not None else (),
             )
@@ -390,13 +388,6 @@ def _call_tokenizer(fn: Any, param: str) -> Any:
         return fn()
     except Exception as exc:  # boundary: tokenizer / Jinja errors are the request's fault
         raise InvalidRequestError(f"Could not process {param}: {type(exc).__name__}: {exc}", param=param) from exc
-
-
-def media_keys(prompt: Prompt) -> tuple:
-    """The prefix-cache keys of a prompt's media: one (kind, content hash) per part, in order."""
-    if isinstance(prompt, str):
-        return ()
-    return tuple((part.kind, part.content_hash) for message in prompt for _, part in message.media)
 
 
 def prompt_chars(prompt: str | ChatPrompt | tuple[ChatMessage, ...]) -> int:

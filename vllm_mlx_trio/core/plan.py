@@ -136,3 +136,5 @@ class StepResult:
     elapsed_s: float = 0.0
     #: MLX memory after the step, in bytes: (active, peak, buffer cache).
     memory: tuple[int, int, int] = (0, 0, 0)
+    #: Seconds of vision encoding in this step, one per image/video prompt encoded (VLM runner).
+    vision_encode_s: tuple[float, ...] = ()

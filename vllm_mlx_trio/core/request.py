@@ -89,13 +89,10 @@ class Request:
         self.params: SamplingParams = admit.params
         #: Extra keys of its prefix-cache blocks: the cache salt and the media hashes.
         self.cache_keys: tuple = admit.cache_keys
-<<<<<<< HEAD
         #: The prompt's images and videos for the runner (``messages.MediaInput``), if any.
         self.media: tuple = getattr(admit, "media", ())
-=======
         #: ((start position, cache key), ...) of its media, for the prefix cache's block hashes.
         self.media_keys: tuple[tuple[int, str], ...] = admit.media_keys
->>>>>>> prefix
         self.outbox: Outbox = admit.outbox
         self.arrival_time = admit.arrival_time
         self.status = RequestStatus.WAITING

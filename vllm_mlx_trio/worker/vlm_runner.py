@@ -18,11 +18,12 @@ import os
 import pathlib
 from collections import deque
 
+import attrs
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
 from ..errors import ModelLoadError
-from ..messages import KVReady, ModelInfo, RequestId
+from ..messages import KVReady, ModelInfo, RequestId, StepPlan, StepResult
 from .batch_runner import BatchRunner
 from .kv_budget import kv_budget_tokens
 from .kv_store import PrefixBlocks
@@ -119,6 +120,11 @@ class VlmRunner(BatchRunner):
             media_kinds=MEDIA_KINDS,
             media_processor=VlmPromptProcessor.of(processor),
         )
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        result = super().execute(plan)
+        encoded, self.vision_encode_s = tuple(self.vision_encode_s), []
+        return attrs.evolve(result, vision_encode_s=encoded) if encoded else result
 
     def _insert(self, live: list[LiveSequence]) -> None:
         text = [sequence for sequence in live if not sequence.seq.media]
