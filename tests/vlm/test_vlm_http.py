@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 import trio
-from vlm_helpers import MODEL, image_message, image_url
+from vlm_helpers import MODEL, image_message, image_url, media_position, video_message, video_url
 
 from vllm_mlx_trio.testing.harness import open_server
 
@@ -44,3 +44,34 @@ async def test_image_streams_and_a_repeat_hits_the_cache_past_the_image(vlm_cfg)
     assert cached >= usage.prompt_tokens - 16 and cached > len(PREAMBLE) // 8 + 12
     [model] = models.data
     assert model.model_extra.get("input_modalities") == ["text", "image", "video"]
+
+
+async def test_same_text_with_another_image_reuses_only_the_text_before_it(vlm_cfg, demo_cache_dir):
+    first = [image_message(PREAMBLE, image_url(1))]
+    other = [image_message(PREAMBLE, image_url(2))]
+    with trio.fail_after(TIMEOUT_S):
+        async with open_server(vlm_cfg) as srv, client(srv) as c:
+            await chat(c, first)
+            again = await chat(c, other)
+    image_position = media_position(demo_cache_dir, PREAMBLE)
+    cached = again.usage.prompt_tokens_details.cached_tokens
+    # the text before the image is shared (its full blocks, and a tail up to the image at
+    # most); no token from the image on
+    assert 0 < image_position // 16 * 16 <= cached <= image_position
+
+
+async def test_video_sampling_options_key_the_cache(vlm_cfg, demo_cache_dir):
+    clip = video_url()
+    messages = [video_message(PREAMBLE, clip)]
+    with trio.fail_after(TIMEOUT_S):
+        async with open_server(vlm_cfg) as srv, client(srv) as c:
+            first = await chat(c, messages, extra_body={"video_fps": 2, "video_max_frames": 4})
+            same = await chat(c, messages, extra_body={"video_fps": 2, "video_max_frames": 4})
+            slower = await chat(c, messages, extra_body={"video_fps": 1, "video_max_frames": 4})
+    prompt = first.usage.prompt_tokens
+    assert first.choices[0].message.content == same.choices[0].message.content
+    assert same.usage.prompt_tokens_details.cached_tokens >= prompt - 16
+    # another fps samples other frames: a miss from the video on
+    video_position = media_position(demo_cache_dir, PREAMBLE)
+    assert prompt >= video_position + 8  # 4 frames of 56x56: 2 x 2 x 2 merged patches
+    assert video_position // 16 * 16 <= slower.usage.prompt_tokens_details.cached_tokens <= video_position
