@@ -27,3 +27,11 @@ def vlm_cfg(demo_cache_dir):
         ],
         environ={},
     )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def vlm32_dir(tmp_path_factory) -> str:
+    """The demo VLM in float32: a greedy row's tokens then do not depend on its batch."""
+    from vllm_mlx_trio.worker.demo_vlm import build_demo_vlm  # imports mlx
+
+    return str(build_demo_vlm(tmp_path_factory.mktemp("vlm32") / "vlm-tiny", dtype="float32"))

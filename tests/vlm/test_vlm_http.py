@@ -7,6 +7,7 @@ import pytest
 import trio
 from vlm_helpers import MODEL, image_message, image_url, media_position, video_message, video_url
 
+from vllm_mlx_trio.config import load_config
 from vllm_mlx_trio.testing.harness import open_server
 
 pytestmark = pytest.mark.mlx
@@ -20,8 +21,9 @@ def client(srv) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
 
 
-async def chat(c, messages, **kwargs):
-    return await c.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=8, **kwargs)
+async def chat(c, messages, model=MODEL, **kwargs):
+    kwargs = {"temperature": 0, "max_tokens": 8, **kwargs}
+    return await c.chat.completions.create(model=model, messages=messages, **kwargs)
 
 
 async def test_image_streams_and_a_repeat_hits_the_cache_past_the_image(vlm_cfg):
@@ -75,3 +77,32 @@ async def test_video_sampling_options_key_the_cache(vlm_cfg, demo_cache_dir):
     video_position = media_position(demo_cache_dir, PREAMBLE)
     assert prompt >= video_position + 8  # 4 frames of 56x56: 2 x 2 x 2 merged patches
     assert video_position // 16 * 16 <= slower.usage.prompt_tokens_details.cached_tokens <= video_position
+
+
+async def test_a_greedy_image_request_alone_equals_it_inside_a_batch(vlm32_dir):
+    cfg = load_config(
+        None, overrides=["server.port=0", f"model.path={vlm32_dir}", "engine.mode=vlm", "cache.enabled=false",
+                   f"server.served_model_name={MODEL}"],
+        environ={},
+    )  # fmt: skip
+    target = [image_message("What is in this picture?", image_url(5))]
+    others = [
+        [{"role": "user", "content": "Tell me about the sea."}],
+        [image_message("And in this one?", image_url(6, size=(140, 84)))],
+        [{"role": "user", "content": "Count: one two three four five."}],
+        [image_message("Once more:", image_url(7))],
+    ]
+    with trio.fail_after(TIMEOUT_S):
+        async with open_server(cfg) as srv, client(srv) as c:
+            alone = await chat(c, target, max_tokens=12)
+            results = {}
+
+            async def one(key, messages):
+                results[key] = await chat(c, messages, max_tokens=12)
+
+            async with trio.open_nursery() as nursery:
+                for i, messages in enumerate(others):
+                    nursery.start_soon(one, i, messages)
+                nursery.start_soon(one, "target", target)
+    assert results["target"].choices[0].message.content == alone.choices[0].message.content
+    assert alone.usage.completion_tokens == 12

@@ -21,14 +21,6 @@ pytestmark = pytest.mark.mlx
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=1)
 
 
-@pytest.fixture(scope="module")
-def vlm32_dir(tmp_path_factory) -> str:
-    """The demo VLM in float32: a greedy row's tokens then do not depend on its batch."""
-    from vllm_mlx_trio.worker.demo_vlm import build_demo_vlm
-
-    return str(build_demo_vlm(tmp_path_factory.mktemp("vlm32") / "vlm-tiny", dtype="float32"))
-
-
 class Driver:
     """A runner and the step plans a scheduler would send it."""
 
@@ -60,9 +52,7 @@ class Driver:
 
     def step(self, *new: NewSequence) -> set[str]:
         """One step; the requests that got a token in it."""
-        result = self.runner.execute(
-            StepPlan(step_id=next(self.steps), new_seqs=new, decode_ids=tuple(self.running))
-        )
+        result = self.runner.execute(StepPlan(step_id=next(self.steps), new_seqs=new, decode_ids=tuple(self.running)))
         assert not result.failed, result.failed
         self.running += [seq.request_id for seq in new]
         for rid, tokens in result.sampled:
