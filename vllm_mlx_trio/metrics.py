@@ -10,7 +10,7 @@ engine's ``statistics()``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import trio
@@ -27,6 +27,9 @@ REQUEST_TIME_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0
                         50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 STEP_TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: Reading, fetching, decoding and sampling one image or video (vllm_mlx_trio/media): a small
+#: data: URL takes milliseconds, a fetched video seconds, a fetch ends at mllm.fetch_timeout_s.
+MEDIA_PREPROCESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 FINISH_REASONS = ("stop", "length", "abort", "error")
 #: The HTTP routes that run requests: the ``endpoint`` label of the per-request metrics (issue 15). A request
 #: submitted to the engine directly (benchmarks, tests) has the empty endpoint.
@@ -98,6 +101,8 @@ class EngineMetrics:
                 ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache."),
                 ("vllm:num_preemptions", "Requests preempted to stay within the KV budget."),
                 ("vllm_mlx_trio_steps", "Model steps run."),
+                ("vllm_mlx_trio_images_processed", "Images loaded and decoded for requests."),
+                ("vllm_mlx_trio_videos_processed", "Videos loaded and sampled for requests."),
             )
         }
         self._success = Counter(
@@ -125,6 +130,8 @@ class EngineMetrics:
                 ("vllm:request_generation_tokens", "Generated tokens per request.", tokens),
                 ("vllm:iteration_tokens_total", "Tokens per model step.", ITERATION_TOKEN_BUCKETS),
                 ("vllm_mlx_trio_step_seconds", "Time of one model step on the MLX thread.", STEP_TIME_BUCKETS),
+                ("vllm_mlx_trio_media_preprocess_seconds", "Time to read, fetch, decode and sample one image or "
+                 "video, off the event loop.", MEDIA_PREPROCESS_BUCKETS),
                 # VLM: the vision tower's time for one prompt's images / videos (issue 13)
                 ("vllm_mlx_trio_vision_encode_seconds", "Vision encoding of one media prompt.", STEP_TIME_BUCKETS),
             )
@@ -171,6 +178,13 @@ class EngineMetrics:
 
     def on_preemption(self) -> None:
         self.count("vllm:num_preemptions")
+
+    def on_media_loaded(self, media: Iterable[Any]) -> None:
+        """The images and videos one request loaded (``media.LoadedImage`` / ``LoadedVideo``):
+        one count each, by kind, and each one's preprocessing seconds."""
+        for item in media:
+            self.count(f"vllm_mlx_trio_{item.kind}s_processed")
+            self.observe("vllm_mlx_trio_media_preprocess_seconds", item.seconds)
 
     def on_prefix_lookup(self, num_prompt_tokens: int, num_cached_tokens: int) -> None:
         self.count("vllm:prefix_cache_queries", num_prompt_tokens)

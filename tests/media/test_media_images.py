@@ -11,6 +11,7 @@ from media_helpers import data_url, image, image_bytes, loader, prompt
 from PIL import Image
 
 from vllm_mlx_trio.errors import InvalidRequestError
+from vllm_mlx_trio.media.images import fitted_size
 
 FIRST = "messages[1].content[1]"
 
@@ -227,3 +228,12 @@ def test_base64_module_matches_what_clients_send():
     data = image_bytes((3, 3))
     ref = "data:image/png;base64," + base64.standard_b64encode(data).decode("ascii")
     assert loader().load_prompt_media(prompt(image(ref)))[0].image.size == (3, 3)
+
+
+def test_a_large_jpeg_comes_out_at_the_fitted_size():
+    """Decoded at a reduced DCT scale first (draft), then scaled to exactly the fitted size."""
+    data = image_bytes((4000, 3000), fmt="JPEG")
+    for max_pixels in (1000 * 750, 700 * 525, 3999 * 2999):
+        loaded = loader(max_image_pixels=max_pixels).load_prompt_media(prompt(image(data_url(data, "image/jpeg"))))
+        assert loaded[0].image.size == fitted_size(4000, 3000, max_pixels)
+        assert loaded[0].image.getpixel((10, 10)) == pytest.approx((200, 30, 40), abs=3)

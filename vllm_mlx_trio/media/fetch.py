@@ -93,8 +93,8 @@ class _Hop:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise refuse(self.where, "only http(s) URLs with a host can be fetched.")
         port = parts.port or (443 if parts.scheme == "https" else 80)  # a bad port: ValueError
-        ip = self.checked_address(parts.hostname, port)
-        conn = _connection(parts.scheme, parts.hostname, port, ip, self.remaining(), self.connector)
+        ips = self.checked_addresses(parts.hostname, port)
+        conn = _connection(parts.scheme, parts.hostname, port, ips, self.remaining(), self.connector)
         watchdog = threading.Timer(self.remaining(), _shut_down, (conn,))
         watchdog.daemon = True
         watchdog.start()
@@ -111,9 +111,9 @@ class _Hop:
             conn.close()
             self.remaining()  # a read cut short by the watchdog is a timeout, not a short body
 
-    def checked_address(self, host: str, port: int) -> str:
-        """The address to connect to: the literal, or the host's first address, once every
-        address it resolves to passed the SSRF rule."""
+    def checked_addresses(self, host: str, port: int) -> tuple[str, ...]:
+        """The addresses to connect to, in the resolver's order: the literal, or every address
+        the host resolves to, once each of them passed the SSRF rule."""
         literal = parse_address(host)
         addresses = [host] if literal is not None else _resolve_within(self.resolver, host, port, self.remaining())
         if not addresses:
@@ -126,7 +126,7 @@ class _Hop:
                     self.where, f"the URL's host resolves to {reason}, which this server does not fetch from "
                     "(mllm.allow_private_urls)."
                 )  # fmt: skip
-        return addresses[0]
+        return tuple(addresses)
 
     def read_body(self, response: http.client.HTTPResponse) -> bytes:
         length = response.getheader("Content-Length")
@@ -166,31 +166,42 @@ def _resolve_within(resolver: Resolver, host: str, port: int, timeout_s: float) 
     return list(result[0])
 
 
-def _connection(scheme: str, host: str, port: int, ip: str, timeout_s: float, connector: Connector):
+def _connection(scheme: str, host: str, port: int, ips: tuple[str, ...], timeout_s: float, connector: Connector):
     cls = _PinnedHTTPS if scheme == "https" else _PinnedHTTP
-    return cls(host, port, ip=ip, timeout=timeout_s, connector=connector)
+    return cls(host, port, ips=ips, timeout=timeout_s, connector=connector)
+
+
+def _connect_first(ips: tuple[str, ...], port: int, timeout_s: float, connector: Connector) -> socket.socket:
+    """A socket to the first of ``ips`` that accepts (as ``create_connection`` tries a name's addresses)."""
+    error: OSError | None = None
+    for ip in ips:
+        try:
+            return connector(ip, port, timeout_s)
+        except OSError as exc:
+            error = exc
+    raise error if error is not None else OSError("no address to connect to")
 
 
 class _PinnedHTTP(http.client.HTTPConnection):
     """Connects to the checked address; ``Host`` stays the URL's host."""
 
-    def __init__(self, host: str, port: int, *, ip: str, timeout: float, connector: Connector):
+    def __init__(self, host: str, port: int, *, ips: tuple[str, ...], timeout: float, connector: Connector):
         super().__init__(host, port, timeout=timeout)
-        self._ip, self._connector = ip, connector
+        self._ips, self._connector = ips, connector
 
     def connect(self) -> None:
-        self.sock = self._connector(self._ip, self.port, self.timeout)
+        self.sock = _connect_first(self._ips, self.port, self.timeout, self._connector)
 
 
 class _PinnedHTTPS(http.client.HTTPSConnection):
     """As :class:`_PinnedHTTP`, with TLS verified against the URL's host name."""
 
-    def __init__(self, host: str, port: int, *, ip: str, timeout: float, connector: Connector):
+    def __init__(self, host: str, port: int, *, ips: tuple[str, ...], timeout: float, connector: Connector):
         super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
-        self._ip, self._connector = ip, connector
+        self._ips, self._connector = ips, connector
 
     def connect(self) -> None:
-        sock = self._connector(self._ip, self.port, self.timeout)
+        sock = _connect_first(self._ips, self.port, self.timeout, self._connector)
         self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
 
 

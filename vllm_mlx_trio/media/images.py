@@ -36,6 +36,7 @@ def decode_image(data: bytes, *, max_pixels: int, max_decoded_pixels: int, where
             probe.verify()
         with Image.open(io.BytesIO(data), formats=IMAGE_FORMATS) as image:
             image.seek(0)  # an animation: its first frame
+            _draft(image, max_pixels)
             image.load()
             upright = ImageOps.exif_transpose(image)
             rgb = upright.convert("RGB")
@@ -43,6 +44,15 @@ def decode_image(data: bytes, *, max_pixels: int, max_decoded_pixels: int, where
         formats = ", ".join(IMAGE_FORMATS)
         raise refuse(where, f"the data is not a valid image ({formats}): {type(exc).__name__}.") from None
     return fit_pixels(rgb, max_pixels)
+
+
+def _draft(image: Image.Image, max_pixels: int) -> None:
+    """Let a large JPEG decode at 1/2, 1/4 or 1/8 scale when that still leaves at least the
+    size it is scaled to (libjpeg's DCT scaling: a 12 MP photo decodes several times faster).
+    The EXIF rotation comes later and keeps the pixel count, so the bound holds either way."""
+    width, height = fitted_size(image.width, image.height, max_pixels)
+    if image.format == "JPEG" and image.width >= 2 * width and image.height >= 2 * height:
+        image.draft(None, (width, height))  # mode None: no colour conversion by libjpeg (slower at scale 1)
 
 
 def _check_declared_size(size: tuple[int, int], max_decoded_pixels: int, where: str) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from typing import ClassVar, TypeAlias
 
 import attrs
 import numpy as np
@@ -24,6 +24,8 @@ class LoadedImage:
     cache_key: str
     #: Wall seconds spent reading, fetching and decoding it (for the preprocessing histogram).
     seconds: float = 0.0
+    #: The metrics' name for it (``EngineMetrics.on_media_loaded``).
+    kind: ClassVar[str] = "image"
 
 
 @attrs.frozen
@@ -38,6 +40,7 @@ class LoadedVideo:
     #: sha256 hex over (the content's sha256, fps, max_frames, max_image_pixels).
     cache_key: str
     seconds: float = 0.0
+    kind: ClassVar[str] = "video"
 
 
 LoadedMedia: TypeAlias = LoadedImage | LoadedVideo

@@ -12,7 +12,7 @@ from ..messages import ChatPrompt, ImagePart, MediaPart, VideoPart
 from .fetch import Connector, Resolver
 from .images import decode_image, image_cache_key
 from .loaded import LoadedImage, LoadedMedia, LoadedVideo, refuse
-from .sources import read_source
+from .sources import RawMedia, read_source
 from .video import decode_video, video_cache_key
 
 
@@ -90,7 +90,7 @@ class MediaLoader:
         seconds = time.perf_counter() - start
         return LoadedVideo(where=where, frames=frames, fps=fps, max_frames=max_frames, cache_key=key, seconds=seconds)
 
-    def _read(self, ref: bytes | str, kind: str, max_bytes: int, where: str):
+    def _read(self, ref: bytes | str, kind: str, max_bytes: int, where: str) -> RawMedia:
         return read_source(
             ref, kind=kind, max_bytes=max_bytes, cfg=self._cfg, where=where, resolver=self._resolver,
             connector=self._connector,

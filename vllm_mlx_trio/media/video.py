@@ -59,8 +59,16 @@ def decode_video(
             file.write(data)
         return _sample_file(path, fps=fps, max_frames=max_frames, max_pixels=max_pixels,
                             max_decoded_pixels=max_decoded_pixels, where=where)  # fmt: skip
+    except _cv2_error() as exc:
+        raise refuse(where, f"the video cannot be decoded ({type(exc).__name__}).") from None
     finally:
         os.unlink(path)
+
+
+def _cv2_error() -> type[Exception]:
+    import cv2
+
+    return cv2.error
 
 
 def _sample_file(
