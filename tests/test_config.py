@@ -375,7 +375,7 @@ def test_round_trip_with_every_option_set():
                   "kv_events_endpoint": "tcp://127.0.0.1:5557",
 
                   "kv_bits": 8, "kv_group_size": 32, "warm_prompts_file": "/tmp/warm.json",
-                  "disk_dir": "/tmp/prefix-disk", "disk_mb": 64},
+                  "disk_dir": "/tmp/prefix-disk", "disk_mb": 64, "state_snapshot_blocks": 2},
         "limits": {"max_waiting": 0, "max_body_bytes": 2048, "max_stop_sequences": 0, "max_n": 2,
                    "engine_stall_timeout_s": 1.5, "body_timeout_s": 2.0,
                    "preprocess_threads": 2, "max_stored_responses": 7},

@@ -25,7 +25,7 @@ async def test_every_row_passes_on_demo_tiny(demo_cfg):
     steps = [row.step for row in rows]
     assert steps == [
         "1a", "1b", "1c", "1d", "1e", "2a", "2b", "2c", "2d", "2e", "2f", "2g", "3a", "3b",
-        "4a", "4b", "5a", "5b", "5c", "5d", "5e", "5f",
+        "4a", "4b", "5a", "5b", "5c", "5d", "5e", "5f", "6a", "6b", "6c",
     ]  # fmt: skip
     by_step = {row.step: row for row in rows}
     assert by_step["1b"].actual == "HIT" and by_step["1b"].cached_tokens > 0
@@ -34,6 +34,24 @@ async def test_every_row_passes_on_demo_tiny(demo_cfg):
     # the short exact repeat: 5 at once, each reusing 47 of its 48 tokens; its TTFT ratio is read
     assert by_step["2e"].cached_tokens == bench.SHORT_REPEAT_TOKENS - 1 and by_step["2e"].passed
     assert by_step["2f"].info and by_step["2f"].cells()[-1] == "INFO"
+    # a restarted engine over the same disk directory: prompt 1 read back from disk, same output
+    assert by_step["6a"].cached_tokens > 0 and "blocks read from disk" in by_step["6a"].actual
+    assert by_step["6c"].passed
+
+
+def test_the_mlx_lm_comparison_rows_read_medians_and_the_target():
+    from vllm_mlx_trio.bench.prefix_vs_mlx_lm import figure_rows
+
+    figures = {
+        "ours": {"cold": [2.0, 2.6, 3.0], "repeat": [0.4, 0.5, 0.9]},
+        "mlx-lm": {"cold": [1.0, 1.1, 1.3], "repeat": [0.6, 1.1, 1.2]},
+    }
+    rows = figure_rows(figures)
+    assert [r.step for r in rows] == ["7a", "7b", "7c"] and all(r.info for r in rows)
+    assert rows[0].actual == "2600 ms (2000-3000) -> 500 ms (400-900)"
+    assert rows[2].actual == "0.19, 0.45 (target met)"
+    figures["ours"]["repeat"] = [1.5, 1.5, 1.5]
+    assert figure_rows(figures)[2].actual == "0.58, 1.36 (target missed)"
 
 
 def _stats(enabled: bool = True, **counts: int) -> CacheStatistics:

@@ -186,6 +186,10 @@ class CacheConfig:
     disk_dir: str | None = _option(None, _non_empty)
     #: Budget in MiB of the disk tier's files (least recently used deleted beyond it).
     disk_mb: int = _option(1024, _in_range(1))
+    #: Models with sliding-window or recurrent layers: snapshot those layers every this many
+    #: blocks inside a prompt's prefill, so a prompt sharing only a prefix (a system prompt, a
+    #: different question) reuses it up to the last snapshot (>= 0; 0: only whole prompts).
+    state_snapshot_blocks: int = _option(4, _in_range(0))
 
 
 @attrs.frozen(kw_only=True)

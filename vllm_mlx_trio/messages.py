@@ -344,6 +344,9 @@ class PrefixCommit:
     tail_at: int | None = None
     tail_nbytes: int = 0
     blocks_end_hits: bool = True
+    #: Boundary snapshots the executor also holds (see KVReady): positions and sizes.
+    boundary_at: tuple[int, ...] = ()
+    boundary_nbytes: tuple[int, ...] = ()
 
 
 @_frozen

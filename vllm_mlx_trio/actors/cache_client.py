@@ -67,6 +67,8 @@ class CacheClient:
                 tail_at=ready.tail_at,
                 tail_nbytes=ready.tail_nbytes,
                 blocks_end_hits=ready.blocks_end_hits,
+                boundary_at=ready.boundary_at,
+                boundary_nbytes=ready.boundary_nbytes,
             )
         )
         stored = await self._recv.receive()

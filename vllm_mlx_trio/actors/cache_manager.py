@@ -18,6 +18,7 @@ from ..config import CacheConfig
 from ..core.block_pool import DISK_BLOCK_SUFFIX as DISK_SUFFIX
 from ..core.block_pool import BlockPool, Budget, PoolStats
 from ..core.memory import available_memory_bytes
+from ..core.pool_types import boundary_store_index
 from ..distributed.kv_events import KVEventSink, NoKVEvents
 from ..messages import (
     BlockId,
@@ -178,9 +179,15 @@ class CacheManagerActor:
             command.media_keys,
             tail_at=command.tail_at,
             blocks_end_hits=command.blocks_end_hits,
+            boundary_at=command.boundary_at,
         )
         store = []
         for block in new:
+            if block.is_tail and block.token_end != command.tail_at:  # a boundary snapshot
+                k = command.boundary_at.index(block.token_end)
+                self.pool.set_nbytes(block.block_id, command.boundary_nbytes[k])
+                store.append((boundary_store_index(k), block.block_id))
+                continue
             if block.is_tail:
                 self.pool.set_nbytes(block.block_id, command.tail_nbytes)
             else:

@@ -100,6 +100,7 @@ def add_bench_parser(commands, config_args: ConfigArgs) -> None:
     config_args(prefix)
     prefix.add_argument("--model", default=None, help="model path (default: the config's, demo:tiny)")
     prefix.add_argument("--no-disabled", action="store_true", help="skip the run with the cache off")
+    prefix.add_argument("--mlx-lm", action="store_true", help="also the 48-token repeat over HTTP vs mlx_lm.server")
 
     soak = sub.add_parser("soak", help="mixed requests on our server, then a memory/task/fd leak check")
     config_args(soak)
@@ -181,7 +182,7 @@ def run_bench(cfg, args: argparse.Namespace) -> int:
     if args.bench_command == "prefix-cache":
         from .prefix_cache_bench import run_prefix_cache_bench
 
-        return run_prefix_cache_bench(cfg, disabled_run=not args.no_disabled)
+        return run_prefix_cache_bench(cfg, disabled_run=not args.no_disabled, mlx_lm=args.mlx_lm)
     handlers = {"ceiling": _ceiling, "engine": _engine, "http": _http, "all": _all, "peers": _peers}
     payload = handlers[args.bench_command](cfg, args, workload_from(args))
     if args.json_path:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import attrs
 import trio
 
-from ..actors.cache_manager import CacheStatistics, cache_budget
+from ..actors.cache_manager import CacheStatistics
 from ..config import EngineConfig
 from ..core.params import SamplingParams
 from ..engine import Engine, open_engine
@@ -301,43 +301,6 @@ async def _clear_rows(engine: Engine, prompts: Prompts) -> list[Row]:
     ]
 
 
-async def _quantized_rows(cfg: EngineConfig, prompts: Prompts) -> list[Row]:
-    """5a-5f: prompt 1 and its repeat with stored blocks kept quantized (``cache.kv_bits``)
-    and not: each repeat must hit; a block's bytes, how many fit the budget, the hit's TTFT
-    and its agreement with the unquantized repeat are measurements to read."""
-    rows: list[Row] = []
-    plain: Outcome | None = None
-    for step, bits in zip("ace", (None, 8, 4), strict=True):
-        quantized = attrs.evolve(cfg, cache=attrs.evolve(cfg.cache, enabled=True, kv_bits=bits))
-        async with open_engine(quantized) as engine:
-            await run_request(engine, prompts.one)
-            hit = await run_request(engine, prompts.one, logprobs=True)
-            block_bytes = await _block_bytes(engine)
-            budget = cache_budget(quantized.cache).max_bytes
-        name = f"kv_bits={bits or 'none'}"
-        plain = plain or hit
-        agree = sum(a == b for a, b in zip(hit.token_ids, plain.token_ids, strict=False))
-        diff = max((abs(a - b) for a, b in zip(hit.logprobs, plain.logprobs, strict=False)), default=0.0)
-        fits = f", {budget // block_bytes} fit the budget" if budget and block_bytes else ""
-        rows += [
-            request_row(f"5{step}", f"{name}: prompt 1 again", (HIT,), hit),
-            Row(step=f"5{chr(ord(step) + 1)}", description=f"{name}: block, agreement", expected="measured",
-                actual=f"{block_bytes} B/block{fits}; {agree}/{len(plain.token_ids)} tokens, max dlogprob {diff:.2g}",
-                passed=True, info=True),
-        ]  # fmt: skip
-    return rows
-
-
-async def _block_bytes(engine: Engine) -> int:
-    """The mean bytes of a stored full block, once the last request's leases are back."""
-    with trio.move_on_after(5):
-        while engine.statistics().cache.num_leased:  # noqa: ASYNC110 statistics offer no event for the release
-            await trio.sleep(0.005)
-    pool = engine._cache.pool  # the bench reads the pool itself, as the tests do
-    blocks = [b for b in pool.free_queue() if not pool.is_tail(b)]
-    return sum(pool.block_info(b).nbytes for b in blocks) // max(1, len(blocks))
-
-
 async def _disabled_rows(cfg: EngineConfig, prompts: Prompts, cached: Outcome) -> list[Row]:
     """4a-4b: with the cache off, prompt 1 twice is computed twice, to the same tokens."""
     off = attrs.evolve(cfg, cache=attrs.evolve(cfg.cache, enabled=False))
@@ -351,7 +314,12 @@ async def _disabled_rows(cfg: EngineConfig, prompts: Prompts, cached: Outcome) -
 
 
 async def check_prefix_cache(
-    cfg: EngineConfig, *, disabled_run: bool = True, short_repeat: bool = True, quantized: bool = True
+    cfg: EngineConfig,
+    *,
+    disabled_run: bool = True,
+    short_repeat: bool = True,
+    quantized: bool = True,
+    disk: bool = True,
 ) -> list[Row]:
     """Every row of the table, on ``cfg``'s model (the demo model unless told otherwise)."""
     async with open_engine(cfg) as engine:
@@ -363,8 +331,12 @@ async def check_prefix_cache(
         rows += await _clear_rows(engine, prompts)
     if disabled_run:
         rows += await _disabled_rows(cfg, prompts, cached)
+    from .prefix_tier_rows import disk_tier_rows, quantized_rows  # noqa: PLC0415 (they import this module)
+
     if quantized:
-        rows += await _quantized_rows(cfg, prompts)
+        rows += await quantized_rows(cfg, prompts)
+    if disk:
+        rows += await disk_tier_rows(cfg, prompts)
     return rows
 
 
@@ -383,11 +355,24 @@ def format_rows(rows: Sequence[Row]) -> str:
     )
 
 
-def run_prefix_cache_bench(cfg: EngineConfig, *, disabled_run: bool = True) -> int:
-    """Print the table; 0 when every row passes, 1 otherwise."""
+def run_prefix_cache_bench(cfg: EngineConfig, *, disabled_run: bool = True, mlx_lm: bool = False) -> int:
+    """Print the table; 0 when every row passes, 1 otherwise. ``mlx_lm``: add rows 7a-7c, the
+    48-token repeat over HTTP against mlx_lm.server (``prefix_vs_mlx_lm.py``)."""
     rows = trio.run(lambda: check_prefix_cache(cfg, disabled_run=disabled_run))
+    if mlx_lm:
+        from ..worker.loading import resolve_model_path  # noqa: PLC0415 (builds a demo model: mlx)
+        from .prefix_vs_mlx_lm import compare_with_mlx_lm  # noqa: PLC0415 (it imports this module)
+
+        model_dir = resolve_model_path(cfg.model)
+        rows += compare_with_mlx_lm(model_dir, _tokenizer(model_dir))
     print(f"model {cfg.model.path}, block_size {cfg.cache.block_size}, greedy, max_tokens {MAX_TOKENS}")
     print(format_rows(rows))
     verdicts = [row for row in rows if not row.info]
     print(f"{sum(row.passed for row in verdicts)}/{len(verdicts)} passed")
     return 0 if all_passed(rows) else 1
+
+
+def _tokenizer(model_dir: str):
+    from transformers import AutoTokenizer  # noqa: PLC0415 (only the HTTP comparison needs it)
+
+    return AutoTokenizer.from_pretrained(model_dir)

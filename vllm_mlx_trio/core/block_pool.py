@@ -136,6 +136,7 @@ class BlockPool:
         *,
         tail_at: int | None = None,
         blocks_end_hits: bool = True,
+        boundary_at: tuple[int, ...] = (),
     ) -> tuple[NewBlock, ...]:
         """Cache every full block of ``token_ids``, whose KV the request has computed, and a
         tail at ``tail_at`` tokens when given (the checkpoint the executor holds).
@@ -144,7 +145,9 @@ class BlockPool:
         to this request unless it holds it already. Other blocks are created, leased to this
         request and returned, so the executor stores their token ranges. Committing again
         (prompt, then prompt + output) leases nothing twice. A tail of no tokens is made only
-        when blocks cannot end a hit themselves (``blocks_end_hits=False``).
+        when blocks cannot end a hit themselves (``blocks_end_hits=False``): at ``tail_at``, and
+        at each block boundary of ``boundary_at`` (snapshots taken inside the prefill), so a
+        prompt sharing only a prefix can end its hit there.
         """
         new: list[NewBlock] = []
         size = self.block_size
@@ -161,21 +164,40 @@ class BlockPool:
                     self._disk.spill(block_id, h)
                 new.append(NewBlock(block_id=block_id, block_index=index, token_start=start, token_end=start + size))
             self._leases.lease(request_id, block_id)
-        if tail_at is not None and 0 < tail_at <= len(token_ids):
-            depth = tail_at // size
-            tail = tuple(token_ids[depth * size : tail_at])
-            if tail or not blocks_end_hits:
-                parent = hashes[depth - 1] if depth else root_key(extra_keys)
-                tail_media = media_between(media, depth * size, tail_at)
-                tail_id = self._table.children.get(parent, tail, tail_media)
-                if tail_id is None:
-                    entry = self._table.create_tail(parent, tail, depth, tail_media, endable=blocks_end_hits)
-                    tail_id = entry.block_id
-                    new.append(
-                        NewBlock(block_id=tail_id, block_index=TAIL_INDEX, token_start=depth * size, token_end=tail_at)
-                    )
-                self._leases.lease(request_id, tail_id)
+        checkpoints = () if blocks_end_hits else tuple(at for at in boundary_at if at % size == 0)
+        if tail_at is not None:
+            checkpoints += (tail_at,)
+        for at in checkpoints:
+            if 0 < at <= len(token_ids):
+                parents = [root_key(extra_keys), *hashes]
+                new.extend(self._commit_tail(request_id, token_ids, media, parents, at, blocks_end_hits))
         return tuple(new)
+
+    def _commit_tail(
+        self,
+        request_id: RequestId,
+        token_ids: Tokens,
+        media: MediaKeys,
+        parents: list[bytes],
+        at: int,
+        blocks_end_hits: bool,
+    ) -> list[NewBlock]:
+        """Lease the tail at ``at`` tokens, creating it if new; ``parents[d]`` is the parent
+        key of depth ``d`` (the root key, then the prompt's block hashes)."""
+        depth = at // self.block_size
+        tail = tuple(token_ids[depth * self.block_size : at])
+        if not tail and blocks_end_hits:
+            return []
+        parent = parents[depth]
+        tail_media = media_between(media, depth * self.block_size, at)
+        tail_id = self._table.children.get(parent, tail, tail_media)
+        new = []
+        if tail_id is None:
+            tail_id = self._table.create_tail(parent, tail, depth, tail_media, endable=blocks_end_hits).block_id
+            start = depth * self.block_size
+            new.append(NewBlock(block_id=tail_id, block_index=TAIL_INDEX, token_start=start, token_end=at))
+        self._leases.lease(request_id, tail_id)
+        return new
 
     def set_nbytes(self, block_id: BlockId, nbytes: int) -> bool:
         """Record a stored entry's real size; False (and nothing done) if it is gone already."""

@@ -64,7 +64,8 @@ class NewSequence:
 @_frozen
 class BlockStore:
     """Keep the executor's copy ``block_index`` of commit ``ready_id`` as prefix block ``block_id``
-    (``block_index == -1``: the commit's tail checkpoint)."""
+    (``block_index == -1``: the commit's tail checkpoint; ``-2 - k``: its ``k``-th boundary
+    snapshot, see ``pool_types.boundary_store_index``)."""
 
     ready_id: int
     block_index: int
@@ -119,6 +120,11 @@ class KVReady:
     tail_at: int | None = None
     tail_nbytes: int = 0
     blocks_end_hits: bool = True
+    #: Snapshots of the sliding-window / recurrent layers taken inside the prefill at these
+    #: block boundaries (``cache.state_snapshot_blocks``), and their sizes: checkpoints where a
+    #: shared prefix's hit may end.
+    boundary_at: tuple[int, ...] = ()
+    boundary_nbytes: tuple[int, ...] = ()
 
 
 @_frozen

@@ -23,6 +23,16 @@ TAIL_INDEX = -1
 """The ``block_index`` of a :class:`NewBlock` that is a tail (a checkpoint), not a full block."""
 
 
+def boundary_store_index(k: int) -> int:
+    """The copy index (in a commit's store list) of its ``k``-th boundary snapshot."""
+    return TAIL_INDEX - 1 - k
+
+
+def boundary_of(store_index: int) -> int | None:
+    """Which boundary snapshot a copy index names (None: a block or the tail)."""
+    return TAIL_INDEX - 1 - store_index if store_index < TAIL_INDEX else None
+
+
 @_frozen
 class Budget:
     """How much the pool may keep: bytes of KV (memory-aware), blocks (legacy), or both.

@@ -63,8 +63,8 @@ class BatchRunner(RunnerBase):
         assert self._generator is not None
         seqs = [sequence.seq for sequence in live]
         rows = [self._row(sequence) for sequence in live]
-        uids = self._generator.insert(
-            [list(seq.prompt_token_ids[seq.num_cached_tokens :]) for seq in seqs],
+        uids = self._generator.insert_segments(
+            [self._prefix.prompt_segments(seq) for seq in seqs],  # prefill stops at each segment's end
             caches=[self._prefix.cache_for(seq) for seq in seqs],
             all_tokens=[list(seq.prompt_token_ids[: seq.num_cached_tokens]) for seq in seqs],
             max_tokens=[seq.max_new_tokens for seq in seqs],
@@ -99,8 +99,13 @@ class BatchRunner(RunnerBase):
         prompt_progress, generated = self._generator.next()
         self._decoding.update(r.uid for r in prompt_progress if r.end_of_prompt)
         # All but the last prompt token are in the cache (mlx-lm makes that token its own
-        # segment): where the prefix store checkpoints a prompt.
-        prompts_done = [self._request_ids[r.uid] for r in prompt_progress if r.end_of_segment and not r.end_of_prompt]
+        # segment): where the prefix store checkpoints a prompt. An earlier segment's end is a
+        # block boundary where it snapshots the sliding-window / recurrent layers.
+        ends = [r for r in prompt_progress if r.end_of_segment and not r.end_of_prompt]
+        prompts_done = [self._request_ids[r.uid] for r in ends if r.progress[0] == r.progress[1] - 1]
+        for r in ends:
+            if r.progress[0] < r.progress[1] - 1:
+                self._prefix.at_boundary(self._request_ids[r.uid], self._generator.extract_cache([r.uid])[r.uid][0])
         emissions = []
         for response in generated:
             ended = response.finish_reason is not None

@@ -21,6 +21,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from ..core.block_pool import TAIL_INDEX
+from ..core.pool_types import boundary_of
 from ..messages import BlockId, KVReady, NewSequence, RequestId, StepPlan
 from .disk_tier import DiskTier, model_identity
 from .prefix_layers import BlockArrays, CacheLayout, Checkpoint, cache_layout, nbytes_of
@@ -87,6 +88,7 @@ class PrefixBlocks:
         kv_group_size: int = 64,
         disk_dir: str | None = None,
         disk_mb: int = 0,
+        snapshot_blocks: int = 0,
     ):
         self.layout: CacheLayout = cache_layout(model, kv_bits=kv_bits, kv_group_size=kv_group_size)
         if enabled and not self.layout.cachable:
@@ -98,8 +100,12 @@ class PrefixBlocks:
         self.block_size = block_size
         self.store = KVStore()
         self._model = model
-        # ready_id -> (first block, block copies, checkpoint copy or None)
-        self._pending: dict[int, tuple[int, list[BlockArrays], Checkpoint | None]] = {}
+        # ready_id -> (first block, block copies, checkpoint copy or None, boundary snapshots)
+        self._pending: dict[int, tuple[int, list[BlockArrays], Checkpoint | None, list[Checkpoint]]] = {}
+        #: Tokens between the snapshots of sliding-window / recurrent layers taken inside a
+        #: prefill (0: none; only for models whose blocks cannot end a hit themselves).
+        self.snapshot_every = snapshot_blocks * block_size if self.needs_exact_checkpoints else 0
+        self._snapshots: dict[RequestId, list[Checkpoint]] = {}  # taken, not yet reported
         self._next_ready_id = 0
         self.disk: DiskTier | None = None
         if enabled and disk_dir is not None:  # also when uncachable: other models' files go
@@ -120,6 +126,7 @@ class PrefixBlocks:
             kv_group_size=cfg.kv_group_size,
             disk_dir=cfg.disk_dir,
             disk_mb=cfg.disk_mb,
+            snapshot_blocks=cfg.state_snapshot_blocks,
         )
 
     @property
@@ -131,8 +138,11 @@ class PrefixBlocks:
     def apply(self, plan: StepPlan) -> None:
         """Keep the copies the plan names, free the rest of their commits, drop evicted entries."""
         for store in plan.store_blocks:
-            first_block, copies, checkpoint = self._pending[store.ready_id]
-            if store.block_index == TAIL_INDEX:
+            first_block, copies, checkpoint, snapshots = self._pending[store.ready_id]
+            boundary = boundary_of(store.block_index)
+            if boundary is not None:
+                self.store.put(store.block_id, snapshots[boundary])
+            elif store.block_index == TAIL_INDEX:
                 assert checkpoint is not None, "a tail the executor checkpointed"
                 self.store.put(store.block_id, checkpoint)
             else:
@@ -148,10 +158,12 @@ class PrefixBlocks:
         self.store.drop(plan.drop_blocks)
         for request_id in plan.finished_ids:
             self._known_blocks.pop(request_id, None)
+            self._snapshots.pop(request_id, None)
 
     def cache_for(self, seq: NewSequence) -> list[Any] | None:
         """A cache holding the sequence's ``num_cached_tokens`` cached tokens, or None for none."""
         self._known_blocks[seq.request_id] = 0
+        self._snapshots.pop(seq.request_id, None)  # a preempted run's
         if not seq.cached_block_ids:
             return None
         missing = self._read_back(seq.disk_blocks)
@@ -191,6 +203,42 @@ class PrefixBlocks:
         self._known_blocks[seq.request_id] = seq.num_cached_tokens // self.block_size
         return cache
 
+    def boundaries(self, seq: NewSequence) -> tuple[int, ...]:
+        """Where the sequence's prefill stops to snapshot its sliding-window and recurrent
+        layers: every ``snapshot_every`` tokens after its hit, before its last prompt token."""
+        every = self.snapshot_every
+        if not every:
+            return ()
+        first = seq.num_cached_tokens // every * every + every
+        return tuple(range(first, len(seq.prompt_token_ids) - 1, every))
+
+    def prompt_segments(self, seq: NewSequence) -> list[list[int]]:
+        """The uncached prompt cut at :meth:`boundaries` (mlx-lm's ``BatchGenerator`` ends a
+        prefill chunk at every segment's end; report it with :meth:`at_boundary`)."""
+        ids = seq.prompt_token_ids
+        cuts = [seq.num_cached_tokens, *self.boundaries(seq), len(ids)]
+        return [list(ids[start:end]) for start, end in zip(cuts, cuts[1:], strict=False)]
+
+    def at_boundary(self, request_id: RequestId, cache: list[Any]) -> None:
+        """The sequence's cache stands at one of its boundaries: snapshot it for its next
+        :meth:`ready` (which reports it as ``KVReady.boundary_at``)."""
+        position = self.layout.position(cache)
+        self._snapshots.setdefault(request_id, []).append(self.layout.checkpoint(cache, position, self.block_size))
+
+    def prefill_to_boundaries(self, seq: NewSequence, cache: list[Any], step_size: int) -> int:
+        """Simple mode: prefill ``cache`` up to the sequence's last boundary, snapshotting at
+        each; the position reached (``num_cached_tokens`` when there is none)."""
+        position = seq.num_cached_tokens
+        for boundary in self.boundaries(seq):
+            while position < boundary:
+                n = min(step_size, boundary - position)
+                chunk = mx.array(seq.prompt_token_ids[position : position + n], dtype=mx.uint32)[None]
+                self._model(chunk, cache=cache)
+                mx.eval([c.state for c in cache])
+                position += n
+            self.at_boundary(seq.request_id, cache)
+        return position
+
     def snapshot(self, cache: list[Any], num_tokens: int) -> Checkpoint | None:
         """A checkpoint of a cache that holds exactly ``num_tokens`` tokens now, for a later
         :meth:`ready` (None when the cache is off or ``num_tokens`` is 0)."""
@@ -223,13 +271,15 @@ class PrefixBlocks:
             checkpoint = self._checkpoint(token_ids, cache, position)
         if checkpoint is not None and checkpoint.num_tokens > len(token_ids):
             checkpoint = None
+        reach = min(len(token_ids), position)
+        snapshots = [s for s in self._snapshots.pop(request_id, ()) if s.num_tokens <= reach]
         if num_blocks <= 0 and checkpoint is None:
             return None
         token_ids = token_ids[: max(position, 0 if checkpoint is None else checkpoint.num_tokens)]
         copies = self.layout.cut_blocks(cache, first_block, max(0, num_blocks), self.block_size)
         ready_id = self._next_ready_id
         self._next_ready_id += 1
-        self._pending[ready_id] = (first_block, copies, checkpoint)
+        self._pending[ready_id] = (first_block, copies, checkpoint, snapshots)
         return KVReady(
             request_id=request_id,
             ready_id=ready_id,
@@ -239,6 +289,8 @@ class PrefixBlocks:
             tail_at=None if checkpoint is None else checkpoint.num_tokens,
             tail_nbytes=0 if checkpoint is None else checkpoint.nbytes,
             blocks_end_hits=self.layout.blocks_end_hits,
+            boundary_at=tuple(s.num_tokens for s in snapshots),
+            boundary_nbytes=tuple(s.nbytes for s in snapshots),
         )
 
     def _checkpoint(self, token_ids: tuple[int, ...], cache: list[Any], position: int) -> Checkpoint | None:
@@ -254,5 +306,6 @@ class PrefixBlocks:
         if self.disk is not None:
             self.disk.close()
         self._known_blocks.clear()
+        self._snapshots.clear()
         self._pending.clear()
         self.store.clear()

@@ -42,10 +42,12 @@ class SimpleRunner(RunnerBase):
         for sequence in live:
             seq, params = sequence.seq, sequence.seq.params
             cache = self._prefix.cache_for(seq) or make_prompt_cache(self._model)
+            with mx.stream(self._stream):  # up to the last block boundary the store snapshots at
+                start = self._prefix.prefill_to_boundaries(seq, cache, self._cfg.engine.prefill_step_size)
             checkpoints: list = []  # the prefix store's, taken before the last prompt token
             stop_ids = params.stop_ids(self._info.eos_token_ids)
             generator = generate_step(
-                mx.array(seq.prompt_token_ids[seq.num_cached_tokens :], dtype=mx.uint32),
+                mx.array(seq.prompt_token_ids[start:], dtype=mx.uint32),
                 self._model,
                 stream=self._stream,
                 max_tokens=seq.max_new_tokens,
@@ -56,11 +58,11 @@ class SimpleRunner(RunnerBase):
                         seq.request_id,
                         self.failures,
                     ),
-                    seq.prompt_token_ids[: seq.num_cached_tokens],
+                    seq.prompt_token_ids[:start],
                 ),
                 prompt_cache=cache,
                 prefill_step_size=self._cfg.engine.prefill_step_size,
-                prompt_progress_callback=self._checkpointer(seq, cache, checkpoints),
+                prompt_progress_callback=self._checkpointer(start, cache, checkpoints),
             )
             sequence.handle = (generator, cache, checkpoints)
 
@@ -80,7 +82,7 @@ class SimpleRunner(RunnerBase):
         for sequence in live:
             sequence.handle[0].close()
 
-    def _checkpointer(self, seq, cache, checkpoints: list):
+    def _checkpointer(self, start: int, cache, checkpoints: list):
         """A progress callback that snapshots the cache once all but the last prompt token are
         in it, for models whose sliding-window or recurrent layers the store must catch there."""
         if not self._prefix.needs_exact_checkpoints:
@@ -88,7 +90,7 @@ class SimpleRunner(RunnerBase):
 
         def on_progress(done: int, total: int) -> None:
             if done == total - 1 and done > 0:
-                checkpoints.append(self._prefix.snapshot(cache, seq.num_cached_tokens + done))
+                checkpoints.append(self._prefix.snapshot(cache, start + done))
 
         return on_progress
 
