@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
 import trio
@@ -37,6 +38,7 @@ async def test_image_streams_and_a_repeat_hits_the_cache_past_the_image(vlm_cfg)
             chunks = [chunk async for chunk in stream]
             again = await chat(c, messages)
             models = await c.models.list()
+            metrics = await http_get(f"{srv.url}/metrics")
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     usage = chunks[-1].usage
     assert text and text == again.choices[0].message.content  # greedy: the hit continues exactly
@@ -46,6 +48,14 @@ async def test_image_streams_and_a_repeat_hits_the_cache_past_the_image(vlm_cfg)
     assert cached >= usage.prompt_tokens - 16 and cached > len(PREAMBLE) // 8 + 12
     [model] = models.data
     assert model.model_extra.get("input_modalities") == ["text", "image", "video"]
+    assert 'vllm_mlx_trio_images_processed_total{model_name="demo:vlm-tiny"} 2.0' in metrics
+    # the repeat's image is wholly in the cached prefix: it is not encoded again
+    assert 'vllm_mlx_trio_vision_encode_seconds_count{model_name="demo:vlm-tiny"} 1.0' in metrics
+
+
+async def http_get(url: str) -> str:
+    async with httpx.AsyncClient() as http:
+        return (await http.get(url)).text
 
 
 async def test_same_text_with_another_image_reuses_only_the_text_before_it(vlm_cfg, demo_cache_dir):

@@ -47,6 +47,8 @@ class MediaPrompt:
 
     token_ids: list[int]
     media: tuple[MediaInput, ...]
+    #: What the loader gave (``media.LoadedImage`` / ``LoadedVideo``: kind, seconds), for the metrics.
+    loaded: tuple[Any, ...] = ()
     #: Seconds spent loading the media (fetch/decode/resize) and in the image processor.
     load_s: float = 0.0
     process_s: float = 0.0
@@ -78,6 +80,7 @@ def process_media_prompt(
     return MediaPrompt(
         token_ids=token_ids,
         media=media,
+        loaded=loaded,
         load_s=loaded_at - started,
         process_s=time.perf_counter() - loaded_at,
     )

@@ -162,7 +162,9 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
     await nursery.start(cache.run)
     await nursery.start(scheduler.run)
     output_format = resolve_output_format(cfg.model, model_info.tokenizer)
-    await nursery.start(_admission(cfg, model_info, submit_recv, admit_send, output_format).run)
+    admission = _admission(cfg, model_info, submit_recv, admit_send, output_format)
+    admission.on_media = lambda media: metrics.on_media_loaded(media.loaded)  # a VLM's images / videos
+    await nursery.start(admission.run)
     return Topology(
         model_info=model_info,
         submit_send=submit_send,

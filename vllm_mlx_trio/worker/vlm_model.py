@@ -68,6 +68,8 @@ class MediaPrefill:
     cursor: int = 0
     encode_s: float = 0.0
     prefill_s: float = 0.0
+    #: Media items the vision tower encoded (those wholly inside a prefix hit are not).
+    num_encoded: int = 0
 
     @property
     def end(self) -> int:
@@ -111,6 +113,7 @@ class MediaPrefill:
             lo, hi = max(item.start, self.start), min(item.start + item.num_tokens, self.end)
             if lo < hi:
                 features = encode_media(model, item)
+                self.num_encoded += 1
                 embeds[:, lo - self.start : hi - self.start] = features[lo - item.start : hi - item.start][None]
         mx.eval(embeds)
         self.embeds = embeds

@@ -149,7 +149,7 @@ class VlmRunner(BatchRunner):
         try:
             encoded = prefill.embeds is not None
             prefill.step(self._adapter)
-            if not encoded:
+            if not encoded and prefill.num_encoded:
                 self.vision_encode_s.append(prefill.encode_s)
         except Exception as exc:  # boundary: one request's media the model cannot take fails that request
             self._prefills.popleft()
