@@ -116,3 +116,29 @@ async def test_a_greedy_image_request_alone_equals_it_inside_a_batch(vlm32_dir):
                 nursery.start_soon(one, "target", target)
     assert results["target"].choices[0].message.content == alone.choices[0].message.content
     assert alone.usage.completion_tokens == 12
+
+
+async def test_a_hit_past_the_image_continues_exactly(vlm32_dir, demo_cache_dir):
+    """The same image with other text after it: the hit covers the image (not encoded again),
+    the M-RoPE delta is recomputed, and the answer equals a cold prefill's, logprobs included."""
+    picture = image_url(8, size=(168, 224))  # 6 x 8 = 48 image tokens
+    first = [image_message(PREAMBLE, picture, " Describe it.")]
+    second = [image_message(PREAMBLE, picture, " What colour is it?")]
+
+    def cfg(*overrides):
+        base = ["server.port=0", f"model.path={vlm32_dir}", "engine.mode=vlm", f"server.served_model_name={MODEL}"]
+        return load_config(None, overrides=[*base, "cache.block_size=16", *overrides], environ={})
+
+    answers = {}
+    with trio.fail_after(TIMEOUT_S):
+        async with open_server(cfg()) as srv, client(srv) as c:
+            await chat(c, first)
+            answers["hit"] = await chat(c, second, logprobs=True)
+        async with open_server(cfg("cache.enabled=false")) as srv, client(srv) as c:
+            answers["cold"] = await chat(c, second, logprobs=True)
+    image_position = media_position(demo_cache_dir, PREAMBLE)
+    assert answers["hit"].usage.prompt_tokens_details.cached_tokens > image_position + 48
+    hit, cold = (answers[k].choices[0] for k in ("hit", "cold"))
+    assert hit.message.content == cold.message.content
+    for a, b in zip(hit.logprobs.content, cold.logprobs.content, strict=True):
+        assert a.token == b.token and abs(a.logprob - b.logprob) < 1e-4

@@ -149,3 +149,36 @@ def test_rope_deltas_stay_with_their_rows_through_merge_filter_extend_extract():
     out = batch.extract(1)
     assert isinstance(out, RopeKVCache) and out.rope_delta == -5 and out.offset == 3
     assert RopeKVCache.merge([RopeKVCache(-2), RopeKVCache(0)]).rope_deltas.tolist() == [-2, 0]
+
+
+@pytest.mark.parametrize("where", ["before the image", "inside the image", "at its last token", "after it"])
+def test_a_prefix_hit_anywhere_continues_as_a_cold_prefill(vlm32_dir, where):
+    """A cache holding the first k tokens (as a prefix hit splices them): only the image tokens
+    past k are encoded and embedded, the delta is recomputed, and the next logits are a cold
+    prefill's."""
+    from vllm_mlx_trio.worker.vlm_model import new_prefill
+
+    driver = Driver(vlm32_dir)
+    try:
+        adapter = driver.runner._adapter
+        seq = driver.sequence("r", "What is in this picture?", picture(4))
+        [item] = seq.media
+        k = {"before the image": item.start - 3, "inside the image": item.start + 5,
+             "at its last token": item.start + item.num_tokens - 1, "after it": item.start + item.num_tokens + 2}[where]
+        cold, source = (new_prefill(seq, None, adapter, chunk=16) for _ in range(2))
+        for prefill in (cold, source):
+            while not prefill.done:
+                prefill.step(adapter)
+        spliced = adapter.make_cache()
+        for layer, full in zip(spliced, source.cache, strict=True):
+            layer.state = (full.keys[..., :k, :], full.values[..., :k, :], k)
+        hit = new_prefill(attrs.evolve(seq, num_cached_tokens=k), spliced, adapter, chunk=16)
+        while not hit.done:
+            hit.step(adapter)
+        last = mx.array([[seq.prompt_token_ids[-1]]])
+        expected, got = adapter(last, cache=cold.cache), adapter(last, cache=hit.cache)
+    finally:
+        driver.close()
+    assert hit.num_encoded == (1 if k < item.start + item.num_tokens else 0)
+    assert hit.rope_delta == cold.rope_delta < 0
+    np.testing.assert_allclose(np.array(got), np.array(expected), atol=1e-5)
