@@ -4,13 +4,13 @@
 its own M-RoPE position (cache offset + the row's delta, ``worker/vlm_cache.py``); its caches
 are :class:`RopeKVCache`. A prompt with media does not go through the generator's prefill:
 :class:`MediaPrefill` encodes its images / videos with the vision tower, merges the features
-into the token embeddings and prefills ``prompt[:-1]`` from those embeddings into a cache in
-chunks (one unit of work per step, so the running rows keep decoding), placing each token at
-the M-RoPE position ``get_rope_index`` gives it. The runner then inserts the last prompt token
-with that cache beside the text rows. With a prefix hit only what is not cached is embedded,
-and only media whose tokens reach past the hit are encoded; the rope delta is recomputed from
-the whole prompt (a pure function of the token ids and the media grids), so a hit continues
-exactly as a cold prefill would.
+into the token embeddings and prefills ``prompt[:-1]`` from those embeddings into a cache, one
+unit of work per step (an item's encoding, or a chunk of prefill) so the running rows keep
+decoding, placing each token at the M-RoPE position ``get_rope_index`` gives it. The runner
+then inserts the last prompt token with that cache beside the text rows. With a prefix hit
+only what is not cached is embedded, and only media whose tokens reach past the hit are
+encoded; the rope delta is recomputed from the whole prompt (a pure function of the token ids
+and the media grids), so a hit continues exactly as a cold prefill would.
 """
 
 from __future__ import annotations
@@ -70,6 +70,10 @@ class MediaPrefill:
     prefill_s: float = 0.0
     #: Media items the vision tower encoded (those wholly inside a prefix hit are not).
     num_encoded: int = 0
+    #: Items still to encode, one per step (those reaching past the cached prefix).
+    to_encode: list[MediaInput] = attrs.field(factory=list)
+    #: This step encoded the last item (the runner reports ``encode_s`` then).
+    encoding_finished: bool = False
 
     @property
     def end(self) -> int:
@@ -77,13 +81,18 @@ class MediaPrefill:
 
     @property
     def done(self) -> bool:
-        return self.embeds is not None and self.start + self.cursor >= self.end
+        return self.embeds is not None and not self.to_encode and self.start + self.cursor >= self.end
 
     def step(self, adapter: LanguageAdapter) -> None:
-        """One unit of work: the vision encoding first, then one chunk of prefill."""
+        """One unit of work: one media item's vision encoding while any is left, else one
+        chunk of language prefill."""
         started = time.perf_counter()
+        self.encoding_finished = False
         if self.embeds is None:
-            self._encode(adapter.vlm)
+            self._start(adapter.vlm)
+        if self.to_encode:
+            self._encode(adapter.vlm, self.to_encode.pop(0))
+            self.encoding_finished = not self.to_encode
             self.encode_s += time.perf_counter() - started
         else:
             self._prefill_chunk(adapter.language_model)
@@ -94,29 +103,33 @@ class MediaPrefill:
 
     def _prefill_chunk(self, lm: Any) -> None:
         a, b = self.start + self.cursor, min(self.end, self.start + self.cursor + self.chunk)
-        ids = mx.array(self.seq.prompt_token_ids[a:b])[None]
-        embeds = self.embeds[:, self.cursor : self.cursor + (b - a)]
-        lm(ids, inputs_embeds=embeds, cache=self.cache, position_ids=self.positions[..., a:b])
-        mx.eval([c.state for c in self.cache])
+        if a < b:
+            ids = mx.array(self.seq.prompt_token_ids[a:b])[None]
+            embeds = self.embeds[:, self.cursor : self.cursor + (b - a)]
+            lm(ids, inputs_embeds=embeds, cache=self.cache, position_ids=self.positions[..., a:b])
+            mx.eval([c.state for c in self.cache])
         self.cursor += b - a
 
-    def _encode(self, model: Any) -> None:
-        """Positions for the whole prompt; embeddings of the uncached tokens, with the
-        features of every media item that reaches into them."""
+    def _start(self, model: Any) -> None:
+        """Positions for the whole prompt (its delta with them); token embeddings of the
+        uncached part; which media items reach into it."""
         ids = mx.array(self.seq.prompt_token_ids)[None]
         media = self.seq.media
         grids = {kind: _grids(media, kind) for kind in ("image", "video")}
         self.positions, deltas = model.language_model.get_rope_index(ids, grids["image"], grids["video"])
         self.rope_delta = int(np.asarray(deltas).reshape(-1)[0])
-        embeds = model.language_model.model.embed_tokens(ids[:, self.start : self.end])
-        for item in media:
-            lo, hi = max(item.start, self.start), min(item.start + item.num_tokens, self.end)
-            if lo < hi:
-                features = encode_media(model, item)
-                self.num_encoded += 1
-                embeds[:, lo - self.start : hi - self.start] = features[lo - item.start : hi - item.start][None]
-        mx.eval(embeds)
-        self.embeds = embeds
+        self.embeds = model.language_model.model.embed_tokens(ids[:, self.start : self.end])
+        self.to_encode = [
+            item for item in media if max(item.start, self.start) < min(item.start + item.num_tokens, self.end)
+        ]
+
+    def _encode(self, model: Any, item: MediaInput) -> None:
+        """One item's features, written over its placeholder tokens' embeddings (the uncached ones)."""
+        lo, hi = max(item.start, self.start), min(item.start + item.num_tokens, self.end)
+        features = encode_media(model, item)
+        self.embeds[:, lo - self.start : hi - self.start] = features[lo - item.start : hi - item.start][None]
+        mx.eval(self.embeds)
+        self.num_encoded += 1
 
 
 def encode_media(model: Any, item: MediaInput) -> mx.array:

@@ -94,7 +94,11 @@ class VlmPromptProcessor:
                 raise InvalidRequestError("the prompt's media placeholders did not tokenize", param="messages")
             media.append(
                 MediaInput(
-                    kind=kind, start=pad_positions[cursor], num_tokens=num_tokens, pixels=pixels, grid_thw=grid,
+                    kind=kind,
+                    start=pad_positions[cursor],
+                    num_tokens=num_tokens,
+                    pixels=pixels,
+                    grid_thw=grid,
                     cache_key=item.cache_key,
                 )
             )

@@ -4,8 +4,8 @@ It is the batched runner with a different model and one more kind of row. The mo
 by ``mlx_vlm.load`` (imported here, on the MLX thread, only when this runner is configured)
 and driven through :class:`LanguageAdapter`, so text rows go through mlx-lm's
 ``BatchGenerator`` exactly as in batched mode. A row whose prompt has media is first
-prefilled here (:class:`MediaPrefill`: vision encoding, then ``engine.mllm_prefill_step_size``
-tokens of language prefill per step, one unit of work per step, oldest prompt first), then its
+prefilled here (:class:`MediaPrefill`: one image or video's vision encoding per step, then
+``engine.mllm_prefill_step_size`` tokens of language prefill per step, oldest prompt first), then its
 last prompt token is inserted into the generator with the prefilled cache, beside the text
 rows, and it decodes with them. Its prompt KV goes to the prefix store when the prefill ends.
 """
@@ -147,9 +147,8 @@ class VlmRunner(BatchRunner):
             return []
         prefill = self._prefills[0]
         try:
-            encoded = prefill.embeds is not None
             prefill.step(self._adapter)
-            if not encoded and prefill.num_encoded:
+            if prefill.encoding_finished:
                 self.vision_encode_s.append(prefill.encode_s)
         except Exception as exc:  # boundary: one request's media the model cannot take fails that request
             self._prefills.popleft()
