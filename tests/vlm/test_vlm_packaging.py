@@ -46,3 +46,17 @@ def test_a_vlm_config_without_the_extra_fails_at_startup_naming_it(monkeypatch, 
     assert main(["serve", *(arg for setting in settings for arg in ("--set", setting))]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "vlm extra" in err[0] and "vllm-mlx-trio[vlm]" in err[0], err
+
+
+@pytest.mark.mlx
+def test_demo_build_writes_the_vlm_as_a_checkpoint(tmp_path):
+    import json
+
+    out = tmp_path / "vlm"
+    assert main(["demo", "build", str(out), "--size", "vlm-tiny"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "qwen2_vl" and config["rope_scaling"]["type"] == "mrope"
+    for name in ("preprocessor_config.json", "video_preprocessor_config.json", "tokenizer.json", "model.safetensors"):
+        assert (out / name).is_file(), name
+    template = json.loads((out / "tokenizer_config.json").read_text())["chat_template"]
+    assert "<|vision_start|><|image_pad|><|vision_end|>" in template and "<|video_pad|>" in template
