@@ -18,6 +18,7 @@ from vllm_mlx_trio.worker.vlm_cache import RopeBatchKVCache, RopeKVCache, row_po
 
 pytestmark = pytest.mark.mlx
 
+LOADED = attrs.make_class("Loaded", ["image", "cache_key"])  # what MEDIA's loader gives, for an image
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=1)
 
 
@@ -35,14 +36,15 @@ class Driver:
         self.tokens: dict[str, list[int]] = {}
         self.logprobs: dict[str, list[float]] = {}
 
-    def sequence(self, rid: str, text: str, image: Image.Image | None = None, params=GREEDY) -> NewSequence:
-        content = [{"type": "text", "text": text}] + ([{"type": "image"}] if image is not None else [])
+    def sequence(self, rid: str, text: str, image: Image.Image | None = None, params=GREEDY, images=()) -> NewSequence:
+        images = (image,) if image is not None else tuple(images)
+        content = [{"type": "text", "text": text}] + [{"type": "image"} for _ in images]
         tokenizer = self.info.tokenizer
         rendered = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
                                                  add_generation_prompt=True)  # fmt: skip
         media = ()
-        if image is not None:
-            loaded = (attrs.make_class("Loaded", ["image", "cache_key"])(image, "k"),)
+        if images:
+            loaded = tuple(LOADED(im, f"k{i}") for i, im in enumerate(images))
             processor = self.info.media_processor
             rendered, items = processor.expand(rendered, loaded)
             ids = tokenizer.encode(rendered, add_special_tokens=False)
@@ -130,6 +132,28 @@ def test_a_media_prompt_prefills_in_chunks_while_a_text_row_decodes(vlm32_dir):
     # to the generator, whose step samples its first token): the text row decodes in each
     assert steps == 1 + -(-(prompt_len - 1) // 8) and text_tokens == steps
     assert stats["none"][0] == 2  # the encoding step, then the whole prompt in one chunk
+
+
+def test_each_image_of_a_prompt_is_encoded_in_its_own_step(vlm32_dir):
+    driver = Driver(vlm32_dir, "engine.mllm_prefill_step_size=512")
+    try:
+        driver.step(driver.sequence("text", "Tell me a long story.", params=attrs.evolve(GREEDY, max_tokens=200)))
+        while "text" not in driver.step():
+            pass
+        seq = driver.sequence("images", "Compare these:", images=[picture(11), picture(12), picture(13)])
+        encoded, steps = [], 0
+        got = driver.step(seq)
+        while "images" not in got:
+            steps += 1
+            assert "text" in got  # the text row decodes in every one of them
+            pending = driver.runner._prefills
+            encoded.append(pending[0].num_encoded if pending else None)
+            got = driver.step()
+    finally:
+        driver.close()
+    assert len(seq.media) == 3
+    # one image per step, then the prompt in one chunk (the generator samples in the step after)
+    assert encoded == [1, 2, 3, None] and steps == 3 + 1
 
 
 def test_rope_deltas_stay_with_their_rows_through_merge_filter_extend_extract():

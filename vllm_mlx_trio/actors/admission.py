@@ -10,6 +10,7 @@ import contextlib
 import copy
 import json
 import logging
+from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
@@ -90,6 +91,7 @@ class AdmissionActor:
         output_format: OutputFormat | None = None,
         media_loader: MediaLoader | None = None,
         media_processor: PromptProcessor | None = None,
+        on_media: Callable[[MediaPrompt], None] | None = None,
     ):
         self._submit_recv = submit_recv
         self._admit_send = admit_send
@@ -101,7 +103,7 @@ class AdmissionActor:
         self._media_loader = media_loader
         self._media_processor = media_processor
         #: Called with each media prompt once preprocessed (metrics: counts and seconds).
-        self.on_media: Any = None
+        self._on_media = on_media
         #: Tokenizer copies no thread is using (one per thread, made when the actor starts).
         self._free_tokenizers: list[Tokenizer] = []
         #: The model's output parsers; its reasoning markers let a constraint allow the
@@ -181,8 +183,8 @@ class AdmissionActor:
                 media=media.media if media is not None else (),
                 media_keys=media.media_keys if media is not None else (),
             )
-            if media is not None and self.on_media is not None:
-                self.on_media(media)
+            if media is not None and self._on_media is not None:
+                self._on_media(media)
             await self._admit_send.send(admit)
             owned.pop_all()  # the scheduler owns the outbox now
 

@@ -162,8 +162,7 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
     await nursery.start(cache.run)
     await nursery.start(scheduler.run)
     output_format = resolve_output_format(cfg.model, model_info.tokenizer)
-    admission = _admission(cfg, model_info, submit_recv, admit_send, output_format)
-    admission.on_media = lambda media: metrics.on_media_loaded(media.loaded)  # a VLM's images / videos
+    admission = _admission(cfg, model_info, submit_recv, admit_send, output_format, metrics)
     await nursery.start(admission.run)
     return Topology(
         model_info=model_info,
@@ -193,6 +192,7 @@ def _admission(
     submit_recv: trio.MemoryReceiveChannel[Submit],
     admit_send: trio.MemorySendChannel[Admit],
     output_format: OutputFormat,
+    metrics: EngineMetrics,
 ) -> AdmissionActor:
     return AdmissionActor(
         submit_recv=submit_recv,
@@ -211,6 +211,7 @@ def _admission(
         # a VLM's media step (actors/admission_media.py)
         media_loader=make_media_loader(cfg.mllm) if model_info.media_processor is not None else None,
         media_processor=model_info.media_processor,
+        on_media=lambda media: metrics.on_media_loaded(media.loaded),  # a VLM's images / videos
     )
 
 
