@@ -52,6 +52,9 @@ class ImagePart:
 
     ref: bytes | str = attrs.field(repr=False)
     content_hash: str
+    #: OpenAI's ``image_url.detail``: "low" loads it at a low resolution (media/loader.py);
+    #: None, "auto" and "high" at the configured one.
+    detail: str | None = None
     #: The OpenAI content-part type this came as, for error messages.
     kind: ClassVar[str] = "image_url"
 

@@ -104,6 +104,7 @@ async def test_too_many_parts_on_a_text_model_name_the_first_part(fake_cfg, imag
         ({"video_fps": 0}, "video_fps"),
         ({"video_fps": "2"}, "video_fps"),
         ({"video_max_frames": 0}, "video_max_frames"),
+        ({"video_max_frames": 1}, "video_max_frames"),
         ({"video_max_frames": 2.5}, "video_max_frames"),
         ({"video_max_frames": True}, "video_max_frames"),
     ],

@@ -11,7 +11,9 @@ from media_helpers import data_url, image, image_bytes, loader, prompt
 from PIL import Image
 
 from vllm_mlx_trio.errors import InvalidRequestError
+from vllm_mlx_trio.http.requests import parse_chat
 from vllm_mlx_trio.media.images import fitted_size
+from vllm_mlx_trio.messages import ImagePart
 
 FIRST = "messages[1].content[1]"
 
@@ -237,3 +239,18 @@ def test_a_large_jpeg_comes_out_at_the_fitted_size():
         loaded = loader(max_image_pixels=max_pixels).load_prompt_media(prompt(image(data_url(data, "image/jpeg"))))
         assert loaded[0].image.size == fitted_size(4000, 3000, max_pixels)
         assert loaded[0].image.getpixel((10, 10)) == pytest.approx((200, 30, 40), abs=3)
+
+
+def test_detail_low_caps_the_image_at_512x512_pixels_and_keys_it_apart():
+    ref = data_url(image_bytes((1000, 800)))
+    low = loader().load_prompt_media(prompt(ImagePart(ref=ref, content_hash="", detail="low")))[0]
+    auto = loader().load_prompt_media(prompt(ImagePart(ref=ref, content_hash="", detail="auto")))[0]
+    assert low.image.size == fitted_size(1000, 800, 512 * 512) and auto.image.size == (1000, 800)
+    assert low.cache_key != auto.cache_key
+
+
+def test_detail_reaches_the_image_part_from_a_chat_body():
+    body = {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_url(image_bytes()), "detail": "low"}}]}]}  # fmt: skip
+    (part,) = parse_chat(body, model_name="m", max_n=1).prompt.messages[0].content
+    assert isinstance(part, ImagePart) and part.detail == "low"

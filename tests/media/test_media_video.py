@@ -4,7 +4,10 @@ mlx-vlm's load_video samples them, keys that follow the sampling options."""
 from __future__ import annotations
 
 import glob
+import json
 import os
+import subprocess
+import sys
 import tempfile
 
 import cv2
@@ -19,12 +22,12 @@ FIRST = "messages[1].content[1]"
 
 
 def clip(tmp_path, *, frames=20, fps=10.0, size=(32, 24), fourcc="MJPG", ext="avi") -> bytes:
-    """A clip whose frame i is grey level 10*i (so a sampled frame tells its index)."""
+    """A clip whose frame i is grey level 10*i mod 250 (so a sampled frame of the first 25 tells its index)."""
     path = str(tmp_path / f"clip.{ext}")
     writer = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*fourcc), fps, size)
     assert writer.isOpened()
     for i in range(frames):
-        writer.write(np.full((size[1], size[0], 3), 10 * i, np.uint8))
+        writer.write(np.full((size[1], size[0], 3), (10 * i) % 250, np.uint8))
     writer.release()
     with open(path, "rb") as file:
         return file.read()
@@ -140,3 +143,25 @@ def test_a_local_video_loads_from_an_allowed_dir(tmp_path):
     (loaded,) = loader(allowed_local_dirs=[str(tmp_path)]).load_prompt_media(prompt(video(str(tmp_path / "v.avi"))))
     assert len(loaded.frames) == 4
     assert os.path.exists(tmp_path / "v.avi")  # the user's file is read, never deleted
+
+
+def test_sampling_matches_mlx_vlm_load_video_itself(tmp_path):
+    """mlx-vlm's own load_video (in a subprocess: importing mlx_vlm has side effects) picks the
+    same frame indices as sample_indices for the same clip and options."""
+    path = tmp_path / "clip.avi"
+    path.write_bytes(clip(tmp_path, frames=37, fps=12.0))
+    cases = [(2.0, 768), (2.0, 4), (0.5, 768), (12.0, 10), (30.0, 64)]
+    script = (
+        "import json, sys\nfrom mlx_vlm.utils import load_video\n"
+        "cases = json.loads(sys.argv[2])\n"
+        "print(json.dumps([load_video(sys.argv[1], fps=f, max_frames=m)[1].frames_indices for f, m in cases]))"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(path), json.dumps(cases)], capture_output=True, text=True, timeout=300,
+        env=env,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    theirs = json.loads(run.stdout.strip().splitlines()[-1])
+    ours = [sample_indices(37, 12.0, fps, max_frames).tolist() for fps, max_frames in cases]
+    assert ours == theirs

@@ -86,13 +86,14 @@ def _chat(chat: schemas.ChatBody, body: dict, *, max_n: int, tool_parser: str | 
 
 
 def _video_options(chat: schemas.ChatBody) -> dict[str, float | int | None]:
-    """``video_fps`` / ``video_max_frames``: positive when given (their upper bounds are the
-    server's ``mllm.max_request_video_*``, checked by the media loader)."""
+    """``video_fps`` above 0, ``video_max_frames`` at least 2 (frames are sampled in pairs, as
+    mlx-vlm samples them) when given; their upper bounds are the server's
+    ``mllm.max_request_video_*``, checked by the media loader."""
     fps, max_frames = chat.video_fps, chat.video_max_frames
     if fps is not None and not (math.isfinite(fps) and fps > 0):
         raise bad(f"video_fps must be a number above 0, got {fps!r}.", "video_fps")
-    if max_frames is not None and max_frames < 1:
-        raise bad(f"video_max_frames must be a positive integer, got {max_frames}.", "video_max_frames")
+    if max_frames is not None and max_frames < 2:
+        raise bad(f"video_max_frames must be an integer of at least 2, got {max_frames}.", "video_max_frames")
     return {"video_fps": fps, "video_max_frames": max_frames}
 
 
@@ -286,7 +287,8 @@ def _part(part: schemas.ContentPartIn, raw: dict, where: str) -> ContentPart:
     if isinstance(part, schemas.TextPartIn):
         return TextPart(text=part.text)
     if isinstance(part, schemas.ImagePartIn):
-        return ImagePart(ref=part.image_url.url, content_hash=_content_hash(part.image_url.url))
+        url = part.image_url.url
+        return ImagePart(ref=url, content_hash=_content_hash(url), detail=part.image_url.detail)
     if isinstance(part, schemas.VideoPartIn):
         return VideoPart(ref=part.video_url.url, content_hash=_content_hash(part.video_url.url))
     if isinstance(part, schemas.VideoPartAlt):

@@ -77,7 +77,10 @@ def fetch_url(
 class _Hop:
     """One request of a fetch: check the URL and its addresses, connect, read the answer."""
 
-    def __init__(self, where, max_bytes, deadline, allow_private, resolver, connector):
+    def __init__(
+        self, where: str, max_bytes: int, deadline: float, allow_private: bool, resolver: Resolver,
+        connector: Connector,
+    ) -> None:  # fmt: skip
         self.where, self.max_bytes, self.deadline = where, max_bytes, deadline
         self.allow_private, self.resolver, self.connector = allow_private, resolver, connector
 
@@ -120,7 +123,9 @@ class _Hop:
             raise refuse(self.where, "the URL's host has no address.")
         for text in addresses:
             address = parse_address(text)
-            reason = "not an IP address" if address is None else forbidden_reason(address)
+            if address is None:  # only a custom resolver can say so: never looked up a second time
+                raise refuse(self.where, "the URL's host did not resolve to IP addresses.")
+            reason = forbidden_reason(address)
             if reason is not None and not self.allow_private:
                 raise refuse(
                     self.where, f"the URL's host resolves to {reason}, which this server does not fetch from "

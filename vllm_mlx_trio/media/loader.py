@@ -15,6 +15,9 @@ from .loaded import LoadedImage, LoadedMedia, LoadedVideo, refuse
 from .sources import RawMedia, read_source
 from .video import decode_video, video_cache_key
 
+#: ``detail: "low"``: OpenAI's low-resolution image is a 512x512 budget; so is this one (pixels).
+LOW_DETAIL_PIXELS = 512 * 512
+
 
 def media_parts(prompt: ChatPrompt) -> Iterator[tuple[str, MediaPart]]:
     """(``messages[i].content[j]``, part) for every media part, messages then parts in order."""
@@ -47,7 +50,7 @@ class MediaLoader:
         loaded: list[LoadedMedia] = []
         for where, part in parts:
             if isinstance(part, ImagePart):
-                loaded.append(self.load_image(part.ref, where))
+                loaded.append(self.load_image(part.ref, where, detail=part.detail))
             else:
                 loaded.append(self.load_video(part.ref, where, fps=fps, max_frames=max_frames))
         return tuple(loaded)
@@ -68,14 +71,14 @@ class MediaLoader:
             )
         return fps, max_frames
 
-    def load_image(self, ref: bytes | str, where: str) -> LoadedImage:
+    def load_image(self, ref: bytes | str, where: str, *, detail: str | None = None) -> LoadedImage:
+        """``detail="low"`` (OpenAI's low-resolution image) caps it at :data:`LOW_DETAIL_PIXELS`."""
         start = time.perf_counter()
         cfg = self._cfg
+        max_pixels = min(cfg.max_image_pixels, LOW_DETAIL_PIXELS) if detail == "low" else cfg.max_image_pixels
         raw = self._read(ref, "image", cfg.max_image_bytes, where)
-        image = decode_image(
-            raw.data, max_pixels=cfg.max_image_pixels, max_decoded_pixels=cfg.max_decoded_pixels, where=where
-        )
-        key = image_cache_key(image, max_pixels=cfg.max_image_pixels)
+        image = decode_image(raw.data, max_pixels=max_pixels, max_decoded_pixels=cfg.max_decoded_pixels, where=where)
+        key = image_cache_key(image, max_pixels=max_pixels)
         return LoadedImage(where=where, image=image, cache_key=key, seconds=time.perf_counter() - start)
 
     def load_video(self, ref: bytes | str, where: str, *, fps: float, max_frames: int) -> LoadedVideo:
