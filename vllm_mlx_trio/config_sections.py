@@ -189,7 +189,7 @@ class CacheConfig:
     #: Models with sliding-window or recurrent layers: snapshot those layers every this many
     #: blocks inside a prompt's prefill, so a prompt sharing only a prefix (a system prompt, a
     #: different question) reuses it up to the last snapshot (>= 0; 0: only whole prompts).
-    state_snapshot_blocks: int = _option(4, _in_range(0))
+    state_snapshot_blocks: int = _option(8, _in_range(0))
 
 
 @attrs.frozen(kw_only=True)

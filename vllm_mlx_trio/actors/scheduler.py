@@ -302,6 +302,10 @@ class SchedulerActor:
         self._memory = result.memory
         await self._commit(result.kv_ready)
         running = self._scheduler.running
+        for request_id, recomputed in result.recomputed:  # disk blocks the executor could not read
+            request = running.get(request_id)
+            if request is not None and result.step_id >= request.first_valid_step:
+                request.num_cached_tokens -= recomputed
         num_tokens = sum(len(tokens) for rid, tokens in result.sampled if rid in running)
         if self._metrics is not None:
             self._metrics.on_step(num_tokens, result.elapsed_s)

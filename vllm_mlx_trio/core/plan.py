@@ -144,3 +144,6 @@ class StepResult:
     memory: tuple[int, int, int] = (0, 0, 0)
     #: Seconds of vision encoding in this step, one per image/video prompt encoded (VLM runner).
     vision_encode_s: tuple[float, ...] = ()
+    #: Of a new sequence's ``num_cached_tokens``, how many the executor recomputed after all
+    #: (disk-tier blocks it could not read back): its reported ``cached_tokens`` drop by those.
+    recomputed: tuple[tuple[RequestId, int], ...] = ()

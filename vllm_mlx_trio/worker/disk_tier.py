@@ -245,6 +245,7 @@ class DiskTier:
             except OSError as exc:  # a full or read-only disk: the block is just not kept
                 logger.warning("prefix disk tier: %s failed (%s)", job[0], exc)
             finally:
+                job = None  # a written block's arrays (numpy views of MLX memory) go now, not at the next job
                 self._jobs.task_done()
         self._jobs.task_done()
 

@@ -106,6 +106,7 @@ class PrefixBlocks:
         #: prefill (0: none; only for models whose blocks cannot end a hit themselves).
         self.snapshot_every = snapshot_blocks * block_size if self.needs_exact_checkpoints else 0
         self._snapshots: dict[RequestId, list[Checkpoint]] = {}  # taken, not yet reported
+        self._recomputed: dict[RequestId, int] = {}  # hit tokens recomputed, not yet reported
         self._next_ready_id = 0
         self.disk: DiskTier | None = None
         if enabled and disk_dir is not None:  # also when uncachable: other models' files go
@@ -201,7 +202,13 @@ class PrefixBlocks:
             index = block_ids.index(block_id)
             self.store.put(block_id, self.layout.cut_blocks(cache, index, 1, self.block_size)[0])
         self._known_blocks[seq.request_id] = seq.num_cached_tokens // self.block_size
+        self._recomputed[seq.request_id] = seq.num_cached_tokens - start
         return cache
+
+    def take_recomputed(self) -> tuple[tuple[RequestId, int], ...]:
+        """(request, tokens of its hit recomputed) since the last call: ``StepResult.recomputed``."""
+        recomputed, self._recomputed = tuple(self._recomputed.items()), {}
+        return recomputed
 
     def boundaries(self, seq: NewSequence) -> tuple[int, ...]:
         """Where the sequence's prefill stops to snapshot its sliding-window and recurrent
@@ -307,5 +314,6 @@ class PrefixBlocks:
             self.disk.close()
         self._known_blocks.clear()
         self._snapshots.clear()
+        self._recomputed.clear()
         self._pending.clear()
         self.store.clear()

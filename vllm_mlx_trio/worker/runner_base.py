@@ -172,6 +172,7 @@ class RunnerBase:
             kv_ready=tuple(ready for ready in kv_ready if ready is not None),
             elapsed_s=time.perf_counter() - started,
             memory=self._memory(idle=not self._live),
+            recomputed=self._prefix.take_recomputed() if self._prefix is not None else (),
         )
 
     def _accept(self, emission: Emission) -> tuple[tuple[int, ...], tuple[TokenLogprob, ...] | None, KVReady | None]:
