@@ -206,3 +206,22 @@ def test_a_prefix_hit_anywhere_continues_as_a_cold_prefill(vlm32_dir, where):
     assert hit.num_encoded == (1 if k < item.start + item.num_tokens else 0)
     assert hit.rope_delta == cold.rope_delta < 0
     np.testing.assert_allclose(np.array(got), np.array(expected), atol=1e-5)
+
+
+def test_a_hit_whose_spilled_block_is_gone_is_prefilled_again_with_its_image(vlm32_dir, monkeypatch):
+    driver = Driver(vlm32_dir)
+    try:
+        cold = driver.sequence("cold", "What is in this picture?", picture(9))
+        driver.step(cold)
+        driver.run_out()
+        monkeypatch.setattr(driver.runner._prefix, "_read_back", lambda disk_blocks: 0)  # the disk lost it
+        lost = attrs.evolve(
+            cold, request_id=RequestId("lost"), num_cached_tokens=16, cached_block_ids=(7,), disk_blocks=((7, b"h"),)
+        )
+        result = driver.runner.execute(StepPlan(step_id=next(driver.steps), new_seqs=(lost,)))
+        driver.running.append(lost.request_id)
+        driver.run_out()
+    finally:
+        driver.close()
+    assert result.recomputed == ((RequestId("lost"), 16),)
+    assert driver.tokens["lost"] == driver.tokens["cold"]

@@ -23,7 +23,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 
 from ..errors import ModelLoadError
-from ..messages import KVReady, ModelInfo, RequestId, StepPlan, StepResult
+from ..messages import KVReady, ModelInfo, NewSequence, RequestId, StepPlan, StepResult
 from .batch_runner import BatchRunner
 from .kv_budget import kv_budget_tokens
 from .kv_store import PrefixBlocks
@@ -133,8 +133,18 @@ class VlmRunner(BatchRunner):
         chunk = self._cfg.engine.mllm_prefill_step_size or self._cfg.engine.prefill_step_size
         for sequence in live:
             if sequence.seq.media:
-                cache = self._prefix.cache_for(sequence.seq)
-                self._prefills.append(new_prefill(sequence.seq, cache, self._adapter, chunk))
+                seq, cache = self._media_hit(sequence.seq)
+                self._prefills.append(new_prefill(seq, cache, self._adapter, chunk))
+
+    def _media_hit(self, seq: NewSequence) -> tuple[NewSequence, list | None]:
+        """The sequence as it is prefilled, and its prefix hit's cache. A spilled block the disk
+        tier cannot give back drops the whole hit (the store's own recompute runs token ids
+        through the language model, which would miss the image features): it is prefilled
+        again from the start, media included, and reported as recomputed."""
+        if seq.disk_blocks and self._prefix._read_back(seq.disk_blocks) is not None:
+            self._prefix._recomputed[seq.request_id] = seq.num_cached_tokens
+            return attrs.evolve(seq, num_cached_tokens=0, cached_block_ids=(), disk_blocks=()), None
+        return seq, self._prefix.cache_for(attrs.evolve(seq, disk_blocks=()))
 
     def _advance(self, live: list[LiveSequence]) -> Advance:
         """One unit of media prefill (if any is pending), then the generator's step."""
