@@ -123,7 +123,7 @@ class EngineSection:
     #: Smaller keeps the running streams' inter-token latency while a long prompt arrives, at
     #: the cost of its time to first token; a prompt prefilled alone takes full chunks.
     prefill_step_size_decoding: int | None = _option(32, _in_range(1))
-    #: VLM mode: prompt tokens per step of a media prompt's language prefill (>= 1; none:
+    #: VLM mode (engine.mode = "vlm"): prompt tokens per step of a media prompt's language prefill (>= 1; none:
     #: prefill_step_size). Its vision encoding is one step, then a chunk per step, so running
     #: text streams keep getting tokens while a large image or video prefills.
     mllm_prefill_step_size: int | None = _option(None, _in_range(1))
