@@ -3,7 +3,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 # macOS: plain mlx brings Metal. Linux: the CPU build of mlx.
-EXTRAS := $(shell if [ "$$(uname -s)" = Darwin ]; then echo metal,test; else echo cpu,test; fi)
+# vlm: the tests run the demo vision-language model (tests/vlm) through mlx-vlm.
+EXTRAS := $(shell if [ "$$(uname -s)" = Darwin ]; then echo metal,test,vlm; else echo cpu,test,vlm; fi)
 
 .PHONY: install serve test lint bench clean
 

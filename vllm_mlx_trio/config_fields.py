@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-DEMO_SIZES = ("tiny", "small")
+DEMO_SIZES = ("tiny", "small", "vlm-tiny")  # vlm-tiny: worker/demo_vlm.py
 
 
 class _FieldError(ValueError):

@@ -129,6 +129,10 @@ class EngineSection:
     #: tokens (>= 0.01; none: mlx-lm's BatchGenerator prefills, prefill_batch_size prompts
     #: together, in fixed chunks).
     prefill_time_ratio: float | None = _option(1.0, _in_range(0.01), converter=_to_float)
+    #: VLM mode (engine.mode = "vlm"): prompt tokens per step of a media prompt's language prefill (>= 1; none:
+    #: prefill_step_size). Its vision encoding is one step, then a chunk per step, so running
+    #: text streams keep getting tokens while a large image or video prefills.
+    mllm_prefill_step_size: int | None = _option(None, _in_range(1))
     #: Batched mode: most sequences in the model at once (>= 1); the rest wait in the queue.
     max_num_seqs: int = _option(32, _in_range(1))
     #: Batched mode: token budget of one step (>= 1; none: no budget): a decoding row counts

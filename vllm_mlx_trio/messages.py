@@ -72,6 +72,24 @@ ContentPart: TypeAlias = TextPart | ImagePart | VideoPart
 MediaPart: TypeAlias = ImagePart | VideoPart
 
 
+@attrs.frozen(slots=True, kw_only=True, eq=False)
+class MediaInput:
+    """One image or video of a prompt as the model's processor left it, on its way from
+    admission to the runner (Admit -> Request -> NewSequence): numpy arrays, never mlx.
+
+    Its ``num_tokens`` placeholder tokens start at ``start`` in the prompt's token ids."""
+
+    kind: str  # "image" or "video"
+    start: int
+    num_tokens: int
+    #: The vision tower's input: patches (num_patches, channels * temporal * patch * patch).
+    pixels: Any = attrs.field(repr=False)
+    #: (t, h, w) in patches: the M-RoPE grid and the vision tower's layout.
+    grid_thw: tuple[int, int, int]
+    #: The loader's key of the content (and of the options that change its tokens).
+    cache_key: str
+
+
 def _as_parts(content: str | Iterable[ContentPart | dict] | None) -> tuple[ContentPart, ...]:
     """A plain string is one text part (the library API's ``{"content": "hi"}``), and so is an
     OpenAI text part given as a dict; parts already built are kept; None (an assistant turn
@@ -276,6 +294,8 @@ class Admit:
     extra_keys: tuple = ()
     #: The HTTP route it came from: the ``endpoint`` label of its metrics ("" for none).
     endpoint: str = ""
+    #: The prompt's images and videos for the vision tower, in prompt order (a VLM only).
+    media: tuple[MediaInput, ...] = ()
     #: ((token position where a media item's tokens start, its cache key), ...) in prompt
     #: order: folded into the prefix-cache blocks from the one each item starts in on.
     media_keys: tuple[tuple[int, str], ...] = ()
@@ -402,6 +422,11 @@ class ModelInfo:
     kv_budget_tokens: int | None = None
     #: KV bytes one token takes across all layers (0 when unknown).
     kv_bytes_per_token: int = 0
+    #: Content-part kinds the model takes beyond text ("image_url", "video_url"); none: text only.
+    media_kinds: frozenset[str] = frozenset()
+    #: A VLM's prompt processor (worker/vlm_processor.py; numpy only, used in admission's
+    #: preprocessing threads), None for a text model.
+    media_processor: Any = attrs.field(default=None, eq=False, repr=False)
 
 
 # -- engine facade -> SchedulerActor (the control channel: operator actions) -------------

@@ -134,6 +134,8 @@ class EngineMetrics:
                 ("vllm_mlx_trio_step_seconds", "Time of one model step on the MLX thread.", STEP_TIME_BUCKETS),
                 ("vllm_mlx_trio_media_preprocess_seconds", "Time to read, fetch, decode and sample one image or "
                  "video, off the event loop.", MEDIA_PREPROCESS_BUCKETS),
+                # VLM: the vision tower's time for one prompt's images / videos (issue 13)
+                ("vllm_mlx_trio_vision_encode_seconds", "Vision encoding of one media prompt.", STEP_TIME_BUCKETS),
             )
         }  # fmt: skip
         self._counters["vllm:num_preemptions"].inc(0)
@@ -171,6 +173,10 @@ class EngineMetrics:
         if num_tokens:
             self.observe("vllm:iteration_tokens_total", num_tokens)
             self.count("vllm:generation_tokens", num_tokens)
+
+    def on_vision_encode(self, seconds: tuple[float, ...]) -> None:
+        for value in seconds:
+            self.observe("vllm_mlx_trio_vision_encode_seconds", value)
 
     def on_preemption(self) -> None:
         self.count("vllm:num_preemptions")

@@ -10,17 +10,12 @@ import pytest
 import trio
 
 from vllm_mlx_trio.actors.admission import PREPROCESS_INLINE_CHARS, AdmissionActor, AdmissionLimits
-from vllm_mlx_trio.actors.cache_client import CacheClient
 from vllm_mlx_trio.core.params import SamplingParams
-from vllm_mlx_trio.core.request import Request
 from vllm_mlx_trio.errors import InvalidRequestError
 from vllm_mlx_trio.messages import (
     Accepted,
-    Admit,
     ChatMessage,
     ImagePart,
-    PrefixLookup,
-    PrefixMatch,
     RequestFailed,
     RequestId,
     Submit,
@@ -164,34 +159,6 @@ async def test_a_text_only_model_refuses_media_with_the_part_path():
     assert str(reply.error) == (
         "messages[0].content[1]: content part of type 'image_url' is not supported by this model."
     )
-
-
-async def test_media_hashes_become_prefix_cache_keys():
-    limits = AdmissionLimits(
-        max_context_tokens=999, default_max_tokens=4, max_stop_sequences=4, vocab_size=259,
-        media_kinds=frozenset({"image_url"}),
-    )  # fmt: skip
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            tokenizer = RecordingTokenizer()
-            submits, admits = await run_actor(nursery, tokenizer, 1, limits)
-            send, _recv = trio.open_memory_channel(4)
-            params = SamplingParams(cache_salt="s")
-            await submits.send(attrs_evolve(submit("img", image_prompt(), send), params=params))
-            admit: Admit = await admits.receive()
-            submits.close()
-    assert admit.extra_keys == (("image_url", "h1"),)
-    assert tokenizer.turns == [{"role": "user", "content": [{"type": "text", "text": "look: "}, {"type": "image"}]}]
-    request = Request(admit, eos_token_ids=(1,))
-    assert request.cache_keys == (("cache_salt", "s"), ("image_url", "h1"))
-    # ... and the scheduler's cache client sends them with the lookup
-    cache_send, cache_recv = trio.open_memory_channel(1)
-    match_send, match_recv = trio.open_memory_channel(1)
-    match_send.send_nowait(PrefixMatch(request_id=admit.request_id, num_cached_tokens=0, block_ids=()))
-    with trio.fail_after(10):
-        await CacheClient(cache_send, match_recv).lookup(request)
-    lookup = cache_recv.receive_nowait()
-    assert isinstance(lookup, PrefixLookup) and lookup.extra_keys == request.cache_keys
 
 
 def attrs_evolve(submit_: Submit, **changes) -> Submit:

@@ -10,6 +10,7 @@ import contextlib
 import copy
 import json
 import logging
+from collections.abc import Callable
 from functools import partial
 from typing import Any, Protocol
 
@@ -22,6 +23,7 @@ from ..messages import Accepted, Admit, ChatMessage, ChatPrompt, Outbox, Request
 from ..output_format import OutputFormat
 from ..parsers import prompt_ends_in_reasoning
 from ..structured.admission import ConstraintStep
+from .admission_media import MediaLoader, MediaPrompt, PromptProcessor, process_media_prompt
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +89,9 @@ class AdmissionActor:
         preprocess_threads: int = 1,
         constraints: ConstraintStep | None = None,
         output_format: OutputFormat | None = None,
+        media_loader: MediaLoader | None = None,
+        media_processor: PromptProcessor | None = None,
+        on_media: Callable[[MediaPrompt], None] | None = None,
     ):
         self._submit_recv = submit_recv
         self._admit_send = admit_send
@@ -94,6 +99,11 @@ class AdmissionActor:
         self._limits = limits
         self._threads = preprocess_threads
         self._limiter = trio.CapacityLimiter(max(1, preprocess_threads))
+        #: A VLM's media path (admission_media.py): the loader and the model's prompt processor.
+        self._media_loader = media_loader
+        self._media_processor = media_processor
+        #: Called with each media prompt once preprocessed (metrics: counts and seconds).
+        self._on_media = on_media
         #: Tokenizer copies no thread is using (one per thread, made when the actor starts).
         self._free_tokenizers: list[Tokenizer] = []
         #: The model's output parsers; its reasoning markers let a constraint allow the
@@ -124,7 +134,7 @@ class AdmissionActor:
                     # overtakes a long prompt. The token is given back once it is tokenized.
                     borrower = object()
                     await self._limiter.acquire_on_behalf_of(borrower)
-                    if prompt_chars(submit.prompt) < PREPROCESS_INLINE_CHARS:
+                    if prompt_chars(submit.prompt) < PREPROCESS_INLINE_CHARS and not has_media(submit.prompt):
                         await self._admit(submit, borrower, in_thread=False)
                     else:
                         nursery.start_soon(partial(self._admit, submit, borrower, in_thread=True))
@@ -144,9 +154,11 @@ class AdmissionActor:
         with contextlib.ExitStack() as owned:
             owned.callback(outbox.close)
             try:
-                prompt_token_ids = await self._preprocess(prompt, submit.params, outbox, borrower, in_thread=in_thread)
-                if prompt_token_ids is None:
+                preprocessed = await self._preprocess(prompt, submit.params, outbox, borrower, in_thread=in_thread)
+                if preprocessed is None:
                     return  # the client left before its turn: never tokenized
+                media = preprocessed if isinstance(preprocessed, MediaPrompt) else None
+                prompt_token_ids = media.token_ids if media is not None else preprocessed
                 params = self.resolve_params(submit.params, len(prompt_token_ids))
                 params = await self._compile_constraint(params, prompt_token_ids)
             except VllmMlxTrioError as exc:
@@ -172,30 +184,38 @@ class AdmissionActor:
                 params=params,
                 outbox=outbox,
                 arrival_time=submit.arrival_time,
-                extra_keys=media_keys(prompt),
                 endpoint=submit.endpoint,
+                media=media.media if media is not None else (),
+                media_keys=media.media_keys if media is not None else (),
             )
+            if media is not None and self._on_media is not None:
+                self._on_media(media)
             await self._admit_send.send(admit)
             owned.pop_all()  # the scheduler owns the outbox now
 
     async def _preprocess(
         self, prompt: Prompt, params: SamplingParams, outbox: Outbox, borrower: object | None, *, in_thread: bool
-    ) -> list[int] | None:
-        """The prompt's token ids (None: the client left first), here or in a thread.
+    ) -> list[int] | MediaPrompt | None:
+        """The prompt's token ids (None: the client left first), here or in a thread; a
+        prompt with media always in a thread, as a :class:`MediaPrompt`.
         ``borrower`` holds a limiter token (None: ``preprocess_threads = 0``)."""
         template = ChatTemplateOptions.of(params)
         try:
             self.check_media(prompt)
-            if not in_thread:
+            media = has_media(prompt)
+            if not in_thread and not media:
                 return self.tokenize(prompt, template)
             if outbox.statistics().open_receive_channels == 0:
                 return None
-            tokenizer = self._free_tokenizers.pop()
+            tokenizer = self._free_tokenizers.pop() if self._free_tokenizers else self._tokenizer
             try:
                 # Not abandoned on cancel: the copy goes back to the pool only once unused.
+                if media:
+                    return await trio.to_thread.run_sync(self._process_media, tokenizer, prompt, template)
                 return await trio.to_thread.run_sync(tokenize_prompt, tokenizer, prompt, template)
             finally:
-                self._free_tokenizers.append(tokenizer)
+                if tokenizer is not self._tokenizer:
+                    self._free_tokenizers.append(tokenizer)
         finally:
             # Given back before the Accepted and Admit sends, which put before they yield:
             # with one thread the next prompt cannot reach the scheduler before this one.
@@ -215,6 +235,17 @@ class AdmissionActor:
                 return await trio.to_thread.run_sync(self._constraints.attach, params, prompt_token_ids, tokenizer)
             finally:
                 self._free_tokenizers.append(tokenizer)
+
+    def _process_media(self, tokenizer: Tokenizer, prompt: ChatPrompt, template: ChatTemplateOptions) -> MediaPrompt:
+        """(In a preprocessing thread.) Load the media, template, expand and tokenize."""
+        assert self._media_loader is not None and self._media_processor is not None, "check_media refuses media"
+        return process_media_prompt(
+            self._media_loader,
+            self._media_processor,
+            lambda p: render_prompt(tokenizer, p, template),
+            lambda text: _call_tokenizer(lambda: tokenizer.encode(text, add_special_tokens=False), "messages"),
+            prompt,
+        )
 
     def check_media(self, prompt: Prompt) -> None:
         """Refuse content parts of kinds this model does not take (a text-only model: all)."""
@@ -320,16 +351,26 @@ def tokenize_prompt(tokenizer: Tokenizer, prompt: Prompt, template: ChatTemplate
         if not prompt:
             raise InvalidRequestError("The prompt must not be empty.", param="prompt")
         return _call_tokenizer(lambda: tokenizer.encode(prompt), "prompt")
+    text = render_prompt(tokenizer, prompt, template)
+    return _call_tokenizer(lambda: tokenizer.encode(text, add_special_tokens=False), "messages")
+
+
+def render_prompt(tokenizer: Tokenizer, prompt: ChatPrompt, template: ChatTemplateOptions | None = None) -> str:
+    """The chat template applied to the turns (media parts as ``{"type": "image"}`` placeholders)."""
     prompt = as_prompt(prompt)
     if not prompt:
         raise InvalidRequestError("messages must not be empty.", param="messages")
     turns = [_turn(m) for m in prompt]
     options = (template or ChatTemplateOptions()).kwargs()
     arguments = _template_arguments(prompt)
-    text = _call_tokenizer(
+    return _call_tokenizer(
         lambda: tokenizer.apply_chat_template(turns, tokenize=False, **options, **arguments), "messages"
     )
-    return _call_tokenizer(lambda: tokenizer.encode(text, add_special_tokens=False), "messages")
+
+
+def has_media(prompt: str | ChatPrompt | tuple[ChatMessage, ...]) -> bool:
+    """Whether a chat prompt has an image or video part."""
+    return not isinstance(prompt, str) and any(message.media for message in prompt)
 
 
 def as_prompt(prompt: str | ChatPrompt | tuple[ChatMessage, ...]) -> Prompt:
@@ -354,13 +395,6 @@ def _call_tokenizer(fn: Any, param: str) -> Any:
         return fn()
     except Exception as exc:  # boundary: tokenizer / Jinja errors are the request's fault
         raise InvalidRequestError(f"Could not process {param}: {type(exc).__name__}: {exc}", param=param) from exc
-
-
-def media_keys(prompt: Prompt) -> tuple:
-    """The prefix-cache keys of a prompt's media: one (kind, content hash) per part, in order."""
-    if isinstance(prompt, str):
-        return ()
-    return tuple((part.kind, part.content_hash) for message in prompt for _, part in message.media)
 
 
 def prompt_chars(prompt: str | ChatPrompt | tuple[ChatMessage, ...]) -> int:

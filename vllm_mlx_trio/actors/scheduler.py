@@ -311,6 +311,7 @@ class SchedulerActor:
         num_tokens = sum(len(tokens) for rid, tokens in result.sampled if rid in running)
         if self._metrics is not None:
             self._metrics.on_step(num_tokens, result.elapsed_s)
+            self._metrics.on_vision_encode(result.vision_encode_s)
         for request in self._scheduler.apply(result):
             self._delivery.time_request(request)
             self._deliver(request)

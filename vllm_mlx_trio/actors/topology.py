@@ -33,6 +33,7 @@ from ..metrics import EngineMetrics, engine_snapshot
 from ..output_format import OutputFormat, resolve_output_format
 from ..worker.registry import runner_class
 from .admission import AdmissionActor, AdmissionLimits
+from .admission_media import make_media_loader
 from .cache_manager import CacheManagerActor
 from .scheduler import SchedulerActor
 
@@ -161,7 +162,8 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
     await nursery.start(cache.run)
     await nursery.start(scheduler.run)
     output_format = resolve_output_format(cfg.model, model_info.tokenizer)
-    await nursery.start(_admission(cfg, model_info, submit_recv, admit_send, output_format).run)
+    admission = _admission(cfg, model_info, submit_recv, admit_send, output_format, metrics)
+    await nursery.start(admission.run)
     return Topology(
         model_info=model_info,
         submit_send=submit_send,
@@ -190,6 +192,7 @@ def _admission(
     submit_recv: trio.MemoryReceiveChannel[Submit],
     admit_send: trio.MemorySendChannel[Admit],
     output_format: OutputFormat,
+    metrics: EngineMetrics,
 ) -> AdmissionActor:
     return AdmissionActor(
         submit_recv=submit_recv,
@@ -201,9 +204,14 @@ def _admission(
             default_max_tokens=cfg.engine.default_max_tokens,
             max_stop_sequences=cfg.limits.max_stop_sequences,
             vocab_size=model_info.vocab_size,
+            media_kinds=model_info.media_kinds,
         ),
         preprocess_threads=cfg.limits.preprocess_threads,
         output_format=output_format,
+        # a VLM's media step (actors/admission_media.py)
+        media_loader=make_media_loader(cfg.mllm) if model_info.media_processor is not None else None,
+        media_processor=model_info.media_processor,
+        on_media=lambda media: metrics.on_media_loaded(media.loaded),  # a VLM's images / videos
     )
 
 

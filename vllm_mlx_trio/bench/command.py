@@ -84,6 +84,11 @@ def add_bench_parser(commands, config_args: ConfigArgs) -> None:
     pre.add_argument("--runs", type=_positive, default=3, help="runs per setting, alternating (default 3)")
     pre.add_argument("--prompt-tokens", type=_positive, default=32_768, help="big prompt size (default 32768)")
 
+    mllm = sub.add_parser("mllm", help="image request phases; text ITL while a large image prefills")
+    config_args(mllm)
+    mllm.add_argument("--runs", type=_positive, default=3, help="runs per setting, alternating (default 3)")
+    mllm.add_argument("--chunk", type=_positive, default=32, help="mllm_prefill_step_size compared (default 32)")
+
     structured = sub.add_parser("structured", help="tok/s of a JSON-constrained row and its neighbours in a batch")
     config_args(structured)
     structured.add_argument("--model", default=None, help="model path (default: the config's)")
@@ -177,6 +182,10 @@ def run_bench(cfg, args: argparse.Namespace) -> int:
         return _preprocess(cfg, args)
     if args.bench_command == "structured":
         return _structured(cfg, args)
+    if args.bench_command == "mllm":
+        from .mllm_command import run_mllm_command
+
+        return run_mllm_command(cfg, args)
     if args.bench_command == "soak":
         from .soak import run_soak_command
 

@@ -6,7 +6,7 @@ Frozen, tuples only, never an ``mx.array``: token ids, block ids and numbers.
 
 from __future__ import annotations
 
-from typing import NewType
+from typing import Any, NewType
 
 import attrs
 
@@ -49,6 +49,8 @@ class NewSequence:
     #: Running requests that had their first token before this one arrived: streams its
     #: prefill must not slow down much (requests that arrived together wait for each other).
     protects: tuple[RequestId, ...] = ()
+    #: The prompt's images and videos (``messages.MediaInput``, numpy), for a VLM runner.
+    media: tuple[Any, ...] = ()
 
     @property
     def output_token_ids(self) -> tuple[int, ...]:
@@ -143,6 +145,8 @@ class StepResult:
     elapsed_s: float = 0.0
     #: MLX memory after the step, in bytes: (active, peak, buffer cache).
     memory: tuple[int, int, int] = (0, 0, 0)
+    #: Seconds of vision encoding in this step, one per image/video prompt encoded (VLM runner).
+    vision_encode_s: tuple[float, ...] = ()
     #: Of a new sequence's ``num_cached_tokens``, how many the executor recomputed after all
     #: (disk-tier blocks it could not read back): its reported ``cached_tokens`` drop by those.
     recomputed: tuple[tuple[RequestId, int], ...] = ()

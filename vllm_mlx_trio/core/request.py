@@ -81,6 +81,7 @@ class Request:
         "first_valid_step",
         "termination",
         "endpoint",
+        "media",
     )
 
     def __init__(self, admit: Admitted, eos_token_ids: tuple[int, ...]):
@@ -89,6 +90,8 @@ class Request:
         self.params: SamplingParams = admit.params
         #: Extra keys of its prefix-cache blocks: the cache salt and the media hashes.
         self.cache_keys: tuple = admit.cache_keys
+        #: The prompt's images and videos for the runner (``messages.MediaInput``), if any.
+        self.media: tuple = getattr(admit, "media", ())
         #: ((start position, cache key), ...) of its media, for the prefix cache's block hashes.
         self.media_keys: tuple[tuple[int, str], ...] = admit.media_keys
         self.outbox: Outbox = admit.outbox

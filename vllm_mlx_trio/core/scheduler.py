@@ -194,6 +194,7 @@ class Scheduler:
                 disk_blocks=disk_blocks,
                 num_output_tokens=request.num_output_tokens,
                 protects=self._streaming_before(request),
+                media=request.media,
             )
         )
         self.running[request.request_id] = request

@@ -65,6 +65,8 @@ def register_routes(app: quart.Quart, engine: Engine) -> None:
     @app.get("/v1/models")
     async def models():
         card = {"id": model_name, "object": "model", "created": 0, "owned_by": "vllm-mlx-trio"}
+        # which inputs the model takes: text, and images / videos for a VLM (issue 13)
+        card["input_modalities"] = input_modalities(engine.model_info.media_kinds)
         return {"object": "list", "data": [card]}
 
     async def handle(*, chat: bool):
@@ -348,3 +350,8 @@ def _error_event(exc: VllmMlxTrioError, stream: RequestStream) -> str:
     _status, body, _headers = describe(exc)
     logger.warning("request %s failed mid-stream: %s", stream.request_id, exc)
     return sse(body)
+
+
+def input_modalities(media_kinds: frozenset[str]) -> list[str]:
+    """``/v1/models``' ``input_modalities``: "text", then "image" / "video" as the model takes them."""
+    return ["text", *(kind for kind in ("image", "video") if f"{kind}_url" in media_kinds)]

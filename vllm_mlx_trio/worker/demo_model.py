@@ -38,6 +38,8 @@ DEMO_FORMAT_VERSION = 1
 #: Written last into a build; its presence marks the build as complete.
 DEMO_MARKER = "demo_model.json"
 DEFAULT_DTYPE = "bfloat16"
+#: The demo vision-language model's size name (built by worker/demo_vlm.py).
+VLM_SIZE = "vlm-tiny"
 DTYPES = {"float32": "F32", "bfloat16": "BF16"}
 
 ENDOFTEXT = "<|endoftext|>"
@@ -174,8 +176,12 @@ def resolve_demo_model(
     if not is_demo_path(path):
         raise ValueError(f"not a demo model path: {path!r} (expected {DEMO_PREFIX}<size>)")
     size = path[len(DEMO_PREFIX) :]
-    _lookup_size(size)
     root = pathlib.Path(cache_dir) if cache_dir is not None else default_demo_cache_dir()
+    if size == VLM_SIZE:  # the demo vision-language model (worker/demo_vlm.py)
+        from .demo_vlm import resolve_demo_vlm
+
+        return resolve_demo_vlm(root)
+    _lookup_size(size)
     target = root / f"{size}-seed0-v{DEMO_FORMAT_VERSION}"
     if (target / DEMO_MARKER).is_file():
         if _built_template_hash(target) == chat_template_hash():
@@ -208,6 +214,10 @@ def build_demo_model(
     An existing empty ``out_dir`` or a previous complete demo build is
     replaced; any other non-empty directory raises ``FileExistsError``.
     """
+    if size == VLM_SIZE:
+        from .demo_vlm import build_demo_vlm
+
+        return build_demo_vlm(out_dir, seed=seed, dtype=dtype)
     return _build(out_dir, size=size, seed=seed, dtype=dtype, replace=True)
 
 

@@ -93,7 +93,7 @@ def _arrays(layer: Any) -> list[mx.array]:
 
 
 def _kind(layer: Any) -> LayerKind | None:
-    if type(layer) is KVCache:
+    if type(layer) is KVCache or getattr(layer, "prefix_layer_kind", None) == "kv":  # a KVCache subclass
         return "kv"
     if type(layer) is RotatingKVCache and layer.keep == 0:
         return "window"

@@ -21,6 +21,8 @@ RUNNERS: dict[str, str] = {
     "batched": "vllm_mlx_trio.worker.batch_runner:BatchRunner",
     # one model sharded over mlx.launch's ranks, each running "batched" on its shard (docs/distributed.md)
     "distributed": "vllm_mlx_trio.worker.distributed_runner:DistributedRunner",
+    # a vision-language model (mlx-vlm, the vlm extra) batched with text (worker/vlm_runner.py)
+    "vlm": "vllm_mlx_trio.worker.vlm_runner:VlmRunner",
 }
 
 
