@@ -149,11 +149,11 @@ class VlmRunner(BatchRunner):
 
     def _advance(self, live: list[LiveSequence]) -> Advance:
         """One unit of media prefill (if any is pending), then the generator's step."""
-        finished = self._prefill_step()
+        finished = self._media_prefill_step()
         advance = super()._advance(live)
         return Advance(advance.emissions, (*advance.prompts_done, *finished))
 
-    def _prefill_step(self) -> list[RequestId]:
+    def _media_prefill_step(self) -> list[RequestId]:
         if not self._prefills:
             return []
         prefill = self._prefills[0]
