@@ -174,7 +174,8 @@ def resolve_demo_model(
     if not is_demo_path(path):
         raise ValueError(f"not a demo model path: {path!r} (expected {DEMO_PREFIX}<size>)")
     size = path[len(DEMO_PREFIX) :]
-    _lookup_size(size)
+    if _own_module_writer(size) is None:
+        _lookup_size(size)
     root = pathlib.Path(cache_dir) if cache_dir is not None else default_demo_cache_dir()
     target = root / f"{size}-seed0-v{DEMO_FORMAT_VERSION}"
     if (target / DEMO_MARKER).is_file():
@@ -219,7 +220,8 @@ def _build(
     With ``replace=False`` a complete build already at ``out_dir`` (say, from
     a concurrent resolver) is kept and the new one discarded.
     """
-    spec = _lookup_size(size)
+    own_writer = _own_module_writer(size)
+    spec = None if own_writer else _lookup_size(size)
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; valid dtypes: {', '.join(DTYPES)}")
     out = pathlib.Path(out_dir).absolute()
@@ -227,11 +229,23 @@ def _build(
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         tmp.chmod(0o755)
-        _write_model_files(tmp, spec, size=size, seed=seed, dtype=dtype)
+        if own_writer:
+            own_writer(tmp, seed=seed, dtype=dtype)
+        else:
+            _write_model_files(tmp, spec, size=size, seed=seed, dtype=dtype)
         _install(tmp, out, replace=replace)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _own_module_writer(size: str):
+    """The file writer of a demo model that lives in its own module, or None for the presets here."""
+    if size == "mtp-tiny":  # a hybrid target carrying an MTP head (worker/demo_mtp.py)
+        from .demo_mtp import write_mtp_tiny
+
+        return write_mtp_tiny
+    return None
 
 
 def _lookup_size(size: str) -> DemoSize:
