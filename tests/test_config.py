@@ -23,6 +23,7 @@ from vllm_mlx_trio.config import (
     config_to_toml,
     load_config,
 )
+from vllm_mlx_trio.config_sections import SpeculativeConfig
 from vllm_mlx_trio.errors import ConfigError, VllmMlxTrioError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -382,6 +383,8 @@ def test_round_trip_with_every_option_set():
                         "collective_timeout_s": 5.0},
         "metrics": {"enabled": False},
         "logging": {"level": "debug", "format": "json"},
+        "speculative": {"method": "draft", "draft_model": "demo:spec-draft", "num_draft_tokens": 3,
+                        "hidden_state_mode": "pre_norm", "thinking_retirement_resume": True},
     }  # fmt: skip
     cfg = config_from_dict(data)
     assert config_to_dict(cfg) == data
@@ -402,7 +405,7 @@ def all_options() -> list[tuple[str, str]]:
     """(section, key) for every field of every section class."""
     classes = {
         ServerConfig, ModelConfig, EngineSection, CacheConfig, LimitsConfig, DistributedConfig, MetricsConfig,
-        LoggingConfig,
+        LoggingConfig, SpeculativeConfig,
     }  # fmt: skip
     assert set(SECTIONS.values()) == classes
     return [(section, f.name) for section, cls in SECTIONS.items() for f in attrs.fields(cls)]

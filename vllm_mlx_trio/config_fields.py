@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-DEMO_SIZES = ("tiny", "small")
+DEMO_SIZES = ("tiny", "small", "spec-target", "spec-draft")  # spec-*: worker/demo_spec.py
 
 
 class _FieldError(ValueError):

@@ -26,6 +26,20 @@ Adjustment to the interface in /work/briefs/iface16.md (10:05 UTC): :meth:`Draft
 ``num_tokens`` drafts, none included (e.g. an MTP drafter entered with ``target_hidden=None`` because the sequence
 came from the batched path, which keeps no hidden states); the runner then verifies ``[last]`` alone, which is a plain
 decode step, and the following :meth:`Drafter.settle` carries the hidden state.
+
+The pieces MTP provides, found by name so this module imports none of them (attributes and signatures fixed here):
+
+* a drafter loader per ``speculative.method`` in :data:`DRAFTER_LOADERS`:
+  ``load(cfg: EngineConfig, target_model, info: ModelInfo) -> Drafter``, called on the MLX thread after the target
+  loaded (``"mtp"``: ``vllm_mlx_trio.worker.mtp_drafter:load_mtp_drafter``);
+* a drafter with ``needs_target_hidden`` also has ``hidden_state_mode: str`` (resolved), and the runner then runs the
+  verify forward through ``vllm_mlx_trio.worker.spec_hidden:target_forward(model, inputs, cache, *, mode)
+  -> (logits, hidden)`` (``inputs``: ``mx.array`` of shape ``(1, n)``; ``logits`` ``(1, n, vocab)``, ``hidden``
+  ``(1, n, hidden_size)``);
+* for a target cache that is not trimmable, :data:`CACHE_TRANSACTION` ``open_transaction(model, cache, inputs)
+  -> CacheTransaction``, opened before the verify forward of ``inputs`` (a list of token ids);
+  :meth:`CacheTransaction.keep` then leaves exactly the first ``n`` of them in the cache. A trimmable cache uses
+  :class:`~vllm_mlx_trio.worker.spec_runner.TrimTransaction` instead.
 """
 
 from __future__ import annotations
@@ -35,6 +49,24 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
     import mlx.core as mx
+
+#: ``speculative.method`` -> "module:function" that builds its drafter (imported on first use).
+DRAFTER_LOADERS: dict[str, str] = {
+    "draft": "vllm_mlx_trio.worker.spec_draft_model:load_draft_model_drafter",
+    "mtp": "vllm_mlx_trio.worker.mtp_drafter:load_mtp_drafter",
+}
+#: The verify forward returning hidden states, for drafters with ``needs_target_hidden`` (MTP's module).
+TARGET_FORWARD = "vllm_mlx_trio.worker.spec_hidden:target_forward"
+#: Roll-back of non-trimmable (hybrid) target caches after a verify (MTP's module).
+CACHE_TRANSACTION = "vllm_mlx_trio.worker.spec_cache_txn:open_transaction"
+
+
+class CacheTransaction(Protocol):
+    """Opened on the target's cache just before a verify forward of ``inputs``."""
+
+    def keep(self, num_tokens: int) -> None:
+        """After the forward: leave the cache holding what it held before plus the first ``num_tokens`` inputs."""
+        ...
 
 
 class Drafter(Protocol):
