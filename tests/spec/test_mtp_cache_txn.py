@@ -9,7 +9,7 @@ import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 from vllm_mlx_trio.worker.demo_model import resolve_demo_model
-from vllm_mlx_trio.worker.spec_cache_txn import CacheTransaction, needs_transaction
+from vllm_mlx_trio.worker.spec_cache_txn import needs_transaction, open_transaction
 
 pytestmark = pytest.mark.mlx
 
@@ -60,9 +60,9 @@ def test_the_demo_target_is_hybrid_and_needs_the_transaction(hybrid):
 @pytest.mark.parametrize("kept", [0, 1, 3, len(VERIFIED)])
 def test_keep_equals_a_plain_forward_of_the_kept_tokens(hybrid, kept):
     cache = _prefilled(hybrid)
-    txn = CacheTransaction(cache)
+    txn = open_transaction(hybrid, cache, VERIFIED)
     hybrid(mx.array([VERIFIED]), cache=cache)  # the verify forward writes all k + 1 tokens
-    txn.keep(hybrid, VERIFIED, kept)
+    txn.keep(kept)
 
     expected = _prefilled(hybrid)
     if kept:
@@ -88,10 +88,10 @@ def test_trimming_alone_would_leave_the_rejected_tokens_in_the_linear_state(hybr
 
 def test_a_transaction_settles_once(hybrid):
     cache = _prefilled(hybrid)
-    txn = CacheTransaction(cache)
+    txn = open_transaction(hybrid, cache, VERIFIED)
     hybrid(mx.array([VERIFIED]), cache=cache)
     with pytest.raises(ValueError):
-        txn.keep(hybrid, VERIFIED, len(VERIFIED) + 1)
-    txn.keep(hybrid, VERIFIED, 2)
+        txn.keep(len(VERIFIED) + 1)
+    txn.keep(2)
     with pytest.raises(RuntimeError):
-        txn.keep(hybrid, VERIFIED, 2)
+        txn.keep(2)

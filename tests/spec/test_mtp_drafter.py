@@ -13,7 +13,7 @@ import pytest
 from vllm_mlx_trio.worker.demo_model import resolve_demo_model
 from vllm_mlx_trio.worker.mtp_drafter import MTPDrafter
 from vllm_mlx_trio.worker.mtp_head import load_mtp_head
-from vllm_mlx_trio.worker.spec_cache_txn import CacheTransaction, needs_transaction
+from vllm_mlx_trio.worker.spec_cache_txn import needs_transaction, open_transaction
 from vllm_mlx_trio.worker.spec_hidden import target_forward
 
 pytestmark = pytest.mark.mlx
@@ -50,7 +50,7 @@ def _speculative_greedy(model, drafter, prompt: list[int], n: int, k: int) -> tu
     while len(out) < n:
         drafts = drafter.propose(last, k)
         verified = [last, *drafts]
-        txn = CacheTransaction(cache) if needs_transaction(cache) else None
+        txn = open_transaction(model, cache, verified) if needs_transaction(cache) else None
         logits, hidden = target_forward(model, mx.array([verified]), cache, mode=mode)
         targets = mx.argmax(logits[0], axis=-1).tolist()
         j = 0
@@ -58,7 +58,7 @@ def _speculative_greedy(model, drafter, prompt: list[int], n: int, k: int) -> tu
             j += 1
         accepted = [*drafts[:j], targets[j]]
         if txn is not None:
-            txn.keep(model, verified, j + 1)
+            txn.keep(j + 1)
         drafter.settle(accepted, hidden[:, : j + 1])
         proposed, accepted_total = proposed + len(drafts), accepted_total + j
         out.extend(accepted)

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import mlx.core as mx
 
+from ..errors import ModelLoadError
 from .mtp_head import MTPHead, load_mtp_head
 from .spec_hidden import final_norm_owner, resolve_hidden_state_mode
 
@@ -107,6 +108,18 @@ class MTPDrafter:
         """Write the pairs (hiddens[i], tokens[i]) into the head's cache."""
         out = self.head(self._embed(mx.array([tokens], dtype=mx.int32)), hiddens, self._cache)
         mx.eval(out, [c.keys for c in self._cache])
+
+
+def load_mtp_drafter(cfg: Any, target_model: Any, info: Any) -> MTPDrafter:
+    """``[speculative] method = "mtp"``: the drafter of the loaded target (worker/spec_drafter.py's
+    ``DRAFTER_LOADERS``); ``cfg`` is the EngineConfig, ``info`` the target's ModelInfo."""
+    from mlx_lm.utils import _download  # the local snapshot mlx_lm.load used (a hub id is cached by now)
+
+    try:
+        model_dir = _download(info.model_path, revision=cfg.model.revision)
+    except Exception as exc:  # boundary: hub and filesystem errors
+        raise ModelLoadError(f"could not find the checkpoint of {info.model_path!r}: {exc}") from exc
+    return MTPDrafter.for_target(target_model, model_dir, hidden_state_mode=cfg.speculative.hidden_state_mode)
 
 
 def shared_embedding_and_head(model: Any) -> tuple[Callable[[mx.array], mx.array], Callable[[mx.array], mx.array]]:

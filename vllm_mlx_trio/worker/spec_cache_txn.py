@@ -26,29 +26,36 @@ def needs_transaction(cache: Sequence[Any]) -> bool:
     return not can_trim_prompt_cache(list(cache))
 
 
-class CacheTransaction:
-    """A snapshot of a target's per-layer cache before one verify forward; :meth:`keep` settles it."""
+def open_transaction(model: Any, cache: Sequence[Any], inputs: Sequence[int]) -> CacheTransaction:
+    """Snapshot ``cache`` before the verify forward of ``inputs`` (worker/spec_drafter.py's ``CACHE_TRANSACTION``)."""
+    return CacheTransaction(model, cache, inputs)
 
-    def __init__(self, cache: Sequence[Any]):
+
+class CacheTransaction:
+    """A snapshot of a target's per-layer cache before the verify forward of ``verified``; :meth:`keep` settles it.
+
+    ``verified`` are the tokens that forward writes (``[last, d1..dk]``); ``model`` re-forwards the kept ones.
+    """
+
+    def __init__(self, model: Any, cache: Sequence[Any], verified: Sequence[int]):
+        self._model = model
         self._cache = list(cache)
+        self._verified = list(verified)
         self._saved = [_snapshot(layer_cache) for layer_cache in self._cache]
         self._open = True
 
-    def keep(self, model: Any, verified: Sequence[int], n: int) -> None:
-        """Leave the cache as if only ``verified[:n]`` had been forwarded since the snapshot.
-
-        ``verified`` are the tokens the verify forward wrote (``[last, d1..dk]``); ``0 <= n <= len(verified)``.
-        """
+    def keep(self, n: int) -> None:
+        """Leave the cache as if only ``verified[:n]`` had been forwarded since the snapshot (``0 <= n <= k + 1``)."""
         if not self._open:
             raise RuntimeError("the cache transaction was already settled")
-        if not 0 <= n <= len(verified):
-            raise ValueError(f"keep {n} of {len(verified)} verified tokens")
+        if not 0 <= n <= len(self._verified):
+            raise ValueError(f"keep {n} of {len(self._verified)} verified tokens")
         self._open = False
-        if n == len(verified):
+        if n == len(self._verified):
             return  # everything stays: the cache already holds exactly these tokens
         self.rollback()
         if n:
-            model(mx.array([list(verified[:n])], dtype=mx.int32), cache=self._cache)
+            self._model(mx.array([self._verified[:n]], dtype=mx.int32), cache=self._cache)
             mx.eval([a for c in self._cache for a in _arrays_of(c)])
 
     def rollback(self) -> None:
