@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-DEMO_SIZES = ("tiny", "small", "spec-target", "spec-draft")  # spec-*: worker/demo_spec.py
+DEMO_SIZES = ("tiny", "small", "spec-target", "spec-draft", "mtp-tiny")  # spec-*: demo_spec.py, mtp-*: demo_mtp.py
 
 
 class _FieldError(ValueError):
