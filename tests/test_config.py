@@ -293,7 +293,7 @@ def test_wrong_type_from_override():
         ("server.port=65536", "server.port: must be between 0 and 65535, got 65536"),
         ("server.drain_timeout_s=-0.5", "server.drain_timeout_s: must be >= 0, got -0.5"),
         ("server.drain_timeout_s=nan", "server.drain_timeout_s: must be >= 0, got nan"),
-        ("engine.mode=paged", "engine.mode: must be one of simple, batched, distributed, got 'paged'"),
+        ("engine.mode=paged", "engine.mode: must be one of simple, batched, distributed, speculative, got 'paged'"),
         ("logging.level=verbose", "logging.level: must be one of debug, info, warning, error"),
         ("logging.format=xml", "logging.format: must be one of text, json, got 'xml'"),
         ("model.path=demo:huge", "model.path: must be one of demo:tiny, demo:small"),

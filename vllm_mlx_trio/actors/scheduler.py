@@ -305,6 +305,8 @@ class SchedulerActor:
         num_tokens = sum(len(tokens) for rid, tokens in result.sampled if rid in running)
         if self._metrics is not None:
             self._metrics.on_step(num_tokens, result.elapsed_s)
+            if result.spec_decode is not None:
+                self._metrics.on_spec_decode(result.spec_decode)
         for request in self._scheduler.apply(result):
             self._delivery.time_request(request)
             self._deliver(request)

@@ -11,6 +11,7 @@ from typing import NewType
 import attrs
 
 from .params import SamplingParams
+from .speculative import SpecDecodeCounts
 
 RequestId = NewType("RequestId", str)
 BlockId = NewType("BlockId", int)
@@ -134,3 +135,5 @@ class StepResult:
     elapsed_s: float = 0.0
     #: MLX memory after the step, in bytes: (active, peak, buffer cache).
     memory: tuple[int, int, int] = (0, 0, 0)
+    #: What speculative decoding did in this step (worker/spec_runner.py); None when it did nothing.
+    spec_decode: SpecDecodeCounts | None = None

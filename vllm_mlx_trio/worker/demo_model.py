@@ -290,7 +290,10 @@ def _write_model_files(
     (directory / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
 
     config = _model_config(spec, dtype, ids)
-    weights = _random_weights(config, seed, damped)
+    if size in SPEC_SIZES:  # the agreeing speculative pair (demo_spec.py)
+        weights = spec_weights(size, config, seed, damped)
+    else:
+        weights = _random_weights(config, seed, damped)
     _write_safetensors(directory / "model.safetensors", weights, dtype)
     _write_json(directory / "config.json", config)
     stop = {"eos_token_id": [ids[IM_END], ids[ENDOFTEXT]]}  # both end tokens stop
@@ -448,3 +451,9 @@ def _write_json(path: pathlib.Path, obj: Any) -> None:
     """Write ``obj`` as indented, key-sorted JSON with a trailing newline."""
     text = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     path.write_text(text, encoding="utf-8")
+
+
+# The speculative demo pair builds on this module's recipe (imported last: it imports from here).
+from .demo_spec import SPEC_SIZES, spec_weights  # noqa: E402 -- circular by design, see the line above
+
+DEMO_SIZES.update(SPEC_SIZES)
