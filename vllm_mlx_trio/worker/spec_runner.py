@@ -33,6 +33,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 from ..core.speculative import SpecDecodeCounts, accepted_prefix, draft_budget, sampling_fits
 from ..messages import KVReady, ModelInfo, StepPlan, StepResult
 from .batch_runner import BatchRunner
+from .mtp_thinking import ThinkingGate, gate_for
 from .runner_base import Advance, Emission, LiveSequence
 from .spec_drafter import CACHE_TRANSACTION, DRAFTER_LOADERS, TARGET_FORWARD, CacheTransaction, Drafter
 from .spec_moves import SpecSequence, put_into_batch, take_from_batch
@@ -74,6 +75,7 @@ class SpecRunner(BatchRunner):
         self._speculating: LiveSequence | None = None  # the sequence the drafter started on
         self._counts = SpecDecodeCounts()
         self._target_forward: Any = None
+        self._thinking: ThinkingGate | None = None
 
     def _load(self) -> ModelInfo:
         info = super()._load()
@@ -84,6 +86,8 @@ class SpecRunner(BatchRunner):
             self._drafter = loader(self._cfg, self._target, info)
         if self._drafter.needs_target_hidden:
             self._target_forward = _import(TARGET_FORWARD)
+        if self._cfg.speculative.method == "mtp":  # thinking requests and MTP (MTP's hook, worker/mtp_thinking.py)
+            self._thinking = gate_for(self._cfg, info.tokenizer)
         return info
 
     # -- the step ------------------------------------------------------------------------------
@@ -110,7 +114,17 @@ class SpecRunner(BatchRunner):
         return Advance([*emissions, *advance.emissions], advance.prompts_done)
 
     def _fits(self, sequence: LiveSequence) -> bool:
-        return len(self._live) == 1 and sampling_fits(sequence.seq.params, sequence.num_output_tokens)
+        return (
+            len(self._live) == 1
+            and sampling_fits(sequence.seq.params, sequence.num_output_tokens)
+            and (self._thinking is None or self._thinking_allows(sequence))
+        )
+
+    def _thinking_allows(self, sequence: LiveSequence) -> bool:
+        assert self._thinking is not None
+        seq = sequence.seq
+        prompt = seq.prompt_token_ids[: len(seq.prompt_token_ids) - seq.num_output_tokens]
+        return self._thinking.allows(sequence.request_id, prompt, [*seq.output_token_ids, *sequence.emitted])
 
     def _candidate(self) -> LiveSequence | None:
         """The one live sequence, if it fits the envelope and is decoding in the batch (past its prompt)."""
@@ -204,6 +218,9 @@ class SpecRunner(BatchRunner):
     # -- leaving the runner --------------------------------------------------------------------
 
     def _remove(self, live: list[LiveSequence]) -> None:
+        for sequence in live:
+            if self._thinking is not None:
+                self._thinking.forget(sequence.request_id)
         if self._speculating is not None and any(s is self._speculating for s in live):
             self._stop_drafter()
         super()._remove([s for s in live if not isinstance(s.handle, SpecSequence)])
