@@ -62,6 +62,7 @@ class ThinkingMarkers:
 
 @attrs.define
 class _Track:
+    sequence: Any  # the sequence (object) this track follows: a request that comes back anew starts afresh
     phase: Phase
     scanned: int = 0  # output tokens already looked at
     after_marker: int = 0  # the index just after the last marker found (none is searched before it)
@@ -77,30 +78,33 @@ def _find(tokens: Sequence[int], marker: tuple[int, ...], first: int) -> int:
 
 
 class ThinkingGate:
-    """Per-request thinking phase, advanced over each request's output as it grows."""
+    """The thinking phase of the sequence asked about, advanced over its output as it grows.
+
+    Speculation only ever serves a sequence alone in the batch, so the gate follows one sequence at a time: asking
+    about another starts its track afresh (a scan of its output so far) and drops the previous one.
+    """
 
     def __init__(self, markers: ThinkingMarkers, *, resume: bool, decode: Any):
         self._markers = markers
         self._resume = resume
         self._decode = decode
-        self._tracks: dict[Any, _Track] = {}
+        self._track: _Track | None = None
 
-    def allows(self, request_id: Any, prompt: Sequence[int], output: Sequence[int]) -> bool:
-        """Whether the request may speculate now: ``prompt`` as templated, ``output`` every token of the reply."""
-        track = self._tracks.get(request_id)
-        if track is None:
+    def allows(self, sequence: Any, prompt: Sequence[int], output: Sequence[int]) -> bool:
+        """Whether ``sequence`` may speculate now: ``prompt`` as templated, ``output`` every token of its reply so
+        far. ``sequence`` identifies it (compared by identity)."""
+        track = self._track
+        if track is None or track.sequence is not sequence:
             tail = self._decode(list(prompt[-PROMPT_TAIL_TOKENS:]))
             inside = tail.rstrip().endswith(self._markers.start_text)
-            track = self._tracks[request_id] = _Track(Phase.THINKING if inside else Phase.NONE)
+            track = self._track = _Track(sequence, Phase.THINKING if inside else Phase.NONE)
         self._advance(track, output)
         return track.phase is Phase.NONE or (track.phase is Phase.ENDED and self._resume)
 
-    def phase(self, request_id: Any) -> Phase | None:
-        track = self._tracks.get(request_id)
-        return None if track is None else track.phase
-
-    def forget(self, request_id: Any) -> None:
-        self._tracks.pop(request_id, None)
+    @property
+    def phase(self) -> Phase | None:
+        """The phase of the sequence last asked about."""
+        return None if self._track is None else self._track.phase
 
     def _advance(self, track: _Track, output: Sequence[int]) -> None:
         while True:

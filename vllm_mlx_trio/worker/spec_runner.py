@@ -124,7 +124,7 @@ class SpecRunner(BatchRunner):
         assert self._thinking is not None
         seq = sequence.seq
         prompt = seq.prompt_token_ids[: len(seq.prompt_token_ids) - seq.num_output_tokens]
-        return self._thinking.allows(sequence.request_id, prompt, [*seq.output_token_ids, *sequence.emitted])
+        return self._thinking.allows(seq, prompt, [*seq.output_token_ids, *sequence.emitted])
 
     def _candidate(self) -> LiveSequence | None:
         """The one live sequence, if it fits the envelope and is decoding in the batch (past its prompt)."""
@@ -218,9 +218,6 @@ class SpecRunner(BatchRunner):
     # -- leaving the runner --------------------------------------------------------------------
 
     def _remove(self, live: list[LiveSequence]) -> None:
-        for sequence in live:
-            if self._thinking is not None:
-                self._thinking.forget(sequence.request_id)
         if self._speculating is not None and any(s is self._speculating for s in live):
             self._stop_drafter()
         super()._remove([s for s in live if not isinstance(s.handle, SpecSequence)])
