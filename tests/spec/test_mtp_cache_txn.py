@@ -57,12 +57,32 @@ def test_the_demo_target_is_hybrid_and_needs_the_transaction(hybrid):
     assert not needs_transaction([KVCache(), KVCache()])
 
 
+class _CountingModel:
+    """The target as the transaction sees it, counting forwards; ``with_layers=False`` hides its layers (so no
+    mixer can be replayed and the transaction re-forwards the model)."""
+
+    def __init__(self, model, *, with_layers: bool):
+        self._model = model
+        self.forwards = 0
+        if with_layers:
+            self.layers = model.layers
+
+    def __call__(self, *args, **kwargs):
+        self.forwards += 1
+        return self._model(*args, **kwargs)
+
+
+@pytest.mark.parametrize("path", ["replay", "re-forward"])
 @pytest.mark.parametrize("kept", [0, 1, 3, len(VERIFIED)])
-def test_keep_equals_a_plain_forward_of_the_kept_tokens(hybrid, kept):
+def test_keep_equals_a_plain_forward_of_the_kept_tokens(hybrid, kept, path):
     cache = _prefilled(hybrid)
-    txn = open_transaction(hybrid, cache, VERIFIED)
-    hybrid(mx.array([VERIFIED]), cache=cache)  # the verify forward writes all k + 1 tokens
+    model = _CountingModel(hybrid, with_layers=path == "replay")
+    txn = open_transaction(model, cache, VERIFIED)
+    model(mx.array([VERIFIED]), cache=cache)  # the verify forward writes all k + 1 tokens
     txn.keep(kept)
+    replayed_forward = path == "re-forward" and 0 < kept < len(VERIFIED)
+    assert model.forwards == 1 + replayed_forward  # replay runs only the linear-attention mixers again
+    assert {type(layer.linear_attn).__name__ for layer in hybrid.layers if layer.is_linear} == {"GatedDeltaNet"}
 
     expected = _prefilled(hybrid)
     if kept:

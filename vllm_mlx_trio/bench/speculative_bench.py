@@ -47,7 +47,8 @@ async def measure_run(engine: Engine, streams: int, max_tokens: int, first_promp
 def _configs(cfg: EngineConfig, draft_model: str, num_draft_tokens: int) -> tuple[EngineConfig, EngineConfig]:
     batched = attrs.evolve(cfg, engine=attrs.evolve(cfg.engine, mode="batched"))
     off = attrs.evolve(batched, speculative=attrs.evolve(cfg.speculative, method="off"))
-    on = attrs.evolve(batched, speculative=attrs.evolve(cfg.speculative, method="draft", draft_model=draft_model,
+    method = "mtp" if cfg.speculative.method == "mtp" else "draft"  # --set speculative.method=mtp: the MTP head
+    on = attrs.evolve(batched, speculative=attrs.evolve(cfg.speculative, method=method, draft_model=draft_model,
                                                         num_draft_tokens=num_draft_tokens))  # fmt: skip
     return off, on
 

@@ -105,9 +105,9 @@ class MTPDrafter:
         self._pending, self._round = None, None
 
     def _forward(self, tokens: list[int], hiddens: mx.array) -> None:
-        """Write the pairs (hiddens[i], tokens[i]) into the head's cache."""
-        out = self.head(self._embed(mx.array([tokens], dtype=mx.int32)), hiddens, self._cache)
-        mx.eval(out, [c.keys for c in self._cache])
+        """Write the pairs (hiddens[i], tokens[i]) into the head's cache, lazily: the next :meth:`propose` evaluates
+        them with its drafts (one synchronisation per round), :meth:`stop` drops them unevaluated."""
+        self.head(self._embed(mx.array([tokens], dtype=mx.int32)), hiddens, self._cache)
 
 
 def load_mtp_drafter(cfg: Any, target_model: Any, info: Any) -> MTPDrafter:

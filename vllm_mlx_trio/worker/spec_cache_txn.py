@@ -4,12 +4,16 @@ A verify forward of ``[last, d1..dk]`` writes all ``k + 1`` tokens into the targ
 (``last`` and the accepted drafts). Attention caches (``KVCache``) roll back by trimming. Linear-attention and SSM
 layers (mlx-lm's ``ArraysCache``: GatedDeltaNet's conv and recurrent state) fold every token into one state that
 cannot be un-folded, so :class:`CacheTransaction` snapshots those states before the verify and, when some tokens
-are rejected, restores every layer to the snapshot and forwards the ``n`` kept tokens again.
+are rejected, restores them and folds in the ``n`` kept tokens again:
 
-Exactness: after :meth:`CacheTransaction.keep` the cache is, array for array, the cache a plain forward of the kept
-tokens from the snapshot produces, because that is literally what runs (the same model, the same cache, the same
-tokens); when all tokens are kept nothing is redone. Cost: one extra forward of ``n`` tokens per round with a
-rejection, on hybrid models only (trimmable caches never open a transaction). MLX thread only.
+* replay (Qwen3.5 / Qwen3-Next, layers with a ``linear_attn`` mixer): during the verify forward each such mixer's
+  input is recorded; ``keep(n)`` runs only those mixers again over the first ``n`` recorded positions. By causality
+  those inputs are the ones a forward of just the kept tokens produces, so the states are the same; the test
+  (tests/spec/test_mtp_cache_txn.py) checks them equal, array for array, to a plain forward of the kept tokens.
+* re-forward (any other non-trimmable cache): restore every layer and forward the ``n`` kept tokens through the whole
+  model again: exact by construction, one more forward of ``n`` tokens.
+
+When all tokens are kept nothing is redone. MLX thread only.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, can_trim_prompt_cache
 
 
@@ -31,10 +36,23 @@ def open_transaction(model: Any, cache: Sequence[Any], inputs: Sequence[int]) ->
     return CacheTransaction(model, cache, inputs)
 
 
+class _MixerTap(nn.Module):
+    """Stands in for a layer's ``linear_attn`` during one verify forward and keeps its input."""
+
+    def __init__(self, mixer: nn.Module):
+        super().__init__()
+        self.mixer = mixer
+        self.recorded: tuple[mx.array, mx.array | None] | None = None
+
+    def __call__(self, x: mx.array, mask: mx.array | None = None, cache: Any = None) -> mx.array:
+        self.recorded = (x, mask)
+        return self.mixer(x, mask, cache)
+
+
 class CacheTransaction:
     """A snapshot of a target's per-layer cache before the verify forward of ``verified``; :meth:`keep` settles it.
 
-    ``verified`` are the tokens that forward writes (``[last, d1..dk]``); ``model`` re-forwards the kept ones.
+    ``verified`` are the tokens that forward writes (``[last, d1..dk]``); ``model`` replays the kept ones.
     """
 
     def __init__(self, model: Any, cache: Sequence[Any], verified: Sequence[int]):
@@ -42,6 +60,7 @@ class CacheTransaction:
         self._cache = list(cache)
         self._verified = list(verified)
         self._saved = [_snapshot(layer_cache) for layer_cache in self._cache]
+        self._taps = _install_taps(model, self._cache)
         self._open = True
 
     def keep(self, n: int) -> None:
@@ -50,19 +69,59 @@ class CacheTransaction:
             raise RuntimeError("the cache transaction was already settled")
         if not 0 <= n <= len(self._verified):
             raise ValueError(f"keep {n} of {len(self._verified)} verified tokens")
+        recorded = self._remove_taps()
         self._open = False
         if n == len(self._verified):
             return  # everything stays: the cache already holds exactly these tokens
-        self.rollback()
-        if n:
-            self._model(mx.array([self._verified[:n]], dtype=mx.int32), cache=self._cache)
-            mx.eval([a for c in self._cache for a in _arrays_of(c)])
+        if recorded is not None:  # replay: attention caches keep n, each linear-attention state folds n in again
+            for layer_cache, saved in zip(self._cache, self._saved, strict=True):
+                _restore(layer_cache, saved, keep=n)
+            for index, (mixer, (x, mask)) in recorded.items():
+                if n:
+                    mixer(x[:, :n], None if mask is None else mask[..., :n], self._cache[index])
+        else:  # re-forward
+            self._restore()
+            if n:
+                self._model(mx.array([self._verified[:n]], dtype=mx.int32), cache=self._cache)
+        mx.eval([a for c in self._cache for a in _arrays_of(c)])
 
     def rollback(self) -> None:
         """Restore every layer to the snapshot (the verified tokens are all dropped)."""
+        self._remove_taps()
+        self._restore()
+        self._open = False
+
+    def _restore(self) -> None:
         for layer_cache, saved in zip(self._cache, self._saved, strict=True):
             _restore(layer_cache, saved)
-        self._open = False
+
+    def _remove_taps(self) -> dict[int, tuple[nn.Module, tuple[mx.array, mx.array | None]]] | None:
+        """Put the mixers back; their recorded inputs by layer index, or None when replay cannot cover every
+        non-trimmable layer (then the whole model re-forwards)."""
+        recorded = {}
+        for index, (layer, tap) in self._taps.items():
+            layer.linear_attn = tap.mixer
+            if tap.recorded is not None:
+                recorded[index] = (tap.mixer, tap.recorded)
+        self._taps = {}
+        untapped = [i for i, c in enumerate(self._cache) if not c.is_trimmable() and i not in recorded]
+        return None if untapped else recorded
+
+
+def _install_taps(model: Any, cache: list[Any]) -> dict[int, tuple[nn.Module, _MixerTap]]:
+    """A tap on the ``linear_attn`` of every layer whose cache is an ArraysCache (none if the layers do not line
+    up with the cache, as in a pipelined model)."""
+    layers = list(getattr(model, "layers", None) or [])
+    if len(layers) != len(cache):
+        return {}
+    taps = {}
+    for index, (layer, layer_cache) in enumerate(zip(layers, cache, strict=True)):
+        mixer = getattr(layer, "linear_attn", None)
+        if isinstance(layer_cache, ArraysCache) and isinstance(mixer, nn.Module):
+            mixer = mixer.mixer if isinstance(mixer, _MixerTap) else mixer  # a tap left by a failed verify
+            layer.linear_attn = tap = _MixerTap(mixer)
+            taps[index] = (layer, tap)
+    return taps
 
 
 def _snapshot(layer_cache: Any) -> tuple[str, Any]:
@@ -74,13 +133,14 @@ def _snapshot(layer_cache: Any) -> tuple[str, Any]:
     return "state", (layer_cache.state, layer_cache.meta_state)
 
 
-def _restore(layer_cache: Any, saved: tuple[str, Any]) -> None:
+def _restore(layer_cache: Any, saved: tuple[str, Any], *, keep: int = 0) -> None:
+    """Back to the snapshot; a trimmable cache keeps ``keep`` of the tokens written since."""
     kind, value = saved
     if kind == "arrays":
         arrays, left_padding, lengths = value
         layer_cache.cache, layer_cache.left_padding, layer_cache.lengths = list(arrays), left_padding, lengths
     elif kind == "offset":
-        layer_cache.trim(layer_cache.offset - value)
+        layer_cache.trim(layer_cache.offset - value - keep)
     else:
         layer_cache.state, layer_cache.meta_state = value
 
