@@ -94,3 +94,19 @@ async def test_a_draft_model_with_another_tokenizer_is_refused_at_startup(float3
     with trio.fail_after(TIMEOUT_S), refused:
         async with open_engine(spec_config(float32_dir, draft)):
             pass
+
+
+async def test_a_prefix_cache_hit_speculates_with_the_same_tokens(float32_dir):
+    long_chat = [{"role": "user", "content": "The sea, the ships and the harbour lights at night. " * 4}]
+    with trio.fail_after(TIMEOUT_S):
+        async with open_engine(spec_config(float32_dir, None)) as engine:
+            _, reference, _ = await text_and_tokens(engine, GREEDY, long_chat)
+        async with open_engine(spec_config(float32_dir, float32_dir, "cache.block_size=16")) as engine:
+            _, first, _ = await text_and_tokens(engine, GREEDY, long_chat)
+            drafts_first = engine.metrics.spec_decode.num_drafts
+            with await engine.submit(long_chat, GREEDY) as stream:
+                second = [t async for delta in stream for t in delta.token_ids]
+            cached = stream.usage.cached_tokens
+            drafts_second = engine.metrics.spec_decode.num_drafts - drafts_first
+    assert first == second == reference
+    assert cached >= 16 and drafts_first > 0 and drafts_second > 0

@@ -32,16 +32,27 @@ async def _one(engine: Engine, prompt: str, params: SamplingParams, out: list) -
     out.append([t async for delta in engine.generate(chat(prompt), params) for t in delta.token_ids])
 
 
-async def measure_run(engine: Engine, streams: int, max_tokens: int, first_prompt: int) -> tuple[float, list]:
-    """``streams`` greedy requests at once: (tok/s over the run's wall time, each request's tokens)."""
+@attrs.frozen
+class Run:
+    """One run: tok/s over its wall time, this process's CPU ms per token, each request's tokens (sorted)."""
+
+    tok_s: float
+    cpu_ms_per_token: float
+    outputs: list
+
+
+async def measure_run(engine: Engine, streams: int, max_tokens: int, first_prompt: int) -> Run:
+    """``streams`` greedy requests at once. CPU time counts every thread of this process (the MLX thread's work
+    included): unlike wall time it barely moves when other processes load the machine."""
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     outputs: list[list[int]] = []
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     async with trio.open_nursery() as nursery:
         for prompt in bench_prompts(streams, first_prompt):
             nursery.start_soon(_one, engine, prompt, params, outputs)
-    elapsed = time.perf_counter() - started
-    return sum(len(tokens) for tokens in outputs) / elapsed, sorted(outputs)
+    elapsed, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
+    num_tokens = sum(len(tokens) for tokens in outputs)
+    return Run(num_tokens / elapsed, 1000 * cpu_s / num_tokens, sorted(outputs))
 
 
 def _configs(cfg: EngineConfig, draft_model: str, num_draft_tokens: int) -> tuple[EngineConfig, EngineConfig]:
@@ -64,17 +75,13 @@ async def measure_speculative(
         for streams in levels:
             for engine in (off, on):  # warm-up
                 await measure_run(engine, streams, max_tokens, first_prompt=0)
-            tok_s: dict[str, list[float]] = {"off": [], "on": []}
+            measured: dict[str, list[Run]] = {"off": [], "on": []}
             before = on.metrics.spec_decode
-            identical = True
             for run in range(runs):
                 first = 1 + run * streams  # fresh prompts each run, the same for both settings
-                off_tok_s, off_out = await measure_run(off, streams, max_tokens, first)
-                on_tok_s, on_out = await measure_run(on, streams, max_tokens, first)
-                tok_s["off"].append(off_tok_s)
-                tok_s["on"].append(on_tok_s)
-                identical = identical and off_out == on_out
-            rows.append(_row(streams, tok_s, _since(before, on.metrics.spec_decode), identical))
+                measured["off"].append(await measure_run(off, streams, max_tokens, first))
+                measured["on"].append(await measure_run(on, streams, max_tokens, first))
+            rows.append(_row(streams, measured, _since(before, on.metrics.spec_decode)))
     return rows
 
 
@@ -86,16 +93,21 @@ def _since(before: SpecDecodeCounts, after: SpecDecodeCounts) -> SpecDecodeCount
     )
 
 
-def _row(streams: int, tok_s: dict[str, list[float]], counts: SpecDecodeCounts, identical: bool) -> dict:
-    off, on = statistics.median(tok_s["off"]), statistics.median(tok_s["on"])
-    paired = [b / a for a, b in zip(tok_s["off"], tok_s["on"], strict=True)]
+def _row(streams: int, measured: dict[str, list[Run]], counts: SpecDecodeCounts) -> dict:
+    off_tok_s, on_tok_s = [r.tok_s for r in measured["off"]], [r.tok_s for r in measured["on"]]
+    off_cpu, on_cpu = [r.cpu_ms_per_token for r in measured["off"]], [r.cpu_ms_per_token for r in measured["on"]]
+    paired = [b / a for a, b in zip(off_tok_s, on_tok_s, strict=True)]
+    identical = all(a.outputs == b.outputs for a, b in zip(measured["off"], measured["on"], strict=True))
     rate, length = counts.acceptance_rate, counts.mean_accepted_length
     return {
         "streams": streams,
-        "off_tok_s": _spread(tok_s["off"]),
-        "on_tok_s": _spread(tok_s["on"]),
-        "speedup": f"{on / off:.2f}",
+        "off_tok_s": _spread(off_tok_s),
+        "on_tok_s": _spread(on_tok_s),
+        "speedup": f"{statistics.median(on_tok_s) / statistics.median(off_tok_s):.2f}",
         "paired_speedup": _spread(paired, 2),
+        "off_cpu_ms_tok": _spread(off_cpu),
+        "on_cpu_ms_tok": _spread(on_cpu),
+        "cpu_speedup": f"{statistics.median(off_cpu) / statistics.median(on_cpu):.2f}",
         "acceptance": "-" if rate is None else f"{rate:.3f}",
         "tokens_per_round": "-" if length is None else f"{length:.2f}",
         "rounds": counts.num_drafts,

@@ -20,7 +20,8 @@ def run_speculative_command(cfg, args: argparse.Namespace) -> int:
         f"target {cfg.model.path}, draft {args.draft_model}, num_draft_tokens {args.num_draft_tokens}; greedy, "
         f"{args.max_tokens} tokens per request, the streams started together",
         "tok/s: all streams' tokens over the run's wall time; median (min-max) of the runs, off and on alternating; "
-        "paired_speedup: each on-run over the off-run just before it",
+        "paired_speedup: each on-run over the off-run just before it; cpu_ms_tok: this process's CPU time per token "
+        "(steady under other processes' load); cpu_speedup: off over on",
         "acceptance: accepted / proposed draft tokens; tokens_per_round: accepted + 1 per verify round; "
         "identical: the outputs on and off are the same tokens",
     ]

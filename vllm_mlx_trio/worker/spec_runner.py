@@ -31,6 +31,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
 from ..core.speculative import SpecDecodeCounts, accepted_prefix, draft_budget, sampling_fits
+from ..errors import ModelLoadError
 from ..messages import KVReady, ModelInfo, StepPlan, StepResult
 from .batch_runner import BatchRunner
 from .mtp_thinking import ThinkingGate, gate_for
@@ -82,7 +83,11 @@ class SpecRunner(BatchRunner):
         assert self._generator is not None
         self._target = self._generator.model
         if self._drafter is None:
-            loader = _import(DRAFTER_LOADERS[self._cfg.speculative.method])
+            method = self._cfg.speculative.method
+            try:
+                loader = _import(DRAFTER_LOADERS[method])
+            except (ImportError, AttributeError) as exc:  # boundary: a method whose drafter is not installed
+                raise ModelLoadError(f"speculative.method = {method!r} is not available: {exc}") from exc
             self._drafter = loader(self._cfg, self._target, info)
         if self._drafter.needs_target_hidden:
             self._target_forward = _import(TARGET_FORWARD)
