@@ -83,7 +83,7 @@ class CacheTransaction:
             self._restore()
             if n:
                 self._model(mx.array([self._verified[:n]], dtype=mx.int32), cache=self._cache)
-        mx.eval([a for c in self._cache for a in _arrays_of(c)])
+        # left lazy: the next forward evaluates the states with its own work (no synchronisation here)
 
     def rollback(self) -> None:
         """Restore every layer to the snapshot (the verified tokens are all dropped)."""
@@ -144,8 +144,3 @@ def _restore(layer_cache: Any, saved: tuple[str, Any], *, keep: int = 0) -> None
     else:
         layer_cache.state, layer_cache.meta_state = value
 
-
-def _arrays_of(layer_cache: Any) -> list[mx.array]:
-    if isinstance(layer_cache, ArraysCache):
-        return [a for a in layer_cache.cache if a is not None]
-    return [a for a in layer_cache.state if isinstance(a, mx.array)]
