@@ -51,6 +51,12 @@ def alone(runner, params=GREEDY, prompt=PROMPT_A) -> tuple[list[int], PlanDriver
     return driver.outputs["a"], driver
 
 
+def first_new_draft_position(reference: list[int]) -> int:
+    """An output position holding a draft (every round emits pending + 4 drafts: positions 5r .. 5r + 4) whose
+    token did not occur before it, so a stop there ends the request there."""
+    return next(i for i in range(6, len(reference)) if i % 5 and reference[i] not in reference[:i])
+
+
 def test_the_runner_kind_is_chosen_by_the_method(runners):
     plain, spec = runners
     assert type(plain).__name__ == "BatchRunner"
@@ -73,9 +79,21 @@ def test_greedy_output_is_identical_and_max_tokens_cuts_inside_a_run(runners, ma
 def test_a_stop_token_inside_an_accepted_run_ends_it_there(runners):
     plain, spec = runners
     reference, _ = alone(plain)
-    # the first token that does not open the output: it falls inside some step's run of drafts
-    stop_at = next(i for i in range(7, len(reference)) if reference[i] not in reference[:i])
+    stop_at = first_new_draft_position(reference)
     params = attrs.evolve(GREEDY, ignore_eos=False, stop_token_ids=(reference[stop_at],))
+    expected, _ = alone(plain, params)
+    output, driver = alone(spec, params)
+    assert output == expected == reference[: stop_at + 1]
+    assert driver.num_drafts > 0
+
+
+def test_eos_inside_a_draft_ends_the_request_there(runners):
+    plain, spec = runners
+    reference, _ = alone(plain)
+    stop_at = first_new_draft_position(reference)
+    for runner in runners:  # that token is the model's EOS now (ModelInfo is what the termination rule reads)
+        runner._info = attrs.evolve(runner._info, eos_token_ids=(reference[stop_at],))
+    params = attrs.evolve(GREEDY, ignore_eos=False)
     expected, _ = alone(plain, params)
     output, driver = alone(spec, params)
     assert output == expected == reference[: stop_at + 1]
