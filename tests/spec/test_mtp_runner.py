@@ -129,3 +129,31 @@ def test_the_environment_variable_turns_the_opt_in_on(mtp_dir, think_tokens, mon
     finally:
         spec.close()
     assert _counts(driver)[0] > 0
+
+
+def test_pre_norm_from_the_config_reaches_the_verify_forward_and_changes_no_token(mtp_dir, runners, monkeypatch):
+    import vllm_mlx_trio.worker.spec_hidden as spec_hidden
+
+    modes = []
+    real = spec_hidden.target_forward
+
+    def recording(model, inputs, cache, *, mode):
+        modes.append(mode)
+        return real(model, inputs, cache, mode=mode)
+
+    monkeypatch.setattr(spec_hidden, "target_forward", recording)
+    plain, _ = runners
+    spec = _build(_mtp_config(mtp_dir, "speculative.hidden_state_mode=pre_norm"))
+    try:
+        output, driver = _alone(spec, PROMPTS[1])
+    finally:
+        spec.close()
+    assert output == _alone(plain, PROMPTS[1])[0]
+    assert modes and set(modes) == {"pre_norm"} and _counts(driver)[0] > 0
+
+
+def test_a_model_without_mtp_weights_is_refused_at_load(float32_dir):
+    from vllm_mlx_trio.errors import ModelLoadError
+
+    with pytest.raises(ModelLoadError, match="mtp"):
+        _build(_mtp_config(float32_dir))
