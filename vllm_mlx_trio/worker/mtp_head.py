@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import struct
 from dataclasses import replace
 from typing import Any
@@ -89,6 +90,7 @@ def load_mtp_head(model_dir: str | pathlib.Path, config: dict[str, Any]) -> MTPH
     weights: dict[str, mx.array] = {}
     for path in files:
         weights.update({k[len(MTP_PREFIX) :]: v for k, v in mx.load(str(path)).items() if k.startswith(MTP_PREFIX)})
+    weights = _stack_experts(weights)
     if _is_hf_layout(headers):
         weights = {k: (v + 1.0 if v.ndim == 1 and k.endswith(_ZERO_CENTRED_NORMS) else v) for k, v in weights.items()}
     try:
@@ -119,3 +121,27 @@ def safetensors_shapes(path: pathlib.Path) -> dict[str, list[int]]:
 def _is_hf_layout(headers: dict[pathlib.Path, dict[str, list[int]]]) -> bool:
     """As mlx-lm's qwen3_5 sanitize decides: a conv1d weight not yet in MLX layout marks an unconverted checkpoint."""
     return any("conv1d.weight" in k and shape[-1] != 1 for shapes in headers.values() for k, shape in shapes.items())
+
+
+_EXPERT = re.compile(r"^(layers\.\d+\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+
+
+def _stack_experts(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """MoE MTP layers in Hugging Face layout to mlx-lm's ``switch_mlp``: Qwen3-Next's per-expert matrices are
+    stacked, Qwen3.5-MoE's fused ``experts.gate_up_proj`` is split (as mlx-lm's sanitize does for the target)."""
+    out: dict[str, mx.array] = {}
+    per_expert: dict[tuple[str, str], dict[int, mx.array]] = {}
+    for key, value in weights.items():
+        if match := _EXPERT.match(key):
+            per_expert.setdefault((match[1], match[3]), {})[int(match[2])] = value
+        elif key.endswith(".mlp.experts.gate_up_proj"):
+            prefix, mid = key[: -len(".experts.gate_up_proj")], value.shape[-2] // 2
+            out[f"{prefix}.switch_mlp.gate_proj.weight"] = value[..., :mid, :]
+            out[f"{prefix}.switch_mlp.up_proj.weight"] = value[..., mid:, :]
+        elif key.endswith(".mlp.experts.down_proj"):
+            out[f"{key[: -len('.experts.down_proj')]}.switch_mlp.down_proj.weight"] = value
+        else:
+            out[key] = value
+    for (prefix, name), experts in per_expert.items():
+        out[f"{prefix}.switch_mlp.{name}.weight"] = mx.stack([experts[e] for e in sorted(experts)])
+    return out
