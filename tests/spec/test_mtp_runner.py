@@ -157,3 +157,21 @@ def test_a_model_without_mtp_weights_is_refused_at_load(float32_dir):
 
     with pytest.raises(ModelLoadError, match="mtp"):
         _build(_mtp_config(float32_dir))
+
+
+def test_a_second_request_sends_the_first_back_and_it_returns_with_a_fresh_head(runners):
+    plain, spec = runners
+    second = attrs.evolve(GREEDY, max_tokens=6)
+    ref_a, _ = _alone(plain, PROMPTS[0])
+    ref_b, _ = _alone(plain, PROMPTS[1], second)
+    driver = PlanDriver(spec)
+    driver.step(new=[NewSequence(request_id=RequestId("a"), prompt_token_ids=PROMPTS[0], params=GREEDY)])
+    while len(driver.outputs["a"]) < 10:
+        driver.step()
+    assert spec._speculating is not None
+    driver.step(new=[NewSequence(request_id=RequestId("b"), prompt_token_ids=PROMPTS[1], params=second)])
+    assert spec._speculating is None and spec._drafter.cached_positions == 0  # the head's state was freed
+    during = _counts(driver)[0]
+    driver.run_until_done()
+    assert driver.outputs["a"] == ref_a and driver.outputs["b"] == ref_b
+    assert _counts(driver)[0] > during  # drafting again once alone
