@@ -23,7 +23,7 @@ from vllm_mlx_trio.config import (
     config_to_toml,
     load_config,
 )
-from vllm_mlx_trio.config_sections import MllmSection
+from vllm_mlx_trio.config_sections import MllmSection, SpeculativeConfig
 from vllm_mlx_trio.errors import ConfigError, VllmMlxTrioError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -293,7 +293,10 @@ def test_wrong_type_from_override():
         ("server.port=65536", "server.port: must be between 0 and 65535, got 65536"),
         ("server.drain_timeout_s=-0.5", "server.drain_timeout_s: must be >= 0, got -0.5"),
         ("server.drain_timeout_s=nan", "server.drain_timeout_s: must be >= 0, got nan"),
-        ("engine.mode=paged", "engine.mode: must be one of simple, batched, distributed, vlm, got 'paged'"),
+        (
+            "engine.mode=paged",
+            "engine.mode: must be one of simple, batched, distributed, vlm, speculative, got 'paged'",
+        ),
         ("logging.level=verbose", "logging.level: must be one of debug, info, warning, error"),
         ("logging.format=xml", "logging.format: must be one of text, json, got 'xml'"),
         ("model.path=demo:huge", "model.path: must be one of demo:tiny, demo:small, demo:vlm-tiny"),
@@ -388,6 +391,8 @@ def test_round_trip_with_every_option_set():
                  "max_redirects": 1, "allow_private_urls": True, "max_image_bytes": 1000, "max_video_bytes": 2000,
                  "allowed_local_dirs": ["/srv/media"], "max_images_per_request": 2, "max_image_pixels": 4096,
                  "max_decoded_pixels": 8192},
+        "speculative": {"method": "draft", "draft_model": "demo:spec-draft", "num_draft_tokens": 3,
+                        "hidden_state_mode": "pre_norm", "thinking_retirement_resume": True},
     }  # fmt: skip
     cfg = config_from_dict(data)
     assert config_to_dict(cfg) == data
@@ -408,7 +413,7 @@ def all_options() -> list[tuple[str, str]]:
     """(section, key) for every field of every section class."""
     classes = {
         ServerConfig, ModelConfig, EngineSection, CacheConfig, LimitsConfig, DistributedConfig, MetricsConfig,
-        LoggingConfig, MllmSection,
+        LoggingConfig, MllmSection, SpeculativeConfig,
     }  # fmt: skip
     assert set(SECTIONS.values()) == classes
     return [(section, f.name) for section, cls in SECTIONS.items() for f in attrs.fields(cls)]

@@ -13,7 +13,8 @@ from typing import Any
 
 import attrs
 
-DEMO_SIZES = ("tiny", "small", "vlm-tiny")  # vlm-tiny: worker/demo_vlm.py
+# vlm-tiny: worker/demo_vlm.py; spec-*: demo_spec.py; mtp-*: demo_mtp.py
+DEMO_SIZES = ("tiny", "small", "vlm-tiny", "spec-target", "spec-draft", "mtp-tiny")
 
 
 class _FieldError(ValueError):

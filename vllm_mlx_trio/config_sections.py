@@ -240,6 +240,39 @@ class DistributedConfig:
     collective_timeout_s: float = _option(60.0, _in_range(0.001), converter=_to_float)
 
 
+#: ``[speculative]`` methods: off, a separate draft model, or the model's own MTP heads.
+SPECULATIVE_METHODS = ("off", "draft", "mtp")
+#: Most draft tokens one speculative step proposes (a verify forward is num_draft_tokens + 1 long).
+MAX_DRAFT_TOKENS = 16
+
+
+def _draft_model_for_method(inst, attribute, value) -> None:
+    """Validator: method = "draft" needs a draft_model; a demo one names a built-in size."""
+    if inst.method == "draft" and value is None:
+        raise _FieldError(type(inst), attribute.name, 'must be set when method = "draft"')
+    if value is not None:
+        _model_path(inst, attribute, value)
+
+
+@attrs.frozen(kw_only=True)
+class SpeculativeConfig:
+    """``[speculative]``: speculative decoding (issue 16) for a request alone in the batch, greedy, no processors."""
+
+    #: "off", "draft" (a separate draft model with the same tokenizer) or "mtp" (the model's own MTP heads).
+    #: Anything but "off" runs the batched engine through the speculative runner.
+    method: str = _option("off", _one_of(SPECULATIVE_METHODS))
+    #: method = "draft": the draft model (hub id, local directory, or "demo:spec-draft").
+    draft_model: str | None = _option(None, _non_empty, _draft_model_for_method)
+    #: Draft tokens proposed per step (1..MAX_DRAFT_TOKENS); a step emits 1..num_draft_tokens + 1 tokens.
+    num_draft_tokens: int = _option(4, _in_range(1, MAX_DRAFT_TOKENS))
+    #: method = "mtp": which target hidden states feed the MTP head, "post_norm" or "pre_norm";
+    #: none: the model's text_config ``mtp_hidden_state_mode``, else post_norm.
+    hidden_state_mode: str | None = _option(None, _non_empty)
+    #: method = "mtp": hand a thinking request back to MTP once its reasoning has ended (also
+    #: VLLM_MLX_ENABLE_THINKING_RETIREMENT_RESUME=1).
+    thinking_retirement_resume: bool = _option(False)
+
+
 @attrs.frozen(kw_only=True)
 class MetricsConfig:
     """``[metrics]``: the Prometheus endpoint."""
@@ -317,6 +350,8 @@ class EngineConfig:
     logging: LoggingConfig = _option(attrs.Factory(LoggingConfig))
     #: ``[mllm]``: image and video input: sources, size limits, video sampling.
     mllm: MllmSection = _option(attrs.Factory(MllmSection))
+    #: ``[speculative]``: speculative decoding (draft model or MTP).
+    speculative: SpeculativeConfig = _option(attrs.Factory(SpeculativeConfig))
 
     @property
     def model_name(self) -> str:

@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .core.speculative import SpecDecodeCounts
+
 #: vLLM's buckets, so the same Grafana panels and quantile queries apply.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
                 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
@@ -139,6 +141,33 @@ class EngineMetrics:
             )
         }  # fmt: skip
         self._counters["vllm:num_preemptions"].inc(0)
+        self._spec_decode_metrics()
+
+    def _spec_decode_metrics(self) -> None:
+        """Speculative decoding's counters (issue 16), vLLM's names; zero while speculation is off."""
+        for name, help_text in (
+            ("vllm:spec_decode_num_drafts", "Speculative verify rounds (one sequence each)."),
+            ("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed."),
+            ("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted."),
+        ):
+            self._counters[name] = Counter(name, help_text, ["model_name"], registry=self.registry).labels(
+                self.model_name
+            )
+        self._accepted_per_position = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by position in the draft (from 0).",
+            ["model_name", "position"], registry=self.registry,
+        )  # fmt: skip
+        #: The totals since start, for /v1/status's running acceptance rate.
+        self.spec_decode = SpecDecodeCounts()
+
+    def on_spec_decode(self, counts: SpecDecodeCounts) -> None:
+        """What speculation did in one step (``StepResult.spec_decode``)."""
+        self.spec_decode += counts
+        self.count("vllm:spec_decode_num_drafts", counts.num_drafts)
+        self.count("vllm:spec_decode_num_draft_tokens", counts.num_draft_tokens)
+        self.count("vllm:spec_decode_num_accepted_tokens", counts.num_accepted_tokens)
+        for position, accepted in enumerate(counts.accepted_per_position):
+            self._accepted_per_position.labels(self.model_name, str(position)).inc(accepted)
 
     def read_gauges_from(self, snapshot: Callable[[], dict[str, float]]) -> None:
         """Serve the gauges from ``snapshot`` (called at each scrape), once the engine's actors

@@ -312,6 +312,8 @@ class SchedulerActor:
         if self._metrics is not None:
             self._metrics.on_step(num_tokens, result.elapsed_s)
             self._metrics.on_vision_encode(result.vision_encode_s)
+            if result.spec_decode is not None:
+                self._metrics.on_spec_decode(result.spec_decode)
         for request in self._scheduler.apply(result):
             self._delivery.time_request(request)
             self._deliver(request)

@@ -31,7 +31,7 @@ from ..health import EngineHealth
 from ..messages import Admit, ControlCommand, ModelInfo, StepPlan, StepResult, Submit
 from ..metrics import EngineMetrics, engine_snapshot
 from ..output_format import OutputFormat, resolve_output_format
-from ..worker.registry import runner_class
+from ..worker.registry import runner_for
 from .admission import AdmissionActor, AdmissionLimits
 from .admission_media import make_media_loader
 from .cache_manager import CacheManagerActor
@@ -70,7 +70,7 @@ def mlx_executor_factory(cfg: EngineConfig) -> ExecutorFactory:
     def build(plan_recv, result_send):
         from .executor import ExecutorActor
 
-        Runner = runner_class(cfg.engine.mode)
+        Runner = runner_for(cfg)
         return ExecutorActor(plan_recv=plan_recv, result_send=result_send, runner_factory=lambda: Runner(cfg))
 
     return build
@@ -78,7 +78,7 @@ def mlx_executor_factory(cfg: EngineConfig) -> ExecutorFactory:
 
 def max_running(cfg: EngineConfig) -> int:
     """Sequences in the model at once, as the configured runner kind holds them."""
-    return runner_class(cfg.engine.mode).max_running(cfg.engine)
+    return runner_for(cfg).max_running(cfg.engine)
 
 
 @attrs.frozen(kw_only=True)
@@ -116,7 +116,7 @@ async def open_topology(cfg: EngineConfig, factory: ExecutorFactory) -> AsyncIte
 
 
 async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFactory) -> Topology:
-    runner = runner_class(cfg.engine.mode)
+    runner = runner_for(cfg)
     in_flight = runner.plans_in_flight
     running = runner.max_running(cfg.engine)
     submit_send, submit_recv = trio.open_memory_channel[Submit](SUBMIT_BUFFER)

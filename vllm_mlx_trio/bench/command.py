@@ -96,6 +96,16 @@ def add_bench_parser(commands, config_args: ConfigArgs) -> None:
     structured.add_argument("--rows", type=_positive, default=4, help="rows in the batch (default 4)")
     structured.add_argument("--max-tokens", type=_positive, default=64, help="tokens per row (default 64)")
 
+    spec = sub.add_parser("speculative", help="tok/s with speculative decoding on vs off, and its acceptance")
+    config_args(spec)
+    spec.add_argument("--model", default="demo:spec-target", help="target model (default demo:spec-target)")
+    spec.add_argument("--draft-model", default="demo:spec-draft", help="draft model (default demo:spec-draft)")
+    spec.add_argument("--num-draft-tokens", type=_positive, default=4, help="drafts per round (default 4)")
+    spec.add_argument("--levels", type=_levels, default=(1, 5), help="concurrency levels (default 1,5)")
+    spec.add_argument("--runs", type=_positive, default=3, help="runs per setting, alternating (default 3)")
+    spec.add_argument("--max-tokens", type=_positive, default=128, help="tokens per request (default 128)")
+    spec.add_argument("--json", dest="json_path", default=None, help="also write the rows here")
+
     prefix = sub.add_parser("prefix-cache", help="pass/fail table of prefix-cache hits and misses")
     config_args(prefix)
     prefix.add_argument("--model", default=None, help="model path (default: the config's, demo:tiny)")
@@ -186,6 +196,10 @@ def run_bench(cfg, args: argparse.Namespace) -> int:
         from .mllm_command import run_mllm_command
 
         return run_mllm_command(cfg, args)
+    if args.bench_command == "speculative":
+        from .speculative_command import run_speculative_command
+
+        return run_speculative_command(cfg, args)
     if args.bench_command == "soak":
         from .soak import run_soak_command
 

@@ -11,6 +11,7 @@ from typing import Any, NewType
 import attrs
 
 from .params import SamplingParams
+from .speculative import SpecDecodeCounts
 
 RequestId = NewType("RequestId", str)
 BlockId = NewType("BlockId", int)
@@ -150,3 +151,5 @@ class StepResult:
     #: Of a new sequence's ``num_cached_tokens``, how many the executor recomputed after all
     #: (disk-tier blocks it could not read back): its reported ``cached_tokens`` drop by those.
     recomputed: tuple[tuple[RequestId, int], ...] = ()
+    #: What speculative decoding did in this step (worker/spec_runner.py); None when it did nothing.
+    spec_decode: SpecDecodeCounts | None = None

@@ -20,6 +20,7 @@ import trio
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from ..actors.scheduler_stats import RequestSnapshot
+from ..core.speculative import SpecDecodeCounts
 from ..engine import Engine
 from .cache_routes import cache_stats_body
 
@@ -126,6 +127,20 @@ def status_body(engine: Engine, throughput: ThroughputMeter) -> dict:
         },
         "cache": cache_stats_body(stats.cache, block_size=cfg.cache.block_size),
         "requests": [_request_json(request, now) for request in scheduler.requests],
+        "speculative": _speculative_json(cfg.speculative.method, engine.metrics.spec_decode),
+    }
+
+
+def _speculative_json(method: str, counts: SpecDecodeCounts) -> dict:
+    """The method and what it achieved since start (acceptance: accepted over proposed draft tokens)."""
+    rate, length = counts.acceptance_rate, counts.mean_accepted_length
+    return {
+        "method": method,
+        "drafts": counts.num_drafts,
+        "draft_tokens": counts.num_draft_tokens,
+        "accepted_tokens": counts.num_accepted_tokens,
+        "acceptance_rate": None if rate is None else round(rate, 4),
+        "mean_accepted_length": None if length is None else round(length, 3),
     }
 
 

@@ -181,7 +181,8 @@ def resolve_demo_model(
         from .demo_vlm import resolve_demo_vlm
 
         return resolve_demo_vlm(root)
-    _lookup_size(size)
+    if _own_module_writer(size) is None:
+        _lookup_size(size)
     target = root / f"{size}-seed0-v{DEMO_FORMAT_VERSION}"
     if (target / DEMO_MARKER).is_file():
         if _built_template_hash(target) == chat_template_hash():
@@ -229,7 +230,8 @@ def _build(
     With ``replace=False`` a complete build already at ``out_dir`` (say, from
     a concurrent resolver) is kept and the new one discarded.
     """
-    spec = _lookup_size(size)
+    own_writer = _own_module_writer(size)
+    spec = None if own_writer else _lookup_size(size)
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; valid dtypes: {', '.join(DTYPES)}")
     out = pathlib.Path(out_dir).absolute()
@@ -237,11 +239,23 @@ def _build(
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         tmp.chmod(0o755)
-        _write_model_files(tmp, spec, size=size, seed=seed, dtype=dtype)
+        if own_writer:
+            own_writer(tmp, seed=seed, dtype=dtype)
+        else:
+            _write_model_files(tmp, spec, size=size, seed=seed, dtype=dtype)
         _install(tmp, out, replace=replace)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _own_module_writer(size: str):
+    """The file writer of a demo model that lives in its own module, or None for the presets here."""
+    if size == "mtp-tiny":  # a hybrid target carrying an MTP head (worker/demo_mtp.py)
+        from .demo_mtp import write_mtp_tiny
+
+        return write_mtp_tiny
+    return None
 
 
 def _lookup_size(size: str) -> DemoSize:
@@ -286,7 +300,10 @@ def _write_model_files(
     (directory / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
 
     config = _model_config(spec, dtype, ids)
-    weights = _random_weights(config, seed, damped)
+    if size in SPEC_SIZES:  # the agreeing speculative pair (demo_spec.py)
+        weights = spec_weights(size, config, seed, damped)
+    else:
+        weights = _random_weights(config, seed, damped)
     _write_safetensors(directory / "model.safetensors", weights, dtype)
     _write_json(directory / "config.json", config)
     stop = {"eos_token_id": [ids[IM_END], ids[ENDOFTEXT]]}  # both end tokens stop
@@ -444,3 +461,9 @@ def _write_json(path: pathlib.Path, obj: Any) -> None:
     """Write ``obj`` as indented, key-sorted JSON with a trailing newline."""
     text = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     path.write_text(text, encoding="utf-8")
+
+
+# The speculative demo pair builds on this module's recipe (imported last: it imports from here).
+from .demo_spec import SPEC_SIZES, spec_weights  # noqa: E402 -- circular by design, see the line above
+
+DEMO_SIZES.update(SPEC_SIZES)

@@ -23,7 +23,11 @@ RUNNERS: dict[str, str] = {
     "distributed": "vllm_mlx_trio.worker.distributed_runner:DistributedRunner",
     # a vision-language model (mlx-vlm, the vlm extra) batched with text (worker/vlm_runner.py)
     "vlm": "vllm_mlx_trio.worker.vlm_runner:VlmRunner",
+    # "batched" plus draft -> verify rounds for a request alone in the batch; selected by speculative.method
+    "speculative": "vllm_mlx_trio.worker.spec_runner:SpecRunner",
 }
+#: The kind ``speculative.method`` (when not "off") runs instead of "batched".
+SPECULATIVE = "speculative"
 
 
 class Runner(Protocol):
@@ -56,6 +60,21 @@ def register_runner(name: str, target: str | type) -> None:
     if isinstance(target, type):
         target = f"{target.__module__}:{target.__qualname__}"
     RUNNERS[name] = target
+
+
+def runner_for(cfg: EngineConfig) -> type[Runner]:
+    """The runner class a configuration runs: ``engine.mode``'s, or the speculative runner in place of "batched"
+    when ``speculative.method`` is not "off" (configured for it: its ``max_tokens_per_step``)."""
+    from ..errors import ConfigError
+
+    name, method = cfg.engine.mode, cfg.speculative.method
+    if method != "off" and name not in ("batched", SPECULATIVE):
+        raise ConfigError(f'speculative.method = "{method}" needs engine.mode = "batched", not {name!r}')
+    if name == SPECULATIVE and method == "off":
+        raise ConfigError('engine.mode = "speculative" needs speculative.method = "draft" or "mtp"')
+    cls = runner_class(SPECULATIVE if method != "off" else name)
+    configured = getattr(cls, "configured", None)
+    return configured(cfg) if configured is not None else cls
 
 
 def runner_class(name: str) -> type[Runner]:

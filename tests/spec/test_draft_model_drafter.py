@@ -1,0 +1,73 @@
+"""The draft-model drafter on the real tiny model: its drafts are its greedy continuation, and after every settle
+its cache (plus what it has not run yet) holds exactly what the target's does."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.mlx
+
+PROMPT = list(range(40, 60))
+
+
+@pytest.fixture(scope="module")
+def model(float32_dir):
+    from mlx_lm import load
+
+    return load(float32_dir)[0]
+
+
+def greedy_continuation(model, tokens: list[int], n: int) -> list[int]:
+    import mlx.core as mx
+
+    out = []
+    for _ in range(n):
+        logits = model(mx.array([tokens + out]))[:, -1, :]
+        out.append(int(mx.argmax(logits, axis=-1).item()))
+    return out
+
+
+def held(drafter) -> int:
+    return drafter._cache[0].offset + len(drafter._unfed)
+
+
+def test_drafts_are_the_greedy_continuation(model):
+    from vllm_mlx_trio.worker.spec_draft_model import DraftModelDrafter
+
+    drafter = DraftModelDrafter(model, prefill_step=8)  # the prompt goes in chunks
+    drafter.start(PROMPT, None)
+    assert held(drafter) == len(PROMPT)
+    assert drafter.propose(7, 4) == greedy_continuation(model, [*PROMPT, 7], 4)
+
+
+@pytest.mark.parametrize("num_accepted", [0, 1, 3, 4])
+def test_settle_keeps_the_drafter_in_step_with_the_target(model, num_accepted):
+    from vllm_mlx_trio.worker.spec_draft_model import DraftModelDrafter
+
+    drafter = DraftModelDrafter(model)
+    drafter.start(PROMPT, None)
+    target_cache = [*PROMPT]
+    last = 7
+    for _ in range(3):  # three rounds, each accepting num_accepted drafts then a bonus token
+        drafts = drafter.propose(last, 4)
+        bonus = (drafts[num_accepted] + 1) % 512 if num_accepted < 4 else 11
+        accepted = [*drafts[:num_accepted], bonus]
+        drafter.settle(accepted, None)
+        target_cache += [last, *drafts[:num_accepted]]
+        last = bonus
+        assert held(drafter) == len(target_cache)
+    # and what it drafts next is the greedy continuation of exactly that sequence
+    assert drafter.propose(last, 3) == greedy_continuation(model, [*target_cache, last], 3)
+
+
+def test_a_round_without_drafts_still_keeps_step(model):
+    from vllm_mlx_trio.worker.spec_draft_model import DraftModelDrafter
+
+    drafter = DraftModelDrafter(model)
+    drafter.start(PROMPT, None)
+    assert drafter.propose(7, 0) == []
+    drafter.settle([9], None)
+    assert held(drafter) == len(PROMPT) + 1
+    assert drafter.propose(9, 2) == greedy_continuation(model, [*PROMPT, 7, 9], 2)
+    drafter.stop()
+    assert drafter._cache is None

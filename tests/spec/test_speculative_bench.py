@@ -1,0 +1,24 @@
+"""``bench speculative`` on the tiny model drafting for itself: a row per level, outputs compared, counts read."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from vllm_mlx_trio.bench.speculative_bench import measure_speculative
+from vllm_mlx_trio.config import load_config
+
+pytestmark = pytest.mark.mlx
+
+
+async def test_one_row_per_level_with_acceptance_and_identical_outputs(float32_dir):
+    cfg = load_config(None, overrides=[f"model.path={float32_dir}"], environ={})
+    with trio.fail_after(240):
+        rows = await measure_speculative(cfg, draft_model=float32_dir, num_draft_tokens=3, runs=2, max_tokens=12,
+                                         levels=(1, 3))  # fmt: skip
+    assert [row["streams"] for row in rows] == [1, 3]
+    alone, shared = rows
+    assert alone["identical"] == shared["identical"] == "yes"
+    assert alone["rounds"] > 0 and float(alone["acceptance"]) > 0.8 and float(alone["tokens_per_round"]) > 2
+    assert float(alone["speedup"]) > 0 and float(alone["cpu_speedup"]) > 0
+    assert shared["rounds"] < alone["rounds"] * 3  # three streams mostly run batched: speculation only in tails

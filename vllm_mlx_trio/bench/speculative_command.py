@@ -1,0 +1,32 @@
+"""``vllm-mlx-trio bench speculative``: run :func:`measure_speculative` and print its table."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def run_speculative_command(cfg, args: argparse.Namespace) -> int:
+    import trio
+
+    from .machine import format_machine, machine_info
+    from .report import format_table, write_json
+    from .speculative_bench import measure_speculative
+
+    rows = trio.run(lambda: measure_speculative(
+        cfg, draft_model=args.draft_model, num_draft_tokens=args.num_draft_tokens, runs=args.runs,
+        max_tokens=args.max_tokens, levels=args.levels,
+    ))  # fmt: skip
+    notes = [
+        f"target {cfg.model.path}, draft {args.draft_model}, num_draft_tokens {args.num_draft_tokens}; greedy, "
+        f"{args.max_tokens} tokens per request, the streams started together",
+        "tok/s: all streams' tokens over the run's wall time; median (min-max) of the runs, off and on alternating; "
+        "paired_speedup: each on-run over the off-run just before it; cpu_ms_tok: this process's CPU time per token "
+        "(steady under other processes' load); cpu_speedup: off over on",
+        "acceptance: accepted / proposed draft tokens; tokens_per_round: accepted + 1 per verify round; "
+        "identical: the outputs on and off are the same tokens",
+    ]
+    print("\n".join(["== speculative decoding (draft model) on vs off", format_machine(machine_info()),
+                     format_table(rows, list(rows[0]))] + [f"note: {n}" for n in notes]), flush=True)  # fmt: skip
+    if args.json_path:
+        write_json(args.json_path, {"model": cfg.model.path, "draft_model": args.draft_model, "rows": rows})
+    return 0

@@ -1,0 +1,246 @@
+"""The speculative runner (``speculative.method`` = "draft" or "mtp"): the batched runner plus, for a sequence
+inside the envelope (core/speculative.py), draft -> verify -> accept steps.
+
+Each step either runs the normal batched step (``BatchGenerator.next()``), or, when exactly one sequence is live and
+its settings fit, one speculative round for it:
+
+1. the drafter proposes up to ``num_draft_tokens`` greedy drafts following the pending token;
+2. one target forward of ``[pending, d1..dk]`` gives the target's greedy token after each position;
+3. the longest agreeing prefix ``d1..da`` is accepted; the emission is ``pending, d1..da`` (1..k+1 tokens) and the
+   target's token after ``da`` becomes the new pending token (the bonus);
+4. the target's cache drops the rejected drafts (trim, or the cache transaction for non-trimmable caches) and the
+   drafter settles to match.
+
+The pending token is always the target's own greedy token, and every emitted draft equals the target's greedy token
+at its position, so the output is the normal path's, token for token (up to rounding differences between a one-token
+and a several-token forward). The one termination rule (RunnerBase) cuts a run at a stop token or ``max_tokens``.
+
+A sequence moves between the two paths (worker/spec_moves.py) whenever the envelope changes: prompts are always
+prefilled in the batch (so the prefix cache sees them as before); a second request arriving sends the speculating
+one back into the batch, and it comes back once it is alone again.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any
+
+import attrs
+import mlx.core as mx
+from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+
+from ..core.speculative import SpecDecodeCounts, accepted_prefix, draft_budget, sampling_fits
+from ..errors import ModelLoadError
+from ..messages import KVReady, ModelInfo, StepPlan, StepResult
+from .batch_runner import BatchRunner
+from .mtp_thinking import ThinkingGate, gate_for
+from .runner_base import Advance, Emission, LiveSequence
+from .spec_drafter import CACHE_TRANSACTION, DRAFTER_LOADERS, TARGET_FORWARD, CacheTransaction, Drafter
+from .spec_moves import SpecSequence, put_into_batch, take_from_batch
+
+logger = logging.getLogger(__name__)
+
+
+def _import(target: str) -> Any:
+    module_name, _, name = target.partition(":")
+    return getattr(importlib.import_module(module_name), name)
+
+
+class TrimTransaction:
+    """The cache transaction of a trimmable cache: drop the rejected inputs from its end."""
+
+    def __init__(self, cache: list[Any], num_inputs: int):
+        self._cache, self._num_inputs = cache, num_inputs
+
+    def keep(self, num_tokens: int) -> None:
+        trim_prompt_cache(self._cache, self._num_inputs - num_tokens)
+
+
+class SpecRunner(BatchRunner):
+    """Batched runner + speculative rounds for a sequence alone in the batch."""
+
+    #: Set per configuration by :meth:`configured` (num_draft_tokens + 1): the scheduler budgets KV by it.
+    max_tokens_per_step = 1
+
+    @classmethod
+    def configured(cls, cfg) -> type[SpecRunner]:
+        """This class with ``max_tokens_per_step`` for ``cfg`` (a class attribute the scheduler reads unbuilt)."""
+        k = cfg.speculative.num_draft_tokens
+        return type(cls.__name__, (cls,), {"max_tokens_per_step": k + 1, "__module__": cls.__module__})
+
+    def __init__(self, cfg, *, drafter: Drafter | None = None):
+        super().__init__(cfg)
+        self._num_draft_tokens = cfg.speculative.num_draft_tokens
+        self._drafter = drafter
+        self._speculating: LiveSequence | None = None  # the sequence the drafter started on
+        self._counts = SpecDecodeCounts()
+        self._target_forward: Any = None
+        self._thinking: ThinkingGate | None = None
+
+    def _load(self) -> ModelInfo:
+        info = super()._load()
+        assert self._generator is not None
+        self._target = self._generator.model
+        if self._drafter is None:
+            method = self._cfg.speculative.method
+            try:
+                loader = _import(DRAFTER_LOADERS[method])
+            except (ImportError, AttributeError) as exc:  # boundary: a method whose drafter is not installed
+                raise ModelLoadError(f"speculative.method = {method!r} is not available: {exc}") from exc
+            self._drafter = loader(self._cfg, self._target, info)
+        if self._drafter.needs_target_hidden:
+            self._target_forward = _import(TARGET_FORWARD)
+        if self._cfg.speculative.method == "mtp":  # thinking requests and MTP (MTP's hook, worker/mtp_thinking.py)
+            self._thinking = gate_for(self._cfg, info.tokenizer)
+        return info
+
+    # -- the step ------------------------------------------------------------------------------
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        result = super().execute(plan)
+        counts, self._counts = self._counts, SpecDecodeCounts()
+        return attrs.evolve(result, spec_decode=counts) if counts.num_drafts else result
+
+    def _advance(self, live: list[LiveSequence]) -> Advance:
+        emissions = []
+        current = self._speculating
+        if current is not None and not self._fits(current):
+            emissions.append(self._leave(current))
+            current = None
+        if current is None:
+            current = self._candidate()
+            if current is not None:
+                self._enter(current)
+        if current is not None:
+            emission = self._round(current)
+            return Advance([emission] if emission is not None else [])
+        advance = super()._advance(live)
+        return Advance([*emissions, *advance.emissions], advance.prompts_done)
+
+    def _fits(self, sequence: LiveSequence) -> bool:
+        return (
+            len(self._live) == 1
+            and sampling_fits(sequence.seq.params, sequence.num_output_tokens)
+            and (self._thinking is None or self._thinking_allows(sequence))
+        )
+
+    def _thinking_allows(self, sequence: LiveSequence) -> bool:
+        assert self._thinking is not None
+        seq = sequence.seq
+        prompt = seq.prompt_token_ids[: len(seq.prompt_token_ids) - seq.num_output_tokens]
+        return self._thinking.allows(seq, prompt, [*seq.output_token_ids, *sequence.emitted])
+
+    def _candidate(self) -> LiveSequence | None:
+        """The one live sequence, if it fits the envelope and is decoding in the batch (past its prompt)."""
+        if len(self._live) != 1:
+            return None
+        (sequence,) = self._live.values()
+        if sequence.handle not in self._decoding or not self._fits(sequence):
+            return None
+        return sequence
+
+    def _enter(self, sequence: LiveSequence) -> None:
+        assert self._generator is not None and self._drafter is not None
+        uid = sequence.handle
+        spec = take_from_batch(self._generator, uid)
+        del self._request_ids[uid]
+        self._decoding.discard(uid)
+        sequence.handle = spec
+        self._speculating = sequence
+        self._drafter.start(self._cached_tokens(sequence), None)
+
+    def _leave(self, sequence: LiveSequence) -> Emission:
+        """Back to the batch: emit the pending token; the generator carries on after it."""
+        assert self._generator is not None and self._drafter is not None
+        spec: SpecSequence = sequence.handle
+        self._stop_drafter()
+        tokens = (spec.pending,)
+        _keep, reason = sequence.termination.scan(sequence.num_output_tokens, tokens)
+        if reason is None:  # else the rule ends it on this token: it stays here until RunnerBase drops it
+            tokens_left = sequence.termination.max_tokens - sequence.num_output_tokens - 1
+            uid = put_into_batch(self._generator, spec, self._cached_tokens(sequence), tokens_left,
+                                 sequence.termination.stop_ids)  # fmt: skip
+            sequence.handle = uid
+            self._request_ids[uid] = sequence.request_id
+        return Emission(sequence.request_id, tokens)
+
+    def _round(self, sequence: LiveSequence) -> Emission | None:
+        """One draft -> verify -> accept round; None if the request failed (recorded in ``failures``)."""
+        try:
+            return self._speculate(sequence)
+        except Exception as exc:  # boundary: a drafter's failure ends this request only
+            logger.exception("speculative round failed for request %s", sequence.request_id)
+            self.failures[sequence.request_id] = f"speculative decoding failed: {type(exc).__name__}: {exc}"
+            return None
+
+    def _speculate(self, sequence: LiveSequence) -> Emission:
+        assert self._drafter is not None and self._generator is not None
+        spec: SpecSequence = sequence.handle
+        tokens_left = sequence.termination.max_tokens - sequence.num_output_tokens
+        budget = draft_budget(self._num_draft_tokens, tokens_left)
+        with mx.stream(self._generator.stream):
+            drafts = self._drafter.propose(spec.pending, budget)[:budget] if budget else []
+            inputs = [spec.pending, *drafts]
+            transaction = self._transaction(spec.cache, inputs)
+            target, hidden = self._verify(spec.cache, inputs)
+            num_accepted = accepted_prefix(drafts, target)
+            transaction.keep(1 + num_accepted)
+            accepted = [*drafts[:num_accepted], target[num_accepted]]
+            self._drafter.settle(accepted, None if hidden is None else hidden[:, : num_accepted + 1])
+        emitted = (spec.pending, *drafts[:num_accepted])
+        spec.pending = target[num_accepted]
+        self._counts += SpecDecodeCounts.of_round(len(drafts), num_accepted)
+        return Emission(sequence.request_id, emitted)
+
+    def _verify(self, cache: list[Any], inputs: list[int]) -> tuple[list[int], mx.array | None]:
+        """One target forward of ``inputs``: its greedy token after each position (as the batch's greedy sampler
+        picks it: argmax of the log-softmax), and the hidden states when the drafter wants them."""
+        assert self._drafter is not None
+        tokens = mx.array([inputs], dtype=mx.uint32)
+        hidden = None
+        if self._target_forward is not None:
+            logits, hidden = self._target_forward(self._target, tokens, cache, mode=self._drafter.hidden_state_mode)
+        else:
+            logits = self._target(tokens, cache=cache)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        return mx.argmax(logprobs[0], axis=-1).tolist(), hidden
+
+    def _transaction(self, cache: list[Any], inputs: list[int]) -> CacheTransaction:
+        if can_trim_prompt_cache(cache):
+            return TrimTransaction(cache, len(inputs))
+        return _import(CACHE_TRANSACTION)(self._target, cache, inputs)
+
+    def _cached_tokens(self, sequence: LiveSequence) -> list[int]:
+        """What the target's cache holds for a sequence: its prompt and every token emitted since."""
+        return [*sequence.seq.prompt_token_ids, *sequence.emitted]
+
+    def _stop_drafter(self) -> None:
+        if self._speculating is not None and self._drafter is not None:
+            self._speculating = None
+            self._drafter.stop()
+
+    # -- leaving the runner --------------------------------------------------------------------
+
+    def _remove(self, live: list[LiveSequence]) -> None:
+        if self._speculating is not None and any(s is self._speculating for s in live):
+            self._stop_drafter()
+        super()._remove([s for s in live if not isinstance(s.handle, SpecSequence)])
+
+    def _finished_ready(self, live: LiveSequence, emission: Emission) -> KVReady | None:
+        """A sequence finished on the speculative path: its prompt + output blocks from its own cache."""
+        if not isinstance(live.handle, SpecSequence):
+            return super()._finished_ready(live, emission)
+        if not self._cfg.cache.store_generated:
+            return None
+        first_block = len(live.seq.prompt_token_ids) // self._prefix.block_size
+        assert self._generator is not None
+        with mx.stream(self._generator.stream):
+            return self._prefix.ready(live.request_id, tuple(self._cached_tokens(live)), live.handle.cache,
+                                      first_block)  # fmt: skip
+
+    def _close(self) -> None:
+        self._stop_drafter()
+        self._drafter = None
+        self._target = None
+        super()._close()
