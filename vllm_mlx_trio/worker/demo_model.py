@@ -19,7 +19,6 @@ single decode stream, by ~15%.
 from __future__ import annotations
 
 import hashlib
-import importlib.resources
 import json
 import os
 import pathlib
@@ -31,6 +30,17 @@ from typing import Any
 import attrs
 import numpy as np
 
+from .demo_files import (
+    DTYPES,
+    ENDOFTEXT,
+    IM_END,
+    SPECIAL_TOKENS,
+    damped_ids,
+    train_tokenizer,
+    write_json,
+    write_safetensors,
+)
+
 DEMO_PREFIX = "demo:"
 #: Bump when the corpus, the tokenizer recipe or the weight recipe changes, so
 #: that cached builds of an older format are not reused.
@@ -40,12 +50,6 @@ DEMO_MARKER = "demo_model.json"
 DEFAULT_DTYPE = "bfloat16"
 #: The demo vision-language model's size name (built by worker/demo_vlm.py).
 VLM_SIZE = "vlm-tiny"
-DTYPES = {"float32": "F32", "bfloat16": "BF16"}
-
-ENDOFTEXT = "<|endoftext|>"
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)
 EMBED = "model.embed_tokens.weight"
 
 #: Standard deviation of the random embedding; the other matrices use
@@ -82,7 +86,7 @@ CHAT_TEMPLATE = (
     "{%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}"
     "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments'"
     " + ' within <tool_call></tool_call> XML tags:\\n<tool_call>\\n'"
-    " + '{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
+    ' + \'{"name": <function-name>, "arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n\' }}'
     "{%- endif %}"
     "{%- for message in messages %}"
     "{%- if message['role'] == 'tool' %}"
@@ -131,13 +135,23 @@ class DemoSize:
 #: ``tiny`` (~107k parameters) is for tests, ``small`` (~34M) for benchmarks.
 DEMO_SIZES: dict[str, DemoSize] = {
     "tiny": DemoSize(
-        vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, intermediate_size=128,
+        vocab_size=512,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
         max_position_embeddings=2048,
     ),
     "small": DemoSize(
-        vocab_size=4096, hidden_size=512, num_hidden_layers=10, num_attention_heads=8,
-        num_key_value_heads=4, head_dim=64, intermediate_size=1536,
+        vocab_size=4096,
+        hidden_size=512,
+        num_hidden_layers=10,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        intermediate_size=1536,
         max_position_embeddings=4096,
     ),
 }
@@ -161,9 +175,7 @@ def default_demo_cache_dir() -> pathlib.Path:
     return pathlib.Path.home() / ".cache" / "vllm-mlx-trio" / "demo"
 
 
-def resolve_demo_model(
-    path: str, cache_dir: str | os.PathLike | None = None
-) -> pathlib.Path:
+def resolve_demo_model(path: str, cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
     """Return the directory of the demo model ``path`` (``"demo:<size>"``).
 
     The model is built (seed 0, default dtype) into
@@ -222,9 +234,7 @@ def build_demo_model(
     return _build(out_dir, size=size, seed=seed, dtype=dtype, replace=True)
 
 
-def _build(
-    out_dir: str | os.PathLike, *, size: str, seed: int, dtype: str, replace: bool
-) -> pathlib.Path:
+def _build(out_dir: str | os.PathLike, *, size: str, seed: int, dtype: str, replace: bool) -> pathlib.Path:
     """Build into a temporary sibling of ``out_dir``, then install it there.
 
     With ``replace=False`` a complete build already at ``out_dir`` (say, from
@@ -289,13 +299,11 @@ def _install(tmp: pathlib.Path, out: pathlib.Path, *, replace: bool) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _write_model_files(
-    directory: pathlib.Path, spec: DemoSize, *, size: str, seed: int, dtype: str
-) -> None:
+def _write_model_files(directory: pathlib.Path, spec: DemoSize, *, size: str, seed: int, dtype: str) -> None:
     """Write every file of the model into ``directory``, the marker last."""
-    tokenizer = _train_tokenizer(spec.vocab_size)
+    tokenizer = train_tokenizer(spec.vocab_size)
     ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
-    damped = _damped_ids(tokenizer)
+    damped = damped_ids(tokenizer)
     tokenizer_json = tokenizer.to_str(pretty=True) + "\n"
     (directory / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
 
@@ -304,62 +312,19 @@ def _write_model_files(
         weights = spec_weights(size, config, seed, damped)
     else:
         weights = _random_weights(config, seed, damped)
-    _write_safetensors(directory / "model.safetensors", weights, dtype)
-    _write_json(directory / "config.json", config)
+    write_safetensors(directory / "model.safetensors", weights, dtype)
+    write_json(directory / "config.json", config)
     stop = {"eos_token_id": [ids[IM_END], ids[ENDOFTEXT]]}  # both end tokens stop
     generation = {"bos_token_id": ids[ENDOFTEXT], "pad_token_id": ids[ENDOFTEXT], **stop}
-    _write_json(directory / "generation_config.json", generation)
-    _write_json(directory / "tokenizer_config.json", _tokenizer_config(spec))
+    write_json(directory / "generation_config.json", generation)
+    write_json(directory / "tokenizer_config.json", _tokenizer_config(spec))
     special = {"eos_token": IM_END, "pad_token": ENDOFTEXT}
-    _write_json(directory / "special_tokens_map.json", special)
+    write_json(directory / "special_tokens_map.json", special)
     marker = {
         "format_version": DEMO_FORMAT_VERSION, "size": size, "seed": seed, "dtype": dtype,
         "chat_template_sha256": chat_template_hash(),
     }  # fmt: skip
-    _write_json(directory / DEMO_MARKER, {**marker, "shape": attrs.asdict(spec)})
-
-
-def _read_corpus() -> str:
-    """The bundled training text for the tokenizer."""
-    resource = importlib.resources.files("vllm_mlx_trio") / "data" / "corpus.txt"
-    return resource.read_text(encoding="utf-8")
-
-
-def _train_tokenizer(vocab_size: int):
-    """Train a byte-level BPE with exactly ``vocab_size`` tokens on the corpus.
-
-    The special tokens get ids 0, 1, 2.  Should the corpus allow fewer merges
-    than needed, the vocabulary is padded with ``<|reserved_N|>`` special
-    tokens so that the tokenizer and the model always agree on its size.
-    """
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.normalizer = normalizers.NFC()
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    alphabet = pre_tokenizers.ByteLevel.alphabet()  # all 256 bytes: nothing is unknown
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, show_progress=False,
-        special_tokens=list(SPECIAL_TOKENS), initial_alphabet=alphabet,
-    )  # fmt: skip
-    tokenizer.train_from_iterator([_read_corpus()], trainer=trainer)
-    missing = vocab_size - tokenizer.get_vocab_size()  # the trainer never overshoots
-    tokenizer.add_special_tokens([f"<|reserved_{i}|>" for i in range(missing)])
-    return tokenizer
-
-
-def _damped_ids(tokenizer) -> list[int]:
-    """Ids whose embedding rows get damped: special tokens, and byte tokens
-    that on their own decode to no printable text (control characters, partial
-    UTF-8 sequences), so that greedy output reads as (random) words."""
-    damped = []
-    for token_id in range(tokenizer.get_vocab_size()):
-        text = tokenizer.decode([token_id])  # special tokens decode to ""
-        printable = all(c.isprintable() or c in "\n\t" for c in text)
-        if not text or not printable or "\ufffd" in text:
-            damped.append(token_id)
-    return damped
+    write_json(directory / DEMO_MARKER, {**marker, "shape": attrs.asdict(spec)})
 
 
 def _model_config(spec: DemoSize, dtype: str, ids: dict[str, int]) -> dict[str, Any]:
@@ -402,9 +367,7 @@ def _parameter_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return {name: tuple(p.shape) for name, p in tree_flatten(model.parameters())}
 
 
-def _random_weights(
-    config: dict[str, Any], seed: int, damped_ids: list[int]
-) -> dict[str, np.ndarray]:
+def _random_weights(config: dict[str, Any], seed: int, damped_ids: list[int]) -> dict[str, np.ndarray]:
     """Float32 weights: normal matrices, constant norms.
 
     Drawn in sorted-name order from one ``default_rng(seed)`` stream: the
@@ -426,41 +389,6 @@ def _random_weights(
         weights[name] = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
     weights[EMBED][damped_ids] *= np.float32(SPECIAL_ROW_SCALE)
     return weights
-
-
-def _to_bfloat16_bytes(array: np.ndarray) -> bytes:
-    """Round a contiguous little-endian float32 array to bfloat16 bytes (nearest-even)."""
-    bits = array.view("<u4").astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return rounded.astype("<u2").tobytes()
-
-
-def _write_safetensors(path: pathlib.Path, tensors: dict[str, np.ndarray], dtype: str) -> None:
-    """Write ``tensors`` as safetensors by hand: sorted keys, no timestamps."""
-    blobs = []
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for name in sorted(tensors):
-        array = tensors[name]
-        f32 = np.ascontiguousarray(array, dtype="<f4")
-        blob = _to_bfloat16_bytes(f32) if dtype == "bfloat16" else f32.tobytes()
-        span = [offset, offset + len(blob)]
-        header[name] = {"data_offsets": span, "dtype": DTYPES[dtype], "shape": list(array.shape)}
-        offset += len(blob)
-        blobs.append(blob)
-    encoded = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)
-    with open(path, "wb") as f:
-        f.write(len(encoded).to_bytes(8, "little"))
-        f.write(encoded)
-        for blob in blobs:
-            f.write(blob)
-
-
-def _write_json(path: pathlib.Path, obj: Any) -> None:
-    """Write ``obj`` as indented, key-sorted JSON with a trailing newline."""
-    text = json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-    path.write_text(text, encoding="utf-8")
 
 
 # The speculative demo pair builds on this module's recipe (imported last: it imports from here).

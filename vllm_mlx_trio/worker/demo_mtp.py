@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from . import demo_files as files
 from . import demo_model as dm
 
 #: The demo name (``demo:mtp-tiny``).
@@ -61,15 +62,15 @@ TEXT_CONFIG: dict[str, Any] = {
 
 def write_mtp_tiny(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
     """Write every file of ``demo:mtp-tiny`` into ``directory``, the marker last (demo_model's ``_build`` calls it)."""
-    tokenizer = dm._train_tokenizer(TEXT_CONFIG["vocab_size"])
-    ids = {token: tokenizer.token_to_id(token) for token in dm.SPECIAL_TOKENS}
+    tokenizer = files.train_tokenizer(TEXT_CONFIG["vocab_size"])
+    ids = {token: tokenizer.token_to_id(token) for token in files.SPECIAL_TOKENS}
     (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
     config = model_config(dtype, ids)
-    weights = constructed_weights(config, seed, dm._damped_ids(tokenizer))
-    dm._write_safetensors(directory / "model.safetensors", weights, dtype)
-    dm._write_json(directory / "config.json", config)
-    stop = {"eos_token_id": [ids[dm.IM_END], ids[dm.ENDOFTEXT]]}
-    dm._write_json(directory / "generation_config.json", {"bos_token_id": ids[dm.ENDOFTEXT], **stop})
+    weights = constructed_weights(config, seed, files.damped_ids(tokenizer))
+    files.write_safetensors(directory / "model.safetensors", weights, dtype)
+    files.write_json(directory / "config.json", config)
+    stop = {"eos_token_id": [ids[files.IM_END], ids[files.ENDOFTEXT]]}
+    files.write_json(directory / "generation_config.json", {"bos_token_id": ids[files.ENDOFTEXT], **stop})
     spec = dm.DemoSize(
         vocab_size=TEXT_CONFIG["vocab_size"], hidden_size=TEXT_CONFIG["hidden_size"],
         num_hidden_layers=TEXT_CONFIG["num_hidden_layers"], num_attention_heads=TEXT_CONFIG["num_attention_heads"],
@@ -77,22 +78,22 @@ def write_mtp_tiny(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
         intermediate_size=TEXT_CONFIG["intermediate_size"],
         max_position_embeddings=TEXT_CONFIG["max_position_embeddings"],
     )  # fmt: skip
-    dm._write_json(directory / "tokenizer_config.json", dm._tokenizer_config(spec))
-    dm._write_json(directory / "special_tokens_map.json", {"eos_token": dm.IM_END, "pad_token": dm.ENDOFTEXT})
+    files.write_json(directory / "tokenizer_config.json", dm._tokenizer_config(spec))
+    files.write_json(directory / "special_tokens_map.json", {"eos_token": files.IM_END, "pad_token": files.ENDOFTEXT})
     marker = {
         "format_version": dm.DEMO_FORMAT_VERSION, "size": MTP_TINY, "seed": seed, "dtype": dtype,
         "chat_template_sha256": dm.chat_template_hash(), "mtp_recipe_version": MTP_RECIPE_VERSION,
     }  # fmt: skip
-    dm._write_json(directory / dm.DEMO_MARKER, marker)
+    files.write_json(directory / dm.DEMO_MARKER, marker)
 
 
 def model_config(dtype: str, ids: dict[str, int]) -> dict[str, Any]:
     """``config.json``: a Qwen3.5 conditional-generation config whose text_config is the target (no vision tower)."""
-    text = {**TEXT_CONFIG, "eos_token_id": ids[dm.IM_END], "torch_dtype": dtype}
+    text = {**TEXT_CONFIG, "eos_token_id": ids[files.IM_END], "torch_dtype": dtype}
     return {
         "model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
         "text_config": text, "tie_word_embeddings": False, "torch_dtype": dtype,
-        "bos_token_id": ids[dm.ENDOFTEXT], "eos_token_id": ids[dm.IM_END], "pad_token_id": ids[dm.ENDOFTEXT],
+        "bos_token_id": ids[files.ENDOFTEXT], "eos_token_id": ids[files.IM_END], "pad_token_id": ids[files.ENDOFTEXT],
     }  # fmt: skip
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from . import demo_files as files
 from . import demo_model as text_demo
 
 #: The size name ``demo:vlm-tiny`` / ``demo build --size vlm-tiny`` selects.
@@ -83,8 +84,8 @@ def build_demo_vlm(
     out_dir: str | pathlib.Path, *, seed: int = 0, dtype: str = text_demo.DEFAULT_DTYPE, replace: bool = True
 ) -> pathlib.Path:
     """Build the tiny VLM into ``out_dir`` (through a temporary sibling, as the text demo does)."""
-    if dtype not in text_demo.DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; valid dtypes: {', '.join(text_demo.DTYPES)}")
+    if dtype not in files.DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; valid dtypes: {', '.join(files.DTYPES)}")
     out = pathlib.Path(out_dir).absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
@@ -98,26 +99,26 @@ def build_demo_vlm(
 
 
 def _write_files(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
-    tokenizer = text_demo._train_tokenizer(text_demo.DEMO_SIZES["tiny"].vocab_size)
+    tokenizer = files.train_tokenizer(text_demo.DEMO_SIZES["tiny"].vocab_size)
     tokenizer.add_special_tokens(list(VISION_TOKENS))
-    ids = {token: tokenizer.token_to_id(token) for token in (*text_demo.SPECIAL_TOKENS, *VISION_TOKENS)}
+    ids = {token: tokenizer.token_to_id(token) for token in (*files.SPECIAL_TOKENS, *VISION_TOKENS)}
     (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
     config = _config(tokenizer.get_vocab_size(), dtype, ids)
-    weights = _random_weights(config, seed, text_demo._damped_ids(tokenizer))
-    text_demo._write_safetensors(directory / "model.safetensors", weights, dtype)
-    text_demo._write_json(directory / "config.json", config)
-    end = ids[text_demo.IM_END], ids[text_demo.ENDOFTEXT]
+    weights = _random_weights(config, seed, files.damped_ids(tokenizer))
+    files.write_safetensors(directory / "model.safetensors", weights, dtype)
+    files.write_json(directory / "config.json", config)
+    end = ids[files.IM_END], ids[files.ENDOFTEXT]
     generation = {"bos_token_id": end[1], "pad_token_id": end[1], "eos_token_id": list(end)}
-    text_demo._write_json(directory / "generation_config.json", generation)
-    text_demo._write_json(directory / "tokenizer_config.json", _tokenizer_config())
-    special = {"eos_token": text_demo.IM_END, "pad_token": text_demo.ENDOFTEXT}
-    text_demo._write_json(directory / "special_tokens_map.json", special)
-    text_demo._write_json(directory / "preprocessor_config.json", _image_processor_config())
-    text_demo._write_json(directory / "video_preprocessor_config.json", _video_processor_config())
+    files.write_json(directory / "generation_config.json", generation)
+    files.write_json(directory / "tokenizer_config.json", _tokenizer_config())
+    special = {"eos_token": files.IM_END, "pad_token": files.ENDOFTEXT}
+    files.write_json(directory / "special_tokens_map.json", special)
+    files.write_json(directory / "preprocessor_config.json", _image_processor_config())
+    files.write_json(directory / "video_preprocessor_config.json", _video_processor_config())
     # Present so mlx-vlm's processor loader never asks the hub for it.
-    text_demo._write_json(directory / "processor_config.json", {"processor_class": "Qwen2VLProcessor"})
+    files.write_json(directory / "processor_config.json", {"processor_class": "Qwen2VLProcessor"})
     marker = {"format_version": VLM_FORMAT_VERSION, "size": VLM_SIZE, "seed": seed, "dtype": dtype}
-    text_demo._write_json(directory / text_demo.DEMO_MARKER, {**marker, "chat_template_sha256": template_hash()})
+    files.write_json(directory / text_demo.DEMO_MARKER, {**marker, "chat_template_sha256": template_hash()})
 
 
 def _config(vocab_size: int, dtype: str, ids: dict[str, int]) -> dict[str, Any]:
@@ -131,15 +132,15 @@ def _config(vocab_size: int, dtype: str, ids: dict[str, int]) -> dict[str, Any]:
         "vision_config": {**VISION_SHAPE, "hidden_size": TEXT_SHAPE["hidden_size"], "model_type": "qwen2_vl"},
         "image_token_id": ids[IMAGE_PAD], "video_token_id": ids[VIDEO_PAD],
         "vision_start_token_id": ids[VISION_START], "vision_end_token_id": ids[VISION_END],
-        "bos_token_id": ids[text_demo.ENDOFTEXT], "pad_token_id": ids[text_demo.ENDOFTEXT],
-        "eos_token_id": ids[text_demo.IM_END],
+        "bos_token_id": ids[files.ENDOFTEXT], "pad_token_id": ids[files.ENDOFTEXT],
+        "eos_token_id": ids[files.IM_END],
     }  # fmt: skip
 
 
 def _tokenizer_config() -> dict[str, Any]:
     return {
         "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": CHAT_TEMPLATE,
-        "eos_token": text_demo.IM_END, "pad_token": text_demo.ENDOFTEXT, "bos_token": None, "unk_token": None,
+        "eos_token": files.IM_END, "pad_token": files.ENDOFTEXT, "bos_token": None, "unk_token": None,
         "add_bos_token": False, "add_prefix_space": False, "split_special_tokens": False,
         "clean_up_tokenization_spaces": False, "errors": "replace",
         "model_max_length": TEXT_SHAPE["max_position_embeddings"],
