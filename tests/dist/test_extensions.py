@@ -9,7 +9,7 @@ import httpx
 import pytest
 import trio
 
-from vllm_mlx_trio.actors.admission import ChatTemplateOptions, tokenize_prompt
+from vllm_mlx_trio.actors.chat_template import ChatTemplateOptions, tokenize_prompt
 from vllm_mlx_trio.core.params import SamplingParams
 from vllm_mlx_trio.core.request import Request
 from vllm_mlx_trio.core.scheduler import Scheduler

@@ -70,8 +70,8 @@ def vlm_config(cfg: EngineConfig, chunk: int | None) -> EngineConfig:
 
 def measure_phases(cfg: EngineConfig, runs: int = 3) -> list[dict]:
     """Per image size: median (min-max) of each phase over ``runs`` requests (run on this thread)."""
-    from ..actors.admission import render_prompt
     from ..actors.admission_media import process_media_prompt
+    from ..actors.chat_template import render_prompt
     from ..media import MediaLoader
     from ..worker.vlm_runner import VlmRunner
 
