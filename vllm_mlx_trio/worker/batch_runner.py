@@ -15,7 +15,9 @@ of it is in, so no step pays mlx-lm's per-prompt-step fixed cost.
 
 While every row decodes (no prompt in the generator or the runner's prefill), a plan runs
 more decode steps back to back ("run-ahead"), up to ``max_tokens_per_step`` and while the
-plan has taken less than ``RUN_AHEAD_S``: where a step is short (a small model), the Trio
+plan has taken less than ``RUN_AHEAD_S``, and within the KV budget with the scheduler's
+headroom for one token a plan left whole (so its accounting, which catches up when the
+result arrives, holds as with one step a plan): where a step is short (a small model), the Trio
 side's per-plan work (result hand-off, scheduling, delivery, one streamed chunk) is shared
 by several tokens instead of paid by each; a long step runs alone as before. A row that
 ends stops it. Not when sharded: every rank must run the same steps.
@@ -47,13 +49,12 @@ from .sampling import (
 )
 from .thread_streams import enter_mlx_thread, leave_mlx_thread
 
-#: Most decode steps in one plan: bounds the tokens one streamed chunk carries and the KV the
-#: scheduler reserves per row and plan in flight.
+#: Most decode steps in one plan: bounds the tokens one streamed chunk carries.
 RUN_AHEAD_MAX_STEPS = 8
 #: Another decode step joins the plan only if the plan, with it, stays under this (seconds): a
 #: new request's plan waits at most about this long behind one plan, and a step longer than
 #: this (a larger model) never runs ahead.
-RUN_AHEAD_S = 0.004
+RUN_AHEAD_S = 0.008
 
 
 class BatchRunner(RunnerBase):
@@ -61,8 +62,7 @@ class BatchRunner(RunnerBase):
 
     #: One plan queued so the MLX thread starts the next step without waiting for Trio.
     plans_in_flight = 2
-    #: Decode steps one plan may run (run-ahead); the scheduler reserves KV for this many.
-    max_tokens_per_step = RUN_AHEAD_MAX_STEPS
+    max_tokens_per_step = 1
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -93,7 +93,7 @@ class BatchRunner(RunnerBase):
             prefill_step_size=engine.prefill_step_size,
             stream=mx.new_stream(mx.default_device()),
         )
-        self._run_ahead_steps = 1 if sharding() else self.max_tokens_per_step
+        self._run_ahead_steps = 1 if sharding() else RUN_AHEAD_MAX_STEPS
         if engine.prefill_time_ratio is not None:
             self._prefill = PromptPrefill(model, self._generator.stream, on_boundary=self._prefix.at_boundary)
             chunk = min(engine.prefill_step_size, engine.prefill_step_size_decoding or engine.prefill_step_size)
@@ -169,7 +169,7 @@ class BatchRunner(RunnerBase):
         self._generator.prefill_step_size = self._prefill_chunk()
         advance = self._generator_step(prompts_done)
         steps, step_s = 1, time.perf_counter() - started
-        while steps < self._run_ahead_steps and self._may_run_ahead(advance):
+        while steps < self._run_ahead_steps and self._may_run_ahead(advance, live, steps):
             step_started = time.perf_counter()
             if (step_started - started) + step_s > RUN_AHEAD_S:
                 break
@@ -179,14 +179,27 @@ class BatchRunner(RunnerBase):
                 self._last_step = (step_started, 0, self._last_step[2])
         return advance
 
-    def _may_run_ahead(self, advance: Advance) -> bool:
-        """Another decode step may join this plan: every row decodes and none ended."""
+    def _may_run_ahead(self, advance: Advance, live: list[LiveSequence], steps: int) -> bool:
+        """Another decode step may join this plan: every row decodes, none ended, and the
+        batch stays in the KV budget."""
         return (
             bool(self._request_ids)
             and len(self._decoding) == len(self._request_ids)
             and (self._prefill is None or self._prefill.head is None)
             and not any(e.ended for e in advance.emissions)
+            and self._kv_fits(live, steps + 1)
         )
+
+    def _kv_fits(self, live: list[LiveSequence], steps: int) -> bool:
+        """``live`` grown by ``steps`` tokens each, plus the scheduler's headroom (a token for
+        each plan in flight and the next), fits the KV budget (rows x longest row)."""
+        assert self._info is not None
+        budget = self._info.kv_budget_tokens
+        if budget is None or not live:
+            return True
+        longest = max(len(s.seq.prompt_token_ids) + len(s.emitted) for s in live)
+        headroom = (self.plans_in_flight + 1) * self.max_tokens_per_step
+        return len(live) * (longest + steps + headroom) <= budget
 
     def _generator_step(self, prompts_done: list[RequestId]) -> Advance:
         """One ``BatchGenerator.next()``: its tokens, and the prompts it finished."""
