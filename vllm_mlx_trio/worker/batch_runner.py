@@ -14,13 +14,14 @@ chunk otherwise), and enters the generator as a one-token prompt with its cache 
 of it is in, so no step pays mlx-lm's per-prompt-step fixed cost.
 
 While every row decodes (no prompt in the generator or the runner's prefill), a plan runs
-more decode steps back to back ("run-ahead"), up to ``max_tokens_per_step`` and while the
+more decode steps back to back ("run-ahead"), up to ``RUN_AHEAD_MAX_STEPS`` and while the
 plan has taken less than ``RUN_AHEAD_S``, and within the KV budget with the scheduler's
 headroom for one token a plan left whole (so its accounting, which catches up when the
 result arrives, holds as with one step a plan): where a step is short (a small model), the Trio
 side's per-plan work (result hand-off, scheduling, delivery, one streamed chunk) is shared
 by several tokens instead of paid by each; a long step runs alone as before. A row that
-ends stops it. Not when sharded: every rank must run the same steps.
+ends stops it, and so does a queued plan that starts a sequence (the executor tells).
+Not when sharded: every rank must run the same steps.
 
 Every row carries its own sampler (its own PRNG key), logits processors, stop token ids and
 max_tokens; the generator ends a row itself at max_tokens or a stop token, where the one
@@ -180,13 +181,14 @@ class BatchRunner(RunnerBase):
         return advance
 
     def _may_run_ahead(self, advance: Advance, live: list[LiveSequence], steps: int) -> bool:
-        """Another decode step may join this plan: every row decodes, none ended, and the
-        batch stays in the KV budget."""
+        """Another decode step may join this plan: every row decodes, none ended, no queued
+        plan starts a sequence, and the batch stays in the KV budget."""
         return (
             bool(self._request_ids)
             and len(self._decoding) == len(self._request_ids)
             and (self._prefill is None or self._prefill.head is None)
             and not any(e.ended for e in advance.emissions)
+            and not self.starts_waiting()
             and self._kv_fits(live, steps + 1)
         )
 
