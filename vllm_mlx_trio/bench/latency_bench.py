@@ -186,7 +186,8 @@ def median_rows(rows: Sequence[dict]) -> list[dict]:
         others = [r["_ttft_p50_ms"] for r in table if r["conc"] == row["conc"] and r["path"] != row["path"]
                   and r["_ttft_p50_ms"] and not r["path"].startswith("ours") and r["path"] != path_name(1)]  # fmt: skip
         mine = row["_ttft_p50_ms"]
-        row["ttft_vs_best_peer"] = round(mine / min(others), 2) if others and mine else None
+        ours = row["path"] != path_name(1)  # the ceiling is no server
+        row["ttft_vs_best_peer"] = round(mine / min(others), 2) if others and mine and ours else None
         ceiling = [r["_agg_tok_s"] for r in table if r["conc"] == row["conc"] and r["path"] == path_name(1)]
         row["vs_ceiling"] = round(row["_agg_tok_s"] / ceiling[0], 2) if ceiling and row["_agg_tok_s"] else None
     return table
