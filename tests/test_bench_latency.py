@@ -7,11 +7,13 @@ import argparse
 
 import pytest
 
+from vllm_mlx_trio.bench.ceiling_bench import path_name
 from vllm_mlx_trio.bench.latency_arrival import ArrivalWorkload, arrival_row, gaps, median_arrival_rows
 from vllm_mlx_trio.bench.latency_bench import QUICK, median_rows
 from vllm_mlx_trio.bench.latency_command import (
     _with_port,
     arrival_from_args,
+    parse_checkout_variant,
     parse_variant,
     servers_from_args,
     workload_from_args,
@@ -101,3 +103,23 @@ def test_long_arrival_takes_the_streams_tokens_and_the_long_prompts_length():
     work = arrival_from_args(_args(max_tokens=64, lengths=(3000,), repetitions=2))
     assert (work.stream_max_tokens, work.long_tokens, work.repetitions, work.streams) == (64, 3000, 2, 4)
     assert arrival_from_args(_args()) == ArrivalWorkload()
+
+
+def test_the_ceiling_row_gives_every_row_its_ratio_and_is_no_peer():
+    rows = [{**_row("ours", 1, r, 20.0), "agg_tok_s": tok} for r, tok in enumerate((400.0, 450.0, 500.0))]
+    rows += [{**_row("mlx-lm", 1, r, 10.0), "agg_tok_s": 300.0} for r in range(3)]
+    rows += [{**_row(path_name(1), 1, r, 5.0), "agg_tok_s": 600.0} for r in range(3)]
+    table = {r["path"]: r for r in median_rows(rows)}
+    assert table["ours"]["vs_ceiling"] == round(450 / 600, 2) and table["mlx-lm"]["vs_ceiling"] == 0.5
+    assert table["ours"]["ttft_vs_best_peer"] == 2.0  # against mlx-lm, not the ceiling
+    assert table[path_name(1)]["ttft_vs_best_peer"] is None
+
+
+def test_a_variant_from_another_checkout_runs_our_server_from_there():
+    assert parse_checkout_variant("base@/tmp/old:") == ("ours-base", "/tmp/old", [])
+    assert parse_checkout_variant("b@/x:engine.a=1") == ("ours-b", "/x", ["engine.a=1"])
+    with pytest.raises(ValueError):
+        parse_variant("base@/tmp/old:")  # parse_variant takes settings only
+    servers, _notes = servers_from_args(_args(peers="ours,ceiling", variant=["base@/tmp/old:"]), "/m")
+    assert [s.name for s in servers] == ["ours", "ours-base"]  # the ceiling is no server
+    assert servers[1].env["PYTHONPATH"] == "/tmp/old" and servers[0].env["PYTHONPATH"] != "/tmp/old"

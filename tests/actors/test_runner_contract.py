@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from vllm_mlx_trio import SamplingParams
-from vllm_mlx_trio.actors.executor import ExecutorActor
+from vllm_mlx_trio.actors.executor import ExecutorActor, _Inbox
 from vllm_mlx_trio.engine import open_engine
 from vllm_mlx_trio.errors import EngineStalledError, ExecutorCrashedError
 from vllm_mlx_trio.messages import NewSequence, RequestId, StepPlan
@@ -230,3 +230,22 @@ async def test_a_stalled_runner_is_abandoned_and_fails_the_engine(fake_cfg, bloc
         runner.release.set()
         await trio.to_thread.run_sync(runner.closed.wait, abandon_on_cancel=True)
     assert len(runner.plans) == 1
+
+
+def test_the_inbox_tells_whether_a_queued_plan_starts_a_sequence():
+    inbox = _Inbox()
+    inbox.put(StepPlan(step_id=0, decode_ids=(A,)))
+    assert not inbox.starts_waiting()
+    inbox.put(StepPlan(step_id=1, new_seqs=(new_seq(B),)))
+    assert inbox.starts_waiting()
+    assert inbox.next_plan().step_id == 0 and inbox.starts_waiting()
+    assert inbox.next_plan().step_id == 1 and not inbox.starts_waiting()
+
+
+async def test_the_executor_lets_the_runner_ask_its_inbox():
+    runner = FakeRunner()
+    assert not runner.starts_waiting()
+    with trio.fail_after(TIMEOUT_S):
+        async with running_executor(runner) as (plans, results):
+            await step(plans, results, StepPlan(step_id=0, new_seqs=(new_seq(A),)))
+            assert isinstance(runner.starts_waiting.__self__, _Inbox)

@@ -5,6 +5,8 @@ every step. Plans reach it through a thread-safe queue; results go back with the
 ``run_sync_soon(result_send.send_nowait, ...)``, fire and forget: it never blocks the
 thread, and never finds the channel full because the scheduler keeps at most
 the runner's ``plans_in_flight`` plans outstanding and the result channel holds that many.
+The runner can ask whether a queued plan starts a sequence (``starts_waiting``): a batch
+runner then ends its run-ahead, so a new request waits for no more than one step.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import trio
 from ..errors import ExecutorCrashedError, VllmMlxTrioError
 from ..messages import ModelInfo, StepPlan, StepResult
 from ..worker.registry import Runner
+from ..worker.runner_base import RunnerBase
 
 #: The stop marker: the thread closes the runner and ends when it takes this from its inbox.
 _STOP = object()
@@ -31,9 +34,19 @@ class _Inbox:
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._abandoned = threading.Event()
+        #: Queued plans that start sequences (the runner stops running ahead for them).
+        self._starting = 0
+        self._lock = threading.Lock()
 
     def put(self, plan: StepPlan) -> None:
+        if plan.new_seqs:
+            with self._lock:
+                self._starting += 1
         self._queue.put(plan)
+
+    def starts_waiting(self) -> bool:
+        """Whether a queued plan starts a sequence (called on the thread, between steps)."""
+        return self._starting > 0
 
     def stop(self) -> None:
         self._queue.put(_STOP)
@@ -48,6 +61,9 @@ class _Inbox:
         if item is _STOP or self._abandoned.is_set():
             return None
         assert isinstance(item, StepPlan)
+        if item.new_seqs:
+            with self._lock:
+                self._starting -= 1
         return item
 
 
@@ -107,6 +123,8 @@ class ExecutorActor:
         runner = self._runner_factory()
         try:
             model_info = runner.load()
+            if isinstance(runner, RunnerBase):
+                runner.starts_waiting = inbox.starts_waiting
             trio_token = trio.from_thread.run_sync(trio.lowlevel.current_trio_token)
             trio.from_thread.run_sync(report_started, model_info)
             while (plan := inbox.next_plan()) is not None:

@@ -146,9 +146,10 @@ def _latency_args(sub, config_args: ConfigArgs) -> None:
     lat = sub.add_parser("latency", help="TTFT and ITL at 1, 5, 16 streams: ours vs mlx_lm.server and vllm-mlx")
     config_args(lat)
     lat.add_argument("--model-dir", default="demo:tiny", help="model directory (or demo:<size>; default demo:tiny)")
-    lat.add_argument("--peers", default="ours,mlx-lm,vllm-mlx", help="which servers (default all three)")
-    lat.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE[,KEY=VALUE]",
-                     help="also our server with these --set settings, named NAME (repeatable)")  # fmt: skip
+    lat.add_argument("--peers", default="ours,mlx-lm,vllm-mlx",
+                     help="servers (default all three); ceiling: mlx-lm generate_step")  # fmt: skip
+    lat.add_argument("--variant", action="append", default=[], metavar="NAME[@CHECKOUT]:KEY=VALUE[,KEY=VALUE]",
+                     help="also our server with these --set settings (run from CHECKOUT), named NAME")  # fmt: skip
     lat.add_argument("--vllm-mlx", default=None, help="the vllm-mlx executable (a separate venv)")
     lat.add_argument("--scenario", choices=("levels", "long-arrival"), default="levels",
                      help="levels: 1/5/16 streams; long-arrival: a 2000-token prompt while 4 decode")  # fmt: skip

@@ -7,11 +7,16 @@ order rotates from one repetition and level to the next, so drifts of the machin
 shared): ``level`` clients, each sending its next streamed chat when the last one ends,
 ``max(level, len(lengths))`` fresh prompts cycling through the lengths. A table gives, per
 server and level, the median over the repetitions of each figure with its spread (min-max).
+
+With a ceiling (mlx-lm's ``generate_step`` in a child process, ``--peers ...,ceiling``) each
+repetition of level 1 also runs the same kind of prompts through it, and every level-1 row gets
+``vs_ceiling``: its ``agg_tok_s`` over the ceiling's (medians).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import pathlib
 import statistics
@@ -24,11 +29,14 @@ import attrs
 import httpx
 import trio
 
+from .ceiling_bench import path_name, traces_from_runs
+from .ceiling_process import CeilingProcess
 from .http_bench import HttpTarget, closed_loop, prepare
 from .latency_arrival import ArrivalWorkload, measure_arrival, median_arrival_rows
 from .latency_prompts import PromptMaker
 from .peers import PeerServer, peak_rss_mib, peer_server, port_free, stop, wait_ready
 from .stats import summarize
+from .workload import chat
 
 #: The figures a level reports, each as median (min-max) over the repetitions.
 FIGURES = ("ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms", "agg_tok_s")
@@ -50,11 +58,14 @@ class LatencyWorkload:
 QUICK = LatencyWorkload(levels=(1, 5), lengths=(50, 500), max_tokens=16, repetitions=2)
 
 
-def ours_variant(label: str, settings: Sequence[str], model_dir: str, port: int) -> PeerServer:
-    """Our server with extra ``--set key=value`` settings, named ``label`` in the tables."""
+def ours_variant(label: str, settings: Sequence[str], model_dir: str, port: int, *,
+                 checkout: str | None = None) -> PeerServer:  # fmt: skip
+    """Our server with extra ``--set key=value`` settings, named ``label`` in the tables; run
+    from ``checkout`` (another copy of this repository: before/after in one run) if given."""
     base = peer_server("ours", model_dir, port)
     extra = tuple(arg for kv in settings for arg in ("--set", kv))
-    return attrs.evolve(base, name=label, argv=base.argv + extra)
+    env = base.env if checkout is None else {**base.env, "PYTHONPATH": checkout}
+    return attrs.evolve(base, name=label, argv=base.argv + extra, env=env)
 
 
 @attrs.define
@@ -119,9 +130,15 @@ async def measure_long_arrival(servers: Sequence[Running], work: ArrivalWorkload
         return await measure_arrival(list(targets.items()), http, work, maker)
 
 
+async def _ceiling_row(ceiling: CeilingProcess, prompts: list[str], max_tokens: int) -> dict:
+    """One repetition of level 1 through mlx-lm's ``generate_step`` (no EOS stop)."""
+    runs = await trio.to_thread.run_sync(lambda: ceiling.single([chat(p) for p in prompts], num_tokens=max_tokens))
+    return summarize(path_name(1), 1, traces_from_runs(runs))
+
+
 async def measure(servers: Sequence[Running], workload: LatencyWorkload, maker: PromptMaker,
-                  progress=print) -> list[dict]:  # fmt: skip
-    """Every (repetition, level, server) row, servers alternating."""
+                  progress=print, ceiling: CeilingProcess | None = None) -> list[dict]:  # fmt: skip
+    """Every (repetition, level, server) row, servers alternating (the ceiling after them)."""
     limits = httpx.Limits(max_connections=max(workload.levels) + 8)
     async with httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits) as http:
         targets = await _warm_targets(http, servers, workload.lengths, maker)
@@ -137,6 +154,9 @@ async def measure(servers: Sequence[Running], workload: LatencyWorkload, maker: 
                     rows.append(row)
                     progress(f"rep {rep} conc {level} {server.peer.name}: ttft p50 {row['ttft_p50_ms']} ms, "
                              f"itl p50 {row['itl_p50_ms']} ms, {row['agg_tok_s']} tok/s")  # fmt: skip
+                if ceiling is not None and level == 1:
+                    prompts = maker.batch(f"r{rep}-ceiling", workload.lengths, workload.num_requests(1))
+                    rows.append({**await _ceiling_row(ceiling, prompts, workload.max_tokens), "rep": rep})
     return rows
 
 
@@ -164,9 +184,12 @@ def median_rows(rows: Sequence[dict]) -> list[dict]:
         table.append(out)
     for row in table:
         others = [r["_ttft_p50_ms"] for r in table if r["conc"] == row["conc"] and r["path"] != row["path"]
-                  and r["_ttft_p50_ms"] and not r["path"].startswith("ours")]  # fmt: skip
+                  and r["_ttft_p50_ms"] and not r["path"].startswith("ours") and r["path"] != path_name(1)]  # fmt: skip
         mine = row["_ttft_p50_ms"]
-        row["ttft_vs_best_peer"] = round(mine / min(others), 2) if others and mine else None
+        ours = row["path"] != path_name(1)  # the ceiling is no server
+        row["ttft_vs_best_peer"] = round(mine / min(others), 2) if others and mine and ours else None
+        ceiling = [r["_agg_tok_s"] for r in table if r["conc"] == row["conc"] and r["path"] == path_name(1)]
+        row["vs_ceiling"] = round(row["_agg_tok_s"] / ceiling[0], 2) if ceiling and row["_agg_tok_s"] else None
     return table
 
 
@@ -177,12 +200,18 @@ def missing_executable(peer: PeerServer) -> bool:
 
 
 def run_latency(peers: Sequence[PeerServer], workload: LatencyWorkload | ArrivalWorkload, maker: PromptMaker, *,
-                first_port: int, startup_timeout_s: float) -> dict:  # fmt: skip
-    """Start the servers, measure ``workload`` (levels, or the long-arrival scenario), stop them."""
+                first_port: int, startup_timeout_s: float, ceiling_cfg=None) -> dict:  # fmt: skip
+    """Start the servers, measure ``workload`` (levels, or the long-arrival scenario), stop them.
+    ``ceiling_cfg`` (an EngineConfig): also mlx-lm's ``generate_step`` at level 1."""
     arrival = isinstance(workload, ArrivalWorkload)
-    with tempfile.TemporaryDirectory(prefix="bench-latency-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-latency-"))
+        ceiling = None if arrival or ceiling_cfg is None else stack.enter_context(CeilingProcess(ceiling_cfg))
         with started(peers, first_port, pathlib.Path(tmp), startup_timeout_s) as servers:
-            rows = trio.run(measure_long_arrival if arrival else measure, servers, workload, maker)
+            if arrival:
+                rows = trio.run(measure_long_arrival, servers, workload, maker)
+            else:
+                rows = trio.run(functools.partial(measure, ceiling=ceiling), servers, workload, maker)
             rss = {s.peer.name: peak_rss_mib(s.proc.pid) for s in servers}
     table = median_arrival_rows(rows) if arrival else median_rows(rows)
     return {"rows": rows, "table": table, "peak_rss_mib": rss, "argv": {p.name: list(p.argv) for p in peers}}

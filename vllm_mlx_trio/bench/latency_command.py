@@ -10,8 +10,11 @@ from .latency_arrival import ArrivalWorkload
 from .latency_bench import QUICK, LatencyWorkload, missing_executable, ours_variant, run_latency
 from .peers import DEFAULT_VLLM_MLX, PeerServer, peer_server
 
+#: In ``--peers``: mlx-lm's ``generate_step`` loop in a child process, at level 1 (not a server).
+CEILING = "ceiling"
+
 COLUMNS = ("path", "conc", "reps", "reqs", "prompt_tok", "tok_per_req", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms",
-           "itl_p95_ms", "agg_tok_s", "ttft_vs_best_peer")  # fmt: skip
+           "itl_p95_ms", "agg_tok_s", "ttft_vs_best_peer", "vs_ceiling")  # fmt: skip
 
 
 ARRIVAL_COLUMNS = ("path", "reps", "outlasted", "arrival_gaps", "alone_itl_p50_ms", "alone_itl_p95_ms",
@@ -45,22 +48,34 @@ def workload_from_args(args: argparse.Namespace) -> LatencyWorkload:
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
     """``"b64:engine.max_num_batched_tokens=64,engine.prefill_step_size=64"`` -> (name, settings)."""
-    name, _, settings = text.partition(":")
-    if not name or not settings:
-        raise ValueError(f"--variant wants NAME:KEY=VALUE[,KEY=VALUE], got {text!r}")
-    return f"ours-{name}", [kv.strip() for kv in settings.split(",") if kv.strip()]
+    name, checkout, settings = parse_checkout_variant(text)
+    if checkout is not None:
+        raise ValueError(f"--variant takes no @CHECKOUT here, got {text!r}")
+    return name, settings
+
+
+def parse_checkout_variant(text: str) -> tuple[str, str | None, list[str]]:
+    """``"base@/tmp/old:"`` -> ("ours-base", "/tmp/old", []): NAME[@CHECKOUT]:[KEY=VALUE,...], our
+    server from another checkout of this package (before/after in one run); settings are
+    needed without one."""
+    head, _, settings = text.partition(":")
+    name, _, checkout = head.partition("@")
+    pairs = [kv.strip() for kv in settings.split(",") if kv.strip()]
+    if not name or not (pairs or checkout):
+        raise ValueError(f"--variant wants NAME[@CHECKOUT]:KEY=VALUE[,KEY=VALUE], got {text!r}")
+    return f"ours-{name}", checkout or None, pairs
 
 
 def servers_from_args(args: argparse.Namespace, model_dir: str) -> tuple[list[PeerServer], list[str]]:
     """The servers to start (ports assigned in order) and the notes on those left out."""
-    names = [p.strip() for p in args.peers.split(",") if p.strip()]
+    names = [p.strip() for p in args.peers.split(",") if p.strip() and p.strip() != CEILING]
     servers, notes = [], []
     vllm_mlx = args.vllm_mlx or DEFAULT_VLLM_MLX
     for name in names:
         servers.append(peer_server(name, model_dir, 0, vllm_mlx=vllm_mlx, scratch="/tmp/bench-latency-home"))
     for text in args.variant:
-        label, settings = parse_variant(text)
-        servers.append(ours_variant(label, settings, model_dir, 0))
+        label, checkout, settings = parse_checkout_variant(text)
+        servers.append(ours_variant(label, settings, model_dir, 0, checkout=checkout))
     kept = []
     for server in servers:
         if missing_executable(server):
@@ -93,7 +108,10 @@ def run_latency_command(cfg, args: argparse.Namespace) -> int:
     servers, notes = servers_from_args(args, model_dir)
     servers = [_with_port(s, args.port + i) for i, s in enumerate(servers)]
     maker = PromptMaker(chat_token_counter(model_dir))
-    result = run_latency(servers, workload, maker, first_port=args.port, startup_timeout_s=args.startup_timeout)
+    with_ceiling = CEILING in (p.strip() for p in args.peers.split(","))
+    ceiling_cfg = attrs.evolve(cfg, model=attrs.evolve(cfg.model, path=model_dir)) if with_ceiling else None
+    result = run_latency(servers, workload, maker, first_port=args.port, startup_timeout_s=args.startup_timeout,
+                         ceiling_cfg=ceiling_cfg)  # fmt: skip
     notes += _arrival_notes(workload) if arrival else [
         f"model {args.model_dir}; prompts of {','.join(map(str, workload.lengths))} tokens cycled, fresh each "
         f"(a unique tag first); max_tokens {workload.max_tokens}, greedy; {workload.repetitions} repetitions",

@@ -13,6 +13,16 @@ With ``engine.prefill_time_ratio`` set (the default) the runner prefills prompts
 chunk otherwise), and enters the generator as a one-token prompt with its cache once the rest
 of it is in, so no step pays mlx-lm's per-prompt-step fixed cost.
 
+While every row decodes (no prompt in the generator or the runner's prefill), a plan runs
+more decode steps back to back ("run-ahead"), up to ``RUN_AHEAD_MAX_STEPS`` and while the
+plan has taken less than ``RUN_AHEAD_S``, and within the KV budget with the scheduler's
+headroom for one token a plan left whole (so its accounting, which catches up when the
+result arrives, holds as with one step a plan): where a step is short (a small model), the Trio
+side's per-plan work (result hand-off, scheduling, delivery, one streamed chunk) is shared
+by several tokens instead of paid by each; a long step runs alone as before. A row that
+ends stops it, and so does a queued plan that starts a sequence (the executor tells).
+Not when sharded: every rank must run the same steps.
+
 Every row carries its own sampler (its own PRNG key), logits processors, stop token ids and
 max_tokens; the generator ends a row itself at max_tokens or a stop token, where the one
 termination rule (core/termination.py, applied by :class:`RunnerBase`) ends it too.
@@ -40,6 +50,13 @@ from .sampling import (
 )
 from .thread_streams import enter_mlx_thread, leave_mlx_thread
 
+#: Most decode steps in one plan: bounds the tokens one streamed chunk carries.
+RUN_AHEAD_MAX_STEPS = 8
+#: Another decode step joins the plan only if the plan, with it, stays under this (seconds): a
+#: new request's plan waits at most about this long behind one plan, and a step longer than
+#: this (a larger model) never runs ahead.
+RUN_AHEAD_S = 0.008
+
 
 class BatchRunner(RunnerBase):
     """Executes step plans on one shared batch; each live sequence's handle is its row's uid."""
@@ -61,6 +78,8 @@ class BatchRunner(RunnerBase):
         self._prompt_caches: dict[RequestId, list] = {}
         #: (start of the last step, its prompt tokens, whether rows decoded in it).
         self._last_step: tuple[float, int, bool] | None = None
+        #: Decode steps a plan may run: 1 when sharded (every rank must run the same steps).
+        self._run_ahead_steps = 1
 
     def _load(self) -> ModelInfo:
         enter_mlx_thread()
@@ -75,6 +94,7 @@ class BatchRunner(RunnerBase):
             prefill_step_size=engine.prefill_step_size,
             stream=mx.new_stream(mx.default_device()),
         )
+        self._run_ahead_steps = 1 if sharding() else RUN_AHEAD_MAX_STEPS
         if engine.prefill_time_ratio is not None:
             self._prefill = PromptPrefill(model, self._generator.stream, on_boundary=self._prefix.at_boundary)
             chunk = min(engine.prefill_step_size, engine.prefill_step_size_decoding or engine.prefill_step_size)
@@ -143,10 +163,49 @@ class BatchRunner(RunnerBase):
 
     def _advance(self, live: list[LiveSequence]) -> Advance:
         """One chunk of the runner's own prefill (if any), then one ``BatchGenerator.next()``
-        for the whole batch (``live`` is every row anyway)."""
+        for the whole batch (``live`` is every row anyway), then the run-ahead steps."""
         assert self._generator is not None
+        started = time.perf_counter()
         prompts_done = self._prefill_step()
         self._generator.prefill_step_size = self._prefill_chunk()
+        advance = self._generator_step(prompts_done)
+        steps, step_s = 1, time.perf_counter() - started
+        while steps < self._run_ahead_steps and self._may_run_ahead(advance, live, steps):
+            step_started = time.perf_counter()
+            if (step_started - started) + step_s > RUN_AHEAD_S:
+                break
+            advance = _joined(advance, self._generator_step([]))
+            steps, step_s = steps + 1, time.perf_counter() - step_started
+            if self._last_step is not None:  # the chunk sizer times one step, the last one
+                self._last_step = (step_started, 0, self._last_step[2])
+        return advance
+
+    def _may_run_ahead(self, advance: Advance, live: list[LiveSequence], steps: int) -> bool:
+        """Another decode step may join this plan: every row decodes, none ended, no queued
+        plan starts a sequence, and the batch stays in the KV budget."""
+        return (
+            bool(self._request_ids)
+            and len(self._decoding) == len(self._request_ids)
+            and (self._prefill is None or self._prefill.head is None)
+            and not any(e.ended for e in advance.emissions)
+            and not self.starts_waiting()
+            and self._kv_fits(live, steps + 1)
+        )
+
+    def _kv_fits(self, live: list[LiveSequence], steps: int) -> bool:
+        """``live`` grown by ``steps`` tokens each, plus the scheduler's headroom (a token for
+        each plan in flight and the next), fits the KV budget (rows x longest row)."""
+        assert self._info is not None
+        budget = self._info.kv_budget_tokens
+        if budget is None or not live:
+            return True
+        longest = max(len(s.seq.prompt_token_ids) + len(s.emitted) for s in live)
+        headroom = (self.plans_in_flight + 1) * self.max_tokens_per_step
+        return len(live) * (longest + steps + headroom) <= budget
+
+    def _generator_step(self, prompts_done: list[RequestId]) -> Advance:
+        """One ``BatchGenerator.next()``: its tokens, and the prompts it finished."""
+        assert self._generator is not None
         prompt_progress, generated = self._generator.next()
         self._decoding.update(r.uid for r in prompt_progress if r.end_of_prompt)
         # All but the last prompt token are in the cache (mlx-lm makes that token its own
@@ -267,3 +326,16 @@ class BatchRunner(RunnerBase):
         self._prefill = None
         mx.clear_cache()
         leave_mlx_thread()
+
+
+def _joined(first: Advance, then: Advance) -> Advance:
+    """Two decode steps of the same rows as one advance: each row's tokens (and logprob rows)
+    in order; ``ended`` and ``final`` are the later step's."""
+    later = {e.request_id: e for e in then.emissions}
+    emissions = [
+        Emission(e.request_id, e.tokens + n.tokens, e.rows + n.rows, ended=n.ended, final=n.final)
+        if (n := later.pop(e.request_id, None)) is not None
+        else e
+        for e in first.emissions
+    ]
+    return Advance([*emissions, *later.values()], [*first.prompts_done, *then.prompts_done])

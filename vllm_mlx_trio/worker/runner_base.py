@@ -11,7 +11,7 @@ them in :attr:`RunnerBase.failures`), the finish by the one termination rule
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
@@ -89,6 +89,8 @@ class RunnerBase:
         self.failures: dict[str, str] = {}
         #: The prefix store's side on this thread (a ``PrefixBlocks``), or None without one.
         self._prefix: Any = None
+        #: Whether a plan that starts a sequence is queued behind this one (set by the executor).
+        self.starts_waiting: Callable[[], bool] = _nothing_waiting
 
     # -- what a runner kind writes ---------------------------------------------------------
 
@@ -214,3 +216,7 @@ class RunnerBase:
                 self._prefix.close()
         finally:
             self._close()
+
+
+def _nothing_waiting() -> bool:
+    return False

@@ -1,0 +1,80 @@
+"""Run-ahead on the real demo model: a decode-only plan runs several steps, and what comes
+out (tokens, logprobs, the finish at max_tokens or a stop token) is what one step a plan gives."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import trio
+
+from vllm_mlx_trio import SamplingParams, open_engine
+from vllm_mlx_trio.config import load_config
+from vllm_mlx_trio.worker import batch_runner
+from vllm_mlx_trio.worker.runner_base import LiveSequence
+
+pytestmark = pytest.mark.mlx
+
+TIMEOUT_S = 120
+EOS = 2  # <|im_end|> in the demo tokenizer
+GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+
+
+def chat(i: int) -> list[dict]:
+    return [{"role": "user", "content": f"Tell me about number {i} and the sea."}]
+
+
+async def deltas_of(model_dir: str, jobs: dict[str, tuple[list[dict], SamplingParams]]) -> dict[str, list]:
+    """Each job's deltas, all jobs at once on one engine."""
+    cfg = load_config(None, overrides=[f"model.path={model_dir}"], environ={})
+    results: dict[str, list] = {}
+
+    async def one(key: str, prompt: list[dict], params: SamplingParams) -> None:
+        results[key] = [delta async for delta in engine.generate(prompt, params)]
+
+    with trio.fail_after(TIMEOUT_S):
+        async with open_engine(cfg) as engine, trio.open_nursery() as nursery:
+            for key, (prompt, params) in jobs.items():
+                nursery.start_soon(one, key, prompt, params)
+    return results
+
+
+def tokens(deltas: list) -> list[int]:
+    return [t for d in deltas for t in d.token_ids]
+
+
+JOBS = {
+    "alone": (chat(1), GREEDY),
+    "logprobs": (chat(2), SamplingParams(temperature=0.0, max_tokens=12, logprobs=2, ignore_eos=True)),
+    "eos": (chat(3), SamplingParams(temperature=0.0, max_tokens=30, logit_bias=((EOS, 100.0),), min_tokens=5)),
+}
+
+
+async def test_run_ahead_gives_what_one_step_a_plan_gives(float32_dir, monkeypatch):
+    monkeypatch.setattr(batch_runner, "RUN_AHEAD_MAX_STEPS", 1)
+    one_step = await deltas_of(float32_dir, JOBS)
+    monkeypatch.setattr(batch_runner, "RUN_AHEAD_MAX_STEPS", 8)
+    monkeypatch.setattr(batch_runner, "RUN_AHEAD_S", 60.0)  # no time limit: the steps limit
+    ahead = await deltas_of(float32_dir, JOBS)
+    assert max(len(d.token_ids) for d in one_step["alone"]) == 1
+    assert max(len(d.token_ids) for d in ahead["alone"]) > 1  # several steps in one plan
+    for key in JOBS:
+        assert tokens(ahead[key]) == tokens(one_step[key]), key
+        assert ahead[key][-1].finish_reason == one_step[key][-1].finish_reason, key
+    assert len(tokens(ahead["alone"])) == GREEDY.max_tokens
+    assert len(tokens(ahead["eos"])) == 6 and tokens(ahead["eos"])[-1] == EOS  # 5 (min_tokens), then EOS
+    assert ahead["eos"][-1].finish_reason == "stop"
+    logprobs = [lp for d in ahead["logprobs"] for lp in d.logprobs]
+    assert [lp.token_id for lp in logprobs] == tokens(ahead["logprobs"])
+    assert logprobs == [lp for d in one_step["logprobs"] for lp in d.logprobs]
+
+
+def test_the_run_ahead_stays_within_the_kv_budget_and_the_schedulers_headroom():
+    runner = batch_runner.BatchRunner(load_config(None, environ={}))
+    rows = [LiveSequence(SimpleNamespace(prompt_token_ids=(1,) * 20), None, emitted=[5] * extra) for extra in (0, 2)]
+    runner._info = SimpleNamespace(kv_budget_tokens=None)
+    assert runner._kv_fits(rows, 1000)
+    # 2 rows x (22 tokens + steps + 3 tokens of the scheduler's headroom) <= 100: up to 25 steps
+    runner._info = SimpleNamespace(kv_budget_tokens=100)
+    assert runner._kv_fits(rows, 25)
+    assert not runner._kv_fits(rows, 26)
