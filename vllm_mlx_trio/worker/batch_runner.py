@@ -84,6 +84,12 @@ class BatchRunner(RunnerBase):
     def _load(self) -> ModelInfo:
         enter_mlx_thread()
         model, info = load_for_serving(self._cfg.model, self._cfg.engine)
+        self._start(model)
+        return info
+
+    def _start(self, model) -> None:
+        """The prefix store's side, the generator and the runner's own prefill, for ``model``
+        (mlx-lm's, or a runner's adapter that looks like one)."""
         self._prefix = PrefixBlocks.from_config(model, self._cfg.cache)
         engine = self._cfg.engine
         self._generator = BatchGenerator(
@@ -99,7 +105,6 @@ class BatchRunner(RunnerBase):
             self._prefill = PromptPrefill(model, self._generator.stream, on_boundary=self._prefix.at_boundary)
             chunk = min(engine.prefill_step_size, engine.prefill_step_size_decoding or engine.prefill_step_size)
             self._sizer = ChunkSizer(ratio=engine.prefill_time_ratio, max_tokens=chunk, timed=not sharding())
-        return info
 
     def _insert(self, live: list[LiveSequence]) -> None:
         """New prompts wait for the runner's prefill when it has one and they have more than

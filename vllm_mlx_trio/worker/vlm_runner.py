@@ -19,17 +19,13 @@ import pathlib
 from collections import deque
 
 import attrs
-import mlx.core as mx
-from mlx_lm.generate import BatchGenerator
 
 from ..errors import ModelLoadError
 from ..messages import KVReady, ModelInfo, NewSequence, RequestId, StepPlan, StepResult
 from .batch_runner import BatchRunner
 from .kv_budget import kv_budget_tokens
-from .kv_store import PrefixBlocks
 from .loading import context_length, resolve_model_path
 from .runner_base import Advance, LiveSequence
-from .sampling import greedy
 from .thread_streams import enter_mlx_thread
 from .vlm_model import LanguageAdapter, MediaPrefill, new_prefill
 from .vlm_processor import VlmPromptProcessor
@@ -86,16 +82,7 @@ class VlmRunner(BatchRunner):
         enter_mlx_thread()
         model, processor, config = load_vlm(self._cfg.model)
         self._adapter = adapter = LanguageAdapter(model)
-        self._prefix = PrefixBlocks.from_config(adapter, self._cfg.cache)
-        engine = self._cfg.engine
-        self._generator = BatchGenerator(
-            adapter,
-            sampler=greedy,
-            completion_batch_size=engine.completion_batch_size,
-            prefill_batch_size=engine.prefill_batch_size,
-            prefill_step_size=engine.prefill_step_size,
-            stream=mx.new_stream(mx.default_device()),
-        )
+        self._start(adapter)  # text rows are batched and prefilled as in batched mode
         return self._model_info(adapter, processor, config)
 
     def _model_info(self, adapter: LanguageAdapter, processor, config: dict) -> ModelInfo:
@@ -152,6 +139,10 @@ class VlmRunner(BatchRunner):
         finished = self._media_prefill_step()
         advance = super()._advance(live)
         return Advance(advance.emissions, (*advance.prompts_done, *finished))
+
+    def _may_run_ahead(self, advance: Advance, live: list[LiveSequence], steps: int) -> bool:
+        """No extra decode steps while a media prompt waits for its next prefill unit."""
+        return not self._prefills and super()._may_run_ahead(advance, live, steps)
 
     def _media_prefill_step(self) -> list[RequestId]:
         if not self._prefills:
