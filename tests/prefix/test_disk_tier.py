@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+import threading
 
 import mlx.core as mx
 import pytest
@@ -169,6 +171,37 @@ def test_clear_deletes_every_file(tier, tmp_path):
     t.flush()
     assert len(t) == 0 and not list(tmp_path.glob("*.safetensors"))
     assert t.load(key(1)) is None
+
+
+def test_clear_lets_go_of_the_blocks_a_lagging_writer_still_holds(tier, tmp_path, monkeypatch):
+    """A queued write holds its block's MLX arrays until the writer gets to it: a clear drops
+    those writes, so the memory the store let go is free at once, not when the writer catches up."""
+    started, go_on = threading.Event(), threading.Event()
+    real_do = DiskTier._do
+
+    def held_do(self, action, key_hex, host):
+        started.set()
+        go_on.wait()
+        real_do(self, action, key_hex, host)
+
+    monkeypatch.setattr(DiskTier, "_do", held_do)
+    t = tier()
+    gc.collect()
+    baseline = mx.get_active_memory()
+    t.spill(key(0), block(0))
+    assert started.wait(timeout=10)  # the writer holds job 0: the rest stay queued
+    for n in range(1, 9):
+        assert t.spill(key(n), block(n))  # the store drops its copy; only the queue keeps it
+    gc.collect()
+    held = mx.get_active_memory() - baseline
+    one_block = sum(a.nbytes for pair in block(0) for a in pair)
+    assert held >= 8 * one_block
+    t.clear()
+    gc.collect()
+    assert mx.get_active_memory() - baseline <= 2 * one_block  # the job in hand (and its arrays) only
+    go_on.set()
+    t.flush()
+    assert len(t) == 0 and not list(tmp_path.glob("*.safetensors"))
 
 
 def test_a_block_over_the_whole_budget_is_not_spilled(tier, tmp_path):

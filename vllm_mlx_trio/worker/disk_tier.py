@@ -168,8 +168,11 @@ class DiskTier:
             self._jobs.put(("delete", key_hex, None))
 
     def clear(self) -> None:
-        """Delete every spilled block (``DELETE /v1/cache``)."""
+        """Delete every spilled block (``DELETE /v1/cache``). Writes still queued are dropped
+        first: their files would be deleted anyway, and each holds its block's arrays (MLX
+        memory the store has let go) until the writer gets to it."""
         self._index.clear()
+        self._cancel_queued_jobs()
         self._jobs.put(("clear", None, None))
 
     def flush(self) -> None:
@@ -205,6 +208,21 @@ class DiskTier:
             self._jobs.put(("delete", key_hex, None))
         else:
             self._path(key_hex).unlink(missing_ok=True)
+
+    def _cancel_queued_jobs(self) -> None:
+        """Take every job the writer has not started off its queue (a close stays queued)."""
+        closing = False
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            closing = closing or job is None
+            self._jobs.task_done()
+        with self._lock:
+            self._queued.clear()
+        if closing:
+            self._jobs.put(None)
 
     def _evict_over_budget(self) -> None:
         while self._index and self.bytes_used > self.max_bytes:
