@@ -27,7 +27,9 @@ def spec_pair(tmp_path_factory) -> tuple[str, str]:
 def spec_config(model: str, draft: str | None, *overrides: str, method: str = "draft"):
     """A config for ``model``; with ``draft``, speculation on with it (``method = off`` otherwise)."""
     spec = [f"speculative.method={method}", f"speculative.draft_model={draft}"] if draft else []
-    return load_config(None, overrides=[f"model.path={model}", *spec, *overrides], environ={})
+    # One decode step per plan (no run-ahead): the tests count tokens per step.
+    steps = ["engine.run_ahead_steps=1"]
+    return load_config(None, overrides=[f"model.path={model}", *spec, *steps, *overrides], environ={})
 
 
 class RandomDrafter:

@@ -28,6 +28,8 @@ class Driver:
     def __init__(self, model_dir: str, *overrides: str):
         from vllm_mlx_trio.worker.vlm_runner import VlmRunner
 
+        # One decode step per plan (no run-ahead, which is timed): the tests count steps.
+        overrides = ("engine.run_ahead_steps=1", *overrides)
         cfg = load_config(None, overrides=[f"model.path={model_dir}", "engine.mode=vlm", *overrides], environ={})
         self.runner = VlmRunner(cfg)
         self.info = self.runner.load()

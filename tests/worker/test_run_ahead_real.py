@@ -24,9 +24,11 @@ def chat(i: int) -> list[dict]:
     return [{"role": "user", "content": f"Tell me about number {i} and the sea."}]
 
 
-async def deltas_of(model_dir: str, jobs: dict[str, tuple[list[dict], SamplingParams]]) -> dict[str, list]:
+async def deltas_of(
+    model_dir: str, jobs: dict[str, tuple[list[dict], SamplingParams]], *overrides: str
+) -> dict[str, list]:
     """Each job's deltas, all jobs at once on one engine."""
-    cfg = load_config(None, overrides=[f"model.path={model_dir}"], environ={})
+    cfg = load_config(None, overrides=[f"model.path={model_dir}", *overrides], environ={})
     results: dict[str, list] = {}
 
     async def one(key: str, prompt: list[dict], params: SamplingParams) -> None:
@@ -51,11 +53,9 @@ JOBS = {
 
 
 async def test_run_ahead_gives_what_one_step_a_plan_gives(float32_dir, monkeypatch):
-    monkeypatch.setattr(batch_runner, "RUN_AHEAD_MAX_STEPS", 1)
-    one_step = await deltas_of(float32_dir, JOBS)
-    monkeypatch.setattr(batch_runner, "RUN_AHEAD_MAX_STEPS", 8)
+    one_step = await deltas_of(float32_dir, JOBS, "engine.run_ahead_steps=1")
     monkeypatch.setattr(batch_runner, "RUN_AHEAD_S", 60.0)  # no time limit: the steps limit
-    ahead = await deltas_of(float32_dir, JOBS)
+    ahead = await deltas_of(float32_dir, JOBS, "engine.run_ahead_steps=8")
     assert max(len(d.token_ids) for d in one_step["alone"]) == 1
     assert max(len(d.token_ids) for d in ahead["alone"]) > 1  # several steps in one plan
     for key in JOBS:

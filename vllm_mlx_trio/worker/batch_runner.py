@@ -14,7 +14,7 @@ chunk otherwise), and enters the generator as a one-token prompt with its cache 
 of it is in, so no step pays mlx-lm's per-prompt-step fixed cost.
 
 While every row decodes (no prompt in the generator or the runner's prefill), a plan runs
-more decode steps back to back ("run-ahead"), up to ``RUN_AHEAD_MAX_STEPS`` and while the
+more decode steps back to back ("run-ahead"), up to ``engine.run_ahead_steps`` and while the
 plan has taken less than ``RUN_AHEAD_S``, and within the KV budget with the scheduler's
 headroom for one token a plan left whole (so its accounting, which catches up when the
 result arrives, holds as with one step a plan): where a step is short (a small model), the Trio
@@ -50,8 +50,6 @@ from .sampling import (
 )
 from .thread_streams import enter_mlx_thread, leave_mlx_thread
 
-#: Most decode steps in one plan: bounds the tokens one streamed chunk carries.
-RUN_AHEAD_MAX_STEPS = 8
 #: Another decode step joins the plan only if the plan, with it, stays under this (seconds): a
 #: new request's plan waits at most about this long behind one plan, and a step longer than
 #: this (a larger model) never runs ahead.
@@ -100,7 +98,7 @@ class BatchRunner(RunnerBase):
             prefill_step_size=engine.prefill_step_size,
             stream=mx.new_stream(mx.default_device()),
         )
-        self._run_ahead_steps = 1 if sharding() else RUN_AHEAD_MAX_STEPS
+        self._run_ahead_steps = 1 if sharding() else engine.run_ahead_steps
         if engine.prefill_time_ratio is not None:
             self._prefill = PromptPrefill(model, self._generator.stream, on_boundary=self._prefix.at_boundary)
             chunk = min(engine.prefill_step_size, engine.prefill_step_size_decoding or engine.prefill_step_size)
