@@ -175,10 +175,16 @@ def startup_summary(engine: Engine, binds: list[str]) -> str:
     """The one line logged when the server is ready."""
     cfg = engine.cfg
     return (
-        f"ready: model={logfmt_value(cfg.model_name)} mode={cfg.engine.mode} "
+        f"ready: model={logfmt_value(cfg.model_name)} mode={cfg.engine.mode}{speculative_label(cfg)} "
         f"max_num_seqs={max_running(cfg)} kv_budget_tokens={engine.model_info.kv_budget_tokens} "
         f"{_cache_budget(engine)} listening={','.join(binds)}"
     )
+
+
+def speculative_label(cfg) -> str:
+    """`` speculative=METHOD`` when speculative decoding is on (the runner in place of batched)."""
+    method = cfg.speculative.method
+    return "" if method == "off" else f" speculative={method}"
 
 
 def _cache_budget(engine: Engine) -> str:

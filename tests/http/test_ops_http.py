@@ -335,6 +335,14 @@ async def test_startup_summary_line(caplog):
     assert line.endswith(f"listening={srv.url}")
 
 
+def test_startup_line_names_the_speculative_method():
+    from vllm_mlx_trio.serve import speculative_label
+
+    spec = ["speculative.method=draft", "speculative.draft_model=demo:spec-draft"]
+    assert speculative_label(load_config(None, overrides=spec, environ={})) == " speculative=draft"
+    assert speculative_label(load_config(None, environ={})) == ""
+
+
 async def test_json_log_lines_parse(caplog):
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
