@@ -20,7 +20,9 @@ SHORT_PROMPT = [{"role": "user", "content": "Tell me about number 1 and the sea.
 
 
 def config(model_dir: str, *overrides: str):
-    return load_config(None, overrides=[f"model.path={model_dir}", *overrides], environ={})
+    # One decode step per plan (no run-ahead, which is timed): the tests count stream tokens per step.
+    steps = "engine.run_ahead_steps=1"
+    return load_config(None, overrides=[f"model.path={model_dir}", steps, *overrides], environ={})
 
 
 async def _tokens(engine, prompt, params, on_token=lambda: None) -> list[int]:
