@@ -205,6 +205,15 @@ class PrefixBlocks:
         self._recomputed[seq.request_id] = seq.num_cached_tokens - start
         return cache
 
+    def read_back_whole(self, seq: NewSequence) -> bool:
+        """Put a hit's spilled blocks back in the store, for a runner that cannot recompute part
+        of a hit from token ids alone (media prompts): False when one is gone, and the whole hit
+        is then reported recomputed (the runner prefills the prompt from its start)."""
+        if not seq.disk_blocks or self._read_back(seq.disk_blocks) is None:
+            return True
+        self._recomputed[seq.request_id] = seq.num_cached_tokens
+        return False
+
     def take_recomputed(self) -> tuple[tuple[RequestId, int], ...]:
         """(request, tokens of its hit recomputed) since the last call: ``StepResult.recomputed``."""
         recomputed, self._recomputed = tuple(self._recomputed.items()), {}

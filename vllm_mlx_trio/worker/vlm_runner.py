@@ -129,8 +129,7 @@ class VlmRunner(BatchRunner):
         tier cannot give back drops the whole hit (the store's own recompute runs token ids
         through the language model, which would miss the image features): it is prefilled
         again from the start, media included, and reported as recomputed."""
-        if seq.disk_blocks and self._prefix._read_back(seq.disk_blocks) is not None:
-            self._prefix._recomputed[seq.request_id] = seq.num_cached_tokens
+        if not self._prefix.read_back_whole(seq):
             return attrs.evolve(seq, num_cached_tokens=0, cached_block_ids=(), disk_blocks=()), None
         return seq, self._prefix.cache_for(attrs.evolve(seq, disk_blocks=()))
 
