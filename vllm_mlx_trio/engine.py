@@ -185,31 +185,11 @@ class Engine:
         The caller must close the stream (``with stream:``); closing it, however early, aborts
         the request and frees its resources before the scheduler's next step.
         """
-        if self.health.error is not None:
-            raise EngineClosedError(f"The engine has failed: {self.health.error}")
-        if self.draining:
-            raise EngineClosedError("The server is shutting down; not accepting new requests.")
-        try:
-            self._slots.acquire_nowait()
-        except trio.WouldBlock:
-            raise QueueFullError(
-                f"The engine is full ({self.capacity} requests running or waiting); retry later."
-            ) from None
+        self._take_slot()
         params = params or SamplingParams()
         outbox_send, outbox_recv = trio.open_memory_channel(OUTBOX_BUFFER)
         rid = RequestId(request_id or f"req-{uuid.uuid4().hex[:16]}-{next(self._ids)}")
-        stream = RequestStream(
-            rid,
-            outbox_recv,
-            self.model_info.tokenizer,
-            params.stop,
-            token_bytes=self.model_info.token_bytes if isinstance(prompt, str) else self._chat_token_bytes,
-            on_close=self._release_slot,
-            timer=self.metrics.request_timer(trio.current_time(), endpoint),
-            min_tokens=params.min_tokens,
-            include_stop=params.include_stop_str_in_output,
-            skip_special_tokens=params.skip_special_tokens,
-        )
+        stream = self._open_stream(rid, prompt, params, outbox_recv, endpoint)
         with contextlib.ExitStack() as on_error:
             on_error.callback(stream.close)
             try:
@@ -229,6 +209,42 @@ class Engine:
             await stream.wait_accepted()
             on_error.pop_all()
         return stream
+
+    def _take_slot(self) -> None:
+        """One of the engine's request slots, or the error that says why there is none."""
+        if self.health.error is not None:
+            raise EngineClosedError(f"The engine has failed: {self.health.error}")
+        if self.draining:
+            raise EngineClosedError("The server is shutting down; not accepting new requests.")
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            raise QueueFullError(
+                f"The engine is full ({self.capacity} requests running or waiting); retry later."
+            ) from None
+
+    def _open_stream(
+        self,
+        rid: RequestId,
+        prompt: PromptInput,
+        params: SamplingParams,
+        outbox_recv: trio.MemoryReceiveChannel,
+        endpoint: str,
+    ) -> RequestStream:
+        """The caller's side of a request: it detokenizes and stops as ``params`` say, and frees
+        the slot when closed."""
+        return RequestStream(
+            rid,
+            outbox_recv,
+            self.model_info.tokenizer,
+            params.stop,
+            token_bytes=self.model_info.token_bytes if isinstance(prompt, str) else self._chat_token_bytes,
+            on_close=self._release_slot,
+            timer=self.metrics.request_timer(trio.current_time(), endpoint),
+            min_tokens=params.min_tokens,
+            include_stop=params.include_stop_str_in_output,
+            skip_special_tokens=params.skip_special_tokens,
+        )
 
     @contextlib.asynccontextmanager
     async def open_request(

@@ -54,6 +54,15 @@ def create_app(
     register_cache_routes(app, engine)
     register_ops_routes(app, engine, throughput or ThroughputMeter.for_engine(engine))
 
+    _register_request_ids_and_access(app, cfg, api_keys)
+    _register_health(app, engine)
+    _register_error_handlers(app)
+    return app
+
+
+def _register_request_ids_and_access(app: QuartTrio, cfg: EngineConfig, api_keys: ApiKeys) -> None:
+    """Every request gets an id (echoed on every response); CORS preflights are answered, then keys checked."""
+
     @app.before_request
     async def take_request_id():
         quart.g.request_id = request_id_from(quart.request.headers.get(REQUEST_ID_HEADER))
@@ -68,6 +77,10 @@ def create_app(
         response.headers[REQUEST_ID_HEADER] = quart.g.get("request_id") or request_id_from(None)
         return response
 
+
+def _register_health(app: QuartTrio, engine: Engine) -> None:
+    """``/health``: ok, draining or failed (503 for the last two)."""
+
     @app.get("/health")
     async def health():
         if engine.health.error is not None:
@@ -75,6 +88,10 @@ def create_app(
         if engine.draining:
             return {"status": "draining"}, 503
         return {"status": "ok"}
+
+
+def _register_error_handlers(app: QuartTrio) -> None:
+    """Every error in the OpenAI shape: ours by their status, HTTP ones by name, anything else a 500."""
 
     @app.errorhandler(VllmMlxTrioError)
     async def our_error(exc: VllmMlxTrioError):
@@ -94,5 +111,3 @@ def create_app(
     async def unexpected(exc: Exception):
         logger.exception("unhandled error in a request handler")
         return error_body("Internal server error.", type="server_error"), 500
-
-    return app
