@@ -135,25 +135,11 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
         kv_events=kv_event_sink(cfg.cache.kv_events_endpoint),
     )
     metrics = EngineMetrics(cfg.model_name, model_info.max_context_tokens)
-    scheduler = SchedulerActor(
-        admit_recv=admit_recv,
-        control_recv=control_recv,
-        plan_send=plan_send,
-        result_recv=result_recv,
-        cache_send=cache_send,
-        match_recv=match_recv,
-        eos_token_ids=model_info.eos_token_ids,
-        max_running=running,
-        plans_in_flight=in_flight,
-        max_tokens_per_step=runner.max_tokens_per_step,
-        stream_interval=cfg.engine.stream_interval,
-        prefill_budget=(cfg.engine.max_num_batched_tokens, cfg.engine.prefill_step_size,
-                        cfg.engine.prefill_step_size_decoding),  # fmt: skip
-        metrics=metrics,
-        health=health,
-        stall_timeout_s=cfg.limits.engine_stall_timeout_s,
-        kv_budget_tokens=model_info.kv_budget_tokens,
-    )
+    scheduler = _scheduler(
+        cfg, model_info, runner, metrics, health,
+        admit_recv=admit_recv, control_recv=control_recv, plan_send=plan_send, result_recv=result_recv,
+        cache_send=cache_send, match_recv=match_recv,
+    )  # fmt: skip
     # Without a KV budget only the context length bounds the running KV.
     kv_capacity = model_info.kv_budget_tokens or running * model_info.max_context_tokens
     metrics.read_gauges_from(
@@ -184,6 +170,31 @@ async def _start_executor(nursery: trio.Nursery, executor: Any, health: EngineHe
     model_info = await nursery.start(partial(run_supervised, executor.run, health, stop_executor))
     nursery.start_soon(cancel_on_failure, health, stop_executor)
     return model_info
+
+
+def _scheduler(
+    cfg: EngineConfig,
+    model_info: ModelInfo,
+    runner: Any,
+    metrics: EngineMetrics,
+    health: EngineHealth,
+    **channels: Any,
+) -> SchedulerActor:
+    """The scheduler for ``runner`` (its plans in flight, tokens per step and running limit) over ``channels``."""
+    return SchedulerActor(
+        **channels,
+        eos_token_ids=model_info.eos_token_ids,
+        max_running=runner.max_running(cfg.engine),
+        plans_in_flight=runner.plans_in_flight,
+        max_tokens_per_step=runner.max_tokens_per_step,
+        stream_interval=cfg.engine.stream_interval,
+        prefill_budget=(cfg.engine.max_num_batched_tokens, cfg.engine.prefill_step_size,
+                        cfg.engine.prefill_step_size_decoding),  # fmt: skip
+        metrics=metrics,
+        health=health,
+        stall_timeout_s=cfg.limits.engine_stall_timeout_s,
+        kv_budget_tokens=model_info.kv_budget_tokens,
+    )
 
 
 def _admission(
