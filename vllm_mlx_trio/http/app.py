@@ -14,6 +14,7 @@ from ..errors import VllmMlxTrioError
 from .anthropic import register_anthropic_routes
 from .auth import ApiKeys, load_api_keys, register_auth
 from .cache_routes import register_cache_routes
+from .close_connection import close_after_last_body
 from .cors import CorsPolicy, register_cors
 from .errors import describe, error_body
 from .openai_responses import register_responses_routes
@@ -53,6 +54,7 @@ def create_app(
     register_responses_routes(app, engine)
     register_cache_routes(app, engine)
     register_ops_routes(app, engine, throughput or ThroughputMeter.for_engine(engine))
+    app.asgi_app = close_after_last_body(app.asgi_app)  # type: ignore[method-assign]
 
     _register_request_ids_and_access(app, cfg, api_keys)
     _register_health(app, engine)
