@@ -55,9 +55,9 @@ from .thread_streams import enter_mlx_thread, leave_mlx_thread
 #: Another decode step joins the plan only if the plan, with it, stays under this (seconds): a
 #: step longer than this (a larger model) never runs ahead, and tokens reach the client at
 #: least this often. A new request does not wait for it: its admission ends the run-ahead
-#: (``RequestWaiting``). 16 ms, not 8: on a loaded 2-core CPU box (steps of 3-5 ms on
-#: ``demo:tiny``) a plan then carries ~3.8 tokens instead of ~2.2, and the event loop's CPU per
-#: token falls by a third (docs/benchmarks.md, one stream).
+#: (``RequestWaiting``). 16 ms, not 8: on a loaded 2-core CPU box (``demo:tiny``) a plan then
+#: carries 3.8-5.4 tokens instead of 1.7-2.5 and the event loop's CPU per token about halves
+#: (docs/benchmarks.md, one stream).
 RUN_AHEAD_S = 0.016
 
 
