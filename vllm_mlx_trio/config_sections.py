@@ -130,7 +130,7 @@ class EngineSection:
     #: together, in fixed chunks).
     prefill_time_ratio: float | None = _option(1.0, _in_range(0.01), converter=_to_float)
     #: Batched mode: most decode steps one plan runs back to back while every row decodes and
-    #: nothing waits (run-ahead; each plan also stays under 8 ms), so one streamed chunk carries
+    #: nothing waits (run-ahead; each plan also stays under 16 ms), so one streamed chunk carries
     #: up to this many tokens and the event loop handles them together (>= 1; 1: off).
     run_ahead_steps: int = _option(8, _in_range(1))
     #: VLM mode (engine.mode = "vlm"): prompt tokens per step of a media prompt's language prefill (>= 1; none:

@@ -12,6 +12,7 @@ import threading
 import attrs
 import pytest
 import trio
+import trio.testing
 
 from vllm_mlx_trio import SamplingParams
 from vllm_mlx_trio.actors.executor import ExecutorActor, _Inbox
@@ -249,3 +250,35 @@ async def test_the_executor_lets_the_runner_ask_its_inbox():
         async with running_executor(runner) as (plans, results):
             await step(plans, results, StepPlan(step_id=0, new_seqs=(new_seq(A),)))
             assert isinstance(runner.starts_waiting.__self__, _Inbox)
+
+
+def test_the_inbox_hears_that_a_request_waits_until_the_next_plan_is_taken():
+    inbox = _Inbox()
+    inbox.request_waiting()
+    assert inbox.starts_waiting()  # the plan running now ends its run-ahead
+    inbox.put(StepPlan(step_id=0, decode_ids=(A,)))
+    assert inbox.next_plan().step_id == 0 and not inbox.starts_waiting()
+
+
+async def test_a_request_admitted_mid_plan_ends_the_plans_run_ahead(fake_cfg, blocking_kind):
+    """The scheduler, holding a plan in flight, tells the executor (RequestWaiting on the plan
+    edge) when a request arrives; the runner's ``starts_waiting`` then says so mid-plan."""
+    cfg = attrs.evolve(fake_cfg, engine=attrs.evolve(fake_cfg.engine, mode=blocking_kind))
+    with trio.fail_after(TIMEOUT_S):
+        async with open_engine(cfg) as engine, trio.open_nursery() as nursery:
+            first = await engine.submit("hi", SamplingParams(max_tokens=3))
+            [runner] = BlockingKind.instances
+            await trio.to_thread.run_sync(runner.blocked.wait)  # mid-plan now
+            assert not runner.starts_waiting()
+            second = await engine.submit("there", SamplingParams(max_tokens=3))
+            while not runner.starts_waiting():
+                await trio.testing.wait_all_tasks_blocked()  # the hint's hops through Trio
+            runner.release.set()
+            for stream in (first, second):
+                nursery.start_soon(_drain, stream)
+
+
+async def _drain(stream) -> None:
+    with stream:
+        async for _delta in stream:
+            pass

@@ -78,3 +78,36 @@ def test_the_run_ahead_stays_within_the_kv_budget_and_the_schedulers_headroom():
     runner._info = SimpleNamespace(kv_budget_tokens=100)
     assert runner._kv_fits(rows, 25)
     assert not runner._kv_fits(rows, 26)
+
+
+def _driven_runner(model_dir: str):
+    from vllm_mlx_trio.messages import NewSequence, RequestId, StepPlan
+
+    runner = batch_runner.BatchRunner(load_config(None, overrides=[f"model.path={model_dir}"], environ={}))
+    runner.load()
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    new = NewSequence(request_id=RequestId("a"), prompt_token_ids=tuple(range(10, 40)), params=params)
+
+    def plan(step_id: int, *, start: bool = False) -> StepPlan:
+        if start:
+            return StepPlan(step_id=step_id, new_seqs=(new,))
+        return StepPlan(step_id=step_id, decode_ids=(new.request_id,))
+
+    return runner, plan
+
+
+@pytest.mark.parametrize("time_limit_s", [0.0, 60.0])
+def test_the_plan_that_starts_a_prompt_gives_its_first_token_and_ends_there(float32_dir, monkeypatch, time_limit_s):
+    """Time to first token: the plan that prefills a prompt alone runs on to its first token (one
+    step past the prompt's end, whatever the time limit: 0 lets no step join for time's sake)
+    and stops at it (60 s would let 8 steps join); the next plan runs ahead."""
+    monkeypatch.setattr(batch_runner, "RUN_AHEAD_S", time_limit_s)
+    runner, plan = _driven_runner(float32_dir)
+    try:
+        first = runner.execute(plan(0, start=True))
+        assert [len(tokens) for _rid, tokens in first.sampled] == [1]
+        monkeypatch.setattr(batch_runner, "RUN_AHEAD_S", 60.0)  # now only the steps limit
+        second = runner.execute(plan(1))
+        assert [len(tokens) for _rid, tokens in second.sampled] == [8]
+    finally:
+        runner.close()

@@ -5,8 +5,9 @@ every step. Plans reach it through a thread-safe queue; results go back with the
 ``run_sync_soon(result_send.send_nowait, ...)``, fire and forget: it never blocks the
 thread, and never finds the channel full because the scheduler keeps at most
 the runner's ``plans_in_flight`` plans outstanding and the result channel holds that many.
-The runner can ask whether a queued plan starts a sequence (``starts_waiting``): a batch
-runner then ends its run-ahead, so a new request waits for no more than one step.
+The runner can ask whether a queued plan starts a sequence, or the scheduler has said that a
+request waits for the next plan boundary (``RequestWaiting``, sent beside the plans): a batch
+runner then ends its run-ahead (``starts_waiting``), so a new request waits about one step.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Callable
 import trio
 
 from ..errors import ExecutorCrashedError, VllmMlxTrioError
-from ..messages import ModelInfo, StepPlan, StepResult
+from ..messages import ModelInfo, PlanMessage, RequestWaiting, StepPlan, StepResult
 from ..worker.registry import Runner
 from ..worker.runner_base import RunnerBase
 
@@ -37,6 +38,8 @@ class _Inbox:
         #: Queued plans that start sequences (the runner stops running ahead for them).
         self._starting = 0
         self._lock = threading.Lock()
+        #: The scheduler holds a request for the next plan boundary (cleared at the next plan).
+        self._request_waiting = False
 
     def put(self, plan: StepPlan) -> None:
         if plan.new_seqs:
@@ -44,9 +47,14 @@ class _Inbox:
                 self._starting += 1
         self._queue.put(plan)
 
+    def request_waiting(self) -> None:
+        """A request waits for the next plan boundary: the plan running now ends its run-ahead."""
+        self._request_waiting = True
+
     def starts_waiting(self) -> bool:
-        """Whether a queued plan starts a sequence (called on the thread, between steps)."""
-        return self._starting > 0
+        """Whether a queued plan starts a sequence, or a request waits for the next plan
+        (called on the thread, between steps)."""
+        return self._starting > 0 or self._request_waiting
 
     def stop(self) -> None:
         self._queue.put(_STOP)
@@ -61,6 +69,9 @@ class _Inbox:
         if item is _STOP or self._abandoned.is_set():
             return None
         assert isinstance(item, StepPlan)
+        # The plan that ended for it has gone back; from here a queued plan that starts the
+        # request (``_starting``) is what ends this one's run-ahead.
+        self._request_waiting = False
         if item.new_seqs:
             with self._lock:
                 self._starting -= 1
@@ -80,7 +91,7 @@ class ExecutorActor:
     def __init__(
         self,
         *,
-        plan_recv: trio.MemoryReceiveChannel[StepPlan],
+        plan_recv: trio.MemoryReceiveChannel[PlanMessage],
         result_send: trio.MemorySendChannel[StepResult],
         runner_factory: Callable[[], Runner],
     ):
@@ -95,8 +106,11 @@ class ExecutorActor:
             async with trio.open_nursery() as nursery:
                 model_info = await nursery.start(self._run_thread, inbox)
                 task_status.started(model_info)
-                async for plan in self._plan_recv:
-                    inbox.put(plan)
+                async for message in self._plan_recv:
+                    if isinstance(message, RequestWaiting):
+                        inbox.request_waiting()
+                    else:
+                        inbox.put(message)
                 inbox.stop()
 
     async def _run_thread(

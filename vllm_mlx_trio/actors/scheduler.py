@@ -27,6 +27,8 @@ from ..messages import (
     ControlCommand,
     FailAll,
     KVReady,
+    PlanMessage,
+    RequestWaiting,
     StepPlan,
     StepResult,
 )
@@ -62,7 +64,7 @@ class SchedulerActor:
         *,
         admit_recv: trio.MemoryReceiveChannel[Admit],
         control_recv: trio.MemoryReceiveChannel[ControlCommand],
-        plan_send: trio.MemorySendChannel[StepPlan],
+        plan_send: trio.MemorySendChannel[PlanMessage],
         result_recv: trio.MemoryReceiveChannel[StepResult],
         cache_send: trio.MemorySendChannel[CacheCommand],
         match_recv: trio.MemoryReceiveChannel[CacheReply],
@@ -208,6 +210,9 @@ class SchedulerActor:
         async for admit in self._admit_recv:
             self._scheduler.add(Request(admit, self._eos_token_ids))
             self._wake_loop()
+            if self._in_flight:  # it can start at the next plan boundary: end the run-ahead
+                with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
+                    self._plan_send.send_nowait(RequestWaiting())
         self._admissions_open = False
         self._wake_loop()
 

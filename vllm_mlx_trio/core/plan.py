@@ -107,6 +107,17 @@ class StepPlan:
 
 
 @_frozen
+class RequestWaiting:
+    """On the plan edge beside the plans: a request was admitted while plans are in flight, so
+    the scheduler can start it only at the next plan boundary. The executor ends the current
+    plan's run-ahead at its next step (the runner's ``starts_waiting``): the new request waits
+    about one step, not a whole run-ahead. A hint: it produces no result."""
+
+
+PlanMessage = StepPlan | RequestWaiting
+
+
+@_frozen
 class KVReady:
     """The executor copied full blocks ``first_block ..`` of ``token_ids``'s KV (``block_nbytes``
     bytes each) and holds them under ``ready_id`` until a plan says which to keep.

@@ -139,6 +139,8 @@ class FakeExecutor:
                 )
             )
             async for plan in self._plan_recv:
+                if not isinstance(plan, StepPlan):
+                    continue  # a RequestWaiting hint: no run-ahead to end here
                 if self._gate is not None:
                     await self._gate.wait()
                 await trio.sleep(self._step_s)

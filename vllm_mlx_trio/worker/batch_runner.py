@@ -15,13 +15,15 @@ of it is in, so no step pays mlx-lm's per-prompt-step fixed cost.
 
 While every row decodes (no prompt in the generator or the runner's prefill), a plan runs
 more decode steps back to back ("run-ahead"), up to ``engine.run_ahead_steps`` and while the
-plan has taken less than ``RUN_AHEAD_S``, and within the KV budget with the scheduler's
+plan has taken less than ``RUN_AHEAD_S`` (16 ms), and within the KV budget with the scheduler's
 headroom for one token a plan left whole (so its accounting, which catches up when the
 result arrives, holds as with one step a plan): where a step is short (a small model), the Trio
 side's per-plan work (result hand-off, scheduling, delivery, one streamed chunk) is shared
 by several tokens instead of paid by each; a long step runs alone as before. A row that
-ends stops it, and so does a queued plan that starts a sequence (the executor tells).
-Not when sharded: every rank must run the same steps.
+ends stops it, and so does a request waiting to start (a queued plan starts it, or the
+scheduler said one was admitted: the executor tells). The plan whose step ends a prompt runs
+on to that row's first token and ends there (time to first token). Not when sharded: every
+rank must run the same steps.
 
 Every row carries its own sampler (its own PRNG key), logits processors, stop token ids and
 max_tokens; the generator ends a row itself at max_tokens or a stop token, where the one
@@ -51,9 +53,12 @@ from .sampling import (
 from .thread_streams import enter_mlx_thread, leave_mlx_thread
 
 #: Another decode step joins the plan only if the plan, with it, stays under this (seconds): a
-#: new request's plan waits at most about this long behind one plan, and a step longer than
-#: this (a larger model) never runs ahead.
-RUN_AHEAD_S = 0.008
+#: step longer than this (a larger model) never runs ahead, and tokens reach the client at
+#: least this often. A new request does not wait for it: its admission ends the run-ahead
+#: (``RequestWaiting``). 16 ms, not 8: on a loaded 2-core CPU box (``demo:tiny``) a plan then
+#: carries 3.8-5.4 tokens instead of 1.7-2.5 and the event loop's CPU per token about halves
+#: (docs/benchmarks.md, one stream).
+RUN_AHEAD_S = 0.016
 
 
 class BatchRunner(RunnerBase):
@@ -78,6 +83,8 @@ class BatchRunner(RunnerBase):
         self._last_step: tuple[float, int, bool] | None = None
         #: Decode steps a plan may run: 1 when sharded (every rank must run the same steps).
         self._run_ahead_steps = 1
+        #: Rows whose prompt the last generator step ended: their first token is the next step's.
+        self._prompt_ends = 0
 
     def _load(self) -> ModelInfo:
         enter_mlx_thread()
@@ -166,22 +173,35 @@ class BatchRunner(RunnerBase):
 
     def _advance(self, live: list[LiveSequence]) -> Advance:
         """One chunk of the runner's own prefill (if any), then one ``BatchGenerator.next()``
-        for the whole batch (``live`` is every row anyway), then the run-ahead steps."""
+        for the whole batch (``live`` is every row anyway), then the run-ahead steps.
+
+        A plan whose step ends a prompt runs one more step (run-ahead on, time limit or not),
+        so the new row's first token leaves in this plan; a plan whose step gave some row its
+        first token ends there, so that token is delivered at once (time to first token)."""
         assert self._generator is not None
         started = time.perf_counter()
         prompts_done = self._prefill_step()
         self._generator.prefill_step_size = self._prefill_chunk()
-        advance = self._generator_step(prompts_done)
+        advance = step = self._generator_step(prompts_done)
         steps, step_s = 1, time.perf_counter() - started
-        while steps < self._run_ahead_steps and self._may_run_ahead(advance, live, steps):
-            step_started = time.perf_counter()
-            if (step_started - started) + step_s > RUN_AHEAD_S:
+        while self._run_ahead_steps > 1 and self._may_run_ahead(advance, live, steps):
+            if self._gives_first_token(step):
                 break
-            advance = _joined(advance, self._generator_step([]))
+            step_started = time.perf_counter()
+            over = steps >= self._run_ahead_steps or (step_started - started) + step_s > RUN_AHEAD_S
+            if over and not self._prompt_ends:
+                break
+            step = self._generator_step([])
+            advance = _joined(advance, step)
             steps, step_s = steps + 1, time.perf_counter() - step_started
             if self._last_step is not None:  # the chunk sizer times one step, the last one
                 self._last_step = (step_started, 0, self._last_step[2])
         return advance
+
+    def _gives_first_token(self, step: Advance) -> bool:
+        """Whether ``step`` carries a row's first token since it entered the runner."""
+        live = self._live
+        return any(e.request_id in live and not live[e.request_id].emitted for e in step.emissions)
 
     def _may_run_ahead(self, advance: Advance, live: list[LiveSequence], steps: int) -> bool:
         """Another decode step may join this plan: every row decodes, none ended, no queued
@@ -210,7 +230,9 @@ class BatchRunner(RunnerBase):
         """One ``BatchGenerator.next()``: its tokens, and the prompts it finished."""
         assert self._generator is not None
         prompt_progress, generated = self._generator.next()
-        self._decoding.update(r.uid for r in prompt_progress if r.end_of_prompt)
+        ended_prompts = [r.uid for r in prompt_progress if r.end_of_prompt]
+        self._decoding.update(ended_prompts)
+        self._prompt_ends = len(ended_prompts)
         # All but the last prompt token are in the cache (mlx-lm makes that token its own
         # segment): where the prefix store checkpoints a prompt. An earlier segment's end is a
         # block boundary where it snapshots the sliding-window / recurrent layers.
