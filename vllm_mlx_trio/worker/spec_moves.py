@@ -30,6 +30,8 @@ class SpecSequence:
 
     cache: list[Any]
     pending: int
+    #: Whether the last round accepted every draft: only then does a pipelined drafter draft a round ahead.
+    all_accepted: bool = True
 
 
 def take_from_batch(generator: BatchGenerator, uid: int) -> SpecSequence:

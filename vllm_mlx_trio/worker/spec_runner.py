@@ -77,6 +77,7 @@ class SpecRunner(BatchRunner):
         self._counts = SpecDecodeCounts()
         self._target_forward: Any = None
         self._thinking: ThinkingGate | None = None
+        self._pipelined = False  # the drafter is a PipelinedDrafter (set by _load)
 
     def _load(self) -> ModelInfo:
         info = super()._load()
@@ -91,6 +92,7 @@ class SpecRunner(BatchRunner):
             self._drafter = loader(self._cfg, self._target, info)
         if self._drafter.needs_target_hidden:
             self._target_forward = _import(TARGET_FORWARD)
+        self._pipelined = hasattr(self._drafter, "propose_lazy") and hasattr(self._drafter, "draft_ahead")
         if self._cfg.speculative.method == "mtp":  # thinking requests and MTP (MTP's hook, worker/mtp_thinking.py)
             self._thinking = gate_for(self._cfg, info.tokenizer)
         return info
@@ -175,40 +177,56 @@ class SpecRunner(BatchRunner):
             return None
 
     def _speculate(self, sequence: LiveSequence) -> Emission:
+        """One round, synchronising host and device once: the drafts stay on the device, feed the verify forward
+        lazily, and both are read together; a pipelined drafter starts the next round's drafts before that read."""
         assert self._drafter is not None and self._generator is not None
         spec: SpecSequence = sequence.handle
         tokens_left = sequence.termination.max_tokens - sequence.num_output_tokens
         budget = draft_budget(self._num_draft_tokens, tokens_left)
         with mx.stream(self._generator.stream):
-            drafts = self._drafter.propose(spec.pending, budget)[:budget] if budget else []
-            inputs = [spec.pending, *drafts]
+            drafts = self._propose(spec.pending, budget)
+            inputs = mx.concatenate([mx.array([spec.pending], dtype=mx.uint32), drafts])
             transaction = self._transaction(spec.cache, inputs)
             target, hidden = self._verify(spec.cache, inputs)
-            num_accepted = accepted_prefix(drafts, target)
+            mx.async_eval(target)
+            if self._pipelined and spec.all_accepted and drafts.size:
+                next_budget = draft_budget(self._num_draft_tokens, tokens_left - drafts.size - 1)
+                self._drafter.draft_ahead(drafts, target[-1], next_budget)  # type: ignore[attr-defined]
+            target_ids, draft_ids = target.tolist(), drafts.tolist()  # the round's one wait for the device
+            num_accepted = accepted_prefix(draft_ids, target_ids)
             transaction.keep(1 + num_accepted)
-            accepted = [*drafts[:num_accepted], target[num_accepted]]
+            accepted = [*draft_ids[:num_accepted], target_ids[num_accepted]]
             self._drafter.settle(accepted, None if hidden is None else hidden[:, : num_accepted + 1])
-        emitted = (spec.pending, *drafts[:num_accepted])
-        spec.pending = target[num_accepted]
-        self._counts += SpecDecodeCounts.of_round(len(drafts), num_accepted)
+        emitted = (spec.pending, *draft_ids[:num_accepted])
+        spec.pending = target_ids[num_accepted]
+        spec.all_accepted = num_accepted == len(draft_ids)
+        self._counts += SpecDecodeCounts.of_round(len(draft_ids), num_accepted)
         return Emission(sequence.request_id, emitted)
 
-    def _verify(self, cache: list[Any], inputs: list[int]) -> tuple[list[int], mx.array | None]:
-        """One target forward of ``inputs``: its greedy token after each position (as the batch's greedy sampler
-        picks it: argmax of the log-softmax), and the hidden states when the drafter wants them."""
+    def _propose(self, pending: int, budget: int) -> mx.array:
+        """Up to ``budget`` drafts after ``pending``, as a uint32 array (lazy when the drafter pipelines)."""
         assert self._drafter is not None
-        tokens = mx.array([inputs], dtype=mx.uint32)
+        if self._pipelined:
+            return self._drafter.propose_lazy(pending, budget)  # type: ignore[attr-defined]
+        drafts = self._drafter.propose(pending, budget)[:budget] if budget else []
+        return mx.array(drafts, dtype=mx.uint32)
+
+    def _verify(self, cache: list[Any], inputs: mx.array) -> tuple[mx.array, mx.array | None]:
+        """One target forward of ``inputs``: its greedy token after each position (lazy; as the batch's greedy
+        sampler picks it: argmax of the log-softmax), and the hidden states when the drafter wants them."""
+        assert self._drafter is not None
+        tokens = inputs[None]
         hidden = None
         if self._target_forward is not None:
             logits, hidden = self._target_forward(self._target, tokens, cache, mode=self._drafter.hidden_state_mode)
         else:
             logits = self._target(tokens, cache=cache)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        return mx.argmax(logprobs[0], axis=-1).tolist(), hidden
+        return mx.argmax(logprobs[0], axis=-1), hidden
 
-    def _transaction(self, cache: list[Any], inputs: list[int]) -> CacheTransaction:
+    def _transaction(self, cache: list[Any], inputs: mx.array) -> CacheTransaction:
         if can_trim_prompt_cache(cache):
-            return TrimTransaction(cache, len(inputs))
+            return TrimTransaction(cache, inputs.size)
         return _import(CACHE_TRANSACTION)(self._target, cache, inputs)
 
     def _cached_tokens(self, sequence: LiveSequence) -> list[int]:
