@@ -37,6 +37,7 @@ from .batch_runner import BatchRunner
 from .mtp_thinking import ThinkingGate, gate_for
 from .runner_base import Advance, Emission, LiveSequence
 from .spec_drafter import CACHE_TRANSACTION, DRAFTER_LOADERS, TARGET_FORWARD, CacheTransaction, Drafter
+from .spec_entry_hidden import EntryHidden
 from .spec_moves import SpecSequence, put_into_batch, take_from_batch
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class SpecRunner(BatchRunner):
         self._target_forward: Any = None
         self._thinking: ThinkingGate | None = None
         self._pipelined = False  # the drafter is a PipelinedDrafter (set by _load)
+        self._entry_hidden: EntryHidden | None = None  # hidden states from the batch, for drafters that need them
 
     def _load(self) -> ModelInfo:
         info = super()._load()
@@ -92,6 +94,7 @@ class SpecRunner(BatchRunner):
             self._drafter = loader(self._cfg, self._target, info)
         if self._drafter.needs_target_hidden:
             self._target_forward = _import(TARGET_FORWARD)
+            self._entry_hidden = EntryHidden(self._target, self._generator, self._drafter.hidden_state_mode)
         self._pipelined = hasattr(self._drafter, "propose_lazy") and hasattr(self._drafter, "draft_ahead")
         if self._cfg.speculative.method == "mtp":  # thinking requests and MTP (MTP's hook, worker/mtp_thinking.py)
             self._thinking = gate_for(self._cfg, info.tokenizer)
@@ -150,7 +153,8 @@ class SpecRunner(BatchRunner):
         self._decoding.discard(uid)
         sequence.handle = spec
         self._speculating = sequence
-        self._drafter.start(self._cached_tokens(sequence), None)
+        hidden = None if self._entry_hidden is None else self._entry_hidden.take(uid)
+        self._drafter.start(self._cached_tokens(sequence), hidden)
 
     def _leave(self, sequence: LiveSequence) -> Emission:
         """Back to the batch: emit the pending token; the generator carries on after it."""
@@ -259,6 +263,9 @@ class SpecRunner(BatchRunner):
 
     def _close(self) -> None:
         self._stop_drafter()
+        if self._entry_hidden is not None:
+            self._entry_hidden.close()
+            self._entry_hidden = None
         self._drafter = None
         self._target = None
         super()._close()
