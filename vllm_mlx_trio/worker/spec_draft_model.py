@@ -8,7 +8,7 @@ drafts are trimmed off the cache afterwards, as mlx-lm's ``speculative_generate_
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import attrs
@@ -18,6 +18,8 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_p
 from ..errors import ModelLoadError
 from .loading import load_model
 
+#: Chooses a draft from the draft model's logits ``(1, vocab)``: ``uint32`` of shape ``(1,)`` (sampled requests).
+Pick = Callable[[mx.array], mx.array]
 #: Prompt tokens per draft forward when a sequence enters speculation (a bound on the activation memory).
 DRAFT_PREFILL_STEP = 512
 
@@ -66,8 +68,9 @@ class DraftModelDrafter:
     def propose(self, last_token: int, num_tokens: int) -> list[int]:
         return self.propose_lazy(last_token, num_tokens).tolist()
 
-    def propose_lazy(self, last_token: int, num_tokens: int) -> mx.array:
-        """:meth:`propose`, the drafts left on the device (uint32, shape ``(n,)``, evaluation started)."""
+    def propose_lazy(self, last_token: int, num_tokens: int, pick: Pick | None = None) -> mx.array:
+        """:meth:`propose`, the drafts left on the device (uint32, shape ``(n,)``, evaluation started); ``pick``
+        chooses each draft from the logits (default: the argmax)."""
         assert self._cache is not None, "start() first"
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead.confirmed:
@@ -81,22 +84,22 @@ class DraftModelDrafter:
             return mx.array([], dtype=mx.uint32)
         inputs = mx.array([[*self._unfed, last_token]], dtype=mx.uint32)
         self._unfed = []
-        return self._draft(inputs, num_tokens)
+        return self._draft(inputs, num_tokens, pick)
 
-    def draft_ahead(self, drafts: mx.array, bonus: mx.array, num_tokens: int) -> None:
+    def draft_ahead(self, drafts: mx.array, bonus: mx.array, num_tokens: int, pick: Pick | None = None) -> None:
         """Start the next round's ``num_tokens`` drafts after ``bonus`` (lazy: the verify's token after the last
         draft), as if :meth:`settle` will accept all of ``drafts`` (this round's, from :meth:`propose_lazy`)."""
         assert self._cache is not None and self._ahead is None, "one round ahead at most"
         if num_tokens <= 0 or self._num_drafts == 0:
             return
         inputs = mx.concatenate([drafts[-1:], bonus.reshape(1).astype(mx.uint32)])[None]
-        self._ahead = _Ahead(self._draft(inputs, num_tokens))
+        self._ahead = _Ahead(self._draft(inputs, num_tokens, pick))
 
-    def _draft(self, inputs: mx.array, num_tokens: int) -> mx.array:
+    def _draft(self, inputs: mx.array, num_tokens: int, pick: Pick | None) -> mx.array:
         drafts = []
         for _ in range(num_tokens):
             logits = self._model(inputs, cache=self._cache)[:, -1, :]
-            token = mx.argmax(logits, axis=-1).astype(mx.uint32)
+            token = mx.argmax(logits, axis=-1).astype(mx.uint32) if pick is None else pick(logits)
             mx.async_eval(token)
             drafts.append(token)
             inputs = token[:, None]

@@ -45,7 +45,7 @@ The pieces MTP provides, found by name so this module imports none of them (attr
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -112,11 +112,13 @@ class PipelinedDrafter(Drafter, Protocol):
         drafts = drafter.propose_lazy(bonus, k')            # returns the ahead drafts when they stand
     """
 
-    def propose_lazy(self, last_token: int, num_tokens: int) -> mx.array:
-        """:meth:`Drafter.propose` with the drafts left on the device: ``uint32`` of shape ``(n,)``."""
+    def propose_lazy(self, last_token: int, num_tokens: int, pick: Any = None) -> mx.array:
+        """:meth:`Drafter.propose` with the drafts left on the device: ``uint32`` of shape ``(n,)``. ``pick``
+        (``logits (1, vocab) -> uint32 (1,)``) chooses each draft instead of the argmax: a sampled request's
+        :meth:`~vllm_mlx_trio.worker.spec_sampling.SpecSampler.pick`."""
         ...
 
-    def draft_ahead(self, drafts: mx.array, bonus: mx.array, num_tokens: int) -> None:
+    def draft_ahead(self, drafts: mx.array, bonus: mx.array, num_tokens: int, pick: Any = None) -> None:
         """Start the next round's ``num_tokens`` drafts after ``bonus`` (a lazy token) as if the coming
         :meth:`Drafter.settle` accepts all of ``drafts``; a settle that rejects any drops them."""
         ...

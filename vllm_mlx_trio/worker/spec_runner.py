@@ -30,15 +30,17 @@ import attrs
 import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
-from ..core.speculative import SpecDecodeCounts, accepted_prefix, draft_budget, sampling_fits
+from ..core.speculative import SpecDecodeCounts, draft_budget, sampling_fits
 from ..errors import ModelLoadError
 from ..messages import KVReady, ModelInfo, StepPlan, StepResult
 from .batch_runner import BatchRunner
 from .mtp_thinking import ThinkingGate, gate_for
 from .runner_base import Advance, Emission, LiveSequence
+from .sampling import make_request_sampler
 from .spec_drafter import CACHE_TRANSACTION, DRAFTER_LOADERS, TARGET_FORWARD, CacheTransaction, Drafter
 from .spec_entry_hidden import EntryHidden
 from .spec_moves import SpecSequence, put_into_batch, take_from_batch
+from .spec_sampling import SpecSampler, greedy_verdict
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +128,7 @@ class SpecRunner(BatchRunner):
     def _fits(self, sequence: LiveSequence) -> bool:
         return (
             len(self._live) == 1
-            and sampling_fits(sequence.seq.params, sequence.num_output_tokens)
+            and sampling_fits(sequence.seq.params, sequence.num_output_tokens, sampled=self._pipelined)
             and (self._thinking is None or self._thinking_allows(sequence))
         )
 
@@ -149,6 +151,9 @@ class SpecRunner(BatchRunner):
         assert self._generator is not None and self._drafter is not None
         uid = sequence.handle
         spec = take_from_batch(self._generator, uid)
+        if not sequence.seq.params.is_greedy:
+            assert self._info is not None
+            spec.sampler = SpecSampler(sequence.seq.params, self._info.vocab_size)
         del self._request_ids[uid]
         self._decoding.discard(uid)
         sequence.handle = spec
@@ -164,9 +169,11 @@ class SpecRunner(BatchRunner):
         tokens = (spec.pending,)
         _keep, reason = sequence.termination.scan(sequence.num_output_tokens, tokens)
         if reason is None:  # else the rule ends it on this token: it stays here until RunnerBase drops it
+            assert self._info is not None
             tokens_left = sequence.termination.max_tokens - sequence.num_output_tokens - 1
+            sampler = make_request_sampler(sequence.seq.params, self._info.vocab_size)  # unseeded: a fresh key
             uid = put_into_batch(self._generator, spec, self._cached_tokens(sequence), tokens_left,
-                                 sequence.termination.stop_ids)  # fmt: skip
+                                 sequence.termination.stop_ids, sampler)  # fmt: skip
             sequence.handle = uid
             self._request_ids[uid] = sequence.request_id
         return Emission(sequence.request_id, tokens)
@@ -182,51 +189,55 @@ class SpecRunner(BatchRunner):
 
     def _speculate(self, sequence: LiveSequence) -> Emission:
         """One round, synchronising host and device once: the drafts stay on the device, feed the verify forward
-        lazily, and both are read together; a pipelined drafter starts the next round's drafts before that read."""
+        lazily, the verdict is computed there, and all three are read together; a pipelined drafter starts the
+        next round's drafts (from the verdict's next token) before that read."""
         assert self._drafter is not None and self._generator is not None
         spec: SpecSequence = sequence.handle
         tokens_left = sequence.termination.max_tokens - sequence.num_output_tokens
         budget = draft_budget(self._num_draft_tokens, tokens_left)
+        pick = None if spec.sampler is None else spec.sampler.pick
         with mx.stream(self._generator.stream):
-            drafts = self._propose(spec.pending, budget)
+            drafts = self._propose(spec.pending, budget, pick)
             inputs = mx.concatenate([mx.array([spec.pending], dtype=mx.uint32), drafts])
             transaction = self._transaction(spec.cache, inputs)
-            target, hidden = self._verify(spec.cache, inputs)
-            mx.async_eval(target)
+            logits, hidden = self._verify(spec.cache, inputs)
+            if spec.sampler is None:
+                accepted_count, next_token = greedy_verdict(drafts, logits)
+            else:
+                draft_probs = spec.sampler.take_draft_probs(drafts.size)
+                accepted_count, next_token = spec.sampler.verdict(drafts, draft_probs, logits)
+            mx.async_eval(accepted_count, next_token)
             if self._pipelined and spec.all_accepted and drafts.size:
                 next_budget = draft_budget(self._num_draft_tokens, tokens_left - drafts.size - 1)
-                self._drafter.draft_ahead(drafts, target[-1], next_budget)  # type: ignore[attr-defined]
-            target_ids, draft_ids = target.tolist(), drafts.tolist()  # the round's one wait for the device
-            num_accepted = accepted_prefix(draft_ids, target_ids)
+                self._drafter.draft_ahead(drafts, next_token, next_budget, pick)  # type: ignore[attr-defined]
+            num_accepted, draft_ids = int(accepted_count.item()), drafts.tolist()  # the round's one wait
+            pending = int(next_token.item())
             transaction.keep(1 + num_accepted)
-            accepted = [*draft_ids[:num_accepted], target_ids[num_accepted]]
-            self._drafter.settle(accepted, None if hidden is None else hidden[:, : num_accepted + 1])
-        emitted = (spec.pending, *draft_ids[:num_accepted])
-        spec.pending = target_ids[num_accepted]
+            self._drafter.settle([*draft_ids[:num_accepted], pending],
+                                 None if hidden is None else hidden[:, : num_accepted + 1])  # fmt: skip
         spec.all_accepted = num_accepted == len(draft_ids)
+        if spec.sampler is not None and not spec.all_accepted:
+            spec.sampler.discard_draft_probs()  # picks of a round drafted ahead that did not stand
+        emitted = (spec.pending, *draft_ids[:num_accepted])
+        spec.pending = pending
         self._counts += SpecDecodeCounts.of_round(len(draft_ids), num_accepted)
         return Emission(sequence.request_id, emitted)
 
-    def _propose(self, pending: int, budget: int) -> mx.array:
+    def _propose(self, pending: int, budget: int, pick: Any) -> mx.array:
         """Up to ``budget`` drafts after ``pending``, as a uint32 array (lazy when the drafter pipelines)."""
         assert self._drafter is not None
         if self._pipelined:
-            return self._drafter.propose_lazy(pending, budget)  # type: ignore[attr-defined]
+            return self._drafter.propose_lazy(pending, budget, pick)  # type: ignore[attr-defined]
         drafts = self._drafter.propose(pending, budget)[:budget] if budget else []
         return mx.array(drafts, dtype=mx.uint32)
 
     def _verify(self, cache: list[Any], inputs: mx.array) -> tuple[mx.array, mx.array | None]:
-        """One target forward of ``inputs``: its greedy token after each position (lazy; as the batch's greedy
-        sampler picks it: argmax of the log-softmax), and the hidden states when the drafter wants them."""
+        """One target forward of ``inputs``: its logits ``(1, n, vocab)``, and the hidden states when the drafter
+        wants them (lazy)."""
         assert self._drafter is not None
-        tokens = inputs[None]
-        hidden = None
         if self._target_forward is not None:
-            logits, hidden = self._target_forward(self._target, tokens, cache, mode=self._drafter.hidden_state_mode)
-        else:
-            logits = self._target(tokens, cache=cache)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        return mx.argmax(logprobs[0], axis=-1), hidden
+            return self._target_forward(self._target, inputs[None], cache, mode=self._drafter.hidden_state_mode)
+        return self._target(inputs[None], cache=cache), None
 
     def _transaction(self, cache: list[Any], inputs: mx.array) -> CacheTransaction:
         if can_trim_prompt_cache(cache):
