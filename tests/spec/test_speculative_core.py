@@ -88,3 +88,31 @@ def test_counts_add_up_by_position():
 def test_empty_counts_have_no_rates():
     assert SpecDecodeCounts().acceptance_rate is None
     assert SpecDecodeCounts().mean_accepted_length is None
+
+
+@pytest.mark.parametrize("change", [{"temperature": 0.7}, {"temperature": 0.7, "top_p": 0.9, "top_k": 5, "min_p": 0.1}])
+def test_unseeded_sampling_fits_when_the_drafter_samples(change):
+    params = attrs.evolve(GREEDY, **change)
+    assert sampling_fits(params, 0, sampled=True)
+    assert in_envelope(1, params, 0, sampled=True)
+    assert not sampling_fits(params, 0)  # a drafter without rejection sampling keeps it out
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"temperature": 0.7, "seed": 3},  # reproducible whatever else runs: never speculated
+        {"temperature": 0.7, "top_k": 1},  # greedy by another name: the normal path's argmax
+        {"temperature": 0.7, "logprobs": 1},
+        {"temperature": 0.7, "presence_penalty": 0.5},
+    ],
+)
+def test_what_keeps_a_sampled_request_out(change):
+    assert not sampling_fits(attrs.evolve(GREEDY, **change), 0, sampled=True)
+
+
+def test_a_thinking_budget_breaks_the_envelope():
+    from vllm_mlx_trio.core.thinking_budget import ThinkingBudget
+
+    budget = ThinkingBudget(budget=16, start_ids=(5,), end_ids=(6,))
+    assert not sampling_fits(attrs.evolve(GREEDY, thinking_budget=budget), 0)
