@@ -4,16 +4,22 @@ inside the envelope (core/speculative.py), draft -> verify -> accept steps.
 Each step either runs the normal batched step (``BatchGenerator.next()``), or, when exactly one sequence is live and
 its settings fit, one speculative round for it:
 
-1. the drafter proposes up to ``num_draft_tokens`` greedy drafts following the pending token;
-2. one target forward of ``[pending, d1..dk]`` gives the target's greedy token after each position;
-3. the longest agreeing prefix ``d1..da`` is accepted; the emission is ``pending, d1..da`` (1..k+1 tokens) and the
-   target's token after ``da`` becomes the new pending token (the bonus);
+1. the drafter proposes up to ``num_draft_tokens`` drafts following the pending token (greedy, or sampled from the
+   draft model's distribution for a sampled request);
+2. one target forward of ``[pending, d1..dk]`` gives the target's logits after each position;
+3. the verdict (worker/spec_sampling.py, on the device): greedy, the longest prefix ``d1..da`` agreeing with the
+   target's argmax; sampled, speculative rejection sampling. The emission is ``pending, d1..da`` (1..k+1 tokens)
+   and the verdict's next token becomes the new pending token;
 4. the target's cache drops the rejected drafts (trim, or the cache transaction for non-trimmable caches) and the
    drafter settles to match.
 
-The pending token is always the target's own greedy token, and every emitted draft equals the target's greedy token
-at its position, so the output is the normal path's, token for token (up to rounding differences between a one-token
-and a several-token forward). The one termination rule (RunnerBase) cuts a run at a stop token or ``max_tokens``.
+A round waits for the device once: the drafts stay on the device and feed the verify lazily, and a pipelined
+drafter (the draft model) starts the next round's drafts before the host reads this round's verdict.
+
+For a greedy request the pending token is always the target's own greedy token, and every emitted draft equals the
+target's greedy token at its position, so the output is the normal path's, token for token (up to rounding
+differences between a one-token and a several-token forward); a sampled request's output is distributed as the
+target's own sampling. The one termination rule (RunnerBase) cuts a run at a stop token or ``max_tokens``.
 
 A sequence moves between the two paths (worker/spec_moves.py) whenever the envelope changes: prompts are always
 prefilled in the batch (so the prefix cache sees them as before); a second request arriving sends the speculating
