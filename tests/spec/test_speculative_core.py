@@ -1,4 +1,4 @@
-"""core/speculative.py: the envelope, greedy acceptance, the draft budget and the step counts (pure)."""
+"""core/speculative.py: the envelope, the draft budget and the step counts (pure)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from vllm_mlx_trio.core.constraint import ConstraintSpec
 from vllm_mlx_trio.core.params import SamplingParams
 from vllm_mlx_trio.core.speculative import (
     SpecDecodeCounts,
-    accepted_prefix,
     draft_budget,
     in_envelope,
     sampling_fits,
@@ -55,20 +54,6 @@ def test_a_constraint_breaks_the_envelope():
 def test_min_tokens_holds_the_request_out_until_reached():
     params = attrs.evolve(GREEDY, min_tokens=3)
     assert [sampling_fits(params, n) for n in range(5)] == [False, False, False, True, True]
-
-
-@pytest.mark.parametrize(
-    ("drafts", "target", "accepted"),
-    [
-        ([], [7], 0),
-        ([1, 2, 3], [1, 2, 3, 4], 3),
-        ([1, 2, 3], [1, 9, 3, 4], 1),
-        ([1, 2, 3], [8, 2, 3, 4], 0),
-        ([5, 5], [5, 5, 5], 2),
-    ],
-)
-def test_accepted_prefix_stops_at_the_first_disagreement(drafts, target, accepted):
-    assert accepted_prefix(drafts, target) == accepted
 
 
 @pytest.mark.parametrize(("k", "left", "budget"), [(4, 100, 4), (4, 5, 4), (4, 4, 3), (4, 1, 0), (4, 0, 0)])

@@ -1,4 +1,4 @@
-"""Speculative decoding's pure rules: the envelope, greedy acceptance, and the counts a step reports.
+"""Speculative decoding's pure rules: the envelope, the draft budget, and the counts a step reports.
 
 The envelope is where speculation is exact and worth it: one request running (a batch already keeps the model
 busy, and ragged acceptance across rows is where batched speculation goes wrong elsewhere), greedy decoding (the
@@ -11,8 +11,6 @@ Anything else runs the normal batched path; the runner moves a sequence between 
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import attrs
 
@@ -46,18 +44,6 @@ def sampling_fits(params: SamplingParams, num_output_tokens: int, *, sampled: bo
 def in_envelope(num_running: int, params: SamplingParams, num_output_tokens: int, *, sampled: bool = False) -> bool:
     """Whether a sequence may take a speculative step: it runs alone and its settings fit."""
     return num_running == 1 and sampling_fits(params, num_output_tokens, sampled=sampled)
-
-
-def accepted_prefix(drafts: Sequence[int], target: Sequence[int]) -> int:
-    """Greedy acceptance: how many leading drafts the target agrees with.
-
-    ``target[i]`` is the target's greedy token after the verify input's position ``i`` (position 0 is the last
-    token before the drafts, so ``target[i]`` is what the target says in place of ``drafts[i]``).
-    """
-    for index, draft in enumerate(drafts):
-        if target[index] != draft:
-            return index
-    return len(drafts)
 
 
 def draft_budget(num_draft_tokens: int, tokens_left: int) -> int:
