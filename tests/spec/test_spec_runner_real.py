@@ -218,3 +218,56 @@ def test_a_sampled_request_sent_back_to_the_batch_keeps_sampling_and_returns(run
     driver.run_until_done()
     assert len(driver.outputs["a"]) == 40 and len(driver.outputs["b"]) == 6
     assert driver.num_drafts > during
+
+
+class _SpoilingDrafter:
+    """The real (pipelined) draft-model drafter, with every third round's second draft replaced by another token:
+    rounds that reject follow rounds that accepted everything, so drafts made a round ahead get dropped."""
+
+    needs_target_hidden = False
+
+    def __init__(self, inner, vocab_size: int):
+        self._inner, self._vocab_size, self._round = inner, vocab_size, 0
+
+    def start(self, tokens, target_hidden) -> None:
+        self._inner.start(tokens, target_hidden)
+
+    def propose_lazy(self, last_token, num_tokens, pick=None):
+        import mlx.core as mx
+
+        drafts = self._inner.propose_lazy(last_token, num_tokens, pick)
+        self._round += 1
+        if self._round % 3 or drafts.size < 2:
+            return drafts
+        return mx.where(mx.arange(drafts.size) == 1, (drafts + 1) % self._vocab_size, drafts).astype(mx.uint32)
+
+    def propose(self, last_token, num_tokens):
+        raise AssertionError("a pipelined drafter is asked through propose_lazy")
+
+    def draft_ahead(self, drafts, bonus, num_tokens, pick=None) -> None:
+        self._inner.draft_ahead(drafts, bonus, num_tokens, pick)
+
+    def settle(self, accepted, target_hidden) -> None:
+        self._inner.settle(accepted, target_hidden)
+
+    def stop(self) -> None:
+        self._inner.stop()
+
+
+def test_drafts_made_a_round_ahead_and_dropped_change_nothing(float32_dir, runners):
+    from mlx_lm import load
+
+    from vllm_mlx_trio.worker.spec_draft_model import DraftModelDrafter
+
+    plain, _ = runners
+    reference, _ = alone(plain)
+    drafter = _SpoilingDrafter(DraftModelDrafter(load(float32_dir)[0]), vocab_size=512)
+    spec = build(spec_config(float32_dir, float32_dir), drafter=drafter)
+    try:
+        assert spec._pipelined
+        output, driver = alone(spec)
+    finally:
+        spec.close()
+    assert output == reference
+    rounds = [r.spec_decode for r in driver.results if r.spec_decode is not None]
+    assert any(c.num_accepted_tokens == 1 for c in rounds) and any(c.num_accepted_tokens == 4 for c in rounds)
