@@ -16,8 +16,9 @@ def run_speculative_command(cfg, args: argparse.Namespace) -> int:
         cfg, draft_model=args.draft_model, num_draft_tokens=args.num_draft_tokens, runs=args.runs,
         max_tokens=args.max_tokens, levels=args.levels, sampled_temperature=args.sampled_temperature,
     ))  # fmt: skip
+    drafter = "the model's MTP head" if cfg.speculative.method == "mtp" else f"draft {args.draft_model}"
     notes = [
-        f"target {cfg.model.path}, draft {args.draft_model}, num_draft_tokens {args.num_draft_tokens}; greedy "
+        f"target {cfg.model.path}, {drafter}, num_draft_tokens {args.num_draft_tokens}; greedy "
         f"(temperature 0) unless the row names a temperature (unseeded: rejection sampling), {args.max_tokens} "
         "tokens per request, the streams started together",
         "tok/s: all streams' tokens over the run's wall time; median (min-max) of the runs, off and on alternating; "
