@@ -188,3 +188,13 @@ def test_the_first_round_after_entering_from_the_batch_drafts_from_the_batch_hid
     assert all(c.num_draft_tokens == 3 for c in first_rounds)  # without the hidden state: no drafts at all
     assert sum(c.num_accepted_tokens for c in first_rounds) > 0
     assert spec._entry_hidden is not None and not spec._entry_hidden._by_uid  # taken, nothing left behind
+
+
+def test_an_unseeded_sampled_request_speculates_with_the_mtp_head(runners):
+    """The head's drafts are sampled from its own distribution and judged by rejection sampling."""
+    _, spec = runners
+    params = SamplingParams(temperature=0.7, max_tokens=40, ignore_eos=True)
+    output, driver = _alone(spec, PROMPTS[0], params)
+    assert len(output) == 40
+    proposed, accepted = _counts(driver)
+    assert proposed > 0 and accepted > 0

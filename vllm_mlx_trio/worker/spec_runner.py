@@ -13,8 +13,9 @@ its settings fit, one speculative round for it:
 4. the target's cache drops the rejected drafts (trim, or the cache transaction for non-trimmable caches) and the
    drafter settles to match.
 
-A round waits for the device once: the drafts stay on the device and feed the verify lazily, and a pipelined
-drafter (the draft model) starts the next round's drafts before the host reads this round's verdict.
+A round waits for the device once with a lazy drafter (both kinds here): the drafts stay on the device and feed the
+verify lazily; a pipelined drafter (the draft model) also starts the next round's drafts before the host reads this
+round's verdict.
 
 For a greedy request the pending token is always the target's own greedy token, and every emitted draft equals the
 target's greedy token at its position, so the output is the normal path's, token for token (up to rounding
@@ -86,7 +87,8 @@ class SpecRunner(BatchRunner):
         self._counts = SpecDecodeCounts()
         self._target_forward: Any = None
         self._thinking: ThinkingGate | None = None
-        self._pipelined = False  # the drafter is a PipelinedDrafter (set by _load)
+        self._lazy = False  # the drafter is a LazyDrafter (set by _load)
+        self._pipelined = False  # ... and a PipelinedDrafter
         self._entry_hidden: EntryHidden | None = None  # hidden states from the batch, for drafters that need them
 
     def _load(self) -> ModelInfo:
@@ -103,7 +105,8 @@ class SpecRunner(BatchRunner):
         if self._drafter.needs_target_hidden:
             self._target_forward = _import(TARGET_FORWARD)
             self._entry_hidden = EntryHidden(self._target, self._generator, self._drafter.hidden_state_mode)
-        self._pipelined = hasattr(self._drafter, "propose_lazy") and hasattr(self._drafter, "draft_ahead")
+        self._lazy = hasattr(self._drafter, "propose_lazy")  # a LazyDrafter: one sync a round, sampled drafts
+        self._pipelined = self._lazy and hasattr(self._drafter, "draft_ahead")
         if self._cfg.speculative.method == "mtp":  # thinking requests and MTP (MTP's hook, worker/mtp_thinking.py)
             self._thinking = gate_for(self._cfg, info.tokenizer)
         return info
@@ -134,7 +137,7 @@ class SpecRunner(BatchRunner):
     def _fits(self, sequence: LiveSequence) -> bool:
         return (
             len(self._live) == 1
-            and sampling_fits(sequence.seq.params, sequence.num_output_tokens, sampled=self._pipelined)
+            and sampling_fits(sequence.seq.params, sequence.num_output_tokens, sampled=self._lazy)
             and (self._thinking is None or self._thinking_allows(sequence))
         )
 
@@ -230,9 +233,9 @@ class SpecRunner(BatchRunner):
         return Emission(sequence.request_id, emitted)
 
     def _propose(self, pending: int, budget: int, pick: Any) -> mx.array:
-        """Up to ``budget`` drafts after ``pending``, as a uint32 array (lazy when the drafter pipelines)."""
+        """Up to ``budget`` drafts after ``pending``, as a uint32 array (lazy from a LazyDrafter)."""
         assert self._drafter is not None
-        if self._pipelined:
+        if self._lazy:
             return self._drafter.propose_lazy(pending, budget, pick)  # type: ignore[attr-defined]
         drafts = self._drafter.propose(pending, budget)[:budget] if budget else []
         return mx.array(drafts, dtype=mx.uint32)
