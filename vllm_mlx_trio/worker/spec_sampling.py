@@ -66,8 +66,8 @@ class SpecSampler:
 
     def pick(self, logits: mx.array) -> mx.array:
         """Sample a draft from the draft model's ``logits`` ``(1, vocab)``: ``uint32`` of shape ``(1,)``."""
-        scores = self._scores(logits)
-        self._draft_probs.append(mx.softmax(scores.astype(mx.float32), axis=-1))
+        scores = self._scores(logits).astype(mx.float32)  # q is exactly the distribution the draft is drawn from
+        self._draft_probs.append(mx.softmax(scores, axis=-1))
         return mx.random.categorical(scores, key=self._next_key()).astype(mx.uint32)
 
     def take_draft_probs(self, num_drafts: int) -> mx.array:
