@@ -71,3 +71,29 @@ def test_a_round_without_drafts_still_keeps_step(model):
     assert drafter.propose(9, 2) == greedy_continuation(model, [*PROMPT, 7, 9], 2)
     drafter.stop()
     assert drafter._cache is None
+
+
+@pytest.mark.parametrize("pattern", [(4, 4, 4), (4, 2, 4), (1, 4, 0), (4, 4, 1)])
+def test_drafting_a_round_ahead_keeps_the_drafter_in_step(model, pattern):
+    """The pipelined round: drafts stay lazy, the next round's drafts start from the (lazy) bonus before the host
+    reads this round; a round that accepts everything uses them, one that rejects any drops them."""
+    import mlx.core as mx
+
+    from vllm_mlx_trio.worker.spec_draft_model import DraftModelDrafter
+
+    drafter = DraftModelDrafter(model)
+    drafter.start(PROMPT, None)
+    target_cache, last = [*PROMPT], 7
+    for num_accepted in pattern:
+        drafts = drafter.propose_lazy(last, 4)
+        draft_ids = drafts.tolist()
+        assert draft_ids == greedy_continuation(model, [*target_cache, last], 4)
+        bonus = 11 if num_accepted == 4 else (draft_ids[num_accepted] + 1) % 512
+        drafter.draft_ahead(drafts, mx.array(bonus), 4)  # always: the bonus is what the verify would say
+        drafter.settle([*draft_ids[:num_accepted], bonus], None)
+        target_cache += [last, *draft_ids[:num_accepted]]
+        last = bonus
+    # the ahead drafts (if they stand) or fresh ones are the greedy continuation; a shorter budget re-drafts
+    assert drafter.propose_lazy(last, 2).tolist() == greedy_continuation(model, [*target_cache, last], 2)
+    drafter.settle([9], None)
+    assert held(drafter) == len(target_cache) + 1

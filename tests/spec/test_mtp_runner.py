@@ -175,3 +175,26 @@ def test_a_second_request_sends_the_first_back_and_it_returns_with_a_fresh_head(
     driver.run_until_done()
     assert driver.outputs["a"] == ref_a and driver.outputs["b"] == ref_b
     assert _counts(driver)[0] > during  # drafting again once alone
+
+
+def test_the_first_round_after_entering_from_the_batch_drafts_from_the_batch_hidden_state(runners):
+    """A sequence enters speculation from the batched path; the batch's last forward already computed the hidden
+    state before its pending token, so the first round drafts (and the constructed head's drafts get accepted)."""
+    _, spec = runners
+    first_rounds = []
+    for prompt in PROMPTS:
+        _, driver = _alone(spec, prompt)
+        first_rounds.append(next(r.spec_decode for r in driver.results if r.spec_decode is not None))
+    assert all(c.num_draft_tokens == 3 for c in first_rounds)  # without the hidden state: no drafts at all
+    assert sum(c.num_accepted_tokens for c in first_rounds) > 0
+    assert spec._entry_hidden is not None and not spec._entry_hidden._by_uid  # taken, nothing left behind
+
+
+def test_an_unseeded_sampled_request_speculates_with_the_mtp_head(runners):
+    """The head's drafts are sampled from its own distribution and judged by rejection sampling."""
+    _, spec = runners
+    params = SamplingParams(temperature=0.7, max_tokens=40, ignore_eos=True)
+    output, driver = _alone(spec, PROMPTS[0], params)
+    assert len(output) == 40
+    proposed, accepted = _counts(driver)
+    assert proposed > 0 and accepted > 0

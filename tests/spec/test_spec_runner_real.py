@@ -180,3 +180,94 @@ def test_prompt_blocks_still_reach_the_prefix_cache(float32_dir):
     finished = ready[-1]  # store_generated: prompt + output, from the speculative path's own cache
     assert finished.token_ids == (*PROMPT_A, *output)
     assert finished.first_block == len(PROMPT_A) // 8 and len(finished.block_nbytes) == (20 + 40) // 8 - 2
+
+
+SAMPLED = SamplingParams(temperature=0.7, top_p=0.9, max_tokens=40, ignore_eos=True)
+
+
+def test_an_unseeded_sampled_request_speculates_through_rejection_sampling(runners):
+    """The draft model is the target: q equals p up to rounding, so almost every draft stands."""
+    _, spec = runners
+    output, driver = alone(spec, SAMPLED)
+    assert len(output) == 40
+    counts = [r.spec_decode for r in driver.results if r.spec_decode is not None]
+    proposed, accepted = sum(c.num_draft_tokens for c in counts), sum(c.num_accepted_tokens for c in counts)
+    assert proposed > 0 and accepted >= 0.8 * proposed
+
+
+def test_a_nearly_greedy_sampled_request_gives_the_greedy_tokens(runners):
+    """At a tiny temperature the target's distribution is (numerically) its argmax: p, q, the verdict and the
+    residual draw are wired to the right positions only if the output is the greedy output."""
+    plain, spec = runners
+    reference, _ = alone(plain)
+    output, driver = alone(spec, attrs.evolve(GREEDY, temperature=1e-4))
+    assert driver.num_drafts > 0
+    assert output == reference
+
+
+def test_a_sampled_request_sent_back_to_the_batch_keeps_sampling_and_returns(runners):
+    _, spec = runners
+    driver = PlanDriver(spec)
+    driver.step(new=[new("a", params=SAMPLED)])
+    while len(driver.outputs["a"]) < 10:
+        driver.step()
+    assert spec._speculating is not None and spec._speculating.handle.sampler is not None
+    driver.step(new=[new("b", PROMPT_B, attrs.evolve(GREEDY, max_tokens=6))])
+    assert spec._speculating is None
+    during = driver.num_drafts
+    driver.run_until_done()
+    assert len(driver.outputs["a"]) == 40 and len(driver.outputs["b"]) == 6
+    assert driver.num_drafts > during
+
+
+class _SpoilingDrafter:
+    """The real (pipelined) draft-model drafter, with every third round's second draft replaced by another token:
+    rounds that reject follow rounds that accepted everything, so drafts made a round ahead get dropped."""
+
+    needs_target_hidden = False
+
+    def __init__(self, inner, vocab_size: int):
+        self._inner, self._vocab_size, self._round = inner, vocab_size, 0
+
+    def start(self, tokens, target_hidden) -> None:
+        self._inner.start(tokens, target_hidden)
+
+    def propose_lazy(self, last_token, num_tokens, pick=None):
+        import mlx.core as mx
+
+        drafts = self._inner.propose_lazy(last_token, num_tokens, pick)
+        self._round += 1
+        if self._round % 3 or drafts.size < 2:
+            return drafts
+        return mx.where(mx.arange(drafts.size) == 1, (drafts + 1) % self._vocab_size, drafts).astype(mx.uint32)
+
+    def propose(self, last_token, num_tokens):
+        raise AssertionError("a pipelined drafter is asked through propose_lazy")
+
+    def draft_ahead(self, drafts, bonus, num_tokens, pick=None) -> None:
+        self._inner.draft_ahead(drafts, bonus, num_tokens, pick)
+
+    def settle(self, accepted, target_hidden) -> None:
+        self._inner.settle(accepted, target_hidden)
+
+    def stop(self) -> None:
+        self._inner.stop()
+
+
+def test_drafts_made_a_round_ahead_and_dropped_change_nothing(float32_dir, runners):
+    from mlx_lm import load
+
+    from vllm_mlx_trio.worker.spec_draft_model import DraftModelDrafter
+
+    plain, _ = runners
+    reference, _ = alone(plain)
+    drafter = _SpoilingDrafter(DraftModelDrafter(load(float32_dir)[0]), vocab_size=512)
+    spec = build(spec_config(float32_dir, float32_dir), drafter=drafter)
+    try:
+        assert spec._pipelined
+        output, driver = alone(spec)
+    finally:
+        spec.close()
+    assert output == reference
+    rounds = [r.spec_decode for r in driver.results if r.spec_decode is not None]
+    assert any(c.num_accepted_tokens == 1 for c in rounds) and any(c.num_accepted_tokens == 4 for c in rounds)

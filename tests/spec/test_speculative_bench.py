@@ -15,9 +15,10 @@ async def test_one_row_per_level_with_acceptance_and_identical_outputs(float32_d
     cfg = load_config(None, overrides=[f"model.path={float32_dir}"], environ={})
     with trio.fail_after(240):
         rows = await measure_speculative(cfg, draft_model=float32_dir, num_draft_tokens=3, runs=2, max_tokens=12,
-                                         levels=(1, 3))  # fmt: skip
-    assert [row["streams"] for row in rows] == [1, 3]
-    alone, shared = rows
+                                         levels=(1, 3), sampled_temperature=0.7)  # fmt: skip
+    assert [(row["streams"], row["temperature"]) for row in rows] == [(1, "0"), (3, "0"), (1, "0.7")]
+    alone, shared, sampled = rows
+    assert sampled["identical"] == "-" and sampled["rounds"] > 0 and float(sampled["acceptance"]) > 0.8
     assert alone["identical"] == shared["identical"] == "yes"
     assert alone["rounds"] > 0 and float(alone["acceptance"]) > 0.8 and float(alone["tokens_per_round"]) > 2
     assert float(alone["speedup"]) > 0 and float(alone["cpu_speedup"]) > 0

@@ -1,4 +1,4 @@
-"""core/speculative.py: the envelope, greedy acceptance, the draft budget and the step counts (pure)."""
+"""core/speculative.py: the envelope, the draft budget and the step counts (pure)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from vllm_mlx_trio.core.constraint import ConstraintSpec
 from vllm_mlx_trio.core.params import SamplingParams
 from vllm_mlx_trio.core.speculative import (
     SpecDecodeCounts,
-    accepted_prefix,
     draft_budget,
     in_envelope,
     sampling_fits,
@@ -57,20 +56,6 @@ def test_min_tokens_holds_the_request_out_until_reached():
     assert [sampling_fits(params, n) for n in range(5)] == [False, False, False, True, True]
 
 
-@pytest.mark.parametrize(
-    ("drafts", "target", "accepted"),
-    [
-        ([], [7], 0),
-        ([1, 2, 3], [1, 2, 3, 4], 3),
-        ([1, 2, 3], [1, 9, 3, 4], 1),
-        ([1, 2, 3], [8, 2, 3, 4], 0),
-        ([5, 5], [5, 5, 5], 2),
-    ],
-)
-def test_accepted_prefix_stops_at_the_first_disagreement(drafts, target, accepted):
-    assert accepted_prefix(drafts, target) == accepted
-
-
 @pytest.mark.parametrize(("k", "left", "budget"), [(4, 100, 4), (4, 5, 4), (4, 4, 3), (4, 1, 0), (4, 0, 0)])
 def test_draft_budget_never_drafts_past_max_tokens(k, left, budget):
     assert draft_budget(k, left) == budget
@@ -88,3 +73,31 @@ def test_counts_add_up_by_position():
 def test_empty_counts_have_no_rates():
     assert SpecDecodeCounts().acceptance_rate is None
     assert SpecDecodeCounts().mean_accepted_length is None
+
+
+@pytest.mark.parametrize("change", [{"temperature": 0.7}, {"temperature": 0.7, "top_p": 0.9, "top_k": 5, "min_p": 0.1}])
+def test_unseeded_sampling_fits_when_the_drafter_samples(change):
+    params = attrs.evolve(GREEDY, **change)
+    assert sampling_fits(params, 0, sampled=True)
+    assert in_envelope(1, params, 0, sampled=True)
+    assert not sampling_fits(params, 0)  # a drafter without rejection sampling keeps it out
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"temperature": 0.7, "seed": 3},  # reproducible whatever else runs: never speculated
+        {"temperature": 0.7, "top_k": 1},  # greedy by another name: the normal path's argmax
+        {"temperature": 0.7, "logprobs": 1},
+        {"temperature": 0.7, "presence_penalty": 0.5},
+    ],
+)
+def test_what_keeps_a_sampled_request_out(change):
+    assert not sampling_fits(attrs.evolve(GREEDY, **change), 0, sampled=True)
+
+
+def test_a_thinking_budget_breaks_the_envelope():
+    from vllm_mlx_trio.core.thinking_budget import ThinkingBudget
+
+    budget = ThinkingBudget(budget=16, start_ids=(5,), end_ids=(6,))
+    assert not sampling_fits(attrs.evolve(GREEDY, thinking_budget=budget), 0)

@@ -104,6 +104,8 @@ def add_bench_parser(commands, config_args: ConfigArgs) -> None:
     spec.add_argument("--levels", type=_levels, default=(1, 5), help="concurrency levels (default 1,5)")
     spec.add_argument("--runs", type=_positive, default=3, help="runs per setting, alternating (default 3)")
     spec.add_argument("--max-tokens", type=_positive, default=128, help="tokens per request (default 128)")
+    spec.add_argument("--sampled-temperature", type=float, default=0.7,
+                      help="also a 1-stream row sampled at this temperature (default 0.7; 0: none)")  # fmt: skip
     spec.add_argument("--json", dest="json_path", default=None, help="also write the rows here")
 
     prefix = sub.add_parser("prefix-cache", help="pass/fail table of prefix-cache hits and misses")

@@ -5,7 +5,8 @@ model (by default the agreeing demo pair ``demo:spec-target`` / ``demo:spec-draf
 (1: inside the envelope; 5: outside it, every step takes the batched path) the settings alternate, off then on, for
 ``runs`` rounds after one warm-up each, so load drift hits both alike. A run is ``streams`` greedy requests started
 together; its tok/s is their tokens over its wall time. Acceptance is the on-engine's accepted over proposed draft
-tokens during that level's measured runs. Outputs are compared: speculation must not change a token.
+tokens during that level's measured runs. Outputs are compared: speculation must not change a token. A last row
+runs one unseeded request sampled at ``sampled_temperature`` (rejection sampling on; its draws differ run to run).
 """
 
 from __future__ import annotations
@@ -41,10 +42,12 @@ class Run:
     outputs: list
 
 
-async def measure_run(engine: Engine, streams: int, max_tokens: int, first_prompt: int) -> Run:
-    """``streams`` greedy requests at once. CPU time counts every thread of this process (the MLX thread's work
-    included): unlike wall time it barely moves when other processes load the machine."""
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+async def measure_run(engine: Engine, streams: int, max_tokens: int, first_prompt: int,
+                      temperature: float = 0.0) -> Run:  # fmt: skip
+    """``streams`` requests at once (greedy, or sampled unseeded at ``temperature``). CPU time counts every thread
+    of this process (the MLX thread's work included): unlike wall time it barely moves when other processes load
+    the machine."""
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True)
     outputs: list[list[int]] = []
     started, cpu_started = time.perf_counter(), time.process_time()
     async with trio.open_nursery() as nursery:
@@ -66,22 +69,26 @@ def _configs(cfg: EngineConfig, draft_model: str, num_draft_tokens: int) -> tupl
 
 async def measure_speculative(
     cfg: EngineConfig, *, draft_model: str, num_draft_tokens: int = 4, runs: int = 3, max_tokens: int = 128,
-    levels: tuple[int, ...] = DEFAULT_LEVELS,
+    levels: tuple[int, ...] = DEFAULT_LEVELS, sampled_temperature: float = 0.0,
 ) -> list[dict]:  # fmt: skip
-    """One row per level: off and on tok/s (median, min-max), speedup, acceptance; outputs must agree."""
+    """One greedy row per level, and with ``sampled_temperature`` > 0 a sampled 1-stream row: off and on tok/s
+    (median, min-max), speedup, acceptance; greedy outputs must agree."""
     off_cfg, on_cfg = _configs(cfg, draft_model, num_draft_tokens)
+    settings = [(streams, 0.0) for streams in levels]
+    if sampled_temperature > 0:
+        settings.append((1, sampled_temperature))
     rows = []
     async with open_engine(off_cfg) as off, open_engine(on_cfg) as on:
-        for streams in levels:
+        for streams, temperature in settings:
             for engine in (off, on):  # warm-up
-                await measure_run(engine, streams, max_tokens, first_prompt=0)
+                await measure_run(engine, streams, max_tokens, 0, temperature)
             measured: dict[str, list[Run]] = {"off": [], "on": []}
             before = on.metrics.spec_decode
             for run in range(runs):
                 first = 1 + run * streams  # fresh prompts each run, the same for both settings
-                measured["off"].append(await measure_run(off, streams, max_tokens, first))
-                measured["on"].append(await measure_run(on, streams, max_tokens, first))
-            rows.append(_row(streams, measured, _since(before, on.metrics.spec_decode)))
+                measured["off"].append(await measure_run(off, streams, max_tokens, first, temperature))
+                measured["on"].append(await measure_run(on, streams, max_tokens, first, temperature))
+            rows.append(_row(streams, temperature, measured, _since(before, on.metrics.spec_decode)))
     return rows
 
 
@@ -93,7 +100,7 @@ def _since(before: SpecDecodeCounts, after: SpecDecodeCounts) -> SpecDecodeCount
     )
 
 
-def _row(streams: int, measured: dict[str, list[Run]], counts: SpecDecodeCounts) -> dict:
+def _row(streams: int, temperature: float, measured: dict[str, list[Run]], counts: SpecDecodeCounts) -> dict:
     off_tok_s, on_tok_s = [r.tok_s for r in measured["off"]], [r.tok_s for r in measured["on"]]
     off_cpu, on_cpu = [r.cpu_ms_per_token for r in measured["off"]], [r.cpu_ms_per_token for r in measured["on"]]
     paired = [b / a for a, b in zip(off_tok_s, on_tok_s, strict=True)]
@@ -101,6 +108,7 @@ def _row(streams: int, measured: dict[str, list[Run]], counts: SpecDecodeCounts)
     rate, length = counts.acceptance_rate, counts.mean_accepted_length
     return {
         "streams": streams,
+        "temperature": f"{temperature:g}",
         "off_tok_s": _spread(off_tok_s),
         "on_tok_s": _spread(on_tok_s),
         "speedup": f"{statistics.median(on_tok_s) / statistics.median(off_tok_s):.2f}",
@@ -111,7 +119,7 @@ def _row(streams: int, measured: dict[str, list[Run]], counts: SpecDecodeCounts)
         "acceptance": "-" if rate is None else f"{rate:.3f}",
         "tokens_per_round": "-" if length is None else f"{length:.2f}",
         "rounds": counts.num_drafts,
-        "identical": "yes" if identical else "NO",
+        "identical": "-" if temperature > 0 else "yes" if identical else "NO",
     }
 
 

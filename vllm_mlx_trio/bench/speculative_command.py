@@ -14,16 +14,18 @@ def run_speculative_command(cfg, args: argparse.Namespace) -> int:
 
     rows = trio.run(lambda: measure_speculative(
         cfg, draft_model=args.draft_model, num_draft_tokens=args.num_draft_tokens, runs=args.runs,
-        max_tokens=args.max_tokens, levels=args.levels,
+        max_tokens=args.max_tokens, levels=args.levels, sampled_temperature=args.sampled_temperature,
     ))  # fmt: skip
+    drafter = "the model's MTP head" if cfg.speculative.method == "mtp" else f"draft {args.draft_model}"
     notes = [
-        f"target {cfg.model.path}, draft {args.draft_model}, num_draft_tokens {args.num_draft_tokens}; greedy, "
-        f"{args.max_tokens} tokens per request, the streams started together",
+        f"target {cfg.model.path}, {drafter}, num_draft_tokens {args.num_draft_tokens}; greedy "
+        f"(temperature 0) unless the row names a temperature (unseeded: rejection sampling), {args.max_tokens} "
+        "tokens per request, the streams started together",
         "tok/s: all streams' tokens over the run's wall time; median (min-max) of the runs, off and on alternating; "
         "paired_speedup: each on-run over the off-run just before it; cpu_ms_tok: this process's CPU time per token "
         "(steady under other processes' load); cpu_speedup: off over on",
         "acceptance: accepted / proposed draft tokens; tokens_per_round: accepted + 1 per verify round; "
-        "identical: the outputs on and off are the same tokens",
+        "identical: the outputs on and off are the same tokens ('-' for a sampled row: its draws differ)",
     ]
     print("\n".join(["== speculative decoding (draft model) on vs off", format_machine(machine_info()),
                      format_table(rows, list(rows[0]))] + [f"note: {n}" for n in notes]), flush=True)  # fmt: skip

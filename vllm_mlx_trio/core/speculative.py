@@ -1,58 +1,49 @@
-"""Speculative decoding's pure rules: the envelope, greedy acceptance, and the counts a step reports.
+"""Speculative decoding's pure rules: the envelope, the draft budget, and the counts a step reports.
 
 The envelope is where speculation is exact and worth it: one request running (a batch already keeps the model
 busy, and ragged acceptance across rows is where batched speculation goes wrong elsewhere), greedy decoding (the
-verify forward's argmax *is* the normal path's token), no request-local logits processors (they would have to run
-once per draft position, in order, and a constraint's state would have to roll back), and no logprobs (the normal
-path reports them). Anything else runs the normal batched path; the runner moves a sequence between the two when
-the envelope changes (worker/spec_runner.py).
+verify forward's argmax *is* the normal path's token) or, with a drafter that supports it, unseeded sampling
+through speculative rejection sampling (the output is distributed as the target's own sampling;
+worker/spec_sampling.py), no request-local logits processors (they would have to run once per draft position, in
+order, and a constraint's state would have to roll back), and no logprobs (the normal path reports them).
+Anything else runs the normal batched path; the runner moves a sequence between the two when the envelope changes
+(worker/spec_runner.py).
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import attrs
 
 from .params import SamplingParams
 
 
-def sampling_fits(params: SamplingParams, num_output_tokens: int) -> bool:
+def sampling_fits(params: SamplingParams, num_output_tokens: int, *, sampled: bool = False) -> bool:
     """Whether this request's own settings allow speculation, ``num_output_tokens`` tokens into its output.
 
-    Greedy (temperature 0, top_p 1, top_k 0, min_p 0), no logprobs, no penalties, no logit_bias, no constraint,
-    and ``min_tokens`` already reached (until then its processor bans the stop tokens).
+    Greedy (temperature 0, top_p 1, top_k 0, min_p 0) or, with ``sampled`` (the drafter supports speculative
+    rejection sampling), sampled with any temperature / top_p / top_k / min_p but no ``seed`` (a seeded request
+    draws the same tokens whatever else runs; speculation would make them depend on whether it ran alone). And
+    always: no logprobs, no penalties, no logit_bias, no constraint, no thinking budget, and ``min_tokens`` already
+    reached (until then its processor bans the stop tokens).
     """
+    greedy = params.temperature == 0.0 and params.top_p == 1.0 and params.top_k == 0 and params.min_p == 0.0
+    sampled_fits = sampled and not params.is_greedy and params.seed is None
     return (
-        params.temperature == 0.0
-        and params.top_p == 1.0
-        and params.top_k == 0
-        and params.min_p == 0.0
+        (greedy or sampled_fits)
         and params.logprobs is None
         and params.repetition_penalty == 1.0
         and params.presence_penalty == 0.0
         and params.frequency_penalty == 0.0
         and not params.logit_bias
         and params.constraint is None
+        and params.thinking_budget is None
         and params.min_tokens <= num_output_tokens
     )
 
 
-def in_envelope(num_running: int, params: SamplingParams, num_output_tokens: int) -> bool:
+def in_envelope(num_running: int, params: SamplingParams, num_output_tokens: int, *, sampled: bool = False) -> bool:
     """Whether a sequence may take a speculative step: it runs alone and its settings fit."""
-    return num_running == 1 and sampling_fits(params, num_output_tokens)
-
-
-def accepted_prefix(drafts: Sequence[int], target: Sequence[int]) -> int:
-    """Greedy acceptance: how many leading drafts the target agrees with.
-
-    ``target[i]`` is the target's greedy token after the verify input's position ``i`` (position 0 is the last
-    token before the drafts, so ``target[i]`` is what the target says in place of ``drafts[i]``).
-    """
-    for index, draft in enumerate(drafts):
-        if target[index] != draft:
-            return index
-    return len(drafts)
+    return num_running == 1 and sampling_fits(params, num_output_tokens, sampled=sampled)
 
 
 def draft_budget(num_draft_tokens: int, tokens_left: int) -> int:

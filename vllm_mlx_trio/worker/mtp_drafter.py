@@ -71,16 +71,24 @@ class MTPDrafter:
         self._pending = target_hidden[:, -1:]
 
     def propose(self, last_token: int, num_tokens: int) -> list[int]:
+        return self.propose_lazy(last_token, num_tokens).tolist()
+
+    def propose_lazy(self, last_token: int, num_tokens: int,
+                     pick: Callable[[mx.array], mx.array] | None = None) -> mx.array:  # fmt: skip
+        """:meth:`propose` with the drafts left on the device (uint32 ``(n,)``); ``pick`` chooses each draft from
+        the head's logits ``(1, vocab)`` (default: the argmax; a sampled request's sampler otherwise)."""
         self._round = (self.cached_positions, last_token)
         if self._pending is None or num_tokens <= 0:
-            return []
+            return mx.array([], dtype=mx.uint32)
         hidden, token = self._pending, mx.array([[last_token]], dtype=mx.int32)
         drafts = []
         for _ in range(num_tokens):
             hidden = self.head(self._embed(token), hidden, self._cache)
-            token = mx.argmax(self._lm_head(hidden), axis=-1).astype(mx.int32)
+            logits = self._lm_head(hidden)[:, -1, :]
+            chosen = mx.argmax(logits, axis=-1) if pick is None else pick(logits)
+            token = chosen.astype(mx.int32).reshape(1, 1)
             drafts.append(token)
-        return mx.concatenate(drafts, axis=1)[0].tolist()
+        return mx.concatenate(drafts, axis=1)[0].astype(mx.uint32)
 
     def settle(self, accepted: Sequence[int], target_hidden: mx.array | None) -> None:
         if not accepted:

@@ -31,7 +31,7 @@ def needs_transaction(cache: Sequence[Any]) -> bool:
     return not can_trim_prompt_cache(list(cache))
 
 
-def open_transaction(model: Any, cache: Sequence[Any], inputs: Sequence[int]) -> CacheTransaction:
+def open_transaction(model: Any, cache: Sequence[Any], inputs: Sequence[int] | mx.array) -> CacheTransaction:
     """Snapshot ``cache`` before the verify forward of ``inputs`` (worker/spec_drafter.py's ``CACHE_TRANSACTION``)."""
     return CacheTransaction(model, cache, inputs)
 
@@ -55,10 +55,11 @@ class CacheTransaction:
     ``verified`` are the tokens that forward writes (``[last, d1..dk]``); ``model`` replays the kept ones.
     """
 
-    def __init__(self, model: Any, cache: Sequence[Any], verified: Sequence[int]):
+    def __init__(self, model: Any, cache: Sequence[Any], verified: Sequence[int] | mx.array):
         self._model = model
         self._cache = list(cache)
-        self._verified = list(verified)
+        # kept on the device (the verify's inputs may still be lazy); only a re-forward reads them
+        self._verified = verified if isinstance(verified, mx.array) else mx.array(list(verified), dtype=mx.int32)
         self._saved = [_snapshot(layer_cache) for layer_cache in self._cache]
         self._taps = _install_taps(model, self._cache)
         self._open = True
@@ -67,11 +68,11 @@ class CacheTransaction:
         """Leave the cache as if only ``verified[:n]`` had been forwarded since the snapshot (``0 <= n <= k + 1``)."""
         if not self._open:
             raise RuntimeError("the cache transaction was already settled")
-        if not 0 <= n <= len(self._verified):
-            raise ValueError(f"keep {n} of {len(self._verified)} verified tokens")
+        if not 0 <= n <= self._verified.size:
+            raise ValueError(f"keep {n} of {self._verified.size} verified tokens")
         recorded = self._remove_taps()
         self._open = False
-        if n == len(self._verified):
+        if n == self._verified.size:
             return  # everything stays: the cache already holds exactly these tokens
         if recorded is not None:  # replay: attention caches keep n, each linear-attention state folds n in again
             for layer_cache, saved in zip(self._cache, self._saved, strict=True):
@@ -82,7 +83,7 @@ class CacheTransaction:
         else:  # re-forward
             self._restore()
             if n:
-                self._model(mx.array([self._verified[:n]], dtype=mx.int32), cache=self._cache)
+                self._model(self._verified[None, :n], cache=self._cache)
         # left lazy: the next forward evaluates the states with its own work (no synchronisation here)
 
     def rollback(self) -> None:

@@ -45,7 +45,7 @@ The pieces MTP provides, found by name so this module imports none of them (attr
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -95,4 +95,34 @@ class Drafter(Protocol):
 
     def stop(self) -> None:
         """The sequence left speculation (finished, cancelled, or the envelope broke): free per-sequence state."""
+        ...
+
+
+class LazyDrafter(Drafter, Protocol):
+    """A drafter whose drafts can stay on the device, so a round syncs host and device once (the runner reads the
+    drafts and the verdict together), and that can sample its drafts (speculative rejection sampling)."""
+
+    def propose_lazy(self, last_token: int, num_tokens: int, pick: Any = None) -> mx.array:
+        """:meth:`Drafter.propose` with the drafts left on the device: ``uint32`` of shape ``(n,)``. ``pick``
+        (``logits (1, vocab) -> uint32 (1,)``) chooses each draft instead of the argmax: a sampled request's
+        :meth:`~vllm_mlx_trio.worker.spec_sampling.SpecSampler.pick`."""
+        ...
+
+
+class PipelinedDrafter(LazyDrafter, Protocol):
+    """A lazy drafter whose next round can start before the host reads this one.
+
+    The round, pipelined::
+
+        drafts = drafter.propose_lazy(last, k)              # lazy uint32 (n,), evaluation started
+        verify [last, *drafts] -> verdict (lazy)            # evaluation started
+        drafter.draft_ahead(drafts, next_token, k')         # next round's drafts, if all n are accepted
+        read drafts and verdict (the one sync)
+        drafter.settle(accepted, hidden)                    # all accepted: the ahead drafts stand, else dropped
+        drafts = drafter.propose_lazy(next_token, k')       # returns the ahead drafts when they stand
+    """
+
+    def draft_ahead(self, drafts: mx.array, bonus: mx.array, num_tokens: int, pick: Any = None) -> None:
+        """Start the next round's ``num_tokens`` drafts after ``bonus`` (a lazy token) as if the coming
+        :meth:`Drafter.settle` accepts all of ``drafts``; a settle that rejects any drops them."""
         ...

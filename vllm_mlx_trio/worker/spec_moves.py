@@ -15,12 +15,15 @@ generation batch (mlx-lm 0.32.2), in this one place.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from mlx_lm.generate import BatchGenerator, StopSequences
 
-from .sampling import greedy
+from .sampling import Sampler, greedy
+
+if TYPE_CHECKING:
+    from .spec_sampling import SpecSampler
 
 
 @attrs.define(slots=True, eq=False)
@@ -30,6 +33,10 @@ class SpecSequence:
 
     cache: list[Any]
     pending: int
+    #: Whether the last round accepted every draft: only then does a pipelined drafter draft a round ahead.
+    all_accepted: bool = True
+    #: A sampled request's drafting and verdict (its filters, temperature and PRNG key); None: greedy.
+    sampler: SpecSampler | None = None
 
 
 def take_from_batch(generator: BatchGenerator, uid: int) -> SpecSequence:
@@ -43,9 +50,10 @@ def take_from_batch(generator: BatchGenerator, uid: int) -> SpecSequence:
 
 
 def put_into_batch(
-    generator: BatchGenerator, spec: SpecSequence, cached_tokens: list[int], max_tokens: int, stop_ids: Iterable[int]
+    generator: BatchGenerator, spec: SpecSequence, cached_tokens: list[int], max_tokens: int, stop_ids: Iterable[int],
+    sampler: Sampler = greedy,
 ) -> int:
-    """Give the sequence back to the generator (greedy, no processors: the envelope held); its uid.
+    """Give the sequence back to the generator with its ``sampler`` (no processors: the envelope held); its uid.
 
     ``cached_tokens`` are the tokens the cache holds; ``max_tokens`` counts the tokens after ``pending``.
     """
@@ -55,7 +63,7 @@ def put_into_batch(
         caches=[spec.cache],
         all_tokens=[cached_tokens],
         max_tokens=[max_tokens],
-        samplers=[greedy],
+        samplers=[sampler],
         logits_processors=[[]],
         stop_sequences=[stop],
     )

@@ -4,16 +4,23 @@ inside the envelope (core/speculative.py), draft -> verify -> accept steps.
 Each step either runs the normal batched step (``BatchGenerator.next()``), or, when exactly one sequence is live and
 its settings fit, one speculative round for it:
 
-1. the drafter proposes up to ``num_draft_tokens`` greedy drafts following the pending token;
-2. one target forward of ``[pending, d1..dk]`` gives the target's greedy token after each position;
-3. the longest agreeing prefix ``d1..da`` is accepted; the emission is ``pending, d1..da`` (1..k+1 tokens) and the
-   target's token after ``da`` becomes the new pending token (the bonus);
+1. the drafter proposes up to ``num_draft_tokens`` drafts following the pending token (greedy, or sampled from the
+   draft model's distribution for a sampled request);
+2. one target forward of ``[pending, d1..dk]`` gives the target's logits after each position;
+3. the verdict (worker/spec_sampling.py, on the device): greedy, the longest prefix ``d1..da`` agreeing with the
+   target's argmax; sampled, speculative rejection sampling. The emission is ``pending, d1..da`` (1..k+1 tokens)
+   and the verdict's next token becomes the new pending token;
 4. the target's cache drops the rejected drafts (trim, or the cache transaction for non-trimmable caches) and the
    drafter settles to match.
 
-The pending token is always the target's own greedy token, and every emitted draft equals the target's greedy token
-at its position, so the output is the normal path's, token for token (up to rounding differences between a one-token
-and a several-token forward). The one termination rule (RunnerBase) cuts a run at a stop token or ``max_tokens``.
+A round waits for the device once with a lazy drafter (both kinds here): the drafts stay on the device and feed the
+verify lazily; a pipelined drafter (the draft model) also starts the next round's drafts before the host reads this
+round's verdict.
+
+For a greedy request the pending token is always the target's own greedy token, and every emitted draft equals the
+target's greedy token at its position, so the output is the normal path's, token for token (up to rounding
+differences between a one-token and a several-token forward); a sampled request's output is distributed as the
+target's own sampling. The one termination rule (RunnerBase) cuts a run at a stop token or ``max_tokens``.
 
 A sequence moves between the two paths (worker/spec_moves.py) whenever the envelope changes: prompts are always
 prefilled in the batch (so the prefix cache sees them as before); a second request arriving sends the speculating
@@ -30,14 +37,17 @@ import attrs
 import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
-from ..core.speculative import SpecDecodeCounts, accepted_prefix, draft_budget, sampling_fits
+from ..core.speculative import SpecDecodeCounts, draft_budget, sampling_fits
 from ..errors import ModelLoadError
 from ..messages import KVReady, ModelInfo, StepPlan, StepResult
 from .batch_runner import BatchRunner
 from .mtp_thinking import ThinkingGate, gate_for
 from .runner_base import Advance, Emission, LiveSequence
+from .sampling import make_request_sampler
 from .spec_drafter import CACHE_TRANSACTION, DRAFTER_LOADERS, TARGET_FORWARD, CacheTransaction, Drafter
+from .spec_entry_hidden import EntryHidden
 from .spec_moves import SpecSequence, put_into_batch, take_from_batch
+from .spec_sampling import SpecSampler, greedy_verdict
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +87,9 @@ class SpecRunner(BatchRunner):
         self._counts = SpecDecodeCounts()
         self._target_forward: Any = None
         self._thinking: ThinkingGate | None = None
+        self._lazy = False  # the drafter is a LazyDrafter (set by _load)
+        self._pipelined = False  # ... and a PipelinedDrafter
+        self._entry_hidden: EntryHidden | None = None  # hidden states from the batch, for drafters that need them
 
     def _load(self) -> ModelInfo:
         info = super()._load()
@@ -91,6 +104,9 @@ class SpecRunner(BatchRunner):
             self._drafter = loader(self._cfg, self._target, info)
         if self._drafter.needs_target_hidden:
             self._target_forward = _import(TARGET_FORWARD)
+            self._entry_hidden = EntryHidden(self._target, self._generator, self._drafter.hidden_state_mode)
+        self._lazy = hasattr(self._drafter, "propose_lazy")  # a LazyDrafter: one sync a round, sampled drafts
+        self._pipelined = self._lazy and hasattr(self._drafter, "draft_ahead")
         if self._cfg.speculative.method == "mtp":  # thinking requests and MTP (MTP's hook, worker/mtp_thinking.py)
             self._thinking = gate_for(self._cfg, info.tokenizer)
         return info
@@ -121,7 +137,7 @@ class SpecRunner(BatchRunner):
     def _fits(self, sequence: LiveSequence) -> bool:
         return (
             len(self._live) == 1
-            and sampling_fits(sequence.seq.params, sequence.num_output_tokens)
+            and sampling_fits(sequence.seq.params, sequence.num_output_tokens, sampled=self._lazy)
             and (self._thinking is None or self._thinking_allows(sequence))
         )
 
@@ -144,11 +160,15 @@ class SpecRunner(BatchRunner):
         assert self._generator is not None and self._drafter is not None
         uid = sequence.handle
         spec = take_from_batch(self._generator, uid)
+        if not sequence.seq.params.is_greedy:
+            assert self._info is not None
+            spec.sampler = SpecSampler(sequence.seq.params, self._info.vocab_size)
         del self._request_ids[uid]
         self._decoding.discard(uid)
         sequence.handle = spec
         self._speculating = sequence
-        self._drafter.start(self._cached_tokens(sequence), None)
+        hidden = None if self._entry_hidden is None else self._entry_hidden.take(uid)
+        self._drafter.start(self._cached_tokens(sequence), hidden)
 
     def _leave(self, sequence: LiveSequence) -> Emission:
         """Back to the batch: emit the pending token; the generator carries on after it."""
@@ -158,9 +178,11 @@ class SpecRunner(BatchRunner):
         tokens = (spec.pending,)
         _keep, reason = sequence.termination.scan(sequence.num_output_tokens, tokens)
         if reason is None:  # else the rule ends it on this token: it stays here until RunnerBase drops it
+            assert self._info is not None
             tokens_left = sequence.termination.max_tokens - sequence.num_output_tokens - 1
+            sampler = make_request_sampler(sequence.seq.params, self._info.vocab_size)  # unseeded: a fresh key
             uid = put_into_batch(self._generator, spec, self._cached_tokens(sequence), tokens_left,
-                                 sequence.termination.stop_ids)  # fmt: skip
+                                 sequence.termination.stop_ids, sampler)  # fmt: skip
             sequence.handle = uid
             self._request_ids[uid] = sequence.request_id
         return Emission(sequence.request_id, tokens)
@@ -175,40 +197,60 @@ class SpecRunner(BatchRunner):
             return None
 
     def _speculate(self, sequence: LiveSequence) -> Emission:
+        """One round, synchronising host and device once: the drafts stay on the device, feed the verify forward
+        lazily, the verdict is computed there, and all three are read together; a pipelined drafter starts the
+        next round's drafts (from the verdict's next token) before that read."""
         assert self._drafter is not None and self._generator is not None
         spec: SpecSequence = sequence.handle
         tokens_left = sequence.termination.max_tokens - sequence.num_output_tokens
         budget = draft_budget(self._num_draft_tokens, tokens_left)
+        pick = None if spec.sampler is None else spec.sampler.pick
         with mx.stream(self._generator.stream):
-            drafts = self._drafter.propose(spec.pending, budget)[:budget] if budget else []
-            inputs = [spec.pending, *drafts]
+            drafts = self._propose(spec.pending, budget, pick)
+            inputs = mx.concatenate([mx.array([spec.pending], dtype=mx.uint32), drafts])
             transaction = self._transaction(spec.cache, inputs)
-            target, hidden = self._verify(spec.cache, inputs)
-            num_accepted = accepted_prefix(drafts, target)
+            logits, hidden = self._verify(spec.cache, inputs)
+            if spec.sampler is None:
+                accepted_count, next_token = greedy_verdict(drafts, logits)
+            else:
+                draft_probs = spec.sampler.take_draft_probs(drafts.size)
+                accepted_count, next_token = spec.sampler.verdict(drafts, draft_probs, logits)
+            mx.async_eval(accepted_count, next_token)
+            if self._pipelined and spec.all_accepted and drafts.size:
+                next_budget = draft_budget(self._num_draft_tokens, tokens_left - drafts.size - 1)
+                self._drafter.draft_ahead(drafts, next_token, next_budget, pick)  # type: ignore[attr-defined]
+            num_accepted, draft_ids = int(accepted_count.item()), drafts.tolist()  # the round's one wait
+            pending = int(next_token.item())
             transaction.keep(1 + num_accepted)
-            accepted = [*drafts[:num_accepted], target[num_accepted]]
-            self._drafter.settle(accepted, None if hidden is None else hidden[:, : num_accepted + 1])
-        emitted = (spec.pending, *drafts[:num_accepted])
-        spec.pending = target[num_accepted]
-        self._counts += SpecDecodeCounts.of_round(len(drafts), num_accepted)
+            self._drafter.settle([*draft_ids[:num_accepted], pending],
+                                 None if hidden is None else hidden[:, : num_accepted + 1])  # fmt: skip
+        spec.all_accepted = num_accepted == len(draft_ids)
+        if spec.sampler is not None and not spec.all_accepted:
+            spec.sampler.discard_draft_probs()  # picks of a round drafted ahead that did not stand
+        emitted = (spec.pending, *draft_ids[:num_accepted])
+        spec.pending = pending
+        self._counts += SpecDecodeCounts.of_round(len(draft_ids), num_accepted)
         return Emission(sequence.request_id, emitted)
 
-    def _verify(self, cache: list[Any], inputs: list[int]) -> tuple[list[int], mx.array | None]:
-        """One target forward of ``inputs``: its greedy token after each position (as the batch's greedy sampler
-        picks it: argmax of the log-softmax), and the hidden states when the drafter wants them."""
+    def _propose(self, pending: int, budget: int, pick: Any) -> mx.array:
+        """Up to ``budget`` drafts after ``pending``, as a uint32 array (lazy from a LazyDrafter)."""
         assert self._drafter is not None
-        tokens = mx.array([inputs], dtype=mx.uint32)
-        hidden = None
-        if self._target_forward is not None:
-            logits, hidden = self._target_forward(self._target, tokens, cache, mode=self._drafter.hidden_state_mode)
-        else:
-            logits = self._target(tokens, cache=cache)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        return mx.argmax(logprobs[0], axis=-1).tolist(), hidden
+        if self._lazy:
+            return self._drafter.propose_lazy(pending, budget, pick)  # type: ignore[attr-defined]
+        drafts = self._drafter.propose(pending, budget)[:budget] if budget else []
+        return mx.array(drafts, dtype=mx.uint32)
 
-    def _transaction(self, cache: list[Any], inputs: list[int]) -> CacheTransaction:
+    def _verify(self, cache: list[Any], inputs: mx.array) -> tuple[mx.array, mx.array | None]:
+        """One target forward of ``inputs``: its logits ``(1, n, vocab)``, and the hidden states when the drafter
+        wants them (lazy)."""
+        assert self._drafter is not None
+        if self._target_forward is not None:
+            return self._target_forward(self._target, inputs[None], cache, mode=self._drafter.hidden_state_mode)
+        return self._target(inputs[None], cache=cache), None
+
+    def _transaction(self, cache: list[Any], inputs: mx.array) -> CacheTransaction:
         if can_trim_prompt_cache(cache):
-            return TrimTransaction(cache, len(inputs))
+            return TrimTransaction(cache, inputs.size)
         return _import(CACHE_TRANSACTION)(self._target, cache, inputs)
 
     def _cached_tokens(self, sequence: LiveSequence) -> list[int]:
@@ -241,6 +283,9 @@ class SpecRunner(BatchRunner):
 
     def _close(self) -> None:
         self._stop_drafter()
+        if self._entry_hidden is not None:
+            self._entry_hidden.close()
+            self._entry_hidden = None
         self._drafter = None
         self._target = None
         super()._close()
