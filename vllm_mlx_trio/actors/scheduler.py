@@ -9,6 +9,7 @@ import logging
 
 import trio
 
+from ..core.plan_join import is_placeholder
 from ..core.request import Request, RequestStatus
 from ..core.scheduler import Scheduler
 from ..errors import (
@@ -39,6 +40,12 @@ from .watchdog import StepWatchdog
 
 logger = logging.getLogger(__name__)
 
+#: Plans beyond ``plans_in_flight`` the scheduler may send while it waits for a result: one that
+#: starts the requests that arrived meanwhile, to run in the same step as the plan queued
+#: behind the running one (core/plan_join.py). One is enough: every arrival until it is sent
+#: goes into it, and later ones go into the next regular plan.
+JOIN_PLANS = 1
+
 
 class SchedulerActor:
     """Decides who runs and delivers what they produce.
@@ -50,7 +57,9 @@ class SchedulerActor:
     edge (1 is lock-step; 2 lets the executor start the next step while this actor handles
     the last result), and the result channel holds that many, so neither side can fill the
     other's buffer. A plan built while an earlier one is in flight may still name a request
-    that the earlier step finishes; that step's token for it is dropped.
+    that the earlier step finishes; that step's token for it is dropped. Requests that arrive
+    while the actor waits for a result are looked up at once and sent in one more plan
+    (``JOIN_PLANS``), which the executor runs in the step of the plan queued before it.
 
     Delivery never blocks (actors/delivery.py): tokens a full outbox cannot take are
     coalesced into the next send. A closed outbox (client gone) aborts the request before
@@ -95,6 +104,8 @@ class SchedulerActor:
         self._prefill_budget = prefill_budget
         self._scheduler = self._new_scheduler()
         self._in_flight: collections.deque[StepPlan] = collections.deque()
+        #: Set while waiting for a result: an admission cancels it so the newcomer can join.
+        self._result_wait: trio.CancelScope | None = None
         self._delivery = Delivery(stream_interval=stream_interval, metrics=metrics)
         self._metrics = metrics
         self._health = health or EngineHealth()
@@ -110,6 +121,11 @@ class SchedulerActor:
         #: The stepping part of the loop; cancelled when the engine fails.
         self._stepping = trio.CancelScope()
         self._num_steps = 0
+
+    @staticmethod
+    def max_outstanding(plans_in_flight: int) -> int:
+        """Plans (and so results) outstanding at most: a join plan only where one can be queued."""
+        return plans_in_flight + (JOIN_PLANS if plans_in_flight >= 2 else 0)
 
     def _new_scheduler(self) -> Scheduler:
         return Scheduler(
@@ -208,22 +224,29 @@ class SchedulerActor:
         async for admit in self._admit_recv:
             self._scheduler.add(Request(admit, self._eos_token_ids))
             self._wake_loop()
+            if self._result_wait is not None:
+                self._result_wait.cancel()  # it may start now, in a join plan
         self._admissions_open = False
         self._wake_loop()
 
     async def _send_plans(self) -> None:
         """Top the executor up to ``plans_in_flight`` outstanding plans."""
-        while len(self._in_flight) < self._plans_in_flight:
-            plan = self._scheduler.build_plan()
-            if plan is None:
-                return
-            try:
-                await self._plan_send.send(plan)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self._executor_gone()  # the executor stopped, or the watchdog gave up on it
-                return
-            self._in_flight.append(plan)
-            self._progress()
+        while len(self._in_flight) < self._plans_in_flight and await self._send_plan():
+            pass
+
+    async def _send_plan(self) -> bool:
+        """Build and send the next plan; False when there is none (or the executor is gone)."""
+        plan = self._scheduler.build_plan()
+        if plan is None:
+            return False
+        try:
+            await self._plan_send.send(plan)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._executor_gone()  # the executor stopped, or the watchdog gave up on it
+            return False
+        self._in_flight.append(plan)
+        self._progress()
+        return True
 
     def _declare_stalled(self) -> None:
         """The watchdog saw no progress for ``stall_timeout_s``: the failure stops the stepping,
@@ -265,7 +288,9 @@ class SchedulerActor:
                 return
             await self._wait_for_work()
 
-    async def _start_waiting(self) -> None:
+    async def _start_waiting(self) -> int:
+        """Start the waiting requests that fit (a prefix lookup each); how many started."""
+        started = 0
         for request in self._scheduler.pop_startable():
             if request.client_gone:
                 self._delivery.finish_aborted(request)
@@ -281,6 +306,7 @@ class SchedulerActor:
                 block_ids=match.block_ids,
                 disk_blocks=match.disk_blocks,
             )
+            started += 1
             request.scheduled_time = trio.current_time()
             if self._metrics is not None:
                 self._metrics.observe(
@@ -289,18 +315,39 @@ class SchedulerActor:
                     endpoint=request.endpoint,
                 )
                 self._metrics.on_prefix_lookup(len(request.prompt_token_ids), match.num_cached_tokens)
+        return started
+
+    async def _next_result(self) -> StepResult | None:
+        """The oldest plan's result (None: the executor stopped). Requests admitted meanwhile
+        are started at once and sent in a join plan, while there is room for one."""
+        while True:
+            scope = trio.CancelScope()
+            self._result_wait = scope if self._may_join() else None  # else an admission waits for the result
+            try:
+                with scope:
+                    return await self._result_recv.receive()
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                return None
+            finally:
+                self._result_wait = None
+            if await self._start_waiting() and self._scheduler.fits_ahead(self._max_tokens_per_step):
+                await self._send_plan()  # else they go in the next regular plan
+
+    def _may_join(self) -> bool:
+        """Whether a join plan may be sent now (a plan queued behind the running one to join)."""
+        return self._plans_in_flight >= 2 and len(self._in_flight) < self.max_outstanding(self._plans_in_flight)
 
     async def _finish_step(self) -> None:
         """Wait for the oldest plan's result and hand its tokens out."""
-        try:
-            result = await self._result_recv.receive()
-        except (trio.EndOfChannel, trio.ClosedResourceError):
+        result = await self._next_result()
+        if result is None:
             self._executor_gone()  # the executor stopped, or the watchdog gave up on it
             return
         self._progress()
         plan = self._in_flight.popleft()
         assert result.step_id == plan.step_id, "results arrive in plan order"
-        self._num_steps += 1
+        model_step = not is_placeholder(result)  # else the plan ran in the next plan's step
+        self._num_steps += model_step
         self._memory = result.memory
         await self._commit(result.kv_ready)
         running = self._scheduler.running
@@ -309,7 +356,7 @@ class SchedulerActor:
             if request is not None and result.step_id >= request.first_valid_step:
                 request.num_cached_tokens -= recomputed
         num_tokens = sum(len(tokens) for rid, tokens in result.sampled if rid in running)
-        if self._metrics is not None:
+        if self._metrics is not None and model_step:
             self._metrics.on_step(num_tokens, result.elapsed_s)
             self._metrics.on_vision_encode(result.vision_encode_s)
             if result.spec_decode is not None:

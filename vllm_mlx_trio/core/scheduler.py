@@ -156,6 +156,14 @@ class Scheduler:
         lengths = [r.num_tokens for r in self.running.values()] + [request.num_tokens]
         return self._kv_need(lengths, headroom) <= self.kv_budget_tokens
 
+    def fits_ahead(self, tokens: int) -> bool:
+        """Whether the running batch stays in the KV budget if it grows ``tokens`` per row
+        beyond ``lookahead_tokens`` (one more plan outstanding than the lookahead counts)."""
+        if self.kv_budget_tokens is None:
+            return True
+        lengths = [r.num_tokens for r in self.running.values()]
+        return self._kv_need(lengths, self.lookahead_tokens + tokens) <= self.kv_budget_tokens
+
     def preempt_for_growth(self) -> list[Request]:
         """Preempt the newest running requests until the next steps fit the KV budget."""
         preempted: list[Request] = []
