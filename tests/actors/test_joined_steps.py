@@ -93,24 +93,48 @@ def blocking_kind():
     BlockingKind.instances.clear()
 
 
-async def test_a_request_arriving_mid_step_starts_in_the_plan_queued_behind_it(fake_cfg, blocking_kind):
-    cfg = attrs.evolve(fake_cfg, engine=attrs.evolve(fake_cfg.engine, mode=blocking_kind))
+async def _two_requests(cfg, first_prompt: str, *, before_release) -> tuple[FakeRunner, dict[str, list[int]]]:
+    """``first_prompt``'s first step blocks; a second request ("h") arrives meanwhile; the step
+    goes on once ``before_release(engine)`` returns. The runner (its plans) and the outputs."""
     outputs: dict[str, list[int]] = {}
 
-    async def run(engine, name: str) -> None:
-        with await engine.submit("hi", SamplingParams(max_tokens=3)) as stream:
+    async def run(engine, name: str, prompt: str) -> None:
+        with await engine.submit(prompt, SamplingParams(max_tokens=3)) as stream:
             outputs[name] = [t async for d in stream for t in d.token_ids]
 
     with trio.fail_after(TIMEOUT_S):
         async with open_engine(cfg) as engine, trio.open_nursery() as nursery:
-            nursery.start_soon(run, engine, "first")
+            nursery.start_soon(run, engine, "first", first_prompt)
             [runner] = BlockingKind.instances
             await trio.to_thread.run_sync(runner.blocked.wait, abandon_on_cancel=True)
             # The first request's step runs; the plan behind it (its decode) is queued.
-            nursery.start_soon(run, engine, "second")
-            await wait_until(lambda: engine.statistics().scheduler.plans_in_flight == 3, poll_s=0.005)
+            nursery.start_soon(run, engine, "second", "h")
+            await before_release(engine)
             runner.release.set()
+    return runner, outputs
+
+
+async def test_a_request_arriving_mid_step_starts_in_the_plan_queued_behind_it(fake_cfg, blocking_kind):
+    cfg = attrs.evolve(fake_cfg, engine=attrs.evolve(fake_cfg.engine, mode=blocking_kind))
+
+    async def joined(engine):
+        await wait_until(lambda: engine.statistics().scheduler.plans_in_flight == 3, poll_s=0.005)
+
+    runner, outputs = await _two_requests(cfg, "h", before_release=joined)  # one prompt token: nothing to compute
     second_step = runner.plans[1]
-    assert [s.prompt_token_ids for s in second_step.new_seqs] != []  # the newcomer starts in the second step
-    assert len(second_step.decode_ids) == 1 and second_step.step_id == 2
+    assert second_step.step_id == 2 and len(second_step.new_seqs) == 1  # the newcomer starts in the second step
+    assert len(second_step.decode_ids) == 1
     assert outputs["first"] == outputs["second"] and len(outputs["second"]) == 3
+
+
+async def test_while_a_prompt_is_computed_arrivals_wait_for_its_result(fake_cfg, blocking_kind):
+    cfg = attrs.evolve(fake_cfg, engine=attrs.evolve(fake_cfg.engine, mode=blocking_kind))
+
+    async def queued(engine):
+        await wait_until(lambda: engine.statistics().scheduler.num_waiting == 1, poll_s=0.005)
+
+    runner, outputs = await _two_requests(cfg, "hello", before_release=queued)  # a prompt to compute: its
+    # blocks may serve the newcomer once it is done
+    assert [p.step_id for p in runner.plans[:2]] == [0, 1] and runner.plans[1].new_seqs == ()
+    assert len(runner.plans[2].new_seqs) == 1
+    assert len(outputs["second"]) == 3

@@ -40,12 +40,6 @@ from .watchdog import StepWatchdog
 
 logger = logging.getLogger(__name__)
 
-#: Plans beyond ``plans_in_flight`` the scheduler may send while it waits for a result: one that
-#: starts the requests that arrived meanwhile, to run in the same step as the plan queued
-#: behind the running one (core/plan_join.py). One is enough: every arrival until it is sent
-#: goes into it, and later ones go into the next regular plan.
-JOIN_PLANS = 1
-
 
 class SchedulerActor:
     """Decides who runs and delivers what they produce.
@@ -57,9 +51,14 @@ class SchedulerActor:
     edge (1 is lock-step; 2 lets the executor start the next step while this actor handles
     the last result), and the result channel holds that many, so neither side can fill the
     other's buffer. A plan built while an earlier one is in flight may still name a request
-    that the earlier step finishes; that step's token for it is dropped. Requests that arrive
-    while the actor waits for a result are looked up at once and sent in one more plan
-    (``JOIN_PLANS``), which the executor runs in the step of the plan queued before it.
+    that the earlier step finishes; that step's token for it is dropped.
+
+    Join plans: while it waits for a result and no prompt is being computed, a request that
+    arrives is looked up at once and sent in a plan beyond ``plans_in_flight``, which the
+    executor runs in the step of the plan queued behind the running one (core/plan_join.py):
+    an exact repeat starts a step earlier. While a prompt is computed, arrivals wait for its
+    result, so a burst of one prompt reuses its blocks instead of computing it again. Each
+    join plan starts a request, so there are at most ``max_running`` of them.
 
     Delivery never blocks (actors/delivery.py): tokens a full outbox cannot take are
     coalesced into the next send. A closed outbox (client gone) aborts the request before
@@ -123,9 +122,10 @@ class SchedulerActor:
         self._num_steps = 0
 
     @staticmethod
-    def max_outstanding(plans_in_flight: int) -> int:
-        """Plans (and so results) outstanding at most: a join plan only where one can be queued."""
-        return plans_in_flight + (JOIN_PLANS if plans_in_flight >= 2 else 0)
+    def max_outstanding(plans_in_flight: int, max_running: int) -> int:
+        """Plans (and so results) outstanding at most: join plans only where a plan can be
+        queued behind the running one, and each starts one of ``max_running`` requests."""
+        return plans_in_flight + (max_running if plans_in_flight >= 2 else 0)
 
     def _new_scheduler(self) -> Scheduler:
         return Scheduler(
@@ -288,9 +288,8 @@ class SchedulerActor:
                 return
             await self._wait_for_work()
 
-    async def _start_waiting(self) -> int:
-        """Start the waiting requests that fit (a prefix lookup each); how many started."""
-        started = 0
+    async def _start_waiting(self) -> None:
+        """Start the waiting requests that fit (a prefix lookup each)."""
         for request in self._scheduler.pop_startable():
             if request.client_gone:
                 self._delivery.finish_aborted(request)
@@ -306,7 +305,6 @@ class SchedulerActor:
                 block_ids=match.block_ids,
                 disk_blocks=match.disk_blocks,
             )
-            started += 1
             request.scheduled_time = trio.current_time()
             if self._metrics is not None:
                 self._metrics.observe(
@@ -315,14 +313,17 @@ class SchedulerActor:
                     endpoint=request.endpoint,
                 )
                 self._metrics.on_prefix_lookup(len(request.prompt_token_ids), match.num_cached_tokens)
-        return started
 
     async def _next_result(self) -> StepResult | None:
-        """The oldest plan's result (None: the executor stopped). Requests admitted meanwhile
-        are started at once and sent in a join plan, while there is room for one."""
+        """The oldest plan's result (None: the executor stopped). Meanwhile requests started
+        and not yet sent, and those admitted while none is computing its prompt, are sent in
+        join plans while there is room for one."""
         while True:
+            if self._scheduler.has_starting and self._room_to_join():
+                await self._send_plan()
             scope = trio.CancelScope()
-            self._result_wait = scope if self._may_join() else None  # else an admission waits for the result
+            # Else an admission waits for the result.
+            self._result_wait = scope if self._room_to_join() and not self._scheduler.computing_prompt else None
             try:
                 with scope:
                     return await self._result_recv.receive()
@@ -330,12 +331,18 @@ class SchedulerActor:
                 return None
             finally:
                 self._result_wait = None
-            if await self._start_waiting() and self._scheduler.fits_ahead(self._max_tokens_per_step):
-                await self._send_plan()  # else they go in the next regular plan
+            await self._start_waiting()
 
-    def _may_join(self) -> bool:
-        """Whether a join plan may be sent now (a plan queued behind the running one to join)."""
-        return self._plans_in_flight >= 2 and len(self._in_flight) < self.max_outstanding(self._plans_in_flight)
+    def _room_to_join(self) -> bool:
+        """Whether a join plan may be sent now: a plan is queued behind the running one to join,
+        below the outstanding bound, and the KV budget has room for the batch to run ahead."""
+        outstanding = len(self._in_flight)
+        return (
+            self._plans_in_flight >= 2
+            and outstanding >= 1
+            and outstanding < self.max_outstanding(self._plans_in_flight, self._max_running)
+            and self._scheduler.fits_ahead((outstanding + 1 - self._plans_in_flight) * self._max_tokens_per_step)
+        )
 
     async def _finish_step(self) -> None:
         """Wait for the oldest plan's result and hand its tokens out."""

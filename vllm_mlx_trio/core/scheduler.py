@@ -77,6 +77,16 @@ class Scheduler:
         self._next_step_id = 0
 
     @property
+    def has_starting(self) -> bool:
+        """Whether started requests wait for the next plan."""
+        return bool(self._starting)
+
+    @property
+    def computing_prompt(self) -> bool:
+        """Whether a started request has more than its last prompt token to compute."""
+        return any(left > 1 for left in self._prefilling.values())
+
+    @property
     def num_waiting(self) -> int:
         return len(self.waiting)
 
@@ -158,8 +168,8 @@ class Scheduler:
 
     def fits_ahead(self, tokens: int) -> bool:
         """Whether the running batch stays in the KV budget if it grows ``tokens`` per row
-        beyond ``lookahead_tokens`` (one more plan outstanding than the lookahead counts)."""
-        if self.kv_budget_tokens is None:
+        beyond ``lookahead_tokens`` (plans outstanding beyond those the lookahead counts)."""
+        if self.kv_budget_tokens is None or tokens <= 0:
             return True
         lengths = [r.num_tokens for r in self.running.values()]
         return self._kv_need(lengths, self.lookahead_tokens + tokens) <= self.kv_budget_tokens
