@@ -24,19 +24,27 @@ def new_seq(rid: RequestId, prompt=(10, 11)) -> NewSequence:
     return NewSequence(request_id=rid, prompt_token_ids=prompt, params=SamplingParams(max_tokens=50))
 
 
-def test_plans_queued_together_come_out_together():
+def test_a_join_plan_queued_behind_a_plan_comes_out_with_it():
     inbox = _Inbox()
     inbox.put(StepPlan(step_id=0, decode_ids=(A,)))
-    inbox.put(StepPlan(step_id=1, new_seqs=(new_seq(B),)))
+    inbox.put(StepPlan(step_id=1, new_seqs=(new_seq(B),), join_previous=True))
     assert inbox.starts_waiting()
     assert [p.step_id for p in inbox.next_plans()] == [0, 1]
     assert not inbox.starts_waiting()
 
 
+def test_regular_plans_queued_together_stay_steps_of_their_own():
+    inbox = _Inbox()
+    inbox.put(StepPlan(step_id=0, new_seqs=(new_seq(A),)))
+    inbox.put(StepPlan(step_id=1, decode_ids=(A,)))
+    assert [p.step_id for p in inbox.next_plans()] == [0]
+    assert [p.step_id for p in inbox.next_plans()] == [1]
+
+
 def test_a_plan_that_cannot_join_is_the_next_step_and_still_counts_as_waiting():
     inbox = _Inbox()
     inbox.put(StepPlan(step_id=0, new_seqs=(new_seq(A),)))
-    inbox.put(StepPlan(step_id=1, finished_ids=(A,), new_seqs=(new_seq(B),)))  # drops what plan 0 starts
+    inbox.put(StepPlan(step_id=1, finished_ids=(A,), new_seqs=(new_seq(B),), join_previous=True))  # drops A
     assert [p.step_id for p in inbox.next_plans()] == [0]
     assert inbox.starts_waiting()  # held for the next step, not yet taken
     assert [p.step_id for p in inbox.next_plans()] == [1]
@@ -64,7 +72,7 @@ async def test_the_executor_answers_each_plan_of_a_joined_step_in_order():
                 await plan_send.send(StepPlan(step_id=0, new_seqs=(new_seq(A),)))
                 await trio.to_thread.run_sync(runner.blocked.wait, abandon_on_cancel=True)
                 await plan_send.send(StepPlan(step_id=1, decode_ids=(A,)))
-                await plan_send.send(StepPlan(step_id=2, new_seqs=(new_seq(B),), decode_ids=(A,)))
+                await plan_send.send(StepPlan(step_id=2, new_seqs=(new_seq(B),), decode_ids=(A,), join_previous=True))
                 runner.release.set()
                 results = [await result_recv.receive() for _ in range(3)]
     assert [r.step_id for r in results] == [0, 1, 2]

@@ -22,7 +22,8 @@ def test_a_join_plan_runs_in_the_step_of_the_plan_before_it():
     store = BlockStore(ready_id=0, block_index=0, block_id=9)
     queued = StepPlan(step_id=1, decode_ids=(A,), finished_ids=(C,), drop_blocks=(7,), store_blocks=(store,),
                       released_ready_ids=(0,))  # fmt: skip
-    join = StepPlan(step_id=2, new_seqs=(seq(B),), decode_ids=(A,), drop_blocks=(8,), spill_blocks=((8, b"h"),))
+    join = StepPlan(step_id=2, new_seqs=(seq(B),), decode_ids=(A,), drop_blocks=(8,), spill_blocks=((8, b"h"),),
+                    join_previous=True)  # fmt: skip
     assert can_join([queued], join)
     step = joined([queued, join])
     assert step.step_id == 2  # the last plan's id: its result carries the step
@@ -34,22 +35,26 @@ def test_a_join_plan_runs_in_the_step_of_the_plan_before_it():
 
 def test_sequences_started_by_either_plan_do_not_also_decode():
     queued = StepPlan(step_id=1, new_seqs=(seq(A),))
-    join = StepPlan(step_id=2, new_seqs=(seq(B),), decode_ids=(A,))  # A is running by the time it is built
+    join = StepPlan(step_id=2, new_seqs=(seq(B),), decode_ids=(A,), join_previous=True)  # A runs by then
     step = joined([queued, join])
     assert [s.request_id for s in step.new_seqs] == [A, B] and step.decode_ids == ()
 
 
 def test_a_plan_that_drops_a_sequence_an_earlier_one_starts_waits_for_the_next_step():
     queued = StepPlan(step_id=1, new_seqs=(seq(A),))
-    assert not can_join([queued], StepPlan(step_id=2, finished_ids=(A,)))
-    assert can_join([queued], StepPlan(step_id=2, finished_ids=(B,)))  # a drop of another: fine
+    assert not can_join([queued], StepPlan(step_id=2, finished_ids=(A,), join_previous=True))
+    assert can_join([queued], StepPlan(step_id=2, finished_ids=(B,), join_previous=True))  # another's drop: fine
+
+
+def test_a_regular_plan_is_a_step_of_its_own():
+    assert not can_join([StepPlan(step_id=1, new_seqs=(seq(A),))], StepPlan(step_id=2, decode_ids=(A,)))
 
 
 def test_a_disk_clear_never_joins():
     plain = StepPlan(step_id=1, decode_ids=(A,))
-    clear = StepPlan(step_id=2, clear_disk=True)
+    clear = StepPlan(step_id=2, clear_disk=True, join_previous=True)
     assert not can_join([plain], clear)
-    assert not can_join([clear], StepPlan(step_id=3, new_seqs=(seq(B),)))
+    assert not can_join([clear], StepPlan(step_id=3, new_seqs=(seq(B),), join_previous=True))
 
 
 def test_a_placeholder_result_says_nothing_and_is_told_apart():

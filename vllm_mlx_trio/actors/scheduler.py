@@ -234,9 +234,10 @@ class SchedulerActor:
         while len(self._in_flight) < self._plans_in_flight and await self._send_plan():
             pass
 
-    async def _send_plan(self) -> bool:
-        """Build and send the next plan; False when there is none (or the executor is gone)."""
-        plan = self._scheduler.build_plan()
+    async def _send_plan(self, *, join_previous: bool = False) -> bool:
+        """Build and send the next plan (``join_previous``: a join plan); False when there is
+        none (or the executor is gone)."""
+        plan = self._scheduler.build_plan(join_previous=join_previous)
         if plan is None:
             return False
         try:
@@ -320,7 +321,7 @@ class SchedulerActor:
         join plans while there is room for one."""
         while True:
             if self._scheduler.has_starting and self._room_to_join():
-                await self._send_plan()
+                await self._send_plan(join_previous=True)
             scope = trio.CancelScope()
             # Else an admission waits for the result.
             self._result_wait = scope if self._room_to_join() and not self._scheduler.computing_prompt else None
@@ -345,11 +346,17 @@ class SchedulerActor:
         )
 
     async def _finish_step(self) -> None:
-        """Wait for the oldest plan's result and hand its tokens out."""
+        """Wait for the oldest plan's result and hand its tokens out; a placeholder's (its plan
+        ran in the next plan's step) and then that step's, so nobody is looked up between them."""
+        while await self._finish_one() is False:
+            pass
+
+    async def _finish_one(self) -> bool | None:
+        """Handle one result: False for a placeholder, None when the executor is gone."""
         result = await self._next_result()
         if result is None:
             self._executor_gone()  # the executor stopped, or the watchdog gave up on it
-            return
+            return None
         self._progress()
         plan = self._in_flight.popleft()
         assert result.step_id == plan.step_id, "results arrive in plan order"
@@ -378,6 +385,7 @@ class SchedulerActor:
                 self._delivery.fail(request, RequestProcessingError(f"The request failed: {message}"))
         self._preempt_for_growth()
         await self._release_finished()
+        return model_step
 
     def _preempt_for_growth(self) -> None:
         """Make room for the batch to grow: the newest running requests go back to the queue."""

@@ -1,11 +1,11 @@
 """Plans queued back to back that the executor runs as one step. Pure: no Trio, no MLX.
 
 The scheduler keeps a plan queued behind the running one, so the MLX thread never waits for the event loop between
-steps. A request that arrives meanwhile is looked up at once and sent in a plan of its own; when that plan is still
-queued behind another that has not started, the executor takes both and runs one step: every plan's block work and
-drops in order, every new sequence, then one advance. So the newcomer starts a step earlier, and the queued plan
-costs no extra step. Each plan still gets a result, in order: an empty one for each but the last, and the step's for
-the last (:func:`placeholder_result`).
+steps. A request that arrives meanwhile is looked up at once and sent in a join plan (``join_previous``); when that
+plan is still queued behind another that has not started, the executor takes both and runs one step: every plan's
+block work and drops in order, every new sequence, then one advance. So the newcomer starts a step earlier, and the
+join plan costs no step of its own. Each plan still gets a result, in order: an empty one for each but the last, and
+the step's for the last (:func:`placeholder_result`). Regular plans are never joined: each is one step.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from .plan import StepPlan, StepResult
 def can_join(plans: Sequence[StepPlan], following: StepPlan) -> bool:
     """Whether ``following`` can run in the same step as ``plans`` (which run as one already).
 
-    Not when a disk clear is among them (its order against spills matters), nor when ``following`` drops a sequence
-    one of ``plans`` starts (one step starts every new sequence after every drop).
+    Only a join plan joins: a regular plan is a step of its own. Not when a disk clear is among them (its order
+    against spills matters), nor when ``following`` drops a sequence one of ``plans`` starts (one step starts every
+    new sequence after every drop).
     """
-    if following.clear_disk or any(plan.clear_disk for plan in plans):
+    if not following.join_previous or following.clear_disk or any(plan.clear_disk for plan in plans):
         return False
     starting = {seq.request_id for plan in plans for seq in plan.new_seqs}
     return starting.isdisjoint(following.finished_ids)
@@ -48,9 +49,9 @@ def joined(plans: Sequence[StepPlan]) -> StepPlan:
 
 def placeholder_result(plan: StepPlan, step: StepResult) -> StepResult:
     """The result of a plan that ran inside a later plan's ``step``: nothing of its own."""
-    return StepResult(step_id=plan.step_id, memory=step.memory)
+    return StepResult(step_id=plan.step_id, memory=step.memory, ran_in_next=True)
 
 
 def is_placeholder(result: StepResult) -> bool:
     """Whether ``result`` is a :func:`placeholder_result` (no step of its own: not a step in the metrics)."""
-    return result.elapsed_s == 0.0 and not (result.sampled or result.kv_ready or result.failed)
+    return result.ran_in_next

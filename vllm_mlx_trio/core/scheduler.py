@@ -260,8 +260,9 @@ class Scheduler:
         """Requests that left the batch since the last plan (the next plan drops them)."""
         return tuple(self._to_drop)
 
-    def build_plan(self) -> StepPlan | None:
-        """The next step, or None when there is nothing for the model to do."""
+    def build_plan(self, *, join_previous: bool = False) -> StepPlan | None:
+        """The next step, or None when there is nothing for the model to do. ``join_previous``:
+        a join plan (core/plan_join.py)."""
         new_ids = {s.request_id for s in self._starting}
         decode_ids = tuple(rid for rid in self.running if rid not in new_ids)
         plan = StepPlan(
@@ -274,6 +275,7 @@ class Scheduler:
             drop_blocks=tuple(self._drop_blocks),
             spill_blocks=tuple(self._spill_blocks),
             clear_disk=self._clear_disk,
+            join_previous=join_previous,
         )
         if plan.is_empty:
             return None
