@@ -299,8 +299,6 @@ class Admit:
     #: ((token position where a media item's tokens start, its cache key), ...) in prompt
     #: order: folded into the prefix-cache blocks from the one each item starts in on.
     media_keys: tuple[tuple[int, str], ...] = ()
-    #: Requests queued at admission behind this one when it was sent (they are on their way).
-    queued_behind: int = 0
 
     @property
     def cache_keys(self) -> tuple:

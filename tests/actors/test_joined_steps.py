@@ -146,39 +146,3 @@ async def test_while_a_prompt_is_computed_arrivals_wait_for_its_result(fake_cfg,
     assert [p.step_id for p in runner.plans[:2]] == [0, 1] and runner.plans[1].new_seqs == ()
     assert len(runner.plans[2].new_seqs) == 1
     assert len(outputs["second"]) == 3
-
-
-class RecordingKind(FakeRunner):
-    """A kind that keeps its instances, to read the plans it ran."""
-
-    instances: list[FakeRunner] = []
-
-    def __init__(self, cfg):
-        super().__init__(cfg)
-        RecordingKind.instances.append(self)
-
-
-@pytest.fixture
-def recording_kind():
-    register_runner("fake-join-recording", RecordingKind)
-    yield "fake-join-recording"
-    del RUNNERS["fake-join-recording"]
-    RecordingKind.instances.clear()
-
-
-async def test_a_burst_on_an_idle_engine_starts_in_one_step(fake_cfg, recording_kind):
-    cfg = attrs.evolve(fake_cfg, engine=attrs.evolve(fake_cfg.engine, mode=recording_kind))
-    outputs: list[list[int]] = []
-
-    async def run(engine) -> None:
-        with await engine.submit("hi", SamplingParams(max_tokens=2)) as stream:
-            outputs.append([t async for d in stream for t in d.token_ids])
-
-    with trio.fail_after(TIMEOUT_S):
-        async with open_engine(cfg) as engine:
-            async with trio.open_nursery() as nursery:
-                for _ in range(3):
-                    nursery.start_soon(run, engine)
-    [runner] = RecordingKind.instances
-    assert len(runner.plans[0].new_seqs) == 3  # the first two waited (briefly) for the one behind them
-    assert len(outputs) == 3 and all(len(tokens) == 2 for tokens in outputs)

@@ -180,7 +180,6 @@ class AdmissionActor:
                 endpoint=submit.endpoint,
                 media=media.media if media is not None else (),
                 media_keys=media.media_keys if media is not None else (),
-                queued_behind=self._submit_recv.statistics().current_buffer_used,
             )
             if media is not None and self._on_media is not None:
                 self._on_media(media)

@@ -40,12 +40,6 @@ from .watchdog import StepWatchdog
 
 logger = logging.getLogger(__name__)
 
-#: The longest the first plan of an idle engine waits for requests admission has queued behind
-#: the one that woke it (a burst arriving together): each takes ~1-4 ms to tokenize, and starting
-#: them in one step saves the later ones a whole step (tens of ms to seconds). Bounded, since a
-#: queued request may yet be refused and never arrive.
-GATHER_WAIT_S = 0.01
-
 
 class SchedulerActor:
     """Decides who runs and delivers what they produce.
@@ -111,8 +105,6 @@ class SchedulerActor:
         self._in_flight: collections.deque[StepPlan] = collections.deque()
         #: Set while waiting for a result: an admission cancels it so the newcomer can join.
         self._result_wait: trio.CancelScope | None = None
-        #: Requests admission had queued behind the last one it sent (a burst on its way).
-        self._admissions_behind = 0
         self._delivery = Delivery(stream_interval=stream_interval, metrics=metrics)
         self._metrics = metrics
         self._health = health or EngineHealth()
@@ -211,7 +203,6 @@ class SchedulerActor:
             if not (self._scheduler.has_work or self._in_flight):
                 await self._wait_for_work()
                 continue
-            await self._gather_burst()
             await self._start_waiting()
             await self._send_plans()
             if self._in_flight:
@@ -219,16 +210,6 @@ class SchedulerActor:
 
     def _wake_loop(self) -> None:
         self._wake.set()
-
-    async def _gather_burst(self) -> None:
-        """With nothing running, wait (up to ``GATHER_WAIT_S``) for the requests admission has
-        queued behind the last arrival, so a burst starts in one step."""
-        if self._in_flight or self._scheduler.running or not self._admissions_behind:
-            return
-        with trio.move_on_after(GATHER_WAIT_S):
-            while self._admissions_behind and self._admissions_open:
-                await self._wait_for_work()
-        self._admissions_behind = 0
 
     async def _wait_for_work(self) -> None:
         await self._wake.wait()
@@ -242,7 +223,6 @@ class SchedulerActor:
         """Queue every admission as it arrives (the waiting count is always current)."""
         async for admit in self._admit_recv:
             self._scheduler.add(Request(admit, self._eos_token_ids))
-            self._admissions_behind = admit.queued_behind
             self._wake_loop()
             if self._result_wait is not None:
                 self._result_wait.cancel()  # it may start now, in a join plan
