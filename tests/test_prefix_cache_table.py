@@ -52,6 +52,10 @@ def test_the_mlx_lm_comparison_rows_read_medians_and_the_target():
     assert rows[2].actual == "0.19, 0.45 (target met)"
     figures["ours"]["repeat"] = [1.5, 1.5, 1.5]
     assert figure_rows(figures)[2].actual == "0.58, 1.36 (target missed)"
+    figures["main"] = {"cold": [2.0, 2.0, 2.0], "repeat": [2.2, 2.2, 2.2]}  # a --variant checkout's server
+    variant = figure_rows(figures)[3]
+    assert variant.step == "7v1" and variant.info
+    assert variant.actual == "2000 ms (2000-2000) -> 2200 ms (2200-2200) (2.00)"
 
 
 def _stats(enabled: bool = True, **counts: int) -> CacheStatistics:

@@ -8,6 +8,8 @@ the runner's ``plans_in_flight`` plans outstanding and the result channel holds 
 The runner can ask whether a queued plan starts a sequence, or the scheduler has said that a
 request waits for the next plan boundary (``RequestWaiting``, sent beside the plans): a batch
 runner then ends its run-ahead (``starts_waiting``), so a new request waits about one step.
+Plans queued back to back run as one step when they can (core/plan_join.py): a request's plan
+sent while another waits behind the running step starts it in that step.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable
 
 import trio
 
+from ..core.plan_join import can_join, joined, placeholder_result
 from ..errors import ExecutorCrashedError, VllmMlxTrioError
 from ..messages import ModelInfo, PlanMessage, RequestWaiting, StepPlan, StepResult
 from ..worker.registry import Runner
@@ -40,6 +43,8 @@ class _Inbox:
         self._lock = threading.Lock()
         #: The scheduler holds a request for the next plan boundary (cleared at the next plan).
         self._request_waiting = False
+        #: Taken from the queue but not joined to the step before it: the next step's first item.
+        self._held: object | None = None
 
     def put(self, plan: StepPlan) -> None:
         if plan.new_seqs:
@@ -63,18 +68,36 @@ class _Inbox:
         self._abandoned.set()
         self._queue.put(_STOP)
 
-    def next_plan(self) -> StepPlan | None:
-        """The next plan to run (blocks), or None: stop now."""
-        item = self._queue.get()
-        if item is _STOP or self._abandoned.is_set():
+    def next_plans(self) -> list[StepPlan] | None:
+        """The next plan to run, with those queued right behind it that can run in the same
+        step (blocks for the first); None: stop now."""
+        first = self._take(block=True)
+        if not isinstance(first, StepPlan) or self._abandoned.is_set():
             return None
-        assert isinstance(item, StepPlan)
         # The plan that ended for it has gone back; from here a queued plan that starts the
         # request (``_starting``) is what ends this one's run-ahead.
         self._request_waiting = False
-        if item.new_seqs:
+        plans = [first]
+        while (following := self._take(block=False)) is not None:
+            if not isinstance(following, StepPlan) or not can_join(plans, following):
+                self._held = following  # the stop marker, or a plan for the next step
+                break
+            plans.append(following)
+        starting = sum(1 for plan in plans if plan.new_seqs)
+        if starting:
             with self._lock:
-                self._starting -= 1
+                self._starting -= starting
+        return plans
+
+    def _take(self, *, block: bool) -> object | None:
+        """The next item (a plan or the stop marker); None: nothing queued (``block`` False)."""
+        if self._held is not None:
+            item, self._held = self._held, None
+        else:
+            try:
+                item = self._queue.get(block=block)
+            except queue.Empty:
+                return None
         return item
 
 
@@ -141,9 +164,12 @@ class ExecutorActor:
                 runner.starts_waiting = inbox.starts_waiting
             trio_token = trio.from_thread.run_sync(trio.lowlevel.current_trio_token)
             trio.from_thread.run_sync(report_started, model_info)
-            while (plan := inbox.next_plan()) is not None:
-                result = _execute(runner, plan)
-                # Fire and forget: the thread goes straight on to the next queued plan.
+            while (plans := inbox.next_plans()) is not None:
+                result = _execute(runner, joined(plans))
+                # Fire and forget, one result per plan in order: the thread goes straight on to
+                # the next queued plan.
+                for plan in plans[:-1]:
+                    trio_token.run_sync_soon(self._deliver, placeholder_result(plan, result), inbox)
                 trio_token.run_sync_soon(self._deliver, result, inbox)
         finally:
             runner.close()

@@ -9,6 +9,7 @@ import logging
 
 import trio
 
+from ..core.plan_join import is_placeholder
 from ..core.request import Request, RequestStatus
 from ..core.scheduler import Scheduler
 from ..errors import (
@@ -54,6 +55,13 @@ class SchedulerActor:
     other's buffer. A plan built while an earlier one is in flight may still name a request
     that the earlier step finishes; that step's token for it is dropped.
 
+    Join plans: while it waits for a result and no prompt is being computed, a request that
+    arrives is looked up at once and sent in a plan beyond ``plans_in_flight``, which the
+    executor runs in the step of the plan queued behind the running one (core/plan_join.py):
+    an exact repeat starts a step earlier. While a prompt is computed, arrivals wait for its
+    result, so a burst of one prompt reuses its blocks instead of computing it again. Each
+    join plan starts a request, so there are at most ``max_running`` of them.
+
     Delivery never blocks (actors/delivery.py): tokens a full outbox cannot take are
     coalesced into the next send. A closed outbox (client gone) aborts the request before
     the next step. A step that stalls is caught by the watchdog (actors/watchdog.py).
@@ -97,6 +105,8 @@ class SchedulerActor:
         self._prefill_budget = prefill_budget
         self._scheduler = self._new_scheduler()
         self._in_flight: collections.deque[StepPlan] = collections.deque()
+        #: Set while waiting for a result: an admission cancels it so the newcomer can join.
+        self._result_wait: trio.CancelScope | None = None
         self._delivery = Delivery(stream_interval=stream_interval, metrics=metrics)
         self._metrics = metrics
         self._health = health or EngineHealth()
@@ -112,6 +122,12 @@ class SchedulerActor:
         #: The stepping part of the loop; cancelled when the engine fails.
         self._stepping = trio.CancelScope()
         self._num_steps = 0
+
+    @staticmethod
+    def max_outstanding(plans_in_flight: int, max_running: int) -> int:
+        """Plans (and so results) outstanding at most: join plans only where a plan can be
+        queued behind the running one, and each starts one of ``max_running`` requests."""
+        return plans_in_flight + (max_running if plans_in_flight >= 2 else 0)
 
     def _new_scheduler(self) -> Scheduler:
         return Scheduler(
@@ -213,22 +229,30 @@ class SchedulerActor:
             if self._in_flight:  # it can start at the next plan boundary: end the run-ahead
                 with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
                     self._plan_send.send_nowait(RequestWaiting())
+            if self._result_wait is not None:
+                self._result_wait.cancel()  # it may start now, in a join plan
         self._admissions_open = False
         self._wake_loop()
 
     async def _send_plans(self) -> None:
         """Top the executor up to ``plans_in_flight`` outstanding plans."""
-        while len(self._in_flight) < self._plans_in_flight:
-            plan = self._scheduler.build_plan()
-            if plan is None:
-                return
-            try:
-                await self._plan_send.send(plan)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                self._executor_gone()  # the executor stopped, or the watchdog gave up on it
-                return
-            self._in_flight.append(plan)
-            self._progress()
+        while len(self._in_flight) < self._plans_in_flight and await self._send_plan():
+            pass
+
+    async def _send_plan(self, *, join_previous: bool = False) -> bool:
+        """Build and send the next plan (``join_previous``: a join plan); False when there is
+        none (or the executor is gone)."""
+        plan = self._scheduler.build_plan(join_previous=join_previous)
+        if plan is None:
+            return False
+        try:
+            await self._plan_send.send(plan)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self._executor_gone()  # the executor stopped, or the watchdog gave up on it
+            return False
+        self._in_flight.append(plan)
+        self._progress()
+        return True
 
     def _declare_stalled(self) -> None:
         """The watchdog saw no progress for ``stall_timeout_s``: the failure stops the stepping,
@@ -271,6 +295,7 @@ class SchedulerActor:
             await self._wait_for_work()
 
     async def _start_waiting(self) -> None:
+        """Start the waiting requests that fit (a prefix lookup each)."""
         for request in self._scheduler.pop_startable():
             if request.client_gone:
                 self._delivery.finish_aborted(request)
@@ -295,17 +320,53 @@ class SchedulerActor:
                 )
                 self._metrics.on_prefix_lookup(len(request.prompt_token_ids), match.num_cached_tokens)
 
+    async def _next_result(self) -> StepResult | None:
+        """The oldest plan's result (None: the executor stopped). Meanwhile requests started
+        and not yet sent, and those admitted while none is computing its prompt, are sent in
+        join plans while there is room for one."""
+        while True:
+            if self._scheduler.has_starting and self._room_to_join():
+                await self._send_plan(join_previous=True)
+            scope = trio.CancelScope()
+            # Else an admission waits for the result.
+            self._result_wait = scope if self._room_to_join() and not self._scheduler.computing_prompt else None
+            try:
+                with scope:
+                    return await self._result_recv.receive()
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                return None
+            finally:
+                self._result_wait = None
+            await self._start_waiting()
+
+    def _room_to_join(self) -> bool:
+        """Whether a join plan may be sent now: a plan is queued behind the running one to join,
+        below the outstanding bound, and the KV budget has room for the batch to run ahead."""
+        outstanding = len(self._in_flight)
+        return (
+            self._plans_in_flight >= 2
+            and outstanding >= 1
+            and outstanding < self.max_outstanding(self._plans_in_flight, self._max_running)
+            and self._scheduler.fits_ahead((outstanding + 1 - self._plans_in_flight) * self._max_tokens_per_step)
+        )
+
     async def _finish_step(self) -> None:
-        """Wait for the oldest plan's result and hand its tokens out."""
-        try:
-            result = await self._result_recv.receive()
-        except (trio.EndOfChannel, trio.ClosedResourceError):
+        """Wait for the oldest plan's result and hand its tokens out; a placeholder's (its plan
+        ran in the next plan's step) and then that step's, so nobody is looked up between them."""
+        while await self._finish_one() is False:
+            pass
+
+    async def _finish_one(self) -> bool | None:
+        """Handle one result: False for a placeholder, None when the executor is gone."""
+        result = await self._next_result()
+        if result is None:
             self._executor_gone()  # the executor stopped, or the watchdog gave up on it
-            return
+            return None
         self._progress()
         plan = self._in_flight.popleft()
         assert result.step_id == plan.step_id, "results arrive in plan order"
-        self._num_steps += 1
+        model_step = not is_placeholder(result)  # else the plan ran in the next plan's step
+        self._num_steps += model_step
         self._memory = result.memory
         await self._commit(result.kv_ready)
         running = self._scheduler.running
@@ -314,7 +375,7 @@ class SchedulerActor:
             if request is not None and result.step_id >= request.first_valid_step:
                 request.num_cached_tokens -= recomputed
         num_tokens = sum(len(tokens) for rid, tokens in result.sampled if rid in running)
-        if self._metrics is not None:
+        if self._metrics is not None and model_step:
             self._metrics.on_step(num_tokens, result.elapsed_s)
             self._metrics.on_vision_encode(result.vision_encode_s)
             if result.spec_decode is not None:
@@ -329,6 +390,7 @@ class SchedulerActor:
                 self._delivery.fail(request, RequestProcessingError(f"The request failed: {message}"))
         self._preempt_for_growth()
         await self._release_finished()
+        return model_step
 
     def _preempt_for_growth(self) -> None:
         """Make room for the batch to grow: the newest running requests go back to the queue."""

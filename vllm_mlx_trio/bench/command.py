@@ -113,6 +113,11 @@ def add_bench_parser(commands, config_args: ConfigArgs) -> None:
     prefix.add_argument("--model", default=None, help="model path (default: the config's, demo:tiny)")
     prefix.add_argument("--no-disabled", action="store_true", help="skip the run with the cache off")
     prefix.add_argument("--mlx-lm", action="store_true", help="also the 48-token repeat over HTTP vs mlx_lm.server")
+    prefix.add_argument("--only-mlx-lm", action="store_true", help="only that comparison (rows 7a-7c)")
+    prefix.add_argument("--runs", type=_positive, default=3, help="rounds of that comparison (default 3)")
+    prefix.add_argument("--variant", action="append", default=[], metavar="NAME@CHECKOUT",
+                        help="also our server from another checkout, in the same rounds (repeatable)")
+    prefix.add_argument("--port", type=_positive, default=8711, help="first port of that comparison (default 8711)")
 
     soak = sub.add_parser("soak", help="mixed requests on our server, then a memory/task/fd leak check")
     config_args(soak)
@@ -216,7 +221,10 @@ def run_bench(cfg, args: argparse.Namespace) -> int:
     if args.bench_command == "prefix-cache":
         from .prefix_cache_bench import run_prefix_cache_bench
 
-        return run_prefix_cache_bench(cfg, disabled_run=not args.no_disabled, mlx_lm=args.mlx_lm)
+        variants = dict(text.split("@", 1) for text in args.variant)
+        return run_prefix_cache_bench(cfg, disabled_run=not args.no_disabled, mlx_lm=args.mlx_lm,
+                                      only_mlx_lm=args.only_mlx_lm, runs=args.runs, variants=variants,
+                                      port=args.port)  # fmt: skip
     handlers = {"ceiling": _ceiling, "engine": _engine, "http": _http, "all": _all, "peers": _peers}
     payload = handlers[args.bench_command](cfg, args, workload_from(args))
     if args.json_path:

@@ -355,16 +355,27 @@ def format_rows(rows: Sequence[Row]) -> str:
     )
 
 
-def run_prefix_cache_bench(cfg: EngineConfig, *, disabled_run: bool = True, mlx_lm: bool = False) -> int:
+def run_prefix_cache_bench(
+    cfg: EngineConfig,
+    *,
+    disabled_run: bool = True,
+    mlx_lm: bool = False,
+    only_mlx_lm: bool = False,
+    runs: int = 3,
+    variants: dict[str, str] | None = None,
+    port: int = 8711,
+) -> int:
     """Print the table; 0 when every row passes, 1 otherwise. ``mlx_lm``: add rows 7a-7c, the
-    48-token repeat over HTTP against mlx_lm.server (``prefix_vs_mlx_lm.py``)."""
-    rows = trio.run(lambda: check_prefix_cache(cfg, disabled_run=disabled_run))
-    if mlx_lm:
+    48-token repeat over HTTP against mlx_lm.server (``prefix_vs_mlx_lm.py``) in ``runs``
+    rounds (servers on ports from ``port``), with our server from the ``variants`` checkouts
+    too; ``only_mlx_lm``: only those."""
+    rows = [] if only_mlx_lm else trio.run(lambda: check_prefix_cache(cfg, disabled_run=disabled_run))
+    if mlx_lm or only_mlx_lm:
         from ..worker.loading import resolve_model_path  # noqa: PLC0415 (builds a demo model: mlx)
         from .prefix_vs_mlx_lm import compare_with_mlx_lm  # noqa: PLC0415 (it imports this module)
 
         model_dir = resolve_model_path(cfg.model)
-        rows += compare_with_mlx_lm(model_dir, _tokenizer(model_dir))
+        rows += compare_with_mlx_lm(model_dir, _tokenizer(model_dir), runs=runs, variants=variants, port=port)
     print(f"model {cfg.model.path}, block_size {cfg.cache.block_size}, greedy, max_tokens {MAX_TOKENS}")
     print(format_rows(rows))
     verdicts = [row for row in rows if not row.info]

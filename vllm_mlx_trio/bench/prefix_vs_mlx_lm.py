@@ -5,7 +5,8 @@ of ``runs`` rounds (the servers' order alternated), each gets a fresh 48-token c
 prompt 5 times at once (cold), then the same 5 again (repeat); a round's figure is the median
 TTFT of the 5 streams. Rows 7a-7c give the medians over the rounds (with their spread) and
 whether the target holds: our repeat at most 0.5x our cold run and at most mlx_lm.server's
-repeat on the same run.
+repeat on the same run. ``variants`` (``NAME@CHECKOUT``) add our server from other checkouts
+of this package to the same rounds (before/after in one run), each with a row of its own.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import subprocess
 import tempfile
 import time
 
+import attrs
 import httpx
 import trio
 
@@ -70,7 +72,7 @@ async def _rounds(urls: dict[str, tuple[str, str]], tokenizer, runs: int) -> dic
     figures = {name: {"cold": [], "repeat": []} for name in urls}
     async with httpx.AsyncClient(timeout=httpx.Timeout(300.0)) as http:
         for run in range(runs):
-            order = list(urls) if run % 2 == 0 else list(reversed(urls))
+            order = list(urls)[run % len(urls):] + list(urls)[: run % len(urls)]  # each server first in turn
             for name in order:
                 base_url, model = urls[name]
                 prompt = short_repeat_prompt(tokenizer, f"Round {run} {name} {time.monotonic_ns() % 997}:")
@@ -79,16 +81,27 @@ async def _rounds(urls: dict[str, tuple[str, str]], tokenizer, runs: int) -> dic
     return figures
 
 
-def compare_with_mlx_lm(model_dir: str, tokenizer, *, runs: int = 3, port: int = 8711) -> list[Row]:
-    """Rows 7a-7c (or one failed row saying why a server could not be measured)."""
+def _peer(name: str, model_dir: str, port: int, scratch: str, variants: dict[str, str]):
+    """``ours`` / ``mlx-lm``, or a variant: our server run from another checkout."""
+    if name in variants:
+        base = peer_server("ours", model_dir, port, scratch=scratch)
+        return attrs.evolve(base, name=name, env={**base.env, "PYTHONPATH": variants[name]})
+    return peer_server(name, model_dir, port, scratch=scratch)
+
+
+def compare_with_mlx_lm(model_dir: str, tokenizer, *, runs: int = 3, port: int = 8711,
+                        variants: dict[str, str] | None = None) -> list[Row]:  # fmt: skip
+    """Rows 7a-7c (or one failed row saying why a server could not be measured); ``variants``:
+    name -> checkout of our server to measure in the same rounds."""
+    variants = variants or {}
     procs: dict[str, subprocess.Popen] = {}
     urls: dict[str, tuple[str, str]] = {}
     with tempfile.TemporaryDirectory(prefix="prefix-vs-mlx-lm-") as tmp:
         try:
-            for offset, name in enumerate(SERVERS):
+            for offset, name in enumerate((*SERVERS, *variants)):
                 if not port_free(port + offset):
                     raise BenchError(f"port {port + offset} is in use")
-                peer = peer_server(name, model_dir, port + offset, scratch=tmp)
+                peer = _peer(name, model_dir, port + offset, tmp, variants)
                 with open(os.path.join(tmp, f"{name}.log"), "wb") as log:
                     procs[name] = subprocess.Popen(peer.argv, stdout=log, stderr=subprocess.STDOUT,
                                                    start_new_session=True, env={**os.environ, **peer.env})  # fmt: skip
@@ -127,4 +140,10 @@ def figure_rows(figures: dict[str, dict[str, list[float]]]) -> list[Row]:
     rows.append(Row(step="7c", description="Repeat: / our cold, / mlx_lm.server's repeat",
                     expected=f"<= {SHORT_REPEAT_TARGET}, <= 1", actual=f"{ratio:.2f}, {versus:.2f} (target "
                     f"{'met' if met else 'missed'})", passed=True, info=True))  # fmt: skip
+    for index, name in enumerate(n for n in figures if n not in SERVERS):
+        fig = figures[name]
+        versus = statistics.median(fig["repeat"]) / statistics.median(peer["repeat"])
+        rows.append(Row(step=f"7v{index + 1}", description=f"{name}: cold -> repeat (/ mlx_lm.server's repeat)",
+                        expected="measured", actual=f"{median_ms(fig['cold'])} -> {median_ms(fig['repeat'])} "
+                        f"({versus:.2f})", passed=True, info=True))  # fmt: skip
     return rows

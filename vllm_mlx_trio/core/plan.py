@@ -93,6 +93,9 @@ class StepPlan:
     spill_blocks: tuple[tuple[BlockId, bytes], ...] = ()
     #: Empty the disk tier (``DELETE /v1/cache``).
     clear_disk: bool = False
+    #: A join plan (core/plan_join.py): run it in the step of the plan queued before it, if that
+    #: has not started.
+    join_previous: bool = False
 
     @property
     def is_empty(self) -> bool:
@@ -164,3 +167,5 @@ class StepResult:
     recomputed: tuple[tuple[RequestId, int], ...] = ()
     #: What speculative decoding did in this step (worker/spec_runner.py); None when it did nothing.
     spec_decode: SpecDecodeCounts | None = None
+    #: The plan ran in the next plan's step (core/plan_join.py): that step's result follows.
+    ran_in_next: bool = False

@@ -77,6 +77,16 @@ class Scheduler:
         self._next_step_id = 0
 
     @property
+    def has_starting(self) -> bool:
+        """Whether started requests wait for the next plan."""
+        return bool(self._starting)
+
+    @property
+    def computing_prompt(self) -> bool:
+        """Whether a started request has more than its last prompt token to compute."""
+        return any(left > 1 for left in self._prefilling.values())
+
+    @property
     def num_waiting(self) -> int:
         return len(self.waiting)
 
@@ -155,6 +165,14 @@ class Scheduler:
             return True
         lengths = [r.num_tokens for r in self.running.values()] + [request.num_tokens]
         return self._kv_need(lengths, headroom) <= self.kv_budget_tokens
+
+    def fits_ahead(self, tokens: int) -> bool:
+        """Whether the running batch stays in the KV budget if it grows ``tokens`` per row
+        beyond ``lookahead_tokens`` (plans outstanding beyond those the lookahead counts)."""
+        if self.kv_budget_tokens is None or tokens <= 0:
+            return True
+        lengths = [r.num_tokens for r in self.running.values()]
+        return self._kv_need(lengths, self.lookahead_tokens + tokens) <= self.kv_budget_tokens
 
     def preempt_for_growth(self) -> list[Request]:
         """Preempt the newest running requests until the next steps fit the KV budget."""
@@ -242,8 +260,9 @@ class Scheduler:
         """Requests that left the batch since the last plan (the next plan drops them)."""
         return tuple(self._to_drop)
 
-    def build_plan(self) -> StepPlan | None:
-        """The next step, or None when there is nothing for the model to do."""
+    def build_plan(self, *, join_previous: bool = False) -> StepPlan | None:
+        """The next step, or None when there is nothing for the model to do. ``join_previous``:
+        a join plan (core/plan_join.py)."""
         new_ids = {s.request_id for s in self._starting}
         decode_ids = tuple(rid for rid in self.running if rid not in new_ids)
         plan = StepPlan(
@@ -256,6 +275,7 @@ class Scheduler:
             drop_blocks=tuple(self._drop_blocks),
             spill_blocks=tuple(self._spill_blocks),
             clear_disk=self._clear_disk,
+            join_previous=join_previous,
         )
         if plan.is_empty:
             return None

@@ -38,6 +38,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 
 from ..messages import KVReady, ModelInfo, RequestId, TokenLogprob
+from .generator_join import JoinedRows
 from .kv_store import PrefixBlocks
 from .loading import load_for_serving, mlx_memory, sharding
 from .prefill import PrefillRow, PromptPrefill
@@ -73,6 +74,8 @@ class BatchRunner(RunnerBase):
         self._generator: BatchGenerator | None = None
         self._request_ids: dict[int, RequestId] = {}  # BatchGenerator uid -> request
         self._decoding: set[int] = set()  # uids past their prompt: they decode every step
+        #: Rows that joined the decode batch with their last prompt token (worker/generator_join.py).
+        self._direct = JoinedRows()
         #: Prompts the runner prefills itself (engine.prefill_time_ratio set), else None.
         self._prefill: PromptPrefill | None = None
         self._sizer: ChunkSizer | None = None
@@ -130,11 +133,30 @@ class BatchRunner(RunnerBase):
 
     def _to_generator(self, live: list[LiveSequence], caches: list, in_cache: list[int]) -> None:
         """Insert rows into the generator: each one's first ``in_cache`` prompt tokens are in
-        its cache (None: an empty one), the rest are its prompt there."""
+        its cache (None: an empty one), the rest are its prompt there. A row with only its last
+        prompt token left joins the decode batch directly (worker/generator_join.py)."""
         assert self._generator is not None
         seqs = [sequence.seq for sequence in live]
         rows = [self._row(sequence) for sequence in live]
-        uids = self._generator.insert_segments(
+        joining = [len(seq.prompt_token_ids) - n == 1 and cache is not None
+                   for seq, n, cache in zip(seqs, in_cache, caches, strict=True)]  # fmt: skip
+        uids: dict[int, int] = {}
+        for join in (True, False):
+            picked = [i for i, j in enumerate(joining) if j == join]
+            if picked:
+                args = ([seqs[i] for i in picked], [caches[i] for i in picked], [rows[i] for i in picked])
+                if join:
+                    uids.update(zip(picked, self._direct.join(self._generator, *args), strict=True))
+                else:
+                    uids.update(zip(picked, self._generator_insert(*args, [in_cache[i] for i in picked]), strict=True))
+        for i, sequence in enumerate(live):
+            sequence.handle = uids[i]
+            self._request_ids[uids[i]] = sequence.request_id
+
+    def _generator_insert(self, seqs: list, caches: list, rows: list[tuple], in_cache: list[int]) -> list[int]:
+        """mlx-lm's own insert: the rest of each prompt is processed as prompt segments."""
+        assert self._generator is not None
+        return self._generator.insert_segments(
             [self._segments(seq, n) for seq, n in zip(seqs, in_cache, strict=True)],
             caches=caches,
             all_tokens=[list(seq.prompt_token_ids[:n]) for seq, n in zip(seqs, in_cache, strict=True)],
@@ -143,9 +165,6 @@ class BatchRunner(RunnerBase):
             logits_processors=[row[1] for row in rows],
             stop_sequences=[row[2] for row in rows],
         )
-        for uid, sequence in zip(uids, live, strict=True):
-            sequence.handle = uid
-            self._request_ids[uid] = sequence.request_id
 
     def _segments(self, seq, in_cache: int) -> list[list[int]]:
         """The prompt left for the generator: cut at the prefix store's block boundaries
@@ -243,6 +262,10 @@ class BatchRunner(RunnerBase):
                 self._prefix.at_boundary(self._request_ids[r.uid], self._generator.extract_cache([r.uid])[r.uid][0])
         emissions = []
         for response in generated:
+            if self._direct.take_echo(response.uid):  # a joined row's last prompt token: now decoding
+                self._decoding.add(response.uid)
+                self._prompt_ends += 1  # its first token is the next step's, as for a prompt ended here
+                continue
             ended = response.finish_reason is not None
             emissions.append(
                 Emission(
@@ -306,6 +329,7 @@ class BatchRunner(RunnerBase):
         uids = [sequence.handle for sequence in live if sequence.handle in self._request_ids]
         if uids:
             self._generator.remove(uids)
+            self._direct.forget(uids)
         for uid in uids:
             del self._request_ids[uid]
             self._decoding.discard(uid)

@@ -1,0 +1,92 @@
+"""Rows whose whole prompt but its last token is in their cache join mlx-lm's decode batch directly.
+
+mlx-lm's ``BatchGenerator`` turns such a one-token prompt into a generation batch of its own, whose constructor runs
+a forward of that token at once (and waits for it), beside the decode step of the rows already generating: two
+forwards in the step that inserts it. Here the row joins the generation batch with its last prompt token as the
+token to feed next, as if it had sampled it, so the next ``next()`` computes it in the same batched forward as every
+other row's token. That step emits the prompt token back (the generator treats whatever it feeds as emitted), so
+the runner drops that one response (:meth:`JoinedRows.take_echo`); the row's first sampled token comes the step
+after, as with mlx-lm's own path. The row's ``max_tokens`` count starts one lower and its stop matcher skips that
+token, so the generator ends the row exactly where it would have.
+
+This reaches into mlx-lm 0.32.2's ``GenerationBatch`` (its fields are not public), in this one place; the tests
+compare the output with mlx-lm's own path, so a change there fails them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, GenerationBatch, StopSequences, _merge_caches
+from mlx_lm.models.cache import TokenBuffer
+
+
+class _SkipFirst:
+    """A stop matcher that lets the echoed prompt token through without advancing on it."""
+
+    def __init__(self, inner: StopSequences.Matcher):
+        self._inner = inner
+        self._skipped = False
+
+    def advance(self, token: int) -> bool:
+        if not self._skipped:
+            self._skipped = True
+            return False
+        return self._inner.advance(token)
+
+
+class JoinedRows:
+    """The uids that joined the decode batch directly and have not yet had their prompt token echoed."""
+
+    def __init__(self) -> None:
+        self._echo_pending: set[int] = set()
+
+    def join(self, generator: BatchGenerator, seqs: Sequence[Any], caches: Sequence[list[Any]],
+             rows: Sequence[tuple]) -> list[int]:  # fmt: skip
+        """Add one row per new sequence (a ``NewSequence`` whose cache holds all its prompt but the last token;
+        ``rows``: its (sampler, logits processors, stop sequences)); their uids."""
+        n = len(seqs)
+        uids = list(range(generator._uid_count, generator._uid_count + n))
+        generator._uid_count += n
+        with mx.stream(generator.stream):  # the merge's ops run where the generator's do
+            batch = self._batch(generator, uids, seqs, caches, rows)
+        generator._generation_batch.extend(batch)
+        self._echo_pending.update(uids)
+        return uids
+
+    @staticmethod
+    def _batch(generator: BatchGenerator, uids: list[int], seqs: Sequence[Any], caches: Sequence[list[Any]],
+               rows: Sequence[tuple]) -> GenerationBatch:  # fmt: skip
+        """A generation batch of the new rows that has run no step: each one's next token to feed is its last
+        prompt token, as if it had sampled it."""
+        n = len(uids)
+        tokens = [list(seq.prompt_token_ids[:-1]) for seq in seqs]
+        stop_sequences = [row[2] for row in rows]
+        batch = GenerationBatch.empty(generator.model, generator.sampler)
+        batch.uids = uids
+        batch.prompt_cache = _merge_caches(list(caches))
+        batch.tokens = tokens
+        batch.samplers = [row[0] for row in rows]
+        batch.logits_processors = [tuple(row[1]) if row[1] else () for row in rows]
+        batch.max_tokens = [seq.max_new_tokens for seq in seqs]
+        batch.stop_sequences = stop_sequences
+        batch._next_tokens = mx.array([seq.prompt_token_ids[-1] for seq in seqs], dtype=mx.uint32)
+        # Never read: the echoed token's response is dropped, but the step evaluates them.
+        batch._next_logprobs = [mx.zeros((1,)) for _ in range(n)]
+        batch._token_context = [TokenBuffer(t) for t in tokens]
+        batch._num_tokens = [-1] * n  # the echo counts one
+        batch._matchers = [_SkipFirst(s.matcher()) for s in stop_sequences]
+        return batch
+
+    def take_echo(self, uid: int) -> bool:
+        """Whether this response of ``uid`` is its echoed prompt token (to drop); true once per joined row."""
+        if uid in self._echo_pending:
+            self._echo_pending.discard(uid)
+            return True
+        return False
+
+    def forget(self, uids: Sequence[int]) -> None:
+        """These rows left before their echo."""
+        self._echo_pending.difference_update(uids)
