@@ -257,7 +257,7 @@ def test_the_inbox_hears_that_a_request_waits_until_the_next_plan_is_taken():
     inbox.request_waiting()
     assert inbox.starts_waiting()  # the plan running now ends its run-ahead
     inbox.put(StepPlan(step_id=0, decode_ids=(A,)))
-    assert inbox.next_plan().step_id == 0 and not inbox.starts_waiting()
+    assert [p.step_id for p in inbox.next_plans()] == [0] and not inbox.starts_waiting()
 
 
 async def test_a_request_admitted_mid_plan_ends_the_plans_run_ahead(fake_cfg, blocking_kind):
