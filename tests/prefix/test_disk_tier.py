@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
+import pathlib
+import tempfile
 import threading
 
 import mlx.core as mx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vllm_mlx_trio.worker.disk_tier import DiskTier
 from vllm_mlx_trio.worker.prefix_layers import Packed
@@ -142,6 +147,37 @@ def test_a_bad_file_is_a_miss_with_one_warning_and_is_deleted(tier, tmp_path, ca
     assert len(warnings) == 1
     assert not path.exists()
     assert t.load(key(8)) is not None  # the good one stays
+
+
+@functools.cache
+def good_file_bytes() -> bytes:
+    """The bytes of block 7's file."""
+    with tempfile.TemporaryDirectory() as directory:
+        t = DiskTier(directory, 1 << 20, MODEL)
+        t.spill(key(7), block(7))
+        t.close()
+        return (pathlib.Path(directory) / f"{key(7).hex()}.safetensors").read_bytes()
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(data=st.data())
+def test_any_flipped_byte_or_cut_is_a_miss_or_the_exact_block_never_a_crash(data):
+    """Damage anywhere in a file, header included (a shape, an offset, the layout): opening
+    the tier and loading never raise, and a load gives the exact block or None."""
+    raw = good_file_bytes()
+    if data.draw(st.booleans(), label="cut"):
+        damaged = raw[: data.draw(st.integers(0, len(raw) - 1), label="length")]
+    else:
+        at = data.draw(st.integers(0, len(raw) - 1), label="at")
+        damaged = raw[:at] + bytes([raw[at] ^ data.draw(st.integers(1, 255), label="xor")]) + raw[at + 1 :]
+    with tempfile.TemporaryDirectory() as directory:
+        (pathlib.Path(directory) / f"{key(7).hex()}.safetensors").write_bytes(damaged)
+        t = DiskTier(directory, 1 << 20, MODEL)
+        try:
+            loaded = t.load(key(7))
+            assert loaded is None or same(loaded, block(7))
+        finally:
+            t.close()
 
 
 def test_a_foreign_models_file_is_deleted_at_open(tier, tmp_path, caplog):
