@@ -1,7 +1,9 @@
 """A pure-recurrent model (mamba2: every layer an SSM state, no attention layer) with the
-prefix cache on: served uncached, saying so once at startup, with exactly the cache-off greedy
-output in both modes. Nothing in mlx-lm's ``ArraysCache`` tells how many tokens a state has
-seen, so the store cannot tell where a checkpoint stands (see docs/architecture.md)."""
+prefix cache on gives exactly the cache-off greedy output in both modes, and reuses cached
+prompts. Its cache cannot tell how many tokens it has seen, so it is checkpointed only where
+the position is known: the block boundaries its prefill stops at (``cache.state_snapshot_blocks``)
+and, in simple mode, the prompt's last token but one (see docs/architecture.md). Not covered
+here: preemption (a model without KV is not preempted for KV memory)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pathlib
 import pytest
 import trio
 from prefix_zoo import RECURRENT, build_model
-from test_every_layer_type import chat, config, run, text
+from test_every_layer_type import BS, config, scenario
 
 from vllm_mlx_trio import open_engine
 
@@ -26,38 +28,37 @@ def recurrent_dirs(tmp_path_factory, float32_dir) -> dict[str, str]:
     return {arch: str(build_model(arch, root / arch, pathlib.Path(float32_dir))) for arch in RECURRENT}
 
 
-async def scenario(engine) -> dict:
-    tok = engine.model_info.tokenizer
-    system = text(tok, 40, 0)
-    out = {}
-    for key, prompt in [
-        ("first", chat(system, "What is the sea?")),
-        ("repeat", chat(system, "What is the sea?")),
-        ("shared_system", chat(system, "Why are the stars so far away from us?")),
-    ]:
-        out[key] = await run(engine, prompt)
-
-    async def one(key, prompt):
-        out[key] = await run(engine, prompt)
-
-    async with trio.open_nursery() as nursery:  # inside a batch
-        for i in range(3):
-            nursery.start_soon(one, f"batch_{i}", chat(system, "What is the sea?"))
-    return out
+REPEATS = ("repeat", "unaligned_repeat", "short_repeat", "aligned_repeat", *(f"batch_repeat_{i}" for i in range(3)))
 
 
 @pytest.mark.parametrize("mode", ["batched", "simple"])
 @pytest.mark.parametrize("arch", sorted(RECURRENT))
-async def test_a_pure_recurrent_model_is_served_uncached_and_exact(recurrent_dirs, arch, mode, caplog):
+async def test_a_pure_recurrent_model_is_cached_and_exact(recurrent_dirs, arch, mode, caplog):
+    """The eight architectures' scenario (repeats, a shared system prompt, a second turn,
+    aligned and unaligned prompts, a batch): cache-on output equals cache-off."""
+    snapshots = "cache.state_snapshot_blocks=1"  # a boundary every block (16 tokens)
     with trio.fail_after(TIMEOUT_S):
         async with open_engine(config(recurrent_dirs[arch], mode, "cache.enabled=false")) as engine:
             off = await scenario(engine)
         with caplog.at_level(logging.WARNING):
-            async with open_engine(config(recurrent_dirs[arch], mode)) as engine:
+            async with open_engine(config(recurrent_dirs[arch], mode, snapshots)) as engine:
                 on = await scenario(engine)
+                engine._cache.pool.check_invariants()
     for key in off:
         assert on[key].tokens == off[key].tokens, key
         assert on[key].logprobs == pytest.approx(off[key].logprobs, abs=1e-4), key
-        assert on[key].cached_tokens == 0, key
-    lines = [r.getMessage() for r in caplog.records if "prefix cache off for this model" in r.getMessage()]
-    assert len(lines) == 1 and "no attention layer" in lines[0] and "serving uncached" in lines[0]
+    assert not [r for r in caplog.records if "prefix cache off" in r.getMessage()]
+    assert on["first"].cached_tokens == 0
+    for key in REPEATS:
+        prompt = on[key].prompt_tokens
+        if mode == "simple":  # checkpointed before the last prompt token: all but that one
+            assert on[key].cached_tokens == prompt - 1, key
+        else:  # the last block boundary before the last prompt token
+            assert on[key].cached_tokens == (prompt - 2) // BS * BS, key
+    assert on["repeat"].cached_tokens > 0
+    # a shared system prompt: up to the last boundary the prompts share
+    assert on["shared_system"].cached_tokens > 0 and on["shared_system"].cached_tokens % BS == 0
+    # a second turn: its first turn's prompt (simple mode: up to that prompt's checkpoint)
+    first = on["first"].prompt_tokens
+    expected_turn2 = first - 1 if mode == "simple" else (first - 2) // BS * BS
+    assert on["turn2"].cached_tokens >= expected_turn2 > 0
