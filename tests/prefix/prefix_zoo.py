@@ -69,6 +69,10 @@ RECURRENT: dict[str, dict[str, Any]] = {
         "conv_kernel": 4, "use_bias": False, "use_conv_bias": True, "layer_norm_epsilon": 1e-5,
         "time_step_limit": [0.0, 1000.0], "time_step_rank": "auto", "num_hidden_layers": 2,
     },
+    "mamba": {
+        "intermediate_size": 128, "state_size": 16, "conv_kernel": 4, "use_bias": False, "use_conv_bias": True,
+        "time_step_rank": 8, "num_hidden_layers": 2,
+    },
 }  # fmt: skip
 CONFIGS.update(RECURRENT)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")

@@ -1,4 +1,4 @@
-"""A pure-recurrent model (mamba2: every layer an SSM state, no attention layer) with the
+"""Pure-recurrent models (mamba, mamba2: every layer an SSM state, no attention layer) with the
 prefix cache on gives exactly the cache-off greedy output in both modes, and reuses cached
 prompts. Its cache cannot tell how many tokens it has seen, so it is checkpointed only where
 the position is known: the block boundaries its prefill stops at (``cache.state_snapshot_blocks``)
