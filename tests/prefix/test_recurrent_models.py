@@ -1,9 +1,10 @@
 """Pure-recurrent models (mamba, mamba2: every layer an SSM state, no attention layer) with the
-prefix cache on gives exactly the cache-off greedy output in both modes, and reuses cached
-prompts. Its cache cannot tell how many tokens it has seen, so it is checkpointed only where
+prefix cache on give exactly the cache-off greedy output in both modes, and reuse cached
+prompts. Their cache cannot tell how many tokens it has seen, so it is checkpointed only where
 the position is known: the block boundaries its prefill stops at (``cache.state_snapshot_blocks``)
-and, in simple mode, the prompt's last token but one (see docs/architecture.md). Not covered
-here: preemption (a model without KV is not preempted for KV memory)."""
+and, in simple mode, the prompt's last token but one (see docs/architecture.md). Batched mode
+runs both prefill paths: the runner's own and mlx-lm's ``BatchGenerator`` segments. Not
+covered here: preemption."""
 
 from __future__ import annotations
 
@@ -31,17 +32,31 @@ def recurrent_dirs(tmp_path_factory, float32_dir) -> dict[str, str]:
 REPEATS = ("repeat", "unaligned_repeat", "short_repeat", "aligned_repeat", *(f"batch_repeat_{i}" for i in range(3)))
 
 
-@pytest.mark.parametrize("mode", ["batched", "simple"])
-@pytest.mark.parametrize("arch", sorted(RECURRENT))
+PREFILL = {"batched": "engine.prefill_time_ratio=1.0", "batched-generator": "engine.prefill_time_ratio=none"}
+
+
+#: mlx-lm's mamba (v1) ignores left padding in ``BatchGenerator``'s batched prefill: with the
+#: cache off, a prompt prefilled beside longer ones already gets other logprobs than alone (seen:
+#: -0.189 against -0.099 for its first token), so cache on and off cannot agree there.
+_MAMBA_PADDING = pytest.mark.skip(reason="mlx-lm's mamba ignores left padding in a batched prefill")
+CASES = [
+    pytest.param(arch, mode, marks=[_MAMBA_PADDING] if (arch, mode) == ("mamba", "batched-generator") else [])
+    for arch in sorted(RECURRENT)
+    for mode in ("batched", "batched-generator", "simple")
+]
+
+
+@pytest.mark.parametrize(("arch", "mode"), CASES)
 async def test_a_pure_recurrent_model_is_cached_and_exact(recurrent_dirs, arch, mode, caplog):
     """The eight architectures' scenario (repeats, a shared system prompt, a second turn,
     aligned and unaligned prompts, a batch): cache-on output equals cache-off."""
-    snapshots = "cache.state_snapshot_blocks=1"  # a boundary every block (16 tokens)
+    options = [PREFILL.get(mode, "engine.prefill_time_ratio=1.0"), "cache.state_snapshot_blocks=1"]  # every block
+    engine_mode = mode.removesuffix("-generator")
     with trio.fail_after(TIMEOUT_S):
-        async with open_engine(config(recurrent_dirs[arch], mode, "cache.enabled=false")) as engine:
+        async with open_engine(config(recurrent_dirs[arch], engine_mode, "cache.enabled=false", *options)) as engine:
             off = await scenario(engine)
         with caplog.at_level(logging.WARNING):
-            async with open_engine(config(recurrent_dirs[arch], mode, snapshots)) as engine:
+            async with open_engine(config(recurrent_dirs[arch], engine_mode, *options)) as engine:
                 on = await scenario(engine)
                 engine._cache.pool.check_invariants()
     for key in off:
