@@ -282,18 +282,22 @@ class PrefixBlocks:
         cache: list[Any],
         first_block: int,
         checkpoint: Checkpoint | None = None,
+        *,
+        position: int | None = None,
     ) -> KVReady | None:
         """Copy the new full blocks of ``token_ids`` (from ``first_block`` on) out of ``cache``,
         which holds the KV of at least a prefix of them, and a checkpoint: at the cache's
         position (or ``checkpoint``, taken earlier by :meth:`snapshot`) when the model has
         sliding-window or recurrent layers, else after as many of ``token_ids`` as it holds (a
-        hit may use a KV tail in part: an exact repeat reuses all but its last token)."""
+        hit may use a KV tail in part: an exact repeat reuses all but its last token).
+        ``position``: where the cache stands, from a runner that knows, for a cache that cannot
+        tell (recurrent layers only; ignored for the others)."""
         if not self.enabled:
             return None
-        position = self.layout.position(cache)
-        exact = position is not None
-        if position is None:  # recurrent layers only: as far as a snapshot says it stood
-            position = self._snapshot_position(request_id, checkpoint)
+        told, position = position, self.layout.position(cache)
+        exact = position is not None or told is not None
+        if position is None:  # recurrent layers only: where the runner or a snapshot says
+            position = told if told is not None else self._snapshot_position(request_id, checkpoint)
             if position is None:
                 return None
         first_block = min(first_block, self._known_blocks.get(request_id, first_block))
