@@ -61,6 +61,20 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 ARCHITECTURES = tuple(CONFIGS)
+
+#: Pure-recurrent models (no attention layer): served uncached (tests/prefix/test_recurrent_models.py).
+RECURRENT: dict[str, dict[str, Any]] = {
+    "mamba2": {
+        "num_heads": 4, "head_dim": 32, "intermediate_size": 128, "state_size": 16, "n_groups": 1,
+        "conv_kernel": 4, "use_bias": False, "use_conv_bias": True, "layer_norm_epsilon": 1e-5,
+        "time_step_limit": [0.0, 1000.0], "time_step_rank": "auto", "num_hidden_layers": 2,
+    },
+    "mamba": {
+        "intermediate_size": 128, "state_size": 16, "conv_kernel": 4, "use_bias": False, "use_conv_bias": True,
+        "time_step_rank": 8, "num_hidden_layers": 2,
+    },
+}  # fmt: skip
+CONFIGS.update(RECURRENT)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
 

@@ -26,11 +26,13 @@ class FakeModel:
         (lambda: [KVCache(), KVCache()], ("kv", "kv"), True),
         (lambda: [RotatingKVCache(max_size=8), KVCache()], ("window", "kv"), False),
         (lambda: [ArraysCache(size=2), KVCache()], ("state", "kv"), False),
+        (lambda: [ArraysCache(size=2), ArraysCache(size=2)], ("state", "state"), False),  # mamba
     ],
 )
 def test_layouts_of_cachable_models(layers, kinds, blocks_end_hits):
     layout = cache_layout(FakeModel(layers))
     assert layout.cachable and layout.kinds == kinds and layout.blocks_end_hits == blocks_end_hits
+    assert layout.knows_position == ("kv" in kinds)  # a recurrent-only cache does not say
 
 
 @pytest.mark.parametrize(
@@ -39,7 +41,6 @@ def test_layouts_of_cachable_models(layers, kinds, blocks_end_hits):
         (lambda: [QuantizedKVCache(), KVCache()], "QuantizedKVCache"),
         (lambda: [ChunkedKVCache(16), KVCache()], "ChunkedKVCache"),
         (lambda: [RotatingKVCache(max_size=8, keep=4)], "RotatingKVCache"),  # keeps a prefix: not restored
-        (lambda: [ArraysCache(size=1)], "no attention layer"),  # nothing tells its position
     ],
 )
 def test_an_uncachable_model_is_served_uncached_and_says_so_once(caplog, layers, named):

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
+import pathlib
+import tempfile
 import threading
 
 import mlx.core as mx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vllm_mlx_trio.worker.disk_tier import DiskTier
 from vllm_mlx_trio.worker.prefix_layers import Packed
@@ -144,6 +149,37 @@ def test_a_bad_file_is_a_miss_with_one_warning_and_is_deleted(tier, tmp_path, ca
     assert t.load(key(8)) is not None  # the good one stays
 
 
+@functools.cache
+def good_file_bytes() -> bytes:
+    """The bytes of block 7's file."""
+    with tempfile.TemporaryDirectory() as directory:
+        t = DiskTier(directory, 1 << 20, MODEL)
+        t.spill(key(7), block(7))
+        t.close()
+        return (pathlib.Path(directory) / f"{key(7).hex()}.safetensors").read_bytes()
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(data=st.data())
+def test_any_flipped_byte_or_cut_is_a_miss_or_the_exact_block_never_a_crash(data):
+    """Damage anywhere in a file, header included (a shape, an offset, the layout): opening
+    the tier and loading never raise, and a load gives the exact block or None."""
+    raw = good_file_bytes()
+    if data.draw(st.booleans(), label="cut"):
+        damaged = raw[: data.draw(st.integers(0, len(raw) - 1), label="length")]
+    else:
+        at = data.draw(st.integers(0, len(raw) - 1), label="at")
+        damaged = raw[:at] + bytes([raw[at] ^ data.draw(st.integers(1, 255), label="xor")]) + raw[at + 1 :]
+    with tempfile.TemporaryDirectory() as directory:
+        (pathlib.Path(directory) / f"{key(7).hex()}.safetensors").write_bytes(damaged)
+        t = DiskTier(directory, 1 << 20, MODEL)
+        try:
+            loaded = t.load(key(7))
+            assert loaded is None or same(loaded, block(7))
+        finally:
+            t.close()
+
+
 def test_a_foreign_models_file_is_deleted_at_open(tier, tmp_path, caplog):
     t = tier(model_id="model-b")
     t.spill(key(9), block(9))
@@ -176,15 +212,7 @@ def test_clear_deletes_every_file(tier, tmp_path):
 def test_clear_lets_go_of_the_blocks_a_lagging_writer_still_holds(tier, tmp_path, monkeypatch):
     """A queued write holds its block's MLX arrays until the writer gets to it: a clear drops
     those writes, so the memory the store let go is free at once, not when the writer catches up."""
-    started, go_on = threading.Event(), threading.Event()
-    real_do = DiskTier._do
-
-    def held_do(self, action, key_hex, host):
-        started.set()
-        go_on.wait()
-        real_do(self, action, key_hex, host)
-
-    monkeypatch.setattr(DiskTier, "_do", held_do)
+    started, go_on = held_writer(monkeypatch)
     t = tier()
     gc.collect()
     baseline = mx.get_active_memory()
@@ -202,6 +230,58 @@ def test_clear_lets_go_of_the_blocks_a_lagging_writer_still_holds(tier, tmp_path
     go_on.set()
     t.flush()
     assert len(t) == 0 and not list(tmp_path.glob("*.safetensors"))
+
+
+def held_writer(monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """Make the writer thread stop at its first job until ``go_on`` is set: (started, go_on)."""
+    started, go_on = threading.Event(), threading.Event()
+    real_do = DiskTier._do
+
+    def held_do(self, action, key_hex, host):
+        started.set()
+        go_on.wait()
+        real_do(self, action, key_hex, host)
+
+    monkeypatch.setattr(DiskTier, "_do", held_do)
+    return started, go_on
+
+
+def test_a_lagging_writer_holds_at_most_its_queue_bytes_of_blocks(tmp_path, monkeypatch):
+    """Spills past WRITER_QUEUE_BYTES of queued arrays are skipped and counted, so the memory a
+    slow disk keeps alive is bounded; once the writer catches up, spills are kept again."""
+    started, go_on = held_writer(monkeypatch)
+    one_block = sum(a.nbytes for pair in block(0) for a in pair)
+    t = DiskTier(tmp_path, 1 << 24, MODEL, max_queued_bytes=3 * one_block)
+    try:
+        gc.collect()
+        baseline = mx.get_active_memory()
+        kept = [t.spill(key(n), block(n)) for n in range(8)]
+        assert started.wait(timeout=10)
+        assert kept == [True] * 3 + [False] * 5
+        assert t.queued_bytes == 3 * one_block
+        assert t.stats.num_skipped_behind == 5 and t.stats.num_skipped == 5
+        gc.collect()
+        assert mx.get_active_memory() - baseline < 4 * one_block  # the skipped ones' arrays are free
+        assert [n for n in range(8) if key(n) in t] == [0, 1, 2]
+        go_on.set()
+        t.flush()
+        assert t.queued_bytes == 0
+        assert t.spill(key(9), block(9))  # room again
+        t.flush()
+        assert {p.name for p in tmp_path.glob("*.safetensors")} == {f"{key(n).hex()}.safetensors" for n in (0, 1, 2, 9)}
+    finally:
+        go_on.set()
+        t.close()
+
+
+def test_a_block_larger_than_the_queue_bound_still_spills_into_an_empty_queue(tmp_path):
+    t = DiskTier(tmp_path, 1 << 24, MODEL, max_queued_bytes=1)
+    try:
+        assert t.spill(key(1), block(1))
+        t.flush()
+        assert t.load(key(1)) is not None and t.queued_bytes == 0
+    finally:
+        t.close()
 
 
 def test_a_block_over_the_whole_budget_is_not_spilled(tier, tmp_path):

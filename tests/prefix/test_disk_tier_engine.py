@@ -11,6 +11,7 @@ import trio
 from vllm_mlx_trio import SamplingParams, open_engine
 from vllm_mlx_trio.config import load_config
 from vllm_mlx_trio.testing.polling import wait_until
+from vllm_mlx_trio.worker.disk_tier_file import FORMAT_VERSION
 
 pytestmark = pytest.mark.mlx
 
@@ -97,7 +98,7 @@ async def test_a_bad_file_is_a_miss_logged_once_and_deleted(float32_dir, tmp_pat
             elif damage == "corrupt":
                 path.write_bytes(data[:-8] + bytes(b ^ 0xFF for b in data[-8:]))
             else:
-                path.write_bytes(data.replace(b'"format_version":"1"', b'"format_version":"0"'))
+                path.write_bytes(data.replace(f'"format_version":"{FORMAT_VERSION}"'.encode(), b'"format_version":"0"'))
             damaged[path] = path.read_bytes()
         with caplog.at_level(logging.WARNING):
             async with open_engine(config(float32_dir, disk)) as restarted:

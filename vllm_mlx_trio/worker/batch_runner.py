@@ -344,7 +344,9 @@ class BatchRunner(RunnerBase):
         if cache is None:
             cache, _tokens = self._generator.extract_cache([live.handle])[live.handle]
         first_block = seq.num_cached_tokens // self._prefix.block_size
-        return self._prefix.ready(seq.request_id, seq.prompt_token_ids, cache, first_block)
+        # all but the last prompt token are in the cache (a recurrent-only cache cannot say)
+        position = len(seq.prompt_token_ids) - 1
+        return self._prefix.ready(seq.request_id, seq.prompt_token_ids, cache, first_block, position=position)
 
     def _finished_ready(self, live: LiveSequence, emission: Emission) -> KVReady | None:
         """A sequence finished: its prompt + output blocks, for the next turn of a chat."""

@@ -8,8 +8,10 @@ files; a spill or an open over that deletes the least recently used ones.
 
 Writes are off the MLX thread's critical path: :meth:`DiskTier.spill` copies the arrays to
 host memory and queues them; one writer thread encodes, writes (to a temporary name, then
-renamed, so a crash leaves no half file under a block's name) and deletes, in order. A spill
-that finds the queue full is skipped (the block is simply not on disk). :meth:`load` serves a
+renamed, so a crash leaves no half file under a block's name) and deletes, in order. A queued
+block holds its arrays until it is written, so the queue is bounded in bytes
+(``WRITER_QUEUE_BYTES``) as well as in blocks: a spill that finds it full is skipped and
+counted (the block is simply not on disk). :meth:`load` serves a
 block still queued from memory and otherwise reads its file; a file that is truncated,
 corrupted or from another model or format version is a miss: one WARNING, and it is deleted.
 """
@@ -50,6 +52,13 @@ logger = logging.getLogger(__name__)
 #: Spilled blocks waiting for the writer thread; beyond this a spill is skipped rather than
 #: hold the MLX thread (an eviction burst of a 32-layer model is a few hundred blocks).
 WRITER_QUEUE_BLOCKS = 256
+#: Bytes of spilled blocks waiting for the writer thread. Each queued block keeps its arrays
+#: alive (memory the store has let go) until it is written, so a writer that lags (a slow or
+#: busy disk) would otherwise hold up to WRITER_QUEUE_BLOCKS blocks: about 2 GiB for an
+#: 8B model's 64-token blocks. 256 MiB is a second or two of a local SSD's writes, and a few
+#: blocks of even a 70B model; a spill past it is skipped (counted in ``num_skipped_behind``),
+#: except into an empty queue, so a block larger than this still spills.
+WRITER_QUEUE_BYTES = 256 * 1024 * 1024
 _TMP_SUFFIX = ".tmp"
 
 
@@ -57,6 +66,11 @@ _TMP_SUFFIX = ".tmp"
 #: checkpoints of one architecture apart, cheap at load.
 _IDENTITY_PARAMS = 4
 _IDENTITY_VALUES = 4096
+
+
+def host_nbytes(host: HostBlock) -> int:
+    """Bytes of a block's arrays on the host (views of its MLX arrays: the memory it holds)."""
+    return sum(array.nbytes for array in host[0].values())
 
 
 def model_identity(model: Any, kinds: tuple[str, ...], block_size: int) -> str:
@@ -80,6 +94,8 @@ class DiskTierStats:
     bytes_used: int = 0
     num_spilled: int = 0
     num_skipped: int = 0
+    #: Of those, skipped because the writer had WRITER_QUEUE_BYTES (or BLOCKS) queued.
+    num_skipped_behind: int = 0
     num_hits: int = 0
     num_misses: int = 0
     num_bad_files: int = 0
@@ -90,13 +106,22 @@ class DiskTier:
     """Spilled full blocks by hash, bounded by ``max_bytes``. Call from one thread (the MLX
     thread); the writer thread is internal."""
 
-    def __init__(self, directory: str | os.PathLike[str], max_bytes: int, model_id: str):
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        max_bytes: int,
+        model_id: str,
+        *,
+        max_queued_bytes: int = WRITER_QUEUE_BYTES,
+    ):
         self.directory = pathlib.Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.max_bytes = max_bytes
         self.model_id = model_id
+        self.max_queued_bytes = max_queued_bytes
         self._index: collections.OrderedDict[str, int] = collections.OrderedDict()  # hex -> bytes, LRU first
         self._queued: dict[str, HostBlock] = {}  # spilled, not yet written (guarded by _lock)
+        self._queued_bytes = 0  # arrays of the write jobs not yet done (guarded by _lock)
         self._lock = threading.Lock()
         self._jobs: queue.Queue[tuple[str, str | None, HostBlock | None] | None] = queue.Queue(
             maxsize=WRITER_QUEUE_BLOCKS
@@ -118,6 +143,12 @@ class DiskTier:
     def bytes_used(self) -> int:
         return sum(self._index.values())
 
+    @property
+    def queued_bytes(self) -> int:
+        """Bytes of block arrays the writer thread still holds (spilled, not yet written)."""
+        with self._lock:
+            return self._queued_bytes
+
     def spill(self, key: bytes, block: BlockArrays) -> bool:
         """Queue a block evicted from memory for writing; False if it is not kept (on disk
         already, larger than the whole budget, or the writer is behind)."""
@@ -130,14 +161,9 @@ class DiskTier:
         if nbytes > self.max_bytes:
             self.stats.num_skipped += 1
             return False
-        with self._lock:
-            self._queued[key_hex] = host
-        try:
-            self._jobs.put_nowait(("write", key_hex, host))
-        except queue.Full:
-            with self._lock:
-                self._queued.pop(key_hex, None)
+        if not self._enqueue_write(key_hex, host):
             self.stats.num_skipped += 1
+            self.stats.num_skipped_behind += 1
             return False
         self._index[key_hex] = nbytes
         self.stats.num_spilled += 1
@@ -190,6 +216,28 @@ class DiskTier:
 
     # -- internals ----------------------------------------------------------------------
 
+    def _enqueue_write(self, key_hex: str, host: HostBlock) -> bool:
+        """Queue a write unless the writer already holds WRITER_QUEUE_BYTES (or BLOCKS)."""
+        size = host_nbytes(host)
+        with self._lock:
+            if self._queued_bytes and self._queued_bytes + size > self.max_queued_bytes:
+                return False
+            self._queued[key_hex] = host
+            self._queued_bytes += size
+        try:
+            self._jobs.put_nowait(("write", key_hex, host))
+        except queue.Full:
+            self._written(key_hex, host)
+            return False
+        return True
+
+    def _written(self, key_hex: str, host: HostBlock) -> None:
+        """A write job is done (or dropped): its arrays are no longer the queue's."""
+        with self._lock:
+            self._queued_bytes -= host_nbytes(host)
+            if self._queued.get(key_hex) is host:  # a later spill of the same block keeps its own copy
+                del self._queued[key_hex]
+
     def _path(self, key_hex: str) -> pathlib.Path:
         return self.directory / f"{key_hex}{SUFFIX}"
 
@@ -218,9 +266,9 @@ class DiskTier:
             except queue.Empty:
                 break
             closing = closing or job is None
+            if job is not None and job[0] == "write":
+                self._written(job[1], job[2])
             self._jobs.task_done()
-        with self._lock:
-            self._queued.clear()
         if closing:
             self._jobs.put(None)
 
@@ -282,6 +330,4 @@ class DiskTier:
             tmp.write_bytes(encode(host, model_id=self.model_id, key_hex=key_hex))
             os.replace(tmp, self._path(key_hex))
         finally:
-            with self._lock:  # a later spill of the same block keeps its own copy queued
-                if self._queued.get(key_hex) is host:
-                    del self._queued[key_hex]
+            self._written(key_hex, host)

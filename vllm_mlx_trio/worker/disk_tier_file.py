@@ -5,7 +5,8 @@ tensor bytes), written by hand so a writer thread never touches MLX: the MLX thr
 block into numpy arrays (:func:`to_host`), the writer thread encodes and writes them
 (:func:`encode`), and a later hit decodes them (:func:`decode`) and makes MLX arrays again
 (:func:`to_device`). The header's ``__metadata__`` names the format and its version, the
-model the block belongs to, the block's hash and a checksum of the tensor bytes, so a
+model the block belongs to, the block's hash and a checksum of the tensor bytes and of the
+header itself (tensor specs and metadata: a flipped shape or layout is caught too), so a
 truncated, corrupted or foreign file is told apart from a good one (:class:`BadBlockFile`).
 
 Tensors of ``kv`` layer ``i`` are ``k{i}`` and ``v{i}``; a block kept quantized
@@ -27,7 +28,8 @@ from .prefix_layers import BlockArrays, Packed
 
 FORMAT = "vllm-mlx-trio/kv-block"
 #: Bump when the layout of a block file changes: older files are then foreign (deleted).
-FORMAT_VERSION = "1"
+#: 2: the checksum covers the header too.
+FORMAT_VERSION = "2"
 _U64 = struct.Struct("<Q")
 _CHECKSUM_HEX = 32  # blake2b, 16 bytes
 #: Largest header we accept: a block has two tensors (six when packed) per layer.
@@ -121,7 +123,8 @@ def to_device(host: HostBlock) -> BlockArrays:
     return [(stored(f"k{i}"), stored(f"v{i}")) for i in range(info["num_layers"])]
 
 
-def _header(host: HostBlock, *, model_id: str, key_hex: str, checksum: str) -> bytes:
+def _header_fields(host: HostBlock, *, model_id: str, key_hex: str) -> dict[str, Any]:
+    """The header as a dict: each tensor's spec, and the metadata without its checksum."""
     tensors, info = host
     header: dict[str, Any] = {}
     offset = 0
@@ -138,30 +141,47 @@ def _header(host: HostBlock, *, model_id: str, key_hex: str, checksum: str) -> b
         "format_version": FORMAT_VERSION,
         "model": model_id,
         "block_hash": key_hex,
-        "checksum": checksum,
         "layout": json.dumps(info, sort_keys=True),
     }
-    raw = json.dumps(header, separators=(",", ":")).encode()
+    return header
+
+
+def _checksum(header: dict[str, Any], body: bytes) -> str:
+    """Of the header's fields (as parsed, canonically: any change to one shows) and the data."""
+    canonical = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    h = hashlib.blake2b(canonical, digest_size=_CHECKSUM_HEX // 2)
+    h.update(body)
+    return h.hexdigest()
+
+
+def _header(header: dict[str, Any], checksum: str) -> bytes:
+    with_checksum = {**header, "__metadata__": {**header["__metadata__"], "checksum": checksum}}
+    raw = json.dumps(with_checksum, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)  # safetensors aligns the data to 8 bytes
     return _U64.pack(len(raw)) + raw
 
 
 def encoded_size(host: HostBlock, *, model_id: str, key_hex: str) -> int:
     """The size :func:`encode` will give, without the work (the checksum has a fixed length)."""
-    header = _header(host, model_id=model_id, key_hex=key_hex, checksum="0" * _CHECKSUM_HEX)
+    header = _header(_header_fields(host, model_id=model_id, key_hex=key_hex), "0" * _CHECKSUM_HEX)
     return len(header) + sum(array.nbytes for array in host[0].values())
 
 
 def encode(host: HostBlock, *, model_id: str, key_hex: str) -> bytes:
     """The safetensors bytes of a block (on the writer thread)."""
     body = b"".join(np.ascontiguousarray(array).tobytes() for array in host[0].values())
-    checksum = hashlib.blake2b(body, digest_size=_CHECKSUM_HEX // 2).hexdigest()
-    return _header(host, model_id=model_id, key_hex=key_hex, checksum=checksum) + body
+    fields = _header_fields(host, model_id=model_id, key_hex=key_hex)
+    return _header(fields, _checksum(fields, body)) + body
 
 
 def data_size(header: dict[str, Any]) -> int:
-    """How many data bytes the header's tensors span (a shorter file is truncated)."""
-    return max((spec["data_offsets"][1] for name, spec in header.items() if name != "__metadata__"), default=0)
+    """How many data bytes the header's tensors span (a shorter file is truncated);
+    BadBlockFile if a tensor's spec is malformed."""
+    try:
+        ends = [int(spec["data_offsets"][1]) for name, spec in header.items() if name != "__metadata__"]
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise BadBlockFile(f"malformed tensor spec: {exc!r}") from None
+    return max(ends, default=0)
 
 
 def read_metadata(data: bytes) -> tuple[dict[str, Any], int]:
@@ -193,11 +213,13 @@ def check_identity(metadata: dict[str, Any], *, model_id: str, key_hex: str | No
 def decode(data: bytes, *, model_id: str, key_hex: str) -> HostBlock:
     """A block file's arrays, checked against its metadata; BadBlockFile if it is not good."""
     header, start = read_metadata(data)
-    metadata = header.pop("__metadata__")
+    metadata = header["__metadata__"]
     check_identity(metadata, model_id=model_id, key_hex=key_hex)
     body = data[start:]
-    if hashlib.blake2b(body, digest_size=_CHECKSUM_HEX // 2).hexdigest() != metadata.get("checksum"):
+    checksum = metadata.pop("checksum", None)
+    if _checksum(header, body) != checksum:
         raise BadBlockFile("checksum mismatch (truncated or corrupted)")
+    del header["__metadata__"]
     try:
         info = json.loads(metadata["layout"])
         tensors = {}

@@ -106,6 +106,9 @@ class PrefixBlocks:
         #: prefill (0: none; only for models whose blocks cannot end a hit themselves).
         self.snapshot_every = snapshot_blocks * block_size if self.needs_exact_checkpoints else 0
         self._snapshots: dict[RequestId, list[Checkpoint]] = {}  # taken, not yet reported
+        #: A model without attention layers: the boundaries a request's prefill has yet to
+        #: reach, in order (its cache cannot say where it stands; the runner stops at each).
+        self._boundaries_ahead: dict[RequestId, list[int]] = {}
         self._recomputed: dict[RequestId, int] = {}  # hit tokens recomputed, not yet reported
         self._next_ready_id = 0
         self.disk: DiskTier | None = None
@@ -160,6 +163,7 @@ class PrefixBlocks:
         for request_id in plan.finished_ids:
             self._known_blocks.pop(request_id, None)
             self._snapshots.pop(request_id, None)
+            self._boundaries_ahead.pop(request_id, None)
 
     def cache_for(self, seq: NewSequence) -> list[Any] | None:
         """A cache holding the sequence's ``num_cached_tokens`` cached tokens, or None for none."""
@@ -226,7 +230,10 @@ class PrefixBlocks:
         if not every:
             return ()
         first = seq.num_cached_tokens // every * every + every
-        return tuple(range(first, len(seq.prompt_token_ids) - 1, every))
+        boundaries = tuple(range(first, len(seq.prompt_token_ids) - 1, every))
+        if not self.layout.knows_position:
+            self._boundaries_ahead[seq.request_id] = list(boundaries)
+        return boundaries
 
     def prompt_segments(self, seq: NewSequence) -> list[list[int]]:
         """The uncached prompt cut at :meth:`boundaries` (mlx-lm's ``BatchGenerator`` ends a
@@ -239,6 +246,11 @@ class PrefixBlocks:
         """The sequence's cache stands at one of its boundaries: snapshot it for its next
         :meth:`ready` (which reports it as ``KVReady.boundary_at``)."""
         position = self.layout.position(cache)
+        if position is None:  # recurrent layers only: the next boundary its prefill was to reach
+            ahead = self._boundaries_ahead.get(request_id)
+            if not ahead:
+                return
+            position = ahead.pop(0)
         self._snapshots.setdefault(request_id, []).append(self.layout.checkpoint(cache, position, self.block_size))
 
     def prefill_to_boundaries(self, seq: NewSequence, cache: list[Any], step_size: int) -> int:
@@ -260,7 +272,7 @@ class PrefixBlocks:
         :meth:`ready` (None when the cache is off or ``num_tokens`` is 0)."""
         if not self.enabled or num_tokens <= 0:
             return None
-        assert self.layout.position(cache) == num_tokens
+        assert self.layout.position(cache) in (num_tokens, None)
         return self.layout.checkpoint(cache, num_tokens, self.block_size)
 
     def ready(
@@ -270,20 +282,29 @@ class PrefixBlocks:
         cache: list[Any],
         first_block: int,
         checkpoint: Checkpoint | None = None,
+        *,
+        position: int | None = None,
     ) -> KVReady | None:
         """Copy the new full blocks of ``token_ids`` (from ``first_block`` on) out of ``cache``,
         which holds the KV of at least a prefix of them, and a checkpoint: at the cache's
         position (or ``checkpoint``, taken earlier by :meth:`snapshot`) when the model has
         sliding-window or recurrent layers, else after as many of ``token_ids`` as it holds (a
-        hit may use a KV tail in part: an exact repeat reuses all but its last token)."""
+        hit may use a KV tail in part: an exact repeat reuses all but its last token).
+        ``position``: where the cache stands, from a runner that knows, for a cache that cannot
+        tell (recurrent layers only; ignored for the others)."""
         if not self.enabled:
             return None
-        position = self.layout.position(cache)
+        told, position = position, self.layout.position(cache)
+        exact = position is not None or told is not None
+        if position is None:  # recurrent layers only: where the runner or a snapshot says
+            position = told if told is not None else self._snapshot_position(request_id, checkpoint)
+            if position is None:
+                return None
         first_block = min(first_block, self._known_blocks.get(request_id, first_block))
         num_blocks = min(len(token_ids), position) // self.block_size - first_block
         if request_id in self._known_blocks:
             self._known_blocks[request_id] = first_block + max(0, num_blocks)
-        if checkpoint is None:
+        if checkpoint is None and exact:
             checkpoint = self._checkpoint(token_ids, cache, position)
         if checkpoint is not None and checkpoint.num_tokens > len(token_ids):
             checkpoint = None
@@ -309,6 +330,13 @@ class PrefixBlocks:
             boundary_nbytes=tuple(s.nbytes for s in snapshots),
         )
 
+    def _snapshot_position(self, request_id: RequestId, checkpoint: Checkpoint | None) -> int | None:
+        """Where a cache that cannot tell its position was last snapshotted: the runner's
+        checkpoint, else the request's last boundary snapshot (None: nowhere)."""
+        if checkpoint is not None:
+            return checkpoint.num_tokens
+        return max((s.num_tokens for s in self._snapshots.get(request_id, ())), default=None)
+
     def _checkpoint(self, token_ids: tuple[int, ...], cache: list[Any], position: int) -> Checkpoint | None:
         """The checkpoint worth keeping from a cache at ``position`` (None: none is)."""
         if not self.layout.blocks_end_hits:  # only where the cache is
@@ -323,6 +351,7 @@ class PrefixBlocks:
             self.disk.close()
         self._known_blocks.clear()
         self._snapshots.clear()
+        self._boundaries_ahead.clear()
         self._recomputed.clear()
         self._pending.clear()
         self.store.clear()

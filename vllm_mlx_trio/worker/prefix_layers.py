@@ -12,7 +12,10 @@ prefill would:
   ``max_size``), so a checkpoint keeps exactly those, in temporal order, with the offset.
 - ``state`` (``ArraysCache``/``MambaCache``: linear attention, SSM, conv): the state after
   token n is the whole history, so a checkpoint keeps a snapshot of its arrays, taken only
-  where the cache is exactly at the checkpoint's position.
+  where the cache is exactly at the checkpoint's position. Such a layer does not say how many
+  tokens it has seen: a model with no attention layer (mamba, mamba2) has no cache position
+  (:meth:`CacheLayout.position` is None), and is checkpointed only where the runner or the
+  store knows the position (``PrefixBlocks``).
 
 A model with another layer type (quantized KV, chunked, cache lists...) is not cached at all:
 :func:`cache_layout` says which types, and the runner serves it uncached.
@@ -107,8 +110,8 @@ def cache_layout(model: Any, *, kv_bits: int | None = None, kv_group_size: int =
     layers = make_prompt_cache(model)
     kinds = tuple(_kind(layer) for layer in layers)
     unsupported = sorted({type(layer).__name__ for layer, kind in zip(layers, kinds, strict=True) if kind is None})
-    if not any(kind in ("kv", "window") for kind in kinds):
-        unsupported.append("no attention layer to tell a cache's position")
+    if not kinds:
+        unsupported.append("no cache layers")
     return CacheLayout(
         kinds=kinds if not unsupported else (),
         unsupported=tuple(unsupported),
@@ -136,8 +139,16 @@ class CacheLayout:
         """Whether a hit may end at any full block (every layer is plain KV)."""
         return all(kind == "kv" for kind in self.kinds)
 
-    def position(self, cache: list[Any]) -> int:
-        """How many tokens the cache holds (its attention layers agree on it)."""
+    @property
+    def knows_position(self) -> bool:
+        """Whether a cache tells how many tokens it holds (it has an attention layer)."""
+        return any(kind != "state" for kind in self.kinds)
+
+    def position(self, cache: list[Any]) -> int | None:
+        """How many tokens the cache holds (its attention layers agree on it); None for a
+        model with recurrent layers only, whose state does not say."""
+        if not self.knows_position:
+            return None
         offsets = {layer.offset for layer, kind in zip(cache, self.kinds, strict=True) if kind != "state"}
         assert len(offsets) == 1, f"the layers disagree on the cache's position: {offsets}"
         return offsets.pop()

@@ -1,0 +1,350 @@
+"""A model check of the two tiers together: the block pool with a disk budget, a real disk tier
+over a temporary directory, and a stand-in executor that holds each block's arrays.
+
+Random traffic (requests served and released, evictions that spill, restarts over the same
+directory with a new budget, damaged files, clears) runs against simple models: which blocks
+are in memory, the pool's LRU of hashes only on disk (bytes), and the tier's LRU of files.
+After every rule the real state must match them, and every array a hit is built from must be
+the one its block's tokens name, whether it stayed in memory, came back from a file or was
+recomputed: a damaged or foreign file is a miss (one WARNING, deleted), never a wrong hit.
+
+A block's arrays are made from its chained hash (no model needed): a file read back under
+another block's name, or a block served for the wrong tokens, shows as different arrays.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import pathlib
+import shutil
+import tempfile
+
+import mlx.core as mx
+import numpy as np
+from hypothesis import event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
+
+from vllm_mlx_trio.actors.cache_manager import remember_disk_blocks
+from vllm_mlx_trio.core.block_pool import DISK_BLOCK_SUFFIX, BlockPool, Budget
+from vllm_mlx_trio.core.child_index import common_length
+from vllm_mlx_trio.core.media_keys import chain_hashes
+from vllm_mlx_trio.messages import RequestId
+from vllm_mlx_trio.worker.disk_tier import DiskTier, host_nbytes
+from vllm_mlx_trio.worker.disk_tier_file import encode, encoded_size, read_metadata, to_host
+
+MODEL = "model-a"
+REQUESTS = [RequestId(f"r{i}") for i in range(3)]
+requests = st.sampled_from(REQUESTS)
+# shared starts (system prompts) plus a random end, so blocks are shared and come back often
+STARTS = [(), (0, 0, 0, 0), (0, 0, 0, 0, 1, 1, 1, 1), (0, 0, 0, 0, 1, 1, 2, 2), (2, 1, 2, 1, 2, 1)]
+prompts = st.builds(
+    lambda start, end: start + tuple(end), st.sampled_from(STARTS), st.lists(st.integers(0, 1), max_size=4)
+)
+salts = st.sampled_from([(), (), ("s",)])
+#: Damage, and whether the tier finds it when it opens (its scan reads headers and sizes) or
+#: only when a hit reads the file (the checksum). A flipped header byte may be found either
+#: way: tests/prefix/test_disk_tier.py covers those.
+DAMAGE = {"truncated": True, "foreign-model": True, "another-block": True, "garbage": True, "corrupted-data": False}
+
+
+def arrays_of(h: bytes) -> list:
+    """The block named by hash ``h``: one layer whose keys and values spell the hash."""
+    values = np.frombuffer(h, dtype=np.uint8).astype(np.float32).reshape(1, 1, 2, 8)
+    return [(mx.array(values), mx.array(-values))]
+
+
+def same(a: list, h: bytes) -> bool:
+    pairs = zip(a, arrays_of(h), strict=True)
+    return all(mx.array_equal(x, y).item() for pa, pb in pairs for x, y in zip(pa, pb, strict=True))
+
+
+class WarningCounter(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.names: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.names.append(record.getMessage())
+
+
+class TwoTierMachine(RuleBasedStateMachine):
+    """The pool, the disk tier and an executor's store, against models of what each holds."""
+
+    @initialize(block_size=st.integers(2, 4), max_blocks=st.integers(0, 4), disk_files=st.integers(1, 6))
+    def setup(self, block_size, max_blocks, disk_files):
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="two-tier-"))
+        self.bs, self.max_blocks = block_size, max_blocks
+        host = to_host(arrays_of(bytes(16)))
+        self.file_size = encoded_size(host, model_id=MODEL, key_hex=bytes(16).hex())
+        self.block_nbytes = host_nbytes(host)
+        self.warnings = WarningCounter()
+        logging.getLogger("vllm_mlx_trio.worker.disk_tier").addHandler(self.warnings)
+        self.expected_warnings = 0
+        self.tier: DiskTier | None = None
+        self._open(disk_files)
+        self.files: collections.OrderedDict[bytes, None] = collections.OrderedDict()  # the tier's LRU
+        self.damaged: dict[bytes, bool] = {}  # hash -> whether the tier's scan finds it
+
+    def teardown(self):
+        if getattr(self, "tier", None) is not None:
+            self.tier.close()
+            logging.getLogger("vllm_mlx_trio.worker.disk_tier").removeHandler(self.warnings)
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _open(self, disk_files: int) -> None:
+        """A new tier, then a new pool over the same directory (as a server starts)."""
+        self.disk_budget = disk_files * self.file_size
+        self.tier = DiskTier(self.dir, self.disk_budget, MODEL)
+        self.pool = BlockPool(self.bs, Budget(max_blocks=self.max_blocks), disk_budget=self.disk_budget)
+        remember_disk_blocks(self.pool, self.dir)
+        self.mem: dict[bytes, int] = {}  # hash -> id of the blocks in memory
+        self.content: dict[int, tuple] = {}  # id -> (salt, the tokens up to its end)
+        self.nbytes: dict[int, int] = {}  # id -> the size the pool has for it
+        self.leases: dict[str, set[int]] = collections.defaultdict(set)
+        self.store: dict[int, list] = {}  # the executor's arrays
+        self.on_disk: collections.OrderedDict[bytes, int] = collections.OrderedDict()  # the pool's LRU
+
+    # -- the models' operations --------------------------------------------------------
+
+    def _pool_remembers(self, h: bytes, nbytes: int) -> bool:
+        if nbytes > self.disk_budget:
+            return False
+        self.on_disk.pop(h, None)
+        self.on_disk[h] = nbytes
+        while sum(self.on_disk.values()) > self.disk_budget:
+            self.on_disk.popitem(last=False)
+        return True
+
+    def _tier_spills(self, h: bytes) -> bool:
+        if h in self.files:
+            self.files.move_to_end(h)
+            return False
+        self.files[h] = None
+        while len(self.files) * self.file_size > self.disk_budget:
+            forgotten, _ = self.files.popitem(last=False)
+            self.damaged.pop(forgotten, None)  # deleted unread: no warning
+        return True
+
+    def _spill(self, expected: list[tuple[int, bytes]]) -> None:
+        """The executor writes what the pool spilled (before dropping evicted blocks)."""
+        assert list(self.pool.take_spilled()) == expected
+        for block_id, h in expected:
+            assert self.tier.spill(h, self.store[block_id]) == self._tier_spills(h)
+
+    def _chain(self, tokens, salt, num_blocks) -> list[bytes]:
+        return list(chain_hashes(tokens, salt, (), self.bs, num_blocks))
+
+    # -- rules ---------------------------------------------------------------------------
+
+    served = Bundle("served")
+
+    @rule(target=served, request=requests, tokens=prompts, salt=salts, finish=st.booleans())
+    def serve(self, request, tokens, salt, finish):
+        """A request: lookup, read back or recompute the hit, commit the prompt's blocks, and
+        maybe finish (its leases end)."""
+        self._serve(request, tokens, salt, finish)
+        return (tokens, salt)
+
+    @rule(request=requests, prompt=served, finish=st.booleans())
+    def serve_again(self, request, prompt, finish):
+        """A prompt served before (maybe before a restart, an eviction or a clear)."""
+        self._serve(request, *prompt, finish)
+
+    def _serve(self, request, tokens, salt, finish):
+        eligible = max(0, (len(tokens) - 1) // self.bs)
+        next_id = self.pool.next_id
+        hit = self.pool.lookup(request, tokens, salt)
+        run, restored = [], []
+        for index, h in enumerate(self._chain(tokens, salt, eligible)):
+            if h in self.mem:
+                run.append(self.mem[h])
+            elif h in self.on_disk:  # back in memory under a new id, read from disk
+                block_id = next_id + len(restored)
+                self.nbytes[block_id] = self.on_disk.pop(h)
+                self.mem[h] = block_id
+                self.content[block_id] = (salt, tokens[: (index + 1) * self.bs])
+                restored.append((block_id, h))
+                run.append(block_id)
+            else:
+                break
+        assert hit.num_cached_tokens == self._expected_hit(tokens, salt, len(run))
+        assert list(hit.block_ids[: len(run)]) == run[: len(hit.block_ids)]
+        for i, block_id in enumerate(hit.block_ids):
+            entry_salt, covered = self.content[block_id]
+            assert entry_salt == salt and covered[: i * self.bs] == tokens[: i * self.bs]
+        if hit.block_ids:  # the last one may be used in part (a KV prefix of any length is exact)
+            assert self.content[hit.block_ids[-1]][1][: hit.num_cached_tokens] == tokens[: hit.num_cached_tokens]
+        assert list(hit.disk_blocks) == restored
+        event(f"served: {'hit through disk' if restored else 'hit' if hit.block_ids else 'miss'}")
+        self.leases[request].update(hit.block_ids)
+        self._read_back(restored)
+        hashes = {block_id: h for h, block_id in self.mem.items()}
+        for block_id in hit.block_ids:
+            assert same(self.store[block_id], hashes[block_id]), "a hit built from another block's arrays"
+        self._commit(request, tokens, salt)
+        if finish:
+            self.release([request])
+        self.evict()  # as the cache manager does after a commit
+
+    def _expected_hit(self, tokens, salt, run: int) -> int:
+        """The full blocks of the run, then the most tokens a block in memory right after them
+        shares with the prompt, never past ``len(tokens) - 1``."""
+        limit = len(tokens) - 1
+        best = 0
+        for depth in range(run + 1):
+            base = depth * self.bs
+            best = max(best, base)
+            for entry_salt, covered in self.content.values():
+                if entry_salt == salt and len(covered) == base + self.bs and covered[:base] == tokens[:base]:
+                    best = max(best, base + min(common_length(covered[base:], tokens[base:]), limit - base))
+        return best
+
+    def _read_back(self, restored: list[tuple[int, bytes]]) -> None:
+        """As ``PrefixBlocks``: read spilled blocks back in order; from the first the tier
+        cannot give on, recompute (here: the arrays their hash names)."""
+        for index, (block_id, h) in enumerate(restored):
+            block = self.tier.load(h)
+            good = h in self.files and h not in self.damaged
+            assert (block is not None) == good, (h.hex(), good)
+            event(f"read back: {'good' if good else 'damaged' if h in self.damaged else 'gone'}")
+            if h in self.damaged:  # a miss, one WARNING, and the file goes
+                del self.files[h], self.damaged[h]
+                self.expected_warnings += 1
+            if block is None:
+                for later_id, later_h in restored[index:]:
+                    self.store[later_id] = arrays_of(later_h)
+                return
+            self.files.move_to_end(h)
+            self.store[block_id] = block
+
+    def _commit(self, request, tokens, salt) -> None:
+        created = self.pool.commit(request, tokens, salt)
+        chain = self._chain(tokens, salt, len(tokens) // self.bs)
+        assert [b.block_index for b in created] == [i for i, h in enumerate(chain) if h not in self.mem]
+        for b in created:
+            h = chain[b.block_index]
+            self.mem[h] = b.block_id
+            self.content[b.block_id] = (salt, tokens[: b.token_end])
+            self.on_disk.pop(h, None)  # in memory again
+            self.store[b.block_id] = arrays_of(h)
+            self.pool.set_nbytes(b.block_id, self.block_nbytes)
+            self.nbytes[b.block_id] = self.block_nbytes
+        self.leases[request].update(self.mem[h] for h in chain)
+        self._spill([(b.block_id, chain[b.block_index]) for b in created])  # written through to disk
+
+    @rule(released=st.lists(requests, min_size=1, max_size=3))
+    def release(self, released):
+        self.pool.release(released)
+        for request in released:
+            self.leases.pop(request, None)
+
+    @rule()
+    def evict(self):
+        queue = self.pool.free_queue()
+        over = max(0, len(self.mem) - self.max_blocks)
+        evicted = self.pool.evict_over_budget()
+        assert list(evicted) == list(queue[:over])
+        by_id = {block_id: h for h, block_id in self.mem.items()}
+        spilled = []
+        for block_id in evicted:
+            h = by_id[block_id]
+            del self.mem[h], self.content[block_id]
+            if self._pool_remembers(h, self.nbytes.pop(block_id)):
+                spilled.append((block_id, h))
+        self._spill(spilled)
+        for block_id in evicted:
+            del self.store[block_id]
+        event(f"evict: {'spilled' if evicted else 'nothing'}")
+
+    @rule(disk_files=st.integers(1, 6))
+    def restart(self, disk_files):
+        """A new tier and pool over the same directory, maybe with another budget: what was on
+        disk is found again, oldest modification time first, trimmed to the budget."""
+        self.tier.close()
+        for h, found_at_open in list(self.damaged.items()):
+            if found_at_open:  # the tier's scan deletes it, with one WARNING
+                del self.files[h], self.damaged[h]
+                self.expected_warnings += 1
+        stats = {h: (self.dir / f"{h.hex()}{DISK_BLOCK_SUFFIX}").stat().st_mtime_ns for h in self.files}
+        order = sorted(self.files, key=lambda h: (stats[h], h.hex()))
+        self.files = collections.OrderedDict((h, None) for h in order[max(0, len(order) - disk_files) :])
+        for h in set(self.damaged) - set(self.files):  # trimmed unread
+            del self.damaged[h]
+        self._open(disk_files)
+        for h in self.files:
+            self._pool_remembers(h, self.file_size)
+        event(f"restart: {'blocks on disk' if self.files else 'empty'}")
+
+    @rule(data=st.data(), damage=st.sampled_from(sorted(DAMAGE)), then_restart=st.booleans())
+    def damage_a_file(self, data, damage, then_restart):
+        """Damage one good file, then maybe restart (the tier's scan meets it first)."""
+        self.tier.flush()
+        if not set(self.files) - set(self.damaged):
+            return
+        h = data.draw(st.sampled_from(sorted(set(self.files) - set(self.damaged))))
+        path = self.dir / f"{h.hex()}{DISK_BLOCK_SUFFIX}"
+        raw = path.read_bytes()
+        if damage == "truncated":
+            path.write_bytes(raw[: data.draw(st.integers(0, len(raw) - 1))])
+        elif damage == "corrupted-data":
+            at = data.draw(st.integers(read_metadata(raw)[1], len(raw) - 1))
+            path.write_bytes(raw[:at] + bytes([raw[at] ^ data.draw(st.integers(1, 255))]) + raw[at + 1 :])
+        elif damage == "foreign-model":
+            path.write_bytes(encode(to_host(arrays_of(h)), model_id="model-b", key_hex=h.hex()))
+        elif damage == "another-block":
+            other = bytes(reversed(h))
+            path.write_bytes(encode(to_host(arrays_of(other)), model_id=MODEL, key_hex=other.hex()))
+        else:
+            path.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
+        self.damaged[h] = DAMAGE[damage]
+        if then_restart:
+            self.restart(len(self.files))
+
+    @rule()
+    def clear(self):
+        """DELETE /v1/cache: every unleased block and every file go; leased blocks stay."""
+        leased = set().union(*self.leases.values())
+        dropped = self.pool.clear()
+        assert set(dropped) == set(self.mem.values()) - leased
+        self.tier.clear()
+        for h, block_id in list(self.mem.items()):
+            if block_id in dropped:
+                del self.mem[h], self.store[block_id], self.nbytes[block_id], self.content[block_id]
+        self.on_disk.clear()
+        self.files.clear()
+        self.damaged.clear()
+
+    # -- invariants ----------------------------------------------------------------------
+
+    @invariant()
+    def pool_matches_its_model(self):
+        self.pool.check_invariants()
+        assert self.pool.stats().num_blocks == len(self.mem)
+        assert all(self.pool.block_info(block_id).block_hash == h for h, block_id in self.mem.items())
+        assert self.pool.num_on_disk == len(self.on_disk)
+        assert self.pool.disk_bytes == sum(self.on_disk.values()) <= self.disk_budget
+        counts = collections.Counter(b for lease in self.leases.values() for b in lease)
+        assert all(self.pool.ref_count(block_id) == counts[block_id] for block_id in self.mem.values())
+
+    @invariant()
+    def executor_holds_exactly_the_pools_blocks(self):
+        assert set(self.store) == set(self.mem.values())
+        assert all(same(self.store[block_id], h) for h, block_id in self.mem.items())
+
+    @invariant()
+    def tier_matches_its_model(self):
+        self.tier.flush()
+        assert len(self.tier) == len(self.files) and all(h in self.tier for h in self.files)
+        names = {p.name for p in self.dir.iterdir()}
+        assert names == {f"{h.hex()}{DISK_BLOCK_SUFFIX}" for h in self.files}, "a file the model does not know"
+        good = [h for h in self.files if h not in self.damaged]
+        assert all((self.dir / f"{h.hex()}{DISK_BLOCK_SUFFIX}").stat().st_size == self.file_size for h in good)
+        assert len(self.files) * self.file_size <= self.disk_budget
+        assert self.tier.queued_bytes == 0
+        assert len(self.warnings.names) == self.expected_warnings
+
+
+TestTwoTierMachine = TwoTierMachine.TestCase
+TestTwoTierMachine.settings = settings(max_examples=30, stateful_step_count=40, deadline=None, database=None)
