@@ -58,3 +58,32 @@ def test_untimed_the_chunk_is_always_the_cap():
     sizer = ChunkSizer(ratio=1.0, max_tokens=32, timed=False)
     feed(sizer, decode_s=0.004, token_s=0.1)
     assert sizer.chunk() == 32
+
+
+def feed_plans(sizer: ChunkSizer, *, decode_s: float, token_s: float, plans: int = 40) -> None:
+    """Plans of ``sizer.steps()`` decode steps, alternately without and with a chunk."""
+    for _ in range(plans):
+        sizer.observe(decode_s * sizer.steps(), 0, sizer.steps())
+        chunk, steps = sizer.chunk(), sizer.steps()
+        sizer.observe(decode_s * steps + token_s * chunk, chunk, steps)
+
+
+def test_a_plan_of_several_decode_steps_takes_one_chunk_costing_ratio_times_their_time():
+    """Run-ahead: 4 decode steps of 2 ms fit the 8 ms plan, so the chunk may cost 8 ms."""
+    sizer = ChunkSizer(ratio=1.0, max_tokens=512, max_steps=8, plan_s=0.008)
+    feed_plans(sizer, decode_s=0.002, token_s=0.0002)
+    assert sizer.steps() == 4
+    assert sizer.chunk() == 40  # 40 tokens x 0.2 ms = 4 decode steps of 2 ms
+    one_step = ChunkSizer(ratio=1.0, max_tokens=512, max_steps=1, plan_s=0.008)
+    feed_plans(one_step, decode_s=0.002, token_s=0.0002)
+    assert one_step.steps() == 1 and one_step.chunk() == 10
+
+
+def test_the_steps_a_plan_runs_are_bounded_by_its_time_and_the_step_limit():
+    sizer = ChunkSizer(ratio=1.0, max_tokens=512, max_steps=8, plan_s=0.008)
+    assert sizer.steps() == 1  # nothing timed yet
+    sizer.observe(0.004, 0, 8)  # 0.5 ms a step: 16 would fit, 8 may run
+    assert sizer.steps() == 8
+    slow = ChunkSizer(ratio=1.0, max_tokens=512, max_steps=8, plan_s=0.008)
+    slow.observe(0.1, 0, 1)  # a step over the plan's time: one a plan
+    assert slow.steps() == 1

@@ -8,10 +8,12 @@ no row decodes and ``prefill_step_size_decoding`` (smaller) while some do: mlx-l
 generator's ``prefill_step_size`` at every ``next()``, so it is set before each step.
 
 With ``engine.prefill_time_ratio`` set (the default) the runner prefills prompts itself
-(worker/prefill.py): the oldest prompt gets one chunk per step, sized by measured time
+(worker/prefill.py): the oldest prompt gets one chunk per plan, sized by measured time
 (worker/prefill_budget.py) beside the streams that were running before it arrived (a full
-chunk otherwise), and enters the generator as a one-token prompt with its cache once the rest
-of it is in, so no step pays mlx-lm's per-prompt-step fixed cost.
+chunk every step otherwise), and enters the generator as a one-token prompt with its cache
+once the rest of it is in, so no step pays mlx-lm's per-prompt-step fixed cost. Beside those
+streams a plan runs ahead as it would without the prompt: its chunk first, then its decode
+steps within the run-ahead bounds (the chunk's own time is not counted there).
 
 While every row decodes (no prompt in the generator or the runner's prefill), a plan runs
 more decode steps back to back ("run-ahead"), up to ``engine.run_ahead_steps`` and while the
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import time
 
+import attrs
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 
@@ -56,6 +59,17 @@ from .thread_streams import enter_mlx_thread, leave_mlx_thread
 RUN_AHEAD_S = 0.008
 
 
+@attrs.frozen
+class PlanTiming:
+    """What the chunk sizer needs of the last plan: when it started, the prompt tokens it
+    prefilled, whether rows decoded through it (timed), and its decode steps."""
+
+    start: float
+    chunk_tokens: int = 0
+    timed: bool = False
+    steps: int = 1
+
+
 class BatchRunner(RunnerBase):
     """Executes step plans on one shared batch; each live sequence's handle is its row's uid."""
 
@@ -74,8 +88,11 @@ class BatchRunner(RunnerBase):
         #: Caches of prompts whose prefill ended this step (all but the last token), by
         #: request: what :meth:`_prompt_ready` copies once they are in the generator.
         self._prompt_caches: dict[RequestId, list] = {}
-        #: (start of the last step, its prompt tokens, whether rows decoded in it).
-        self._last_step: tuple[float, int, bool] | None = None
+        self._last_plan: PlanTiming | None = None
+        #: Seconds this plan's timed chunk took (0.0: none), and whether it had one: its
+        #: decode steps then run ahead as they would without the prompt.
+        self._chunk_s = 0.0
+        self._timed_chunk = False
         #: Decode steps a plan may run: 1 when sharded (every rank must run the same steps).
         self._run_ahead_steps = 1
 
@@ -102,7 +119,8 @@ class BatchRunner(RunnerBase):
         if engine.prefill_time_ratio is not None:
             self._prefill = PromptPrefill(model, self._generator.stream, on_boundary=self._prefix.at_boundary)
             chunk = min(engine.prefill_step_size, engine.prefill_step_size_decoding or engine.prefill_step_size)
-            self._sizer = ChunkSizer(ratio=engine.prefill_time_ratio, max_tokens=chunk, timed=not sharding())
+            self._sizer = ChunkSizer(ratio=engine.prefill_time_ratio, max_tokens=chunk, timed=not sharding(),
+                                     max_steps=self._run_ahead_steps, plan_s=RUN_AHEAD_S)  # fmt: skip
 
     def _insert(self, live: list[LiveSequence]) -> None:
         """New prompts wait for the runner's prefill when it has one and they have more than
@@ -172,6 +190,7 @@ class BatchRunner(RunnerBase):
         prompts_done = self._prefill_step()
         self._generator.prefill_step_size = self._prefill_chunk()
         advance = self._generator_step(prompts_done)
+        started += self._chunk_s  # the run-ahead bound is for decode steps: a timed chunk is not one
         steps, step_s = 1, time.perf_counter() - started
         while steps < self._run_ahead_steps and self._may_run_ahead(advance, live, steps):
             step_started = time.perf_counter()
@@ -179,8 +198,8 @@ class BatchRunner(RunnerBase):
                 break
             advance = _joined(advance, self._generator_step([]))
             steps, step_s = steps + 1, time.perf_counter() - step_started
-            if self._last_step is not None:  # the chunk sizer times one step, the last one
-                self._last_step = (step_started, 0, self._last_step[2])
+        if self._last_plan is not None:  # the chunk sizer times the whole plan
+            self._last_plan = attrs.evolve(self._last_plan, steps=steps)
         return advance
 
     def _may_run_ahead(self, advance: Advance, live: list[LiveSequence], steps: int) -> bool:
@@ -189,7 +208,7 @@ class BatchRunner(RunnerBase):
         return (
             bool(self._request_ids)
             and len(self._decoding) == len(self._request_ids)
-            and (self._prefill is None or self._prefill.head is None)
+            and (self._prefill is None or self._prefill.head is None or self._timed_chunk)
             and not any(e.ended for e in advance.emissions)
             and not self.starts_waiting()
             and self._kv_fits(live, steps + 1)
@@ -237,10 +256,11 @@ class BatchRunner(RunnerBase):
         return Advance(emissions, prompts_done)
 
     def _prefill_step(self) -> list[RequestId]:
-        """The runner's own prefill for this step: a chunk of the oldest prompt, timed against
-        the decode steps while streams that had their first token before it arrived still
-        run (a full chunk otherwise); a prompt whose prefill ends joins the generator."""
+        """The runner's own prefill for this plan: a chunk of the oldest prompt, timed against
+        the plan's decode steps while streams that had their first token before it arrived
+        still run (a full chunk otherwise); a prompt whose prefill ends joins the generator."""
         self._prompt_caches.clear()
+        self._chunk_s, self._timed_chunk = 0.0, False
         if self._prefill is None:
             return []
         decoding = bool(self._request_ids)
@@ -248,12 +268,15 @@ class BatchRunner(RunnerBase):
         head = self._prefill.head
         if head is None:
             return []
-        assert self._sizer is not None and self._last_step is not None
+        assert self._sizer is not None and self._last_plan is not None
         protect = decoding and any(rid in self._live for rid in head.live.seq.protects)
         budget = self._sizer.chunk() if protect else self._cfg.engine.prefill_step_size
-        tokens, done = self._prefill.step(budget)
+        chunk_started = time.perf_counter()
+        tokens, done = self._prefill.step(budget, wait=protect)
+        if protect:
+            self._chunk_s, self._timed_chunk = time.perf_counter() - chunk_started, True
         # A full chunk beside rows that are not protected says nothing of a small one's cost.
-        self._last_step = (self._last_step[0], tokens, decoding and (protect or not tokens))
+        self._last_plan = attrs.evolve(self._last_plan, chunk_tokens=tokens, timed=decoding and (protect or not tokens))
         if done is None:
             return []
         if self._prefix.enabled:
@@ -262,13 +285,14 @@ class BatchRunner(RunnerBase):
         return [done.live.request_id]
 
     def _observe_step(self, decoding: bool) -> None:
-        """Time the step that just ended (start to start) for the chunk sizer, when rows
+        """Time the plan that just ended (start to start) for the chunk sizer, when rows
         decoded through it and still do."""
         assert self._sizer is not None
         now = time.perf_counter()
-        if self._last_step is not None and decoding and self._last_step[2]:
-            self._sizer.observe(now - self._last_step[0], self._last_step[1])
-        self._last_step = (now, 0, decoding)
+        last = self._last_plan
+        if last is not None and decoding and last.timed:
+            self._sizer.observe(now - last.start, last.chunk_tokens, last.steps)
+        self._last_plan = PlanTiming(now, timed=decoding)
 
     def _prefill_chunk(self) -> int:
         """Prompt tokens per prefilling row in the next step: smaller while rows decode."""
