@@ -61,13 +61,11 @@ RUN_AHEAD_S = 0.008
 
 @attrs.frozen
 class PlanTiming:
-    """What the chunk sizer needs of the last plan: when it started, the prompt tokens it
-    prefilled, whether rows decoded through it (timed), and its decode steps."""
+    """What the chunk sizer needs of the last plan: when it started, and whether its period
+    counts (rows decoded through it, and it prefilled no prompt tokens)."""
 
     start: float
-    chunk_tokens: int = 0
     timed: bool = False
-    steps: int = 1
 
 
 class BatchRunner(RunnerBase):
@@ -119,8 +117,7 @@ class BatchRunner(RunnerBase):
         if engine.prefill_time_ratio is not None:
             self._prefill = PromptPrefill(model, self._generator.stream, on_boundary=self._prefix.at_boundary)
             chunk = min(engine.prefill_step_size, engine.prefill_step_size_decoding or engine.prefill_step_size)
-            self._sizer = ChunkSizer(ratio=engine.prefill_time_ratio, max_tokens=chunk, timed=not sharding(),
-                                     max_steps=self._run_ahead_steps, plan_s=RUN_AHEAD_S)  # fmt: skip
+            self._sizer = ChunkSizer(ratio=engine.prefill_time_ratio, max_tokens=chunk, timed=not sharding())
 
     def _insert(self, live: list[LiveSequence]) -> None:
         """New prompts wait for the runner's prefill when it has one and they have more than
@@ -198,8 +195,6 @@ class BatchRunner(RunnerBase):
                 break
             advance = _joined(advance, self._generator_step([]))
             steps, step_s = steps + 1, time.perf_counter() - step_started
-        if self._last_plan is not None:  # the chunk sizer times the whole plan
-            self._last_plan = attrs.evolve(self._last_plan, steps=steps)
         return advance
 
     def _may_run_ahead(self, advance: Advance, live: list[LiveSequence], steps: int) -> bool:
@@ -271,12 +266,12 @@ class BatchRunner(RunnerBase):
         assert self._sizer is not None and self._last_plan is not None
         protect = decoding and any(rid in self._live for rid in head.live.seq.protects)
         budget = self._sizer.chunk() if protect else self._cfg.engine.prefill_step_size
-        chunk_started = time.perf_counter()
         tokens, done = self._prefill.step(budget, wait=protect)
-        if protect:
-            self._chunk_s, self._timed_chunk = time.perf_counter() - chunk_started, True
-        # A full chunk beside rows that are not protected says nothing of a small one's cost.
-        self._last_plan = attrs.evolve(self._last_plan, chunk_tokens=tokens, timed=decoding and (protect or not tokens))
+        if protect:  # timed alone (a full chunk beside rows that are not protected is not)
+            self._chunk_s, self._timed_chunk = self._prefill.last_chunk_s, True
+            self._sizer.observe_chunk(self._chunk_s, tokens)
+        if tokens:
+            self._last_plan = attrs.evolve(self._last_plan, timed=False)
         if done is None:
             return []
         if self._prefix.enabled:
@@ -291,7 +286,7 @@ class BatchRunner(RunnerBase):
         now = time.perf_counter()
         last = self._last_plan
         if last is not None and decoding and last.timed:
-            self._sizer.observe(now - last.start, last.chunk_tokens, last.steps)
+            self._sizer.observe_plan(now - last.start)
         self._last_plan = PlanTiming(now, timed=decoding)
 
     def _prefill_chunk(self) -> int:

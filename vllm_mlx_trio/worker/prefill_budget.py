@@ -1,23 +1,24 @@
 """How many prompt tokens a plan prefills beside decoding rows: a time budget, not a token one.
 
 A plan that carries a prompt chunk delays every decoding row's next tokens by the chunk's
-cost. :class:`ChunkSizer` measures the runner's plan period (start of one plan to the start of
-the next, which is what a stream sees between two streamed pieces) with and without a chunk,
-keeps a running estimate of one decode step and of the extra cost per prompt token, and sizes
-the next chunk so it costs about ``ratio`` times the plan's decode steps: a plan with a chunk
-then costs ``1 + ratio`` times one without, for the same tokens, so a stream's pace per token
-drops by that factor and no more. A plan runs several decode steps when the runner runs ahead
-(``max_steps`` > 1, as many as fit ``plan_s``); one chunk per plan then pays a forward pass's
-fixed cost once for all of them, so the prompt is prefilled in larger, cheaper-per-token chunks.
-The cost per token grows with the prompt's offset (attention reads the whole cache) and with
-the machine's load; the estimate follows both. Imports no MLX: the arithmetic is tested alone.
+cost. :class:`ChunkSizer` keeps two running estimates: the period of a plan without a chunk
+(start of one plan to the start of the next, what a stream sees between two streamed pieces,
+however many decode steps the plan runs ahead) and a chunk's cost per prompt token (the runner
+times each chunk alone, after the work queued before it). It sizes the next chunk to cost about
+``ratio`` plan periods, so a plan with a chunk costs ``1 + ratio`` times one without, for the
+same tokens: a stream's pace per token drops by that factor and no more. A plan that runs
+several decode steps takes one chunk for all of them, so a forward pass's fixed cost is paid
+once per plan and the chunks are larger and cheaper per token. The cost per token grows with
+the prompt's offset (attention reads the whole cache), the fixed cost weighs more on a small
+chunk, and the machine's load changes both; the estimate follows them. Imports no MLX: the
+arithmetic is tested alone.
 """
 
 from __future__ import annotations
 
 import attrs
 
-#: Weight of a new period in the running estimates: about the last 4 plans count.
+#: Weight of a new measurement in the running estimates: about the last 4 count.
 SMOOTHING = 0.25
 #: Chunk before any chunk has been timed: small enough not to stall the streams much, large
 #: enough that the first measurement is above the timer's noise.
@@ -26,16 +27,16 @@ FIRST_CHUNK_TOKENS = 16
 #: with the chunk (demo:tiny on this CPU, CPU time per step: decode alone 2.1 ms, with a chunk
 #: of 1, 2 or 4 tokens 4.0-4.3 ms, of 8 5.1 ms): below this, prefill slows with no gain in ITL.
 MIN_CHUNK_TOKENS = 4
-#: A period over this many times what the estimates expect for it is a pause (the loop waited
-#: for a plan, the machine was busy elsewhere), not a cost of the chunk: it is clipped to this.
+#: A measurement over this many times the running estimate is a pause (the loop waited for a
+#: plan, the machine was busy elsewhere), not a cost of the plan or the chunk: it is clipped.
 MAX_PERIOD_RATIO = 3.0
 
 
 @attrs.define(slots=True)
 class ChunkSizer:
-    """Prompt tokens for the next plan while rows decode, from measured plan periods."""
+    """Prompt tokens for the next plan's chunk while rows decode, from measured times."""
 
-    #: A chunk should cost about ``ratio`` times the plan's decode steps.
+    #: A chunk should cost about ``ratio`` plan periods (a plan without a chunk).
     ratio: float
     #: Never more than this many tokens in one chunk (engine.prefill_step_size_decoding).
     max_tokens: int
@@ -43,44 +44,34 @@ class ChunkSizer:
     #: False: always ``max_tokens`` (ranks of a sharded model must all pick the same chunk,
     #: and their clocks differ).
     timed: bool = True
-    #: Decode steps a plan may run (engine.run_ahead_steps; 1 when it does not run ahead) and
-    #: the seconds they may take together (the runner's run-ahead bound).
-    max_steps: int = 1
-    plan_s: float = 0.0
-    decode_s: float | None = None
+    plan_s: float | None = None
     token_s: float | None = None
 
-    def observe(self, period_s: float, chunk_tokens: int, steps: int = 1) -> None:
-        """One plan's period while rows decode: its decode steps and the prompt tokens it prefilled."""
-        if not self.timed or steps < 1:
+    def observe_plan(self, period_s: float) -> None:
+        """The period of a plan without a chunk, rows decoding through it."""
+        if not self.timed:
             return
-        if chunk_tokens <= 0:
-            per_step = period_s / steps
-            expected = per_step if self.decode_s is None else self.decode_s
-            self.decode_s = _smooth(self.decode_s, min(per_step, MAX_PERIOD_RATIO * expected))
-            return
-        if self.decode_s is None:
-            return  # the chunk's share of the period is not known yet
-        decode = steps * self.decode_s
-        if self.token_s is not None:
-            period_s = min(period_s, MAX_PERIOD_RATIO * (decode + self.token_s * chunk_tokens))
-        self.token_s = _smooth(self.token_s, max(period_s - decode, 0.0) / chunk_tokens)
+        expected = period_s if self.plan_s is None else self.plan_s
+        self.plan_s = _smooth(self.plan_s, min(period_s, MAX_PERIOD_RATIO * expected))
 
-    def steps(self) -> int:
-        """Decode steps the next plan is expected to run: as many as fit ``plan_s``, at most ``max_steps``."""
-        if self.decode_s is None or self.max_steps <= 1 or self.decode_s <= 0:
-            return 1
-        return max(1, min(self.max_steps, int(self.plan_s / self.decode_s)))
+    def observe_chunk(self, seconds: float, tokens: int) -> None:
+        """A chunk of ``tokens`` prompt tokens took ``seconds`` (its forward pass alone)."""
+        if not self.timed or tokens <= 0:
+            return
+        per_token = seconds / tokens
+        if self.token_s is not None:
+            per_token = min(per_token, MAX_PERIOD_RATIO * self.token_s)
+        self.token_s = _smooth(self.token_s, per_token)
 
     def chunk(self) -> int:
         """Tokens for the next plan's chunk."""
         if not self.timed:
             return self.max_tokens
-        if self.decode_s is None or self.token_s is None:
+        if self.plan_s is None or self.token_s is None:
             return max(self.min_tokens, min(self.max_tokens, FIRST_CHUNK_TOKENS))
         if self.token_s <= 0:
             return self.max_tokens
-        tokens = int(self.ratio * self.steps() * self.decode_s / self.token_s)
+        tokens = int(self.ratio * self.plan_s / self.token_s)
         return max(self.min_tokens, min(self.max_tokens, tokens))
 
 
