@@ -1,14 +1,14 @@
 """How many prompt tokens a plan prefills beside decoding rows: a time budget, not a token one.
 
 A plan that carries a prompt chunk delays every decoding row's next tokens by the chunk's
-cost. :class:`ChunkSizer` keeps two running estimates: the period of a plan without a chunk
-(start of one plan to the start of the next, what a stream sees between two streamed pieces,
-however many decode steps the plan runs ahead) and a chunk's cost per prompt token (the runner
-times each chunk alone, after the work queued before it). It sizes the next chunk to cost about
-``ratio`` plan periods, so a plan with a chunk costs ``1 + ratio`` times one without, for the
-same tokens: a stream's pace per token drops by that factor and no more. A plan that runs
-several decode steps takes one chunk for all of them, so a forward pass's fixed cost is paid
-once per plan and the chunks are larger and cheaper per token. The cost per token grows with
+cost. :class:`ChunkSizer` keeps two running estimates: a plan's decode time (start of one plan
+to the start of the next, less its chunk: what the streams' tokens of that plan cost, however
+many decode steps it runs ahead) and a chunk's cost per prompt token (the runner times each
+chunk alone, after the work queued before it). It sizes the next chunk to cost about ``ratio``
+times a plan's decode time, so a plan with a chunk costs ``1 + ratio`` times its tokens alone:
+a stream's pace per token drops by that factor and no more. A plan that runs several decode
+steps takes one chunk for all of them, so a forward pass's fixed cost is paid once per plan
+and the chunks are larger and cheaper per token. The cost per token grows with
 the prompt's offset (attention reads the whole cache), the fixed cost weighs more on a small
 chunk, and the machine's load changes both; the estimate follows them. Imports no MLX: the
 arithmetic is tested alone.
@@ -36,7 +36,7 @@ MAX_PERIOD_RATIO = 3.0
 class ChunkSizer:
     """Prompt tokens for the next plan's chunk while rows decode, from measured times."""
 
-    #: A chunk should cost about ``ratio`` plan periods (a plan without a chunk).
+    #: A chunk should cost about ``ratio`` times a plan's decode time.
     ratio: float
     #: Never more than this many tokens in one chunk (engine.prefill_step_size_decoding).
     max_tokens: int
@@ -48,7 +48,7 @@ class ChunkSizer:
     token_s: float | None = None
 
     def observe_plan(self, period_s: float) -> None:
-        """The period of a plan without a chunk, rows decoding through it."""
+        """A plan's decode time (its period less its timed chunk), rows decoding through it."""
         if not self.timed:
             return
         expected = period_s if self.plan_s is None else self.plan_s
