@@ -128,7 +128,7 @@ class EngineSection:
     #: a chunk costs about (1 + this) decode steps, chunks of 4 to prefill_step_size_decoding
     #: tokens (>= 0.01; none: mlx-lm's BatchGenerator prefills, prefill_batch_size prompts
     #: together, in fixed chunks).
-    prefill_time_ratio: float | None = _option(0.5, _in_range(0.01), converter=_to_float)
+    prefill_time_ratio: float | None = _option(1.0, _in_range(0.01), converter=_to_float)
     #: Batched mode: most decode steps one plan runs back to back while every row decodes and
     #: nothing waits (run-ahead; each plan also stays under 8 ms), so one streamed chunk carries
     #: up to this many tokens and the event loop handles them together (>= 1; 1: off).
