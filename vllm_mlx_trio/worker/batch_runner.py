@@ -15,14 +15,15 @@ once the rest of it is in, so no step pays mlx-lm's per-prompt-step fixed cost. 
 streams a plan runs ahead: its chunk first, then its decode steps within the run-ahead bounds
 (``CHUNK_PLAN_RUN_AHEAD`` times the time; the chunk's own time is not counted there).
 
-While every row decodes (no prompt in the generator or the runner's prefill), a plan runs
-more decode steps back to back ("run-ahead"), up to ``engine.run_ahead_steps`` and while the
-plan has taken less than ``RUN_AHEAD_S``, and within the KV budget with the scheduler's
-headroom for one token a plan left whole (so its accounting, which catches up when the
-result arrives, holds as with one step a plan): where a step is short (a small model), the Trio
-side's per-plan work (result hand-off, scheduling, delivery, one streamed chunk) is shared
-by several tokens instead of paid by each; a long step runs alone as before. A row that
-ends stops it, and so does a queued plan that starts a sequence (the executor tells).
+While every row decodes (no prompt in the generator or the runner's prefill but one taking
+timed chunks, above), a plan runs more decode steps back to back ("run-ahead"), up to
+``engine.run_ahead_steps`` and while the plan has taken less than ``RUN_AHEAD_S``, and within
+the KV budget with the scheduler's headroom for one token a plan left whole (so its accounting,
+which catches up when the result arrives, holds as with one step a plan): where a step is short
+(a small model), the Trio side's per-plan work (result hand-off, scheduling, delivery, one
+streamed chunk) is shared by several tokens instead of paid by each; a long step runs alone as
+before. A row that ends stops it, and so does a queued plan that starts a sequence (the
+executor tells).
 Not when sharded: every rank must run the same steps.
 
 Every row carries its own sampler (its own PRNG key), logits processors, stop token ids and
