@@ -8,7 +8,14 @@ import argparse
 import pytest
 
 from vllm_mlx_trio.bench.ceiling_bench import path_name
-from vllm_mlx_trio.bench.latency_arrival import ArrivalWorkload, arrival_row, gaps, median_arrival_rows
+from vllm_mlx_trio.bench.latency_arrival import (
+    ArrivalWorkload,
+    _piece_tokens,
+    arrival_row,
+    gaps,
+    median_arrival_rows,
+    pieces_of,
+)
 from vllm_mlx_trio.bench.latency_bench import QUICK, median_rows
 from vllm_mlx_trio.bench.latency_command import (
     _with_port,
@@ -81,19 +88,39 @@ def test_a_missing_peer_is_left_out_with_a_note():
 
 
 def test_arrival_gaps_after_settling_and_those_overlapping_the_window():
-    times = [0.0, 1.0, 2.0, 6.0, 7.0]
-    assert gaps(times, after=1) == [1.0, 4.0, 1.0]
+    pieces = [(t, 1.0) for t in (0.0, 1.0, 2.0, 6.0, 7.0)]
+    assert gaps(pieces, after=1) == [(1.0, 1.0), (4.0, 1.0), (1.0, 1.0)]
     # the window 2.5..3.0 lies inside the frozen gap 2..6: that gap is the one counted
-    assert gaps(times, window=(2.5, 3.0)) == [4.0]
-    assert gaps(times, window=(0.5, 6.5)) == [1.0, 1.0, 4.0, 1.0]
+    assert gaps(pieces, window=(2.5, 3.0)) == [(4.0, 1.0)]
+    assert [g for g, _ in gaps(pieces, window=(0.5, 6.5))] == [1.0, 1.0, 4.0, 1.0]
+
+
+def test_a_piece_of_several_tokens_counts_as_that_many_tokens_at_its_pace():
+    """Run-ahead sends 4 tokens in one chunk 8 ms after the last: 4 tokens 2 ms apart, not one 8 ms gap."""
+    pieces = [(0.0, 1.0), (0.008, 4.0), (0.016, 4.0), (0.019, 1.0)]
+    assert [g for g, _ in gaps(pieces)] == pytest.approx([0.002, 0.002, 0.003])
+    assert [n for _, n in gaps(pieces)] == [4.0, 4.0, 1.0]
+    row = arrival_row("ours", 0, {"gaps": gaps(pieces)}, {"gaps": gaps(pieces), "longest_s": 0.008,
+                                                           "long_ttft_s": 1.0, "streams_outlasted": True})  # fmt: skip
+    assert row["alone_itl_p50_ms"] == 2.0 and row["alone_gaps"] == 9 and row["arrival_itl_max_ms"] == 8.0
+
+
+def test_tokens_per_piece_come_from_logprobs_or_the_streams_mean_share():
+    with_logprobs = {"choices": [{"delta": {"content": "ab"}, "logprobs": {"content": [{}, {}, {}]}}]}
+    assert _piece_tokens(with_logprobs) == 3
+    assert _piece_tokens({"choices": [{"delta": {"content": "ab"}}]}) is None
+    assert pieces_of([1.0, 2.0], [3, None], 10) == [(1.0, 3.0), (2.0, 5.0)]
+    assert pieces_of([1.0, 2.0], [None, None], None) == [(1.0, 1.0), (2.0, 1.0)]
 
 
 def test_arrival_rows_give_the_ratio_and_medians_per_server():
-    alone = {"gaps": [0.010] * 20}
-    during = {"gaps": [0.010] * 18 + [0.050, 0.050], "long_ttft_s": 1.5, "streams_outlasted": True}
+    alone = {"gaps": [(0.010, 1.0)] * 20}
+    during = {"gaps": [(0.010, 1.0)] * 18 + [(0.050, 1.0)] * 2, "longest_s": 0.050, "long_ttft_s": 1.5,
+              "streams_outlasted": True}  # fmt: skip
     row = arrival_row("ours", 0, alone, during)
     assert row["alone_itl_p50_ms"] == 10.0 and row["long_ttft_ms"] == 1500.0 and row["arrival_itl_max_ms"] == 50.0
-    assert row["p95_over_alone_p50"] == round(percentile(during["gaps"], 95) / 0.010, 2)
+    values, weights = [g for g, _ in during["gaps"]], [n for _, n in during["gaps"]]
+    assert row["p95_over_alone_p50"] == round(percentile(values, 95, weights) / 0.010, 2)
     rows = [{**row, "rep": r, "long_ttft_ms": t} for r, t in enumerate((1000.0, 3000.0, 2000.0))]
     (table,) = median_arrival_rows(rows)
     assert table["long_ttft_ms"] == "2000.0 (1000.0-3000.0)" and table["outlasted"] == 3

@@ -100,8 +100,8 @@ async def test_the_runner_prefills_the_prompt_itself_unless_the_time_ratio_is_no
 
     budgets = []
 
-    def spy_runner(self, budget):
-        done = runner_step(self, budget)
+    def spy_runner(self, budget, **kw):
+        done = runner_step(self, budget, **kw)
         by_runner.append(done[0])
         budgets.append(budget)
         return done
@@ -126,9 +126,9 @@ async def test_prompts_arriving_together_are_prefilled_back_to_back_in_full_chun
 
     budgets, runner_step = [], PromptPrefill.step
 
-    def spy_runner(self, budget):
+    def spy_runner(self, budget, **kw):
         budgets.append(budget)
-        return runner_step(self, budget)
+        return runner_step(self, budget, **kw)
 
     monkeypatch.setattr(PromptPrefill, "step", spy_runner)
     cfg = config(float32_dir, "engine.prefill_step_size=128", "cache.enabled=false")
@@ -138,3 +138,37 @@ async def test_prompts_arriving_together_are_prefilled_back_to_back_in_full_chun
             for prompt in together:
                 nursery.start_soon(_tokens, engine, prompt, GREEDY)
     assert len(budgets) >= 4 and set(budgets) == {128}
+
+
+async def test_beside_a_stream_a_plan_runs_ahead_after_its_chunk(float32_dir, monkeypatch):
+    """Run-ahead on: while the long prompt is prefilled beside the stream, a plan carries one
+    timed chunk and then several decode steps, and the long prompt's greedy output is what it
+    is alone."""
+    from vllm_mlx_trio.worker import batch_runner
+    from vllm_mlx_trio.worker.prefill import PromptPrefill
+
+    monkeypatch.setattr(batch_runner, "RUN_AHEAD_S", 60.0)  # no time limit: the steps limit
+    events: list[str] = []  # "C": a timed chunk, "g": a decode step (BatchGenerator.next)
+    runner_step, generator_step = PromptPrefill.step, batch_runner.BatchRunner._generator_step
+
+    def spy_runner(self, budget, **kw):
+        if kw.get("wait"):
+            events.append("C")
+        return runner_step(self, budget, **kw)
+
+    def spy_generator(self, prompts_done):
+        events.append("g")
+        return generator_step(self, prompts_done)
+
+    monkeypatch.setattr(PromptPrefill, "step", spy_runner)
+    monkeypatch.setattr(batch_runner.BatchRunner, "_generator_step", spy_generator)
+    cfg = config(float32_dir, "engine.run_ahead_steps=4", "cache.enabled=false")
+    with trio.fail_after(TIMEOUT_S):
+        async with open_engine(cfg) as engine:
+            alone = await _tokens(engine, LONG_PROMPT, GREEDY)
+            events.clear()
+            _arrivals, beside = await _arrival(engine)
+    between = "".join(events).strip("g").split("C")[1:-1]  # decode steps after each timed chunk
+    assert len(between) >= 600 // 32 - 2
+    assert all(1 <= len(steps) <= 4 for steps in between) and sum(map(len, between)) >= 2 * len(between)
+    assert beside == alone

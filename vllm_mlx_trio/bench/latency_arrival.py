@@ -6,6 +6,14 @@ has had ``settle`` pieces, one fresh ``long_tokens`` prompt is sent. The streams
 latency alone (every gap after ``settle`` pieces) is compared with their gaps while the long
 prompt is prefilled (gaps overlapping the time from its sending to its first token), and the long
 prompt's TTFT is reported. The issue's target: ITL p95 during the arrival <= 2x ITL p50 alone.
+
+ITL is per token: a streamed piece may carry several tokens (run-ahead puts several decode steps
+in one plan, so one SSE chunk), and a piece of k tokens after a gap g counts as k tokens each
+g / k apart (percentiles weighted by tokens), what the stream's pace is as a reader sees it. The
+tokens in a piece are the entries of its ``logprobs.content`` (requests ask for logprobs); a
+server that streams none (``mlx_lm.server``) gets the stream's completion tokens over its pieces
+for each. The longest gap (``arrival_itl_max_ms``) is between pieces, not per token: the longest
+a reader saw nothing new.
 """
 
 from __future__ import annotations
@@ -39,37 +47,67 @@ class ArrivalWorkload:
     repetitions: int = 3
 
 
+#: One streamed piece: (arrival time, tokens it carries).
+Piece = tuple[float, float]
+#: One gap before a piece: (seconds per token, tokens), a weight for the percentiles.
+Gap = tuple[float, float]
+
+
+def _piece_tokens(chunk: dict) -> int | None:
+    """Tokens in a content chunk, from its logprobs (None: the server sent none)."""
+    choices = chunk.get("choices") or []
+    content = ((choices[0].get("logprobs") or {}).get("content") if choices else None) or None
+    return len(content) if content is not None else None
+
+
+def pieces_of(times: Sequence[float], counts: Sequence[int | None], completion_tokens: int | None) -> list[Piece]:
+    """Each piece's time and tokens; a piece without a count gets the stream's mean share
+    (completion tokens over pieces; one token each when the server reported neither)."""
+    share = completion_tokens / len(times) if completion_tokens and times else 1.0
+    return [(t, float(n) if n is not None else share) for t, n in zip(times, counts, strict=True)]
+
+
 async def timed_stream(http: httpx.AsyncClient, target: HttpTarget, prompt: str, max_tokens: int,
-                       on_piece: Callable[[int], None] = lambda n: None) -> tuple[float, list[float]]:  # fmt: skip
-    """Send one streamed chat: (send time, arrival time of each content chunk)."""
-    start, times = time.perf_counter(), []
-    async with http.stream("POST", target.chat_url, json=target.body(prompt, max_tokens)) as resp:
+                       on_piece: Callable[[int], None] = lambda n: None) -> tuple[float, list[Piece]]:  # fmt: skip
+    """Send one streamed chat: (send time, each content chunk's arrival time and tokens)."""
+    start, times, counts, usage = time.perf_counter(), [], [], None
+    body = {**target.body(prompt, max_tokens), "logprobs": True}
+    async with http.stream("POST", target.chat_url, json=body) as resp:
         if resp.status_code != 200:
             raise BenchError(f"{target.chat_url} answered {resp.status_code}")
         async for line in resp.aiter_lines():
             if not line.startswith("data:") or line[5:].strip() == "[DONE]":
                 continue
-            if _content(json.loads(line[5:])):
+            chunk = json.loads(line[5:])
+            if _content(chunk):
                 times.append(time.perf_counter())
+                counts.append(_piece_tokens(chunk))
                 on_piece(len(times))
-    return start, times
+            usage = chunk.get("usage") or usage
+    return start, pieces_of(times, counts, (usage or {}).get("completion_tokens"))
 
 
-def gaps(times: Sequence[float], *, after: int = 0, window: tuple[float, float] | None = None) -> list[float]:
-    """Seconds between consecutive pieces, from piece ``after`` on, or those overlapping
-    ``window`` (a stream frozen through the whole window gives the one gap spanning it)."""
-    pairs = zip(times[after:], times[after + 1 :], strict=False)
-    if window is None:
-        return [b - a for a, b in pairs]
-    return [b - a for a, b in pairs if b > window[0] and a < window[1]]
+def gaps(pieces: Sequence[Piece], *, after: int = 0, window: tuple[float, float] | None = None) -> list[Gap]:
+    """Per-token gaps (seconds per token, tokens) before each piece, from piece ``after`` on,
+    or before the pieces whose gap overlaps ``window`` (a stream frozen through the whole
+    window gives the one gap spanning it)."""
+    pairs = zip(pieces[after:], pieces[after + 1 :], strict=False)
+    if window is not None:
+        pairs = ((a, b) for a, b in pairs if b[0] > window[0] and a[0] < window[1])
+    return [((b[0] - a[0]) / b[1], b[1]) for a, b in pairs]
+
+
+def _itl(gap_list: Sequence[Gap], q: float) -> float | None:
+    """The ``q``-th percentile of per-token ITL, each gap weighted by its tokens."""
+    return percentile([g for g, _ in gap_list], q, [n for _, n in gap_list])
 
 
 async def one_round(http: httpx.AsyncClient, target: HttpTarget, maker: PromptMaker, tag: str,
                     work: ArrivalWorkload, *, arrival: bool) -> dict:  # fmt: skip
     """The streams' gaps (and the long prompt's timing when ``arrival``)."""
     settled = trio.Semaphore(0)
-    streams: list[list[float]] = []
-    long_timing: list[tuple[float, list[float]]] = []
+    streams: list[list[Piece]] = []
+    long_timing: list[tuple[float, list[Piece]]] = []
 
     def on_piece(n: int) -> None:
         if n == work.settle:
@@ -92,10 +130,17 @@ async def one_round(http: httpx.AsyncClient, target: HttpTarget, maker: PromptMa
             nursery.start_soon(long_prompt)
     if not arrival:
         return {"gaps": [g for t in streams for g in gaps(t, after=work.settle)]}
-    sent, long_times = long_timing[0]
-    first = long_times[0] if long_times else sent
+    sent, long_pieces = long_timing[0]
+    first = long_pieces[0][0] if long_pieces else sent
     window = [g for t in streams for g in gaps(t, window=(sent, first))]
-    return {"gaps": window, "long_ttft_s": first - sent, "streams_outlasted": all(t[-1] > first for t in streams)}
+    longest = max((b[0] - a[0] for t in streams for a, b in zip(t, t[1:], strict=False)
+                   if b[0] > sent and a[0] < first), default=None)  # fmt: skip
+    return {"gaps": window, "longest_s": longest, "long_ttft_s": first - sent,
+            "streams_outlasted": all(t[-1][0] > first for t in streams)}  # fmt: skip
+
+
+def _tokens(gap_list: Sequence[Gap]) -> int:
+    return round(sum(n for _, n in gap_list))
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -103,13 +148,14 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def arrival_row(name: str, rep: int, alone: dict, during: dict) -> dict:
-    alone_p50 = percentile(alone["gaps"], 50)
-    during_p95 = percentile(during["gaps"], 95)
+    """One repetition's figures: ITL per token (ms), gaps counted in tokens."""
+    alone_p50 = _itl(alone["gaps"], 50)
+    during_p95 = _itl(during["gaps"], 95)
     return {
-        "path": name, "rep": rep, "alone_gaps": len(alone["gaps"]), "arrival_gaps": len(during["gaps"]),
-        "alone_itl_p50_ms": _ms(alone_p50), "alone_itl_p95_ms": _ms(percentile(alone["gaps"], 95)),
-        "arrival_itl_p50_ms": _ms(percentile(during["gaps"], 50)), "arrival_itl_p95_ms": _ms(during_p95),
-        "arrival_itl_max_ms": _ms(max(during["gaps"], default=None)),
+        "path": name, "rep": rep, "alone_gaps": _tokens(alone["gaps"]), "arrival_gaps": _tokens(during["gaps"]),
+        "alone_itl_p50_ms": _ms(alone_p50), "alone_itl_p95_ms": _ms(_itl(alone["gaps"], 95)),
+        "arrival_itl_p50_ms": _ms(_itl(during["gaps"], 50)), "arrival_itl_p95_ms": _ms(during_p95),
+        "arrival_itl_max_ms": _ms(during["longest_s"]),
         "long_ttft_ms": _ms(during["long_ttft_s"]), "outlasted": during["streams_outlasted"],
         "p95_over_alone_p50": round(during_p95 / alone_p50, 2) if during_p95 and alone_p50 else None,
     }  # fmt: skip

@@ -34,6 +34,8 @@ def _arrival_notes(work: ArrivalWorkload) -> list[str]:
         f"{work.streams} streams ({work.stream_prompt_tokens}-token fresh prompts, {work.stream_max_tokens} tokens, "
         f"greedy); alone: their gaps after {work.settle} pieces; arrival: once each has {work.settle} pieces a fresh "
         f"{work.long_tokens}-token prompt is sent, their gaps overlapping the time from its sending to its first token",
+        "ITL per token: a piece of k tokens (its logprobs entries, else the stream's mean) after a gap g is k gaps "
+        "of g/k; arrival_gaps counts tokens; arrival_itl_max_ms: the longest gap between pieces",
         "p95_over_alone_p50: arrival ITL p95 over alone ITL p50, per repetition (target <= 2); outlasted: "
         "repetitions where every stream still ran at the long prompt's first token; figures: median (min-max)",
     ]

@@ -8,22 +8,24 @@ no row decodes and ``prefill_step_size_decoding`` (smaller) while some do: mlx-l
 generator's ``prefill_step_size`` at every ``next()``, so it is set before each step.
 
 With ``engine.prefill_time_ratio`` set (the default) the runner prefills prompts itself
-(worker/prefill.py): the oldest prompt gets one chunk per step, sized by measured time
+(worker/prefill.py): the oldest prompt gets one chunk per plan, sized by measured time
 (worker/prefill_budget.py) beside the streams that were running before it arrived (a full
-chunk otherwise), and enters the generator as a one-token prompt with its cache once the rest
-of it is in, so no step pays mlx-lm's per-prompt-step fixed cost.
+chunk every step otherwise), and enters the generator as a one-token prompt with its cache
+once the rest of it is in, so no step pays mlx-lm's per-prompt-step fixed cost. Beside those
+streams a plan runs ahead: its chunk first, then its decode steps within the run-ahead bounds
+(``CHUNK_PLAN_RUN_AHEAD`` times the time; the chunk's own time is not counted there).
 
-While every row decodes (no prompt in the generator or the runner's prefill), a plan runs
-more decode steps back to back ("run-ahead"), up to ``engine.run_ahead_steps`` and while the
-plan has taken less than ``RUN_AHEAD_S`` (16 ms), and within the KV budget with the scheduler's
-headroom for one token a plan left whole (so its accounting, which catches up when the
-result arrives, holds as with one step a plan): where a step is short (a small model), the Trio
-side's per-plan work (result hand-off, scheduling, delivery, one streamed chunk) is shared
-by several tokens instead of paid by each; a long step runs alone as before. A row that
-ends stops it, and so does a request waiting to start (a queued plan starts it, or the
-scheduler said one was admitted: the executor tells). The plan whose step ends a prompt runs
-on to that row's first token and ends there (time to first token). Not when sharded: every
-rank must run the same steps.
+While every row decodes (no prompt in the generator or the runner's prefill but one taking
+timed chunks, above), a plan runs more decode steps back to back ("run-ahead"), up to
+``engine.run_ahead_steps`` and while the plan has taken less than ``RUN_AHEAD_S`` (16 ms), and
+within the KV budget with the scheduler's headroom for one token a plan left whole (so its
+accounting, which catches up when the result arrives, holds as with one step a plan): where a
+step is short (a small model), the Trio side's per-plan work (result hand-off, scheduling,
+delivery, one streamed chunk) is shared by several tokens instead of paid by each; a long step
+runs alone as before. A row that ends stops it, and so does a request waiting to start (a
+queued plan starts it, or the scheduler said one was admitted: the executor tells). The plan
+whose step ends a prompt runs on to that row's first token and ends there (time to first
+token). Not when sharded: every rank must run the same steps.
 
 Every row carries its own sampler (its own PRNG key), logits processors, stop token ids and
 max_tokens; the generator ends a row itself at max_tokens or a stop token, where the one
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import time
 
+import attrs
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 
@@ -60,6 +63,22 @@ from .thread_streams import enter_mlx_thread, leave_mlx_thread
 #: carries 3.8-5.4 tokens instead of 1.7-2.5 and the event loop's CPU per token about halves
 #: (docs/benchmarks.md, one stream).
 RUN_AHEAD_S = 0.016
+#: A plan that carries a timed prompt chunk may run decode steps for this many times
+#: RUN_AHEAD_S (the chunk's own time apart): the chunk's fixed cost (a second forward pass,
+#: about one decode step of demo:tiny) is then paid once for twice the decode steps, so the
+#: prompt is prefilled faster for the same cost per token to the streams.
+CHUNK_PLAN_RUN_AHEAD = 2
+
+
+@attrs.frozen
+class PlanTiming:
+    """What the chunk sizer needs of the last plan: when it started, and whether its decode
+    time counts (rows decoded through it, and it prefilled no prompt tokens but a timed chunk)."""
+
+    start: float
+    timed: bool = False
+    #: Seconds of its timed chunk (not part of the decode time the sizer keeps).
+    chunk_s: float = 0.0
 
 
 class BatchRunner(RunnerBase):
@@ -82,8 +101,12 @@ class BatchRunner(RunnerBase):
         #: Caches of prompts whose prefill ended this step (all but the last token), by
         #: request: what :meth:`_prompt_ready` copies once they are in the generator.
         self._prompt_caches: dict[RequestId, list] = {}
-        #: (start of the last step, its prompt tokens, whether rows decoded in it).
-        self._last_step: tuple[float, int, bool] | None = None
+        self._last_plan: PlanTiming | None = None
+        #: Whether this plan carries a timed chunk (its decode steps then run ahead too),
+        #: the seconds it took, and the run-ahead bound of the plan's decode steps.
+        self._timed_chunk = False
+        self._chunk_s = 0.0
+        self._run_ahead_s = RUN_AHEAD_S
         #: Decode steps a plan may run: 1 when sharded (every rank must run the same steps).
         self._run_ahead_steps = 1
         #: Rows whose prompt the last generator step ended: their first token is the next step's.
@@ -202,19 +225,18 @@ class BatchRunner(RunnerBase):
         prompts_done = self._prefill_step()
         self._generator.prefill_step_size = self._prefill_chunk()
         advance = step = self._generator_step(prompts_done)
+        started += self._chunk_s  # the run-ahead bound is for decode steps: a timed chunk is not one
         steps, step_s = 1, time.perf_counter() - started
         while self._run_ahead_steps > 1 and self._may_run_ahead(advance, live, steps):
             if self._gives_first_token(step):
                 break
             step_started = time.perf_counter()
-            over = steps >= self._run_ahead_steps or (step_started - started) + step_s > RUN_AHEAD_S
+            over = steps >= self._run_ahead_steps or (step_started - started) + step_s > self._run_ahead_s
             if over and not self._prompt_ends:
                 break
             step = self._generator_step([])
             advance = _joined(advance, step)
             steps, step_s = steps + 1, time.perf_counter() - step_started
-            if self._last_step is not None:  # the chunk sizer times one step, the last one
-                self._last_step = (step_started, 0, self._last_step[2])
         return advance
 
     def _gives_first_token(self, step: Advance) -> bool:
@@ -228,7 +250,7 @@ class BatchRunner(RunnerBase):
         return (
             bool(self._request_ids)
             and len(self._decoding) == len(self._request_ids)
-            and (self._prefill is None or self._prefill.head is None)
+            and (self._prefill is None or self._prefill.head is None or self._timed_chunk)
             and not any(e.ended for e in advance.emissions)
             and not self.starts_waiting()
             and self._kv_fits(live, steps + 1)
@@ -282,10 +304,11 @@ class BatchRunner(RunnerBase):
         return Advance(emissions, prompts_done)
 
     def _prefill_step(self) -> list[RequestId]:
-        """The runner's own prefill for this step: a chunk of the oldest prompt, timed against
-        the decode steps while streams that had their first token before it arrived still
-        run (a full chunk otherwise); a prompt whose prefill ends joins the generator."""
+        """The runner's own prefill for this plan: a chunk of the oldest prompt, timed against
+        the plan's decode steps while streams that had their first token before it arrived
+        still run (a full chunk otherwise); a prompt whose prefill ends joins the generator."""
         self._prompt_caches.clear()
+        self._timed_chunk, self._chunk_s, self._run_ahead_s = False, 0.0, RUN_AHEAD_S
         if self._prefill is None:
             return []
         decoding = bool(self._request_ids)
@@ -293,12 +316,17 @@ class BatchRunner(RunnerBase):
         head = self._prefill.head
         if head is None:
             return []
-        assert self._sizer is not None and self._last_step is not None
+        assert self._sizer is not None and self._last_plan is not None
         protect = decoding and any(rid in self._live for rid in head.live.seq.protects)
         budget = self._sizer.chunk() if protect else self._cfg.engine.prefill_step_size
-        tokens, done = self._prefill.step(budget)
-        # A full chunk beside rows that are not protected says nothing of a small one's cost.
-        self._last_step = (self._last_step[0], tokens, decoding and (protect or not tokens))
+        tokens, done = self._prefill.step(budget, wait=protect)
+        if protect and tokens:  # timed alone (a full chunk beside rows that are not protected is not)
+            self._timed_chunk, self._chunk_s = True, self._prefill.last_chunk_s
+            self._run_ahead_s = CHUNK_PLAN_RUN_AHEAD * RUN_AHEAD_S
+            self._sizer.observe_chunk(self._chunk_s, tokens)
+            self._last_plan = attrs.evolve(self._last_plan, chunk_s=self._chunk_s)
+        elif tokens:
+            self._last_plan = attrs.evolve(self._last_plan, timed=False)
         if done is None:
             return []
         if self._prefix.enabled:
@@ -307,13 +335,14 @@ class BatchRunner(RunnerBase):
         return [done.live.request_id]
 
     def _observe_step(self, decoding: bool) -> None:
-        """Time the step that just ended (start to start) for the chunk sizer, when rows
+        """Time the plan that just ended (start to start) for the chunk sizer, when rows
         decoded through it and still do."""
         assert self._sizer is not None
         now = time.perf_counter()
-        if self._last_step is not None and decoding and self._last_step[2]:
-            self._sizer.observe(now - self._last_step[0], self._last_step[1])
-        self._last_step = (now, 0, decoding)
+        last = self._last_plan
+        if last is not None and decoding and last.timed:
+            self._sizer.observe_plan(now - last.start - last.chunk_s)
+        self._last_plan = PlanTiming(now, timed=decoding)
 
     def _prefill_chunk(self) -> int:
         """Prompt tokens per prefilling row in the next step: smaller while rows decode."""

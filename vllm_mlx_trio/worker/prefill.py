@@ -10,16 +10,20 @@ alone finishes, and gets its first token, as early as it can). Only the streams 
 first token before a prompt arrived (``NewSequence.protects``, from the scheduler) are protected
 from it (the runner sizes its chunks by time for them); prompts that arrived together are
 prefilled back to back in full chunks, as a batch would be, each one's first token as soon as
-its own prompt is in. The chunk's evaluation is only
-queued (``mx.async_eval``) on the generator's stream, so it runs while the loop hands the step's
-tokens out. When all but a prompt's last token are in its cache, the runner inserts it into the
-generator with that cache and the last token as a one-token prompt, which mlx-lm moves straight
-to decoding: the generator's prompt path (and its fixed cost) is never taken.
+its own prompt is in. A burst's chunk is only queued (``mx.async_eval``) on the generator's
+stream, so it runs while the loop hands the step's tokens out; a timed chunk (beside protected
+streams) runs alone before the plan's decode steps, once the work queued before it is done, so
+its cost is measured (:attr:`PromptPrefill.last_chunk_s`) and the plan's run-ahead budget counts
+only its decode steps. When all but a prompt's last token are in
+its cache, the runner inserts it into the generator with that cache and the last token as a
+one-token prompt, which mlx-lm moves straight to decoding: the generator's prompt path (and its
+fixed cost) is never taken.
 """
 
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -64,6 +68,8 @@ class PromptPrefill:
         #: Called with (request id, cache) when a row's cache stands at one of its boundaries.
         self._on_boundary = on_boundary
         self._rows: collections.deque[PrefillRow] = collections.deque()
+        #: Seconds the last chunk run with ``wait`` took, alone on the stream.
+        self.last_chunk_s = 0.0
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -88,9 +94,11 @@ class PromptPrefill:
         """The prompt the next step prefills."""
         return self._rows[0] if self._rows else None
 
-    def step(self, budget: int) -> tuple[int, PrefillRow | None]:
+    def step(self, budget: int, *, wait: bool = False) -> tuple[int, PrefillRow | None]:
         """Prefill up to ``budget`` tokens of the oldest prompt: (tokens prefilled, the row
-        if its prompt is now in its cache, all but the last token; it leaves the queue)."""
+        if its prompt is now in its cache, all but the last token; it leaves the queue).
+        ``wait``: finish the work queued on the stream, then run the chunk alone and time it
+        (:attr:`last_chunk_s`); else the chunk is only queued."""
         if not self._rows or budget <= 0:
             return 0, None
         row = self._rows[0]
@@ -99,9 +107,13 @@ class PromptPrefill:
         if boundary is not None:
             n = min(n, boundary - row.done)
         if n > 0:
+            if wait:
+                mx.synchronize(self._stream)
+            started = time.perf_counter()
             with mx.stream(self._stream):
                 self._model(mx.array([row.prompt[row.done : row.done + n]]), cache=row.cache)
-                mx.async_eval([c.state for c in row.cache])
+                (mx.eval if wait else mx.async_eval)([c.state for c in row.cache])
+            self.last_chunk_s = time.perf_counter() - started if wait else 0.0
             row.done += n
         if row.done == boundary and self._on_boundary is not None:
             self._on_boundary(row.live.request_id, row.cache)
