@@ -4,7 +4,6 @@ executor's results, and a request that arrives mid-step starting in the plan que
 from __future__ import annotations
 
 import attrs
-import pytest
 import trio
 
 from vllm_mlx_trio import SamplingParams
@@ -12,9 +11,8 @@ from vllm_mlx_trio.actors.executor import ExecutorActor, _Inbox
 from vllm_mlx_trio.engine import open_engine
 from vllm_mlx_trio.messages import NewSequence, RequestId, StepPlan
 from vllm_mlx_trio.testing.fake_executor import letters_script
-from vllm_mlx_trio.testing.fake_runner import FakeRunner
+from vllm_mlx_trio.testing.fake_runner import BlockingRunner, FakeRunner
 from vllm_mlx_trio.testing.polling import wait_until
-from vllm_mlx_trio.worker.registry import RUNNERS, register_runner
 
 A, B = RequestId("a"), RequestId("b")
 TIMEOUT_S = 10
@@ -81,26 +79,6 @@ async def test_the_executor_answers_each_plan_of_a_joined_step_in_order():
     assert [p.step_id for p in runner.plans] == [0, 2]
 
 
-class BlockingKind(FakeRunner):
-    """A kind whose first step waits until the test releases it."""
-
-    instances: list[FakeRunner] = []
-
-    def __init__(self, cfg):
-        super().__init__(cfg, block_at_step=0)
-        BlockingKind.instances.append(self)
-
-
-@pytest.fixture
-def blocking_kind():
-    register_runner("fake-join-blocking", BlockingKind)
-    yield "fake-join-blocking"
-    del RUNNERS["fake-join-blocking"]
-    for runner in BlockingKind.instances:
-        runner.release.set()
-    BlockingKind.instances.clear()
-
-
 async def _two_requests(cfg, first_prompt: str, *, before_release) -> tuple[FakeRunner, dict[str, list[int]]]:
     """``first_prompt``'s first step blocks; a second request ("h") arrives meanwhile; the step
     goes on once ``before_release(engine)`` returns. The runner (its plans) and the outputs."""
@@ -113,7 +91,7 @@ async def _two_requests(cfg, first_prompt: str, *, before_release) -> tuple[Fake
     with trio.fail_after(TIMEOUT_S):
         async with open_engine(cfg) as engine, trio.open_nursery() as nursery:
             nursery.start_soon(run, engine, "first", first_prompt)
-            [runner] = BlockingKind.instances
+            [runner] = BlockingRunner.instances
             await trio.to_thread.run_sync(runner.blocked.wait, abandon_on_cancel=True)
             # The first request's step runs; the plan behind it (its decode) is queued.
             nursery.start_soon(run, engine, "second", "h")

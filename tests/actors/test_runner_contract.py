@@ -20,7 +20,7 @@ from vllm_mlx_trio.engine import open_engine
 from vllm_mlx_trio.errors import EngineStalledError, ExecutorCrashedError
 from vllm_mlx_trio.messages import NewSequence, RequestId, StepPlan
 from vllm_mlx_trio.testing.fake_executor import IM_END, letters_script, text_script
-from vllm_mlx_trio.testing.fake_runner import FakeRunner
+from vllm_mlx_trio.testing.fake_runner import BlockingRunner, FakeRunner
 from vllm_mlx_trio.worker.registry import RUNNERS, register_runner
 
 A, B = RequestId("a"), RequestId("b")
@@ -194,26 +194,6 @@ async def test_open_engine_runs_a_registered_kind(fake_cfg, two_token_kind):
     assert stats.scheduler.num_steps == 5
 
 
-class BlockingKind(FakeRunner):
-    """A kind whose first step never returns until the test releases it."""
-
-    instances: list[FakeRunner] = []
-
-    def __init__(self, cfg):
-        super().__init__(cfg, block_at_step=0)
-        BlockingKind.instances.append(self)
-
-
-@pytest.fixture
-def blocking_kind():
-    register_runner("fake-blocking", BlockingKind)
-    yield "fake-blocking"
-    del RUNNERS["fake-blocking"]
-    for runner in BlockingKind.instances:
-        runner.release.set()  # let an abandoned thread finish
-    BlockingKind.instances.clear()
-
-
 async def test_a_stalled_runner_is_abandoned_and_fails_the_engine(fake_cfg, blocking_kind):
     cfg = attrs.evolve(
         fake_cfg,
@@ -226,7 +206,7 @@ async def test_a_stalled_runner_is_abandoned_and_fails_the_engine(fake_cfg, bloc
                 with pytest.raises(EngineStalledError):
                     async for _delta in engine.generate("hi", SamplingParams(max_tokens=4)):
                         pass
-        [runner] = BlockingKind.instances
+        [runner] = BlockingRunner.instances
         assert runner.blocked.is_set() and not runner.closed.is_set()  # abandoned mid-step
         runner.release.set()
         await trio.to_thread.run_sync(runner.closed.wait, abandon_on_cancel=True)
@@ -267,7 +247,7 @@ async def test_a_request_admitted_mid_plan_ends_the_plans_run_ahead(fake_cfg, bl
     with trio.fail_after(TIMEOUT_S):
         async with open_engine(cfg) as engine, trio.open_nursery() as nursery:
             first = await engine.submit("hi", SamplingParams(max_tokens=3))
-            [runner] = BlockingKind.instances
+            [runner] = BlockingRunner.instances
             await trio.to_thread.run_sync(runner.blocked.wait)  # mid-plan now
             assert not runner.starts_waiting()
             second = await engine.submit("there", SamplingParams(max_tokens=3))

@@ -120,3 +120,14 @@ class FakeRunner(RunnerBase):
         self.thread_ids.add(threading.get_ident())
         super().close()
         self.closed.set()
+
+
+class BlockingRunner(FakeRunner):
+    """A kind whose first step waits until the test releases it (``release``); every one made
+    is in ``instances`` (the ``blocking_kind`` fixture registers it and clears that)."""
+
+    instances: list[FakeRunner] = []
+
+    def __init__(self, cfg):
+        super().__init__(cfg, block_at_step=0)
+        BlockingRunner.instances.append(self)
