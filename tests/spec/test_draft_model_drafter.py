@@ -73,24 +73,43 @@ def test_a_round_without_drafts_still_keeps_step(model):
     assert drafter._cache is None
 
 
-@pytest.mark.parametrize("pattern", [(4, 4, 4), (4, 2, 4), (1, 4, 0), (4, 4, 1)])
-def test_drafting_a_round_ahead_keeps_the_drafter_in_step(model, pattern):
-    """The pipelined round: drafts stay lazy, the next round's drafts start from the (lazy) bonus before the host
-    reads this round; a round that accepts everything uses them, one that rejects any drops them."""
+#: Rounds as (drafts accepted, whether the bonus is the draft model's own guess after the last draft).
+ROUND_PATTERNS = [
+    ((4, True), (4, True), (4, True)),
+    ((4, True), (2, False), (4, True)),
+    ((1, False), (4, True), (0, False)),
+    ((4, False), (4, True), (1, False)),
+    ((4, True), (4, False), (4, False)),
+]
+
+
+@pytest.mark.parametrize("given_bonus", [False, True], ids=["guessed", "given"])
+@pytest.mark.parametrize("pattern", ROUND_PATTERNS)
+def test_drafting_a_round_ahead_keeps_the_drafter_in_step(model, pattern, given_bonus):
+    """The pipelined round: drafts stay lazy, the next round's drafts start (after the draft model's guess of the
+    bonus, or after the verify's bonus when given: a sampled request's) before the host reads this round; a round
+    that accepts everything and whose bonus they follow uses them, any other drops them."""
     import mlx.core as mx
 
     from vllm_mlx_trio.worker.spec_draft_model import DraftModelDrafter
 
     drafter = DraftModelDrafter(model)
     drafter.start(PROMPT, None)
-    target_cache, last = [*PROMPT], 7
-    for num_accepted in pattern:
+    target_cache, last, ahead = [*PROMPT], 7, None
+    for num_accepted, guessed in pattern:
         drafts = drafter.propose_lazy(last, 4)
+        assert (drafts is ahead) == (ahead is not None)  # drafts made ahead are used exactly when they stand
         draft_ids = drafts.tolist()
         assert draft_ids == greedy_continuation(model, [*target_cache, last], 4)
-        bonus = 11 if num_accepted == 4 else (draft_ids[num_accepted] + 1) % 512
-        drafter.draft_ahead(drafts, mx.array(bonus), 4)  # always: the bonus is what the verify would say
+        guess = greedy_continuation(model, [*target_cache, last, *draft_ids], 1)[0]
+        if num_accepted == 4:
+            bonus = guess if guessed else (guess + 1) % 512
+        else:
+            bonus = (draft_ids[num_accepted] + 1) % 512
+        # always, as the runner does after a round that accepted everything
+        drafter.draft_ahead(drafts, 4, bonus=mx.array(bonus) if given_bonus else None)
         drafter.settle([*draft_ids[:num_accepted], bonus], None)
+        ahead = drafter._ahead.drafts if num_accepted == 4 and (given_bonus or bonus == guess) else None
         target_cache += [last, *draft_ids[:num_accepted]]
         last = bonus
     # the ahead drafts (if they stand) or fresh ones are the greedy continuation; a shorter budget re-drafts

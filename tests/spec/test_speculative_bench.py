@@ -22,4 +22,5 @@ async def test_one_row_per_level_with_acceptance_and_identical_outputs(float32_d
     assert alone["identical"] == shared["identical"] == "yes"
     assert alone["rounds"] > 0 and float(alone["acceptance"]) > 0.8 and float(alone["tokens_per_round"]) > 2
     assert float(alone["speedup"]) > 0 and float(alone["cpu_speedup"]) > 0
+    assert float(alone["decode_speedup"].split()[0]) > 0 and float(alone["on_ttft_ms"].split()[0]) > 0
     assert shared["rounds"] < alone["rounds"] * 3  # three streams mostly run batched: speculation only in tails

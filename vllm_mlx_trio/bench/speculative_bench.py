@@ -29,17 +29,36 @@ DEFAULT_DRAFT = "demo:spec-draft"
 DEFAULT_LEVELS = (1, 5)
 
 
-async def _one(engine: Engine, prompt: str, params: SamplingParams, out: list) -> None:
-    out.append([t async for delta in engine.generate(chat(prompt), params) for t in delta.token_ids])
+@attrs.define
+class _Stream:
+    """One request of a run: its tokens, and when its first and last tokens arrived (perf_counter seconds)."""
+
+    tokens: list[int] = attrs.field(factory=list)
+    first_s: float = 0.0
+    last_s: float = 0.0
+
+
+async def _one(engine: Engine, prompt: str, params: SamplingParams, out: list[_Stream]) -> None:
+    stream = _Stream()
+    async for delta in engine.generate(chat(prompt), params):
+        if delta.token_ids and not stream.tokens:
+            stream.first_s = time.perf_counter()
+        stream.tokens.extend(delta.token_ids)
+    stream.last_s = time.perf_counter()
+    out.append(stream)
 
 
 @attrs.frozen
 class Run:
-    """One run: tok/s over its wall time, this process's CPU ms per token, each request's tokens (sorted)."""
+    """One run: tok/s over its wall time, this process's CPU ms per token, each request's tokens (sorted), the
+    median time to first token, and the decode rate: each stream's tokens after its first over the time from its
+    first token to its last, summed over the streams (what speculation speeds up; the prompt's prefill is not)."""
 
     tok_s: float
     cpu_ms_per_token: float
     outputs: list
+    ttft_ms: float = 0.0
+    decode_tok_s: float = 0.0
 
 
 async def measure_run(engine: Engine, streams: int, max_tokens: int, first_prompt: int,
@@ -48,14 +67,16 @@ async def measure_run(engine: Engine, streams: int, max_tokens: int, first_promp
     of this process (the MLX thread's work included): unlike wall time it barely moves when other processes load
     the machine."""
     params = SamplingParams(temperature=temperature, max_tokens=max_tokens, ignore_eos=True)
-    outputs: list[list[int]] = []
+    done: list[_Stream] = []
     started, cpu_started = time.perf_counter(), time.process_time()
     async with trio.open_nursery() as nursery:
         for prompt in bench_prompts(streams, first_prompt):
-            nursery.start_soon(_one, engine, prompt, params, outputs)
+            nursery.start_soon(_one, engine, prompt, params, done)
     elapsed, cpu_s = time.perf_counter() - started, time.process_time() - cpu_started
-    num_tokens = sum(len(tokens) for tokens in outputs)
-    return Run(num_tokens / elapsed, 1000 * cpu_s / num_tokens, sorted(outputs))
+    num_tokens = sum(len(s.tokens) for s in done)
+    decode = sum((len(s.tokens) - 1) / (s.last_s - s.first_s) for s in done if s.last_s > s.first_s)
+    ttft_ms = statistics.median(1000 * (s.first_s - started) for s in done)
+    return Run(num_tokens / elapsed, 1000 * cpu_s / num_tokens, sorted(s.tokens for s in done), ttft_ms, decode)
 
 
 def _configs(cfg: EngineConfig, draft_model: str, num_draft_tokens: int) -> tuple[EngineConfig, EngineConfig]:
@@ -116,6 +137,10 @@ def _row(streams: int, temperature: float, measured: dict[str, list[Run]], count
         "off_cpu_ms_tok": _spread(off_cpu),
         "on_cpu_ms_tok": _spread(on_cpu),
         "cpu_speedup": f"{statistics.median(off_cpu) / statistics.median(on_cpu):.2f}",
+        "off_ttft_ms": _spread([r.ttft_ms for r in measured["off"]], 0),
+        "on_ttft_ms": _spread([r.ttft_ms for r in measured["on"]], 0),
+        "decode_speedup": _spread([b.decode_tok_s / a.decode_tok_s for a, b in zip(measured["off"], measured["on"],
+                                                                                    strict=True)], 2),
         "acceptance": "-" if rate is None else f"{rate:.3f}",
         "tokens_per_round": "-" if length is None else f"{length:.2f}",
         "rounds": counts.num_drafts,

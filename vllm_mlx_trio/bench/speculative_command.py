@@ -24,6 +24,9 @@ def run_speculative_command(cfg, args: argparse.Namespace) -> int:
         "tok/s: all streams' tokens over the run's wall time; median (min-max) of the runs, off and on alternating; "
         "paired_speedup: each on-run over the off-run just before it; cpu_ms_tok: this process's CPU time per token "
         "(steady under other processes' load); cpu_speedup: off over on",
+        "ttft_ms: median time to first token (the prompt's prefill, the same work on and off); decode_speedup: "
+        "each on-run's decode rate (tokens after the first over first-to-last token time, per stream, summed) over "
+        "the off-run's just before it; the in-process engine, no HTTP",
         "acceptance: accepted / proposed draft tokens; tokens_per_round: accepted + 1 per verify round; "
         "identical: the outputs on and off are the same tokens ('-' for a sampled row: its draws differ)",
     ]

@@ -49,7 +49,7 @@ def make_request_sampler(params: SamplingParams, vocab_size: int, num_drawn: int
     key = mx.random.key(seed % 2**64)
     for _ in range(num_drawn):
         key, _subkey = mx.random.split(key)
-    filters = _filters(params, vocab_size)
+    filters = sampling_filters(params, vocab_size)
     inverse_temperature = 1.0 / params.temperature
 
     def sample(logprobs: mx.array) -> mx.array:
@@ -62,7 +62,8 @@ def make_request_sampler(params: SamplingParams, vocab_size: int, num_drawn: int
     return sample
 
 
-def _filters(params: SamplingParams, vocab_size: int) -> list[Callable[[mx.array], mx.array]]:
+def sampling_filters(params: SamplingParams, vocab_size: int) -> list[Callable[[mx.array], mx.array]]:
+    """The request's top_p, min_p and top_k filters on log-probabilities, in the order the sampler applies them."""
     filters = []
     if 0.0 < params.top_p < 1.0:
         filters.append(lambda x: apply_top_p(x, params.top_p))

@@ -53,11 +53,17 @@ class EntryHidden:
         self._generator = generator
         self._next = generator.next
         generator.next = self._recorded_next
-        self._by_uid: dict[int, mx.array] = {}
+        #: uid -> (the forward's hidden states, the uid's row in them): sliced only by :meth:`take`, so a step
+        #: of the batched path builds no array for rows that never enter speculation.
+        self._by_uid: dict[int, tuple[mx.array, int]] = {}
 
     def take(self, uid: int) -> mx.array | None:
         """The hidden state ``(1, 1, hidden_size)`` before ``uid``'s pending token, or None if none was recorded."""
-        return self._by_uid.pop(uid, None)
+        recorded = self._by_uid.pop(uid, None)
+        if recorded is None:
+            return None
+        hidden, row = recorded
+        return hidden[row : row + 1, -1:]
 
     def close(self) -> None:
         """Put the target's norm and the generator's ``next`` back."""
@@ -73,7 +79,7 @@ class EntryHidden:
         finally:
             self._tap.recording = False
             calls, self._tap.calls = self._tap.calls, []
-        by_uid: dict[int, mx.array] = {}
+        by_uid: dict[int, tuple[mx.array, int]] = {}
         index = 0
         if generated:
             self._keep(by_uid, calls, index, [r.uid for r in generated if r.finish_reason is None],
@@ -86,11 +92,13 @@ class EntryHidden:
         return prompt_progress, generated
 
     @staticmethod
-    def _keep(by_uid: dict[int, mx.array], calls: list[mx.array], index: int, keep: list[int], rows: list[int]):
-        """Record row ``uid``'s last position of forward ``index`` (whose batch is ``rows``), for the uids in keep."""
+    def _keep(by_uid: dict[int, tuple[mx.array, int]], calls: list[mx.array], index: int, keep: list[int],
+              rows: list[int]):  # fmt: skip
+        """Record where row ``uid``'s hidden states are in forward ``index`` (whose batch is ``rows``), for the uids
+        in keep."""
         if index >= len(calls) or calls[index].shape[0] != len(rows):
             return
         hidden = calls[index]
         for row, uid in enumerate(rows):
             if uid in keep:
-                by_uid[uid] = hidden[row : row + 1, -1:]
+                by_uid[uid] = (hidden, row)

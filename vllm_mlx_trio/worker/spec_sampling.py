@@ -18,7 +18,7 @@ import os
 import mlx.core as mx
 
 from ..core.params import SamplingParams
-from .sampling import _filters
+from .sampling import sampling_filters
 
 
 def greedy_verdict(drafts: mx.array, logits: mx.array) -> tuple[mx.array, mx.array]:
@@ -60,7 +60,7 @@ class SpecSampler:
             raise ValueError("SpecSampler is for sampled requests (temperature > 0)")
         seed = seed if seed is not None else int.from_bytes(os.urandom(8), "little")
         self._key = mx.random.key(seed % 2**64)
-        self._filters = _filters(params, vocab_size)
+        self._filters = sampling_filters(params, vocab_size)
         self._inverse_temperature = 1.0 / params.temperature
         self._draft_probs: list[mx.array] = []
 
