@@ -35,6 +35,7 @@ termination rule (core/termination.py, applied by :class:`RunnerBase`) ends it t
 from __future__ import annotations
 
 import time
+from typing import ClassVar
 
 import attrs
 import mlx.core as mx
@@ -54,6 +55,7 @@ from .sampling import (
     make_request_sampler,
     token_logprob,
 )
+from .single_row import SingleRow
 from .thread_streams import enter_mlx_thread, leave_mlx_thread
 
 #: Another decode step joins the plan only if the plan, with it, stays under this (seconds): a
@@ -87,6 +89,9 @@ class BatchRunner(RunnerBase):
     #: One plan queued so the MLX thread starts the next step without waiting for Trio.
     plans_in_flight = 2
     max_tokens_per_step = 1
+    #: Whether a row alone in the generator may decode through :class:`SingleRow` (with
+    #: ``engine.single_row_decode``); a subclass that takes the one row out itself says no.
+    single_row_path: ClassVar[bool] = True
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -111,6 +116,8 @@ class BatchRunner(RunnerBase):
         self._run_ahead_steps = 1
         #: Rows whose prompt the last generator step ended: their first token is the next step's.
         self._prompt_ends = 0
+        #: The generator's one row, decoding alone outside its batch machinery (worker/single_row.py).
+        self._single: SingleRow | None = None
 
     def _load(self) -> ModelInfo:
         enter_mlx_thread()
@@ -132,6 +139,8 @@ class BatchRunner(RunnerBase):
             stream=mx.new_stream(mx.default_device()),
         )
         self._run_ahead_steps = 1 if sharding() else engine.run_ahead_steps
+        if self.single_row_path and engine.single_row_decode and not sharding():
+            self._single = SingleRow(self._generator, may_take=lambda: not self.starts_waiting())
         if engine.prefill_time_ratio is not None:
             self._prefill = PromptPrefill(model, self._generator.stream, on_boundary=self._prefix.at_boundary)
             chunk = min(engine.prefill_step_size, engine.prefill_step_size_decoding or engine.prefill_step_size)
@@ -159,6 +168,8 @@ class BatchRunner(RunnerBase):
         its cache (None: an empty one), the rest are its prompt there. A row with only its last
         prompt token left joins the decode batch directly (worker/generator_join.py)."""
         assert self._generator is not None
+        if self._single is not None:  # the row alone goes back first: the generator batches them
+            self._single.give_back()
         seqs = [sequence.seq for sequence in live]
         rows = [self._row(sequence) for sequence in live]
         joining = [len(seq.prompt_token_ids) - n == 1 and cache is not None
@@ -268,9 +279,11 @@ class BatchRunner(RunnerBase):
         return len(live) * (longest + steps + headroom) <= budget
 
     def _generator_step(self, prompts_done: list[RequestId]) -> Advance:
-        """One ``BatchGenerator.next()``: its tokens, and the prompts it finished."""
+        """One ``BatchGenerator.next()`` (or the one-row path's step while it holds the
+        generator's only row): its tokens, and the prompts it finished."""
         assert self._generator is not None
-        prompt_progress, generated = self._generator.next()
+        single = self._single is not None and self._single.settle()
+        prompt_progress, generated = (self._single if single else self._generator).next()
         ended_prompts = [r.uid for r in prompt_progress if r.end_of_prompt]
         self._decoding.update(ended_prompts)
         self._prompt_ends = len(ended_prompts)
@@ -356,9 +369,10 @@ class BatchRunner(RunnerBase):
         if self._prefill is not None:
             self._prefill.remove([sequence.handle for sequence in live if isinstance(sequence.handle, PrefillRow)])
         uids = [sequence.handle for sequence in live if sequence.handle in self._request_ids]
-        if uids:
-            self._generator.remove(uids)
-            self._direct.forget(uids)
+        in_generator = self._single.drop(uids) if self._single is not None else uids
+        if in_generator:
+            self._generator.remove(in_generator)
+        self._direct.forget(uids)
         for uid in uids:
             del self._request_ids[uid]
             self._decoding.discard(uid)
@@ -370,8 +384,9 @@ class BatchRunner(RunnerBase):
             return None
         seq = live.seq
         cache = self._prompt_caches.pop(seq.request_id, None)
-        if cache is None:
-            cache, _tokens = self._generator.extract_cache([live.handle])[live.handle]
+        if cache is None:  # the prompt ended in the generator (the row may be alone since)
+            held = self._single is not None and self._single.uid == live.handle
+            cache, _tokens = (self._single if held else self._generator).extract_cache([live.handle])[live.handle]
         first_block = seq.num_cached_tokens // self._prefix.block_size
         # all but the last prompt token are in the cache (a recurrent-only cache cannot say)
         position = len(seq.prompt_token_ids) - 1
@@ -397,6 +412,7 @@ class BatchRunner(RunnerBase):
         return mlx_memory(idle=idle)
 
     def _close(self) -> None:
+        self._single = None
         if self._generator is not None:
             self._generator.close()
             self._generator = None
