@@ -384,9 +384,8 @@ class BatchRunner(RunnerBase):
             return None
         seq = live.seq
         cache = self._prompt_caches.pop(seq.request_id, None)
-        if cache is None:  # the prompt ended in the generator (the row may be alone since)
-            held = self._single is not None and self._single.uid == live.handle
-            cache, _tokens = (self._single if held else self._generator).extract_cache([live.handle])[live.handle]
+        if cache is None:
+            cache, _tokens = self._generator.extract_cache([live.handle])[live.handle]
         first_block = seq.num_cached_tokens // self._prefix.block_size
         # all but the last prompt token are in the cache (a recurrent-only cache cannot say)
         position = len(seq.prompt_token_ids) - 1

@@ -26,7 +26,7 @@ from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, GenerationBatch, _merge_caches
-from mlx_lm.models.cache import BatchKVCache, KVCache
+from mlx_lm.models.cache import BatchKVCache
 
 #: MLX's buffer cache is emptied every this many one-row steps, as ``BatchGenerator`` does
 #: every 512 generation steps (``generate_step`` every 256 tokens).
@@ -105,13 +105,6 @@ class SingleRow:
         self._batch, self._cache = None, []
         return [uid for uid in uids if uid != held]
 
-    def extract_cache(self, uids: Sequence[int]) -> dict[int, tuple[list[Any], list[int]]]:
-        """``BatchGenerator.extract_cache`` for the row held: a copy of its cache, and its tokens."""
-        batch = self._batch
-        if batch is None or batch.uids[0] not in uids:
-            return {}
-        return {batch.uids[0]: ([_copy(layer) for layer in self._cache], batch.tokens[0])}
-
     def next(self) -> tuple[list, list[Response]]:
         """One step of the row held, as ``BatchGenerator.next()`` gives it: (no prompt
         progress, the row's response). A finished row is let go, with its cache."""
@@ -152,15 +145,6 @@ class SingleRow:
         token = inputs.item()
         batch.tokens[0].append(token)
         return token, logprobs_now[0]
-
-
-def _copy(layer: KVCache) -> KVCache:
-    """A plain layer holding a copy of ``layer``'s keys and values, as ``BatchKVCache.extract`` makes."""
-    copy = KVCache()
-    copy.keys = mx.contiguous(layer.keys[..., : layer.offset, :])
-    copy.values = mx.contiguous(layer.values[..., : layer.offset, :])
-    copy.offset = layer.offset
-    return copy
 
 
 def _empty(generator: BatchGenerator) -> bool:
