@@ -15,17 +15,9 @@ once the rest of it is in, so no step pays mlx-lm's per-prompt-step fixed cost. 
 streams a plan runs ahead: its chunk first, then its decode steps within the run-ahead bounds
 (``CHUNK_PLAN_RUN_AHEAD`` times the time; the chunk's own time is not counted there).
 
-While every row decodes (no prompt in the generator or the runner's prefill but one taking
-timed chunks, above), a plan runs more decode steps back to back ("run-ahead"), up to
-``engine.run_ahead_steps`` and while the plan has taken less than ``RUN_AHEAD_S`` (16 ms), and
-within the KV budget with the scheduler's headroom for one token a plan left whole (so its
-accounting, which catches up when the result arrives, holds as with one step a plan): where a
-step is short (a small model), the Trio side's per-plan work (result hand-off, scheduling,
-delivery, one streamed chunk) is shared by several tokens instead of paid by each; a long step
-runs alone as before. A row that ends stops it, and so does a request waiting to start (a
-queued plan starts it, or the scheduler said one was admitted: the executor tells). The plan
-whose step ends a prompt runs on to that row's first token and ends there (time to first
-token). Not when sharded: every rank must run the same steps.
+While every row decodes, a plan runs several decode steps ("run-ahead", worker/run_ahead.py).
+While the generator holds one row alone, that row decodes outside its batch machinery
+(worker/single_row.py, ``engine.single_row_decode``).
 
 Every row carries its own sampler (its own PRNG key), logits processors, stop token ids and
 max_tokens; the generator ends a row itself at max_tokens or a stop token, where the one
@@ -47,29 +39,11 @@ from .kv_store import PrefixBlocks
 from .loading import load_for_serving, mlx_memory, sharding
 from .prefill import PrefillRow, PromptPrefill
 from .prefill_budget import ChunkSizer
+from .run_ahead import CHUNK_PLAN_RUN_AHEAD, RUN_AHEAD_S, joined, kv_fits
 from .runner_base import Advance, Emission, LiveSequence, RunnerBase
-from .sampling import (
-    greedy,
-    guard_processors,
-    make_request_processors,
-    make_request_sampler,
-    token_logprob,
-)
+from .sampling import greedy, guard_processors, make_request_processors, make_request_sampler, token_logprob
 from .single_row import SingleRow
 from .thread_streams import enter_mlx_thread, leave_mlx_thread
-
-#: Another decode step joins the plan only if the plan, with it, stays under this (seconds): a
-#: step longer than this (a larger model) never runs ahead, and tokens reach the client at
-#: least this often. A new request does not wait for it: its admission ends the run-ahead
-#: (``RequestWaiting``). 16 ms, not 8: on a loaded 2-core CPU box (``demo:tiny``) a plan then
-#: carries 3.8-5.4 tokens instead of 1.7-2.5 and the event loop's CPU per token about halves
-#: (docs/benchmarks.md, one stream).
-RUN_AHEAD_S = 0.016
-#: A plan that carries a timed prompt chunk may run decode steps for this many times
-#: RUN_AHEAD_S (the chunk's own time apart): the chunk's fixed cost (a second forward pass,
-#: about one decode step of demo:tiny) is then paid once for twice the decode steps, so the
-#: prompt is prefilled faster for the same cost per token to the streams.
-CHUNK_PLAN_RUN_AHEAD = 2
 
 
 @attrs.frozen
@@ -246,7 +220,7 @@ class BatchRunner(RunnerBase):
             if over and not self._prompt_ends:
                 break
             step = self._generator_step([])
-            advance = _joined(advance, step)
+            advance = joined(advance, step)
             steps, step_s = steps + 1, time.perf_counter() - step_started
         return advance
 
@@ -268,15 +242,9 @@ class BatchRunner(RunnerBase):
         )
 
     def _kv_fits(self, live: list[LiveSequence], steps: int) -> bool:
-        """``live`` grown by ``steps`` tokens each, plus the scheduler's headroom (a token for
-        each plan in flight and the next), fits the KV budget (rows x longest row)."""
         assert self._info is not None
-        budget = self._info.kv_budget_tokens
-        if budget is None or not live:
-            return True
-        longest = max(len(s.seq.prompt_token_ids) + len(s.emitted) for s in live)
         headroom = (self.plans_in_flight + 1) * self.max_tokens_per_step
-        return len(live) * (longest + steps + headroom) <= budget
+        return kv_fits(live, steps, self._info.kv_budget_tokens, headroom)
 
     def _generator_step(self, prompts_done: list[RequestId]) -> Advance:
         """One ``BatchGenerator.next()`` (or the one-row path's step while it holds the
@@ -422,15 +390,3 @@ class BatchRunner(RunnerBase):
         mx.clear_cache()
         leave_mlx_thread()
 
-
-def _joined(first: Advance, then: Advance) -> Advance:
-    """Two decode steps of the same rows as one advance: each row's tokens (and logprob rows)
-    in order; ``ended`` and ``final`` are the later step's."""
-    later = {e.request_id: e for e in then.emissions}
-    emissions = [
-        Emission(e.request_id, e.tokens + n.tokens, e.rows + n.rows, ended=n.ended, final=n.final)
-        if (n := later.pop(e.request_id, None)) is not None
-        else e
-        for e in first.emissions
-    ]
-    return Advance([*emissions, *later.values()], [*first.prompts_done, *then.prompts_done])
