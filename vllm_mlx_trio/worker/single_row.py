@@ -3,8 +3,8 @@
 While mlx-lm's ``BatchGenerator`` holds exactly one decoding row and nothing else (no prompt
 in it, none queued), a step of that row costs more host time than ``generate_step``'s: the
 row's ``BatchKVCache`` builds an attention mask and array offsets every forward pass, and the
-generator's batch bookkeeping runs around it (on ``demo:tiny``, ~1.2-1.5 ms of CPU a token
-against ~1.0-1.1 for a plain cache, docs/benchmarks.md). :class:`SingleRow` takes such a row
+generator's batch bookkeeping runs around it (on ``demo:tiny``, 1.5-1.8 ms of CPU a token
+against 1.1-1.4 for the same step on a plain cache, docs/benchmarks.md). :class:`SingleRow` takes such a row
 out of the generator: its cache becomes plain ``KVCache`` layers (what ``generate_step``
 uses), and each step is the generation batch's own step for that one row (the same forward,
 processors, sampler call, ``async_eval`` one token ahead, max_tokens and stop checks), so the
