@@ -371,7 +371,7 @@ def test_round_trip_with_every_option_set():
                   "reasoning_parser": "none"},
         "engine": {"mode": "simple", "prefill_step_size": 64, "max_num_seqs": 3, "max_num_batched_tokens": 99,
                    "prefill_step_size_decoding": 16, "prefill_time_ratio": 0.25, "mllm_prefill_step_size": 24,
-                   "run_ahead_steps": 3,
+                   "run_ahead_steps": 3, "single_row_decode": False,
                    "prefill_batch_size": 2, "completion_batch_size": 4, "stream_interval": 5,
                    "default_max_tokens": 10, "kv_memory_mb": 32, "kv_memory_percent": 0.25},
         "cache": {"enabled": False, "block_size": 16, "memory_mb": 64, "memory_percent": 0.5,

@@ -15,17 +15,9 @@ once the rest of it is in, so no step pays mlx-lm's per-prompt-step fixed cost. 
 streams a plan runs ahead: its chunk first, then its decode steps within the run-ahead bounds
 (``CHUNK_PLAN_RUN_AHEAD`` times the time; the chunk's own time is not counted there).
 
-While every row decodes (no prompt in the generator or the runner's prefill but one taking
-timed chunks, above), a plan runs more decode steps back to back ("run-ahead"), up to
-``engine.run_ahead_steps`` and while the plan has taken less than ``RUN_AHEAD_S`` (16 ms), and
-within the KV budget with the scheduler's headroom for one token a plan left whole (so its
-accounting, which catches up when the result arrives, holds as with one step a plan): where a
-step is short (a small model), the Trio side's per-plan work (result hand-off, scheduling,
-delivery, one streamed chunk) is shared by several tokens instead of paid by each; a long step
-runs alone as before. A row that ends stops it, and so does a request waiting to start (a
-queued plan starts it, or the scheduler said one was admitted: the executor tells). The plan
-whose step ends a prompt runs on to that row's first token and ends there (time to first
-token). Not when sharded: every rank must run the same steps.
+While every row decodes, a plan runs several decode steps ("run-ahead", worker/run_ahead.py).
+While the generator holds one row alone, that row decodes outside its batch machinery
+(worker/single_row.py, ``engine.single_row_decode``).
 
 Every row carries its own sampler (its own PRNG key), logits processors, stop token ids and
 max_tokens; the generator ends a row itself at max_tokens or a stop token, where the one
@@ -35,6 +27,7 @@ termination rule (core/termination.py, applied by :class:`RunnerBase`) ends it t
 from __future__ import annotations
 
 import time
+from typing import ClassVar
 
 import attrs
 import mlx.core as mx
@@ -46,28 +39,11 @@ from .kv_store import PrefixBlocks
 from .loading import load_for_serving, mlx_memory, sharding
 from .prefill import PrefillRow, PromptPrefill
 from .prefill_budget import ChunkSizer
+from .run_ahead import CHUNK_PLAN_RUN_AHEAD, RUN_AHEAD_S, joined, kv_fits
 from .runner_base import Advance, Emission, LiveSequence, RunnerBase
-from .sampling import (
-    greedy,
-    guard_processors,
-    make_request_processors,
-    make_request_sampler,
-    token_logprob,
-)
+from .sampling import greedy, guard_processors, make_request_processors, make_request_sampler, token_logprob
+from .single_row import SingleRow
 from .thread_streams import enter_mlx_thread, leave_mlx_thread
-
-#: Another decode step joins the plan only if the plan, with it, stays under this (seconds): a
-#: step longer than this (a larger model) never runs ahead, and tokens reach the client at
-#: least this often. A new request does not wait for it: its admission ends the run-ahead
-#: (``RequestWaiting``). 16 ms, not 8: on a loaded 2-core CPU box (``demo:tiny``) a plan then
-#: carries 3.8-5.4 tokens instead of 1.7-2.5 and the event loop's CPU per token about halves
-#: (docs/benchmarks.md, one stream).
-RUN_AHEAD_S = 0.016
-#: A plan that carries a timed prompt chunk may run decode steps for this many times
-#: RUN_AHEAD_S (the chunk's own time apart): the chunk's fixed cost (a second forward pass,
-#: about one decode step of demo:tiny) is then paid once for twice the decode steps, so the
-#: prompt is prefilled faster for the same cost per token to the streams.
-CHUNK_PLAN_RUN_AHEAD = 2
 
 
 @attrs.frozen
@@ -87,6 +63,9 @@ class BatchRunner(RunnerBase):
     #: One plan queued so the MLX thread starts the next step without waiting for Trio.
     plans_in_flight = 2
     max_tokens_per_step = 1
+    #: Whether a row alone in the generator may decode through :class:`SingleRow` (with
+    #: ``engine.single_row_decode``); a subclass that takes the one row out itself says no.
+    single_row_path: ClassVar[bool] = True
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -111,6 +90,8 @@ class BatchRunner(RunnerBase):
         self._run_ahead_steps = 1
         #: Rows whose prompt the last generator step ended: their first token is the next step's.
         self._prompt_ends = 0
+        #: The generator's one row, decoding alone outside its batch machinery (worker/single_row.py).
+        self._single: SingleRow | None = None
 
     def _load(self) -> ModelInfo:
         enter_mlx_thread()
@@ -132,6 +113,8 @@ class BatchRunner(RunnerBase):
             stream=mx.new_stream(mx.default_device()),
         )
         self._run_ahead_steps = 1 if sharding() else engine.run_ahead_steps
+        if self.single_row_path and engine.single_row_decode and not sharding():
+            self._single = SingleRow(self._generator, may_take=lambda: not self.starts_waiting())
         if engine.prefill_time_ratio is not None:
             self._prefill = PromptPrefill(model, self._generator.stream, on_boundary=self._prefix.at_boundary)
             chunk = min(engine.prefill_step_size, engine.prefill_step_size_decoding or engine.prefill_step_size)
@@ -159,6 +142,8 @@ class BatchRunner(RunnerBase):
         its cache (None: an empty one), the rest are its prompt there. A row with only its last
         prompt token left joins the decode batch directly (worker/generator_join.py)."""
         assert self._generator is not None
+        if self._single is not None:  # the row alone goes back first: the generator batches them
+            self._single.give_back()
         seqs = [sequence.seq for sequence in live]
         rows = [self._row(sequence) for sequence in live]
         joining = [len(seq.prompt_token_ids) - n == 1 and cache is not None
@@ -235,7 +220,7 @@ class BatchRunner(RunnerBase):
             if over and not self._prompt_ends:
                 break
             step = self._generator_step([])
-            advance = _joined(advance, step)
+            advance = joined(advance, step)
             steps, step_s = steps + 1, time.perf_counter() - step_started
         return advance
 
@@ -257,20 +242,16 @@ class BatchRunner(RunnerBase):
         )
 
     def _kv_fits(self, live: list[LiveSequence], steps: int) -> bool:
-        """``live`` grown by ``steps`` tokens each, plus the scheduler's headroom (a token for
-        each plan in flight and the next), fits the KV budget (rows x longest row)."""
         assert self._info is not None
-        budget = self._info.kv_budget_tokens
-        if budget is None or not live:
-            return True
-        longest = max(len(s.seq.prompt_token_ids) + len(s.emitted) for s in live)
         headroom = (self.plans_in_flight + 1) * self.max_tokens_per_step
-        return len(live) * (longest + steps + headroom) <= budget
+        return kv_fits(live, steps, self._info.kv_budget_tokens, headroom)
 
     def _generator_step(self, prompts_done: list[RequestId]) -> Advance:
-        """One ``BatchGenerator.next()``: its tokens, and the prompts it finished."""
+        """One ``BatchGenerator.next()`` (or the one-row path's step while it holds the
+        generator's only row): its tokens, and the prompts it finished."""
         assert self._generator is not None
-        prompt_progress, generated = self._generator.next()
+        single = self._single is not None and self._single.settle()
+        prompt_progress, generated = (self._single if single else self._generator).next()
         ended_prompts = [r.uid for r in prompt_progress if r.end_of_prompt]
         self._decoding.update(ended_prompts)
         self._prompt_ends = len(ended_prompts)
@@ -356,9 +337,10 @@ class BatchRunner(RunnerBase):
         if self._prefill is not None:
             self._prefill.remove([sequence.handle for sequence in live if isinstance(sequence.handle, PrefillRow)])
         uids = [sequence.handle for sequence in live if sequence.handle in self._request_ids]
-        if uids:
-            self._generator.remove(uids)
-            self._direct.forget(uids)
+        in_generator = self._single.drop(uids) if self._single is not None else uids
+        if in_generator:
+            self._generator.remove(in_generator)
+        self._direct.forget(uids)
         for uid in uids:
             del self._request_ids[uid]
             self._decoding.discard(uid)
@@ -397,6 +379,7 @@ class BatchRunner(RunnerBase):
         return mlx_memory(idle=idle)
 
     def _close(self) -> None:
+        self._single = None
         if self._generator is not None:
             self._generator.close()
             self._generator = None
@@ -407,15 +390,3 @@ class BatchRunner(RunnerBase):
         mx.clear_cache()
         leave_mlx_thread()
 
-
-def _joined(first: Advance, then: Advance) -> Advance:
-    """Two decode steps of the same rows as one advance: each row's tokens (and logprob rows)
-    in order; ``ended`` and ``final`` are the later step's."""
-    later = {e.request_id: e for e in then.emissions}
-    emissions = [
-        Emission(e.request_id, e.tokens + n.tokens, e.rows + n.rows, ended=n.ended, final=n.final)
-        if (n := later.pop(e.request_id, None)) is not None
-        else e
-        for e in first.emissions
-    ]
-    return Advance([*emissions, *later.values()], [*first.prompts_done, *then.prompts_done])

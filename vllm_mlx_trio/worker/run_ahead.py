@@ -1,0 +1,56 @@
+"""Run-ahead in batched mode: several decode steps in one plan, and their tokens as one advance.
+
+While every row decodes (no prompt in the generator or the runner's prefill but one taking
+timed chunks), a plan runs more decode steps back to back ("run-ahead"), up to
+``engine.run_ahead_steps`` and while the plan has taken less than :data:`RUN_AHEAD_S` (16 ms),
+and within the KV budget with the scheduler's headroom for one token a plan left whole
+(:func:`kv_fits`: its accounting, which catches up when the result arrives, holds as with one
+step a plan): where a step is short (a small model), the Trio side's per-plan work (result
+hand-off, scheduling, delivery, one streamed chunk) is shared by several tokens instead of paid
+by each; a long step runs alone as before. A row that ends stops it, and so does a request
+waiting to start (a queued plan starts it, or the scheduler said one was admitted: the executor
+tells). The plan whose step ends a prompt runs on to that row's first token and ends there (time
+to first token). Not when sharded: every rank must run the same steps. The loop itself is
+``BatchRunner._advance`` (worker/batch_runner.py), which reads these bounds from its module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .runner_base import Advance, Emission, LiveSequence
+
+#: Another decode step joins the plan only if the plan, with it, stays under this (seconds): a
+#: step longer than this (a larger model) never runs ahead, and tokens reach the client at
+#: least this often. A new request does not wait for it: its admission ends the run-ahead
+#: (``RequestWaiting``). 16 ms, not 8: on a loaded 2-core CPU box (``demo:tiny``) a plan then
+#: carries 3.8-5.4 tokens instead of 1.7-2.5 and the event loop's CPU per token about halves
+#: (docs/benchmarks.md, one stream).
+RUN_AHEAD_S = 0.016
+#: A plan that carries a timed prompt chunk may run decode steps for this many times
+#: RUN_AHEAD_S (the chunk's own time apart): the chunk's fixed cost (a second forward pass,
+#: about one decode step of demo:tiny) is then paid once for twice the decode steps, so the
+#: prompt is prefilled faster for the same cost per token to the streams.
+CHUNK_PLAN_RUN_AHEAD = 2
+
+
+def joined(first: Advance, then: Advance) -> Advance:
+    """Two decode steps of the same rows as one advance: each row's tokens (and logprob rows)
+    in order; ``ended`` and ``final`` are the later step's."""
+    later = {e.request_id: e for e in then.emissions}
+    emissions = [
+        Emission(e.request_id, e.tokens + n.tokens, e.rows + n.rows, ended=n.ended, final=n.final)
+        if (n := later.pop(e.request_id, None)) is not None
+        else e
+        for e in first.emissions
+    ]
+    return Advance([*emissions, *later.values()], [*first.prompts_done, *then.prompts_done])
+
+
+def kv_fits(live: Sequence[LiveSequence], steps: int, budget: int | None, headroom: int) -> bool:
+    """``live`` grown by ``steps`` tokens each, plus ``headroom`` tokens each (the scheduler's: a
+    token for each plan in flight and the next), fits the KV ``budget`` (rows x longest row)."""
+    if budget is None or not live:
+        return True
+    longest = max(len(s.seq.prompt_token_ids) + len(s.emitted) for s in live)
+    return len(live) * (longest + steps + headroom) <= budget
