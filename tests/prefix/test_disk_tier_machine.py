@@ -21,67 +21,33 @@ different arrays.
 from __future__ import annotations
 
 import collections
-import hashlib
 import logging
 import pathlib
 import shutil
 import tempfile
 
-import mlx.core as mx
-import numpy as np
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
+from two_tier_parts import (
+    DAMAGE,
+    MODEL,
+    WarningCounter,
+    arrays_of,
+    prompts,
+    requests,
+    salts,
+    same,
+    tail_backs,
+    tail_name,
+)
 
 from vllm_mlx_trio.actors.cache_manager import remember_disk_blocks
 from vllm_mlx_trio.core.block_pool import DISK_BLOCK_SUFFIX, BlockPool, Budget
 from vllm_mlx_trio.core.child_index import common_length
 from vllm_mlx_trio.core.media_keys import chain_hashes
-from vllm_mlx_trio.messages import RequestId
 from vllm_mlx_trio.worker.disk_tier import DiskTier, host_nbytes
 from vllm_mlx_trio.worker.disk_tier_file import encode, encoded_size, read_metadata, to_host
-
-MODEL = "model-a"
-REQUESTS = [RequestId(f"r{i}") for i in range(3)]
-requests = st.sampled_from(REQUESTS)
-# shared starts (system prompts) plus a random end, so blocks are shared and come back often
-STARTS = [(), (0, 0, 0, 0), (0, 0, 0, 0, 1, 1, 1, 1), (0, 0, 0, 0, 1, 1, 2, 2), (2, 1, 2, 1, 2, 1)]
-prompts = st.builds(
-    lambda start, end: start + tuple(end), st.sampled_from(STARTS), st.lists(st.integers(0, 1), max_size=4)
-)
-salts = st.sampled_from([(), (), ("s",)])
-#: Where a request's commit puts its tail checkpoint: none, or this many tokens before the
-#: prompt's end (the runner's checkpoint is the prompt, or the prompt less its last token).
-tail_backs = st.sampled_from([None, 0, 1, 1, 2])
-#: Damage, and whether the tier finds it when it opens (its scan reads headers and sizes) or
-#: only when a hit reads the file (the checksum). A flipped header byte may be found either
-#: way: tests/prefix/test_disk_tier.py covers those.
-DAMAGE = {"truncated": True, "foreign-model": True, "another-block": True, "garbage": True, "corrupted-data": False}
-
-
-def arrays_of(h: bytes) -> list:
-    """The block named by hash ``h``: one layer whose keys and values spell the hash."""
-    values = np.frombuffer(h, dtype=np.uint8).astype(np.float32).reshape(1, 1, 2, 8)
-    return [(mx.array(values), mx.array(-values))]
-
-
-def tail_name(salt: tuple, covered: tuple) -> bytes:
-    """The 16 bytes a tail's arrays spell: its salt and every token up to its end."""
-    return hashlib.blake2b(repr((salt, covered)).encode(), digest_size=16).digest()
-
-
-def same(a: list, h: bytes) -> bool:
-    pairs = zip(a, arrays_of(h), strict=True)
-    return all(mx.array_equal(x, y).item() for pa, pb in pairs for x, y in zip(pa, pb, strict=True))
-
-
-class WarningCounter(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.names: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.names.append(record.getMessage())
 
 
 class TwoTierMachine(RuleBasedStateMachine):
