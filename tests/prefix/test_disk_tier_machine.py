@@ -1,15 +1,21 @@
 """A model check of the two tiers together: the block pool with a disk budget, a real disk tier
-over a temporary directory, and a stand-in executor that holds each block's arrays.
+over a temporary directory, and a stand-in executor that holds each entry's arrays.
 
-Random traffic (requests served and released, evictions that spill, restarts over the same
-directory with a new budget, damaged files, clears) runs against simple models: which blocks
-are in memory, the pool's LRU of hashes only on disk (bytes), and the tier's LRU of files.
-After every rule the real state must match them, and every array a hit is built from must be
-the one its block's tokens name, whether it stayed in memory, came back from a file or was
-recomputed: a damaged or foreign file is a miss (one WARNING, deleted), never a wrong hit.
+Random traffic (requests served with or without a tail checkpoint and released, evictions that
+spill, restarts over the same directory with a new budget, damaged files, clears) runs against
+simple models: which blocks and tails are in memory, the pool's LRU of hashes only on disk
+(bytes), and the tier's LRU of files. After every rule the real state must match them, and every
+array a hit is built from must be the one its entry's tokens name, whether it stayed in memory,
+came back from a file or was recomputed: a damaged or foreign file is a miss (one WARNING,
+deleted), never a wrong hit.
 
-A block's arrays are made from its chained hash (no model needed): a file read back under
-another block's name, or a block served for the wrong tokens, shows as different arrays.
+Tails (a checkpoint at a position inside a block) live in memory only: a hit may end in one, an
+evicted block takes the tails under it along (nothing spills them), and a block read back from
+disk comes back without them, so a repeat after a spill ends its hit at the block boundary.
+
+A block's arrays are made from its chained hash and a tail's from its tokens (no model needed):
+a file read back under another block's name, or an entry served for the wrong tokens, shows as
+different arrays.
 """
 
 from __future__ import annotations
@@ -20,59 +26,34 @@ import pathlib
 import shutil
 import tempfile
 
-import mlx.core as mx
-import numpy as np
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
+from two_tier_parts import (
+    DAMAGE,
+    MODEL,
+    WarningCounter,
+    arrays_of,
+    prompts,
+    requests,
+    salts,
+    same,
+    tail_backs,
+    tail_name,
+)
 
 from vllm_mlx_trio.actors.cache_manager import remember_disk_blocks
 from vllm_mlx_trio.core.block_pool import DISK_BLOCK_SUFFIX, BlockPool, Budget
 from vllm_mlx_trio.core.child_index import common_length
 from vllm_mlx_trio.core.media_keys import chain_hashes
-from vllm_mlx_trio.messages import RequestId
 from vllm_mlx_trio.worker.disk_tier import DiskTier, host_nbytes
 from vllm_mlx_trio.worker.disk_tier_file import encode, encoded_size, read_metadata, to_host
-
-MODEL = "model-a"
-REQUESTS = [RequestId(f"r{i}") for i in range(3)]
-requests = st.sampled_from(REQUESTS)
-# shared starts (system prompts) plus a random end, so blocks are shared and come back often
-STARTS = [(), (0, 0, 0, 0), (0, 0, 0, 0, 1, 1, 1, 1), (0, 0, 0, 0, 1, 1, 2, 2), (2, 1, 2, 1, 2, 1)]
-prompts = st.builds(
-    lambda start, end: start + tuple(end), st.sampled_from(STARTS), st.lists(st.integers(0, 1), max_size=4)
-)
-salts = st.sampled_from([(), (), ("s",)])
-#: Damage, and whether the tier finds it when it opens (its scan reads headers and sizes) or
-#: only when a hit reads the file (the checksum). A flipped header byte may be found either
-#: way: tests/prefix/test_disk_tier.py covers those.
-DAMAGE = {"truncated": True, "foreign-model": True, "another-block": True, "garbage": True, "corrupted-data": False}
-
-
-def arrays_of(h: bytes) -> list:
-    """The block named by hash ``h``: one layer whose keys and values spell the hash."""
-    values = np.frombuffer(h, dtype=np.uint8).astype(np.float32).reshape(1, 1, 2, 8)
-    return [(mx.array(values), mx.array(-values))]
-
-
-def same(a: list, h: bytes) -> bool:
-    pairs = zip(a, arrays_of(h), strict=True)
-    return all(mx.array_equal(x, y).item() for pa, pb in pairs for x, y in zip(pa, pb, strict=True))
-
-
-class WarningCounter(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.names: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.names.append(record.getMessage())
 
 
 class TwoTierMachine(RuleBasedStateMachine):
     """The pool, the disk tier and an executor's store, against models of what each holds."""
 
-    @initialize(block_size=st.integers(2, 4), max_blocks=st.integers(0, 4), disk_files=st.integers(1, 6))
+    @initialize(block_size=st.integers(2, 4), max_blocks=st.integers(0, 10), disk_files=st.integers(1, 6))
     def setup(self, block_size, max_blocks, disk_files):
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="two-tier-"))
         self.bs, self.max_blocks = block_size, max_blocks
@@ -100,7 +81,9 @@ class TwoTierMachine(RuleBasedStateMachine):
         self.pool = BlockPool(self.bs, Budget(max_blocks=self.max_blocks), disk_budget=self.disk_budget)
         remember_disk_blocks(self.pool, self.dir)
         self.mem: dict[bytes, int] = {}  # hash -> id of the blocks in memory
-        self.content: dict[int, tuple] = {}  # id -> (salt, the tokens up to its end)
+        self.tails: dict[tuple, int] = {}  # (salt, the tokens up to its end) -> id of the tails
+        self.content: dict[int, tuple] = {}  # id -> (salt, the tokens up to its end), blocks and tails
+        self.names: dict[int, bytes] = {}  # id -> what its arrays spell: a block's hash, a tail's name
         self.nbytes: dict[int, int] = {}  # id -> the size the pool has for it
         self.leases: dict[str, set[int]] = collections.defaultdict(set)
         self.store: dict[int, list] = {}  # the executor's arrays
@@ -136,23 +119,69 @@ class TwoTierMachine(RuleBasedStateMachine):
     def _chain(self, tokens, salt, num_blocks) -> list[bytes]:
         return list(chain_hashes(tokens, salt, (), self.bs, num_blocks))
 
+    def _add(self, block_id: int, salt: tuple, covered: tuple, name: bytes) -> None:
+        """An entry now in memory (its arrays stored by the caller)."""
+        self.content[block_id] = (salt, covered)
+        self.names[block_id] = name
+        if len(covered) % self.bs:
+            self.tails[(salt, covered)] = block_id
+        else:
+            self.mem[name] = block_id
+
+    def _forget(self, block_id: int) -> None:
+        """An entry gone from memory (its arrays stay until the caller drops them)."""
+        salt, covered = self.content.pop(block_id)
+        name = self.names.pop(block_id)
+        self.nbytes.pop(block_id, None)
+        if len(covered) % self.bs:
+            del self.tails[(salt, covered)]
+        else:
+            del self.mem[name]
+
+    def _tails_under(self, block_id: int) -> set[int]:
+        """The tails hanging right after a full block (dropped with it)."""
+        salt, covered = self.content[block_id]
+        end = len(covered)
+        return {
+            tail_id
+            for (tail_salt, tail), tail_id in self.tails.items()
+            if tail_salt == salt and end < len(tail) < end + self.bs and tail[:end] == covered
+        }
+
     # -- rules ---------------------------------------------------------------------------
 
     served = Bundle("served")
 
-    @rule(target=served, request=requests, tokens=prompts, salt=salts, finish=st.booleans())
-    def serve(self, request, tokens, salt, finish):
-        """A request: lookup, read back or recompute the hit, commit the prompt's blocks, and
-        maybe finish (its leases end)."""
-        self._serve(request, tokens, salt, finish)
+    @rule(target=served, request=requests, tokens=prompts, salt=salts, tail_back=tail_backs, finish=st.booleans())
+    def serve(self, request, tokens, salt, tail_back, finish):
+        """A request: lookup, read back or recompute the hit, commit the prompt's blocks (and
+        maybe a tail), and maybe finish (its leases end)."""
+        self._serve(request, tokens, salt, tail_back, finish)
         return (tokens, salt)
 
-    @rule(request=requests, prompt=served, finish=st.booleans())
-    def serve_again(self, request, prompt, finish):
+    @rule(request=requests, prompt=served, tail_back=tail_backs, finish=st.booleans())
+    def serve_again(self, request, prompt, tail_back, finish):
         """A prompt served before (maybe before a restart, an eviction or a clear)."""
-        self._serve(request, *prompt, finish)
+        self._serve(request, *prompt, tail_back, finish)
 
-    def _serve(self, request, tokens, salt, finish):
+    @rule(
+        target=served,
+        first=requests,
+        second=requests,
+        tokens=prompts,
+        salt=salts,
+        first_tail_back=st.sampled_from([0, 1]),
+        tail_back=tail_backs,
+    )
+    def serve_a_repeat(self, first, second, tokens, salt, first_tail_back, tail_back):
+        """A prompt with a tail at its end or one token before, then at once the same prompt
+        again (a retry, an agent re-sending): the second hit ends in that tail (in part, when
+        it holds the last token) unless it is on a block boundary."""
+        self._serve(first, tokens, salt, first_tail_back, False)
+        self._serve(second, tokens, salt, tail_back, True)
+        return (tokens, salt)
+
+    def _serve(self, request, tokens, salt, tail_back, finish):
         eligible = max(0, (len(tokens) - 1) // self.bs)
         next_id = self.pool.next_id
         hit = self.pool.lookup(request, tokens, salt)
@@ -163,8 +192,7 @@ class TwoTierMachine(RuleBasedStateMachine):
             elif h in self.on_disk:  # back in memory under a new id, read from disk
                 block_id = next_id + len(restored)
                 self.nbytes[block_id] = self.on_disk.pop(h)
-                self.mem[h] = block_id
-                self.content[block_id] = (salt, tokens[: (index + 1) * self.bs])
+                self._add(block_id, salt, tokens[: (index + 1) * self.bs], h)
                 restored.append((block_id, h))
                 run.append(block_id)
             else:
@@ -177,27 +205,30 @@ class TwoTierMachine(RuleBasedStateMachine):
         if hit.block_ids:  # the last one may be used in part (a KV prefix of any length is exact)
             assert self.content[hit.block_ids[-1]][1][: hit.num_cached_tokens] == tokens[: hit.num_cached_tokens]
         assert list(hit.disk_blocks) == restored
+        ends_in_tail = bool(hit.block_ids) and hit.block_ids[-1] in self.tails.values()
         event(f"served: {'hit through disk' if restored else 'hit' if hit.block_ids else 'miss'}")
+        event(f"served: {'ends in a tail' + (' after disk' if restored else '') if ends_in_tail else 'no tail'}")
         self.leases[request].update(hit.block_ids)
         self._read_back(restored)
-        hashes = {block_id: h for h, block_id in self.mem.items()}
         for block_id in hit.block_ids:
-            assert same(self.store[block_id], hashes[block_id]), "a hit built from another block's arrays"
-        self._commit(request, tokens, salt)
+            assert same(self.store[block_id], self.names[block_id]), "a hit built from another entry's arrays"
+        tail_at = None if tail_back is None or len(tokens) - tail_back < 1 else len(tokens) - tail_back
+        self._commit(request, tokens, salt, tail_at)
         if finish:
             self.release([request])
         self.evict()  # as the cache manager does after a commit
 
     def _expected_hit(self, tokens, salt, run: int) -> int:
-        """The full blocks of the run, then the most tokens a block in memory right after them
-        shares with the prompt, never past ``len(tokens) - 1``."""
+        """The full blocks of the run, then the most tokens a block or tail in memory right
+        after them shares with the prompt, never past ``len(tokens) - 1``."""
         limit = len(tokens) - 1
         best = 0
         for depth in range(run + 1):
             base = depth * self.bs
             best = max(best, base)
             for entry_salt, covered in self.content.values():
-                if entry_salt == salt and len(covered) == base + self.bs and covered[:base] == tokens[:base]:
+                child = base < len(covered) <= base + self.bs
+                if entry_salt == salt and child and covered[:base] == tokens[:base]:
                     best = max(best, base + min(common_length(covered[base:], tokens[base:]), limit - base))
         return best
 
@@ -219,20 +250,31 @@ class TwoTierMachine(RuleBasedStateMachine):
             self.files.move_to_end(h)
             self.store[block_id] = block
 
-    def _commit(self, request, tokens, salt) -> None:
-        created = self.pool.commit(request, tokens, salt)
+    def _commit(self, request, tokens, salt, tail_at) -> None:
+        created = self.pool.commit(request, tokens, salt, tail_at=tail_at)
         chain = self._chain(tokens, salt, len(tokens) // self.bs)
-        assert [b.block_index for b in created] == [i for i, h in enumerate(chain) if h not in self.mem]
-        for b in created:
+        blocks = [b for b in created if not b.is_tail]
+        assert [b.block_index for b in blocks] == [i for i, h in enumerate(chain) if h not in self.mem]
+        tail = None if tail_at is None or not tail_at % self.bs else (salt, tokens[:tail_at])
+        new_tails = [b for b in created if b.is_tail]
+        assert list(created[len(blocks) :]) == new_tails, "a commit's tail comes after its blocks"
+        assert [(b.token_start, b.token_end) for b in new_tails] == (
+            [(tail_at - tail_at % self.bs, tail_at)] if tail is not None and tail not in self.tails else []
+        )
+        for b in blocks:
             h = chain[b.block_index]
-            self.mem[h] = b.block_id
-            self.content[b.block_id] = (salt, tokens[: b.token_end])
+            self._add(b.block_id, salt, tokens[: b.token_end], h)
             self.on_disk.pop(h, None)  # in memory again
-            self.store[b.block_id] = arrays_of(h)
+        for b in new_tails:
+            self._add(b.block_id, *tail, tail_name(*tail))
+        for b in created:
+            self.store[b.block_id] = arrays_of(self.names[b.block_id])
             self.pool.set_nbytes(b.block_id, self.block_nbytes)
             self.nbytes[b.block_id] = self.block_nbytes
         self.leases[request].update(self.mem[h] for h in chain)
-        self._spill([(b.block_id, chain[b.block_index]) for b in created])  # written through to disk
+        if tail is not None:
+            self.leases[request].add(self.tails[tail])
+        self._spill([(b.block_id, chain[b.block_index]) for b in blocks])  # written through to disk, tails never
 
     @rule(released=st.lists(requests, min_size=1, max_size=3))
     def release(self, released):
@@ -240,23 +282,41 @@ class TwoTierMachine(RuleBasedStateMachine):
         for request in released:
             self.leases.pop(request, None)
 
+    def _expected_evictions(self) -> list[tuple[int, set[int]]]:
+        """Least recently used first while over the budget (blocks and tails both count): each
+        entry evicted, with the tails a block takes along."""
+        alive = set(self.content)
+        groups = []
+        for block_id in self.pool.free_queue():
+            if len(alive) <= self.max_blocks:
+                break
+            if block_id in alive:
+                along = set() if block_id in self.tails.values() else self._tails_under(block_id) & alive
+                groups.append((block_id, along))
+                alive -= {block_id, *along}
+        return groups
+
     @rule()
     def evict(self):
-        queue = self.pool.free_queue()
-        over = max(0, len(self.mem) - self.max_blocks)
-        evicted = self.pool.evict_over_budget()
-        assert list(evicted) == list(queue[:over])
-        by_id = {block_id: h for h, block_id in self.mem.items()}
+        groups = self._expected_evictions()
+        evicted = list(self.pool.evict_over_budget())
+        at = 0
+        for block_id, along in groups:  # the entry, then its tails in any order
+            assert evicted[at] == block_id and set(evicted[at + 1 : at + 1 + len(along)]) == along
+            at += 1 + len(along)
+        assert at == len(evicted)
         spilled = []
-        for block_id in evicted:
-            h = by_id[block_id]
-            del self.mem[h], self.content[block_id]
-            if self._pool_remembers(h, self.nbytes.pop(block_id)):
+        for block_id, along in groups:
+            is_block = block_id not in self.tails.values()
+            h, nbytes = self.names[block_id], self.nbytes[block_id]
+            for dropped in (*along, block_id):
+                self._forget(dropped)
+            if is_block and self._pool_remembers(h, nbytes):
                 spilled.append((block_id, h))
         self._spill(spilled)
         for block_id in evicted:
             del self.store[block_id]
-        event(f"evict: {'spilled' if evicted else 'nothing'}")
+        event(f"evict: {'spilled' if spilled else 'a tail' if evicted else 'nothing'}")
 
     @rule(disk_files=st.integers(1, 6))
     def restart(self, disk_files):
@@ -307,11 +367,11 @@ class TwoTierMachine(RuleBasedStateMachine):
         """DELETE /v1/cache: every unleased block and every file go; leased blocks stay."""
         leased = set().union(*self.leases.values())
         dropped = self.pool.clear()
-        assert set(dropped) == set(self.mem.values()) - leased
+        assert set(dropped) == set(self.content) - leased
         self.tier.clear()
-        for h, block_id in list(self.mem.items()):
-            if block_id in dropped:
-                del self.mem[h], self.store[block_id], self.nbytes[block_id], self.content[block_id]
+        for block_id in dropped:
+            self._forget(block_id)
+            del self.store[block_id]
         self.on_disk.clear()
         self.files.clear()
         self.damaged.clear()
@@ -321,17 +381,19 @@ class TwoTierMachine(RuleBasedStateMachine):
     @invariant()
     def pool_matches_its_model(self):
         self.pool.check_invariants()
-        assert self.pool.stats().num_blocks == len(self.mem)
+        stats = self.pool.stats()
+        assert (stats.num_blocks, stats.num_tails) == (len(self.mem) + len(self.tails), len(self.tails))
         assert all(self.pool.block_info(block_id).block_hash == h for h, block_id in self.mem.items())
+        assert all(self.pool.is_tail(block_id) for block_id in self.tails.values())
         assert self.pool.num_on_disk == len(self.on_disk)
         assert self.pool.disk_bytes == sum(self.on_disk.values()) <= self.disk_budget
         counts = collections.Counter(b for lease in self.leases.values() for b in lease)
-        assert all(self.pool.ref_count(block_id) == counts[block_id] for block_id in self.mem.values())
+        assert all(self.pool.ref_count(block_id) == counts[block_id] for block_id in self.content)
 
     @invariant()
-    def executor_holds_exactly_the_pools_blocks(self):
-        assert set(self.store) == set(self.mem.values())
-        assert all(same(self.store[block_id], h) for h, block_id in self.mem.items())
+    def executor_holds_exactly_the_pools_entries(self):
+        assert set(self.store) == set(self.content) == set(self.names)
+        assert all(same(self.store[block_id], name) for block_id, name in self.names.items())
 
     @invariant()
     def tier_matches_its_model(self):
@@ -347,4 +409,4 @@ class TwoTierMachine(RuleBasedStateMachine):
 
 
 TestTwoTierMachine = TwoTierMachine.TestCase
-TestTwoTierMachine.settings = settings(max_examples=30, stateful_step_count=40, deadline=None, database=None)
+TestTwoTierMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None, database=None)

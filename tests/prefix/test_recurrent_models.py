@@ -4,17 +4,16 @@ prompts. Their cache cannot tell how many tokens it has seen, so it is checkpoin
 the position is known: the block boundaries its prefill stops at (``cache.state_snapshot_blocks``)
 and before the last prompt token, where the runner says the cache stands (see
 docs/architecture.md). Batched mode
-runs both prefill paths: the runner's own and mlx-lm's ``BatchGenerator`` segments. Not
-covered here: preemption."""
+runs both prefill paths: the runner's own and mlx-lm's ``BatchGenerator`` segments. Preemption:
+tests/prefix/test_preemption_every_layer_type.py."""
 
 from __future__ import annotations
 
 import logging
-import pathlib
 
 import pytest
 import trio
-from prefix_zoo import RECURRENT, build_model
+from prefix_zoo import RECURRENT
 from test_every_layer_type import BS, config, scenario
 
 from vllm_mlx_trio import open_engine
@@ -22,12 +21,6 @@ from vllm_mlx_trio import open_engine
 pytestmark = pytest.mark.mlx
 
 TIMEOUT_S = 120
-
-
-@pytest.fixture(scope="module")
-def recurrent_dirs(tmp_path_factory, float32_dir) -> dict[str, str]:
-    root = tmp_path_factory.mktemp("recurrent")
-    return {arch: str(build_model(arch, root / arch, pathlib.Path(float32_dir))) for arch in RECURRENT}
 
 
 REPEATS = ("repeat", "unaligned_repeat", "short_repeat", "aligned_repeat", *(f"batch_repeat_{i}" for i in range(3)))
