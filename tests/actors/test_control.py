@@ -13,6 +13,7 @@ from vllm_mlx_trio import SamplingParams, load_config
 from vllm_mlx_trio.actors.cache_manager import CacheManagerActor
 from vllm_mlx_trio.actors.control_inbox import ControlInbox
 from vllm_mlx_trio.actors.scheduler import SchedulerActor
+from vllm_mlx_trio.actors.scheduler_settings import SchedulerSettings
 from vllm_mlx_trio.actors.topology import CONTROL_BUFFER
 from vllm_mlx_trio.errors import EngineClosedError, EngineStalledError
 from vllm_mlx_trio.health import EngineHealth
@@ -126,7 +127,7 @@ class Wired:
             result_recv=result_recv,
             cache_send=cache_send,
             match_recv=match_recv,
-            eos_token_ids=(IM_END,),
+            settings=SchedulerSettings(eos_token_ids=(IM_END,)),
             health=health,
         )
         return cls(scheduler, health, admit_send, control_send, plan_recv, result_send, cache_recv, match_send)

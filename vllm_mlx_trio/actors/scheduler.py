@@ -11,7 +11,6 @@ import trio
 
 from ..core.plan_join import is_placeholder
 from ..core.request import Request, RequestStatus
-from ..core.scheduler import Scheduler
 from ..errors import (
     EngineStalledError,
     ExecutorCrashedError,
@@ -37,7 +36,8 @@ from ..metrics import EngineMetrics
 from .cache_client import CacheClient
 from .control_inbox import ControlInbox
 from .delivery import Delivery
-from .scheduler_stats import RequestSnapshot, SchedulerStatistics
+from .scheduler_settings import SchedulerSettings
+from .scheduler_stats import SchedulerStatistics, scheduler_statistics
 from .watchdog import StepWatchdog
 
 logger = logging.getLogger(__name__)
@@ -76,16 +76,9 @@ class SchedulerActor:
         result_recv: trio.MemoryReceiveChannel[StepResult],
         cache_send: trio.MemorySendChannel[CacheCommand],
         match_recv: trio.MemoryReceiveChannel[CacheReply],
-        eos_token_ids: tuple[int, ...],
-        max_running: int = 1,
-        plans_in_flight: int = 1,
-        max_tokens_per_step: int = 1,
-        stream_interval: int = 1,
+        settings: SchedulerSettings,
         metrics: EngineMetrics | None = None,
         health: EngineHealth | None = None,
-        stall_timeout_s: float | None = None,
-        kv_budget_tokens: int | None = None,
-        prefill_budget: tuple[int | None, int | None, int | None] = (None, None, None),
     ):
         self._admit_recv = admit_recv
         self._control_recv = control_recv
@@ -95,26 +88,20 @@ class SchedulerActor:
         self._cache_send = cache_send
         self._match_recv = match_recv
         self._cache = CacheClient(cache_send, match_recv)
-        self._eos_token_ids = eos_token_ids
-        self._kv_budget_tokens = kv_budget_tokens
-        self._plans_in_flight = plans_in_flight
-        self._max_tokens_per_step = max_tokens_per_step
-        self._max_running = max_running
-        #: (engine.max_num_batched_tokens, the runner's prefill chunk, its chunk while rows
-        #: decode): see core/scheduler.py.
-        self._prefill_budget = prefill_budget
-        self._scheduler = self._new_scheduler()
+        self._settings = settings
+        self._eos_token_ids = settings.eos_token_ids
+        self._plans_in_flight = settings.plans_in_flight
+        self._max_tokens_per_step = settings.max_tokens_per_step
+        self._scheduler = settings.new_scheduler()
         self._in_flight: collections.deque[StepPlan] = collections.deque()
         #: Set while waiting for a result: an admission cancels it so the newcomer can join.
         self._result_wait: trio.CancelScope | None = None
-        self._delivery = Delivery(stream_interval=stream_interval, metrics=metrics)
+        self._delivery = Delivery(stream_interval=settings.stream_interval, metrics=metrics)
         self._metrics = metrics
         self._health = health or EngineHealth()
-        self._watchdog = (
-            None
-            if stall_timeout_s is None
-            else StepWatchdog(stall_timeout_s, busy=lambda: bool(self._in_flight), on_stall=self._declare_stalled)
-        )
+        stall_s = settings.stall_timeout_s
+        busy = lambda: bool(self._in_flight)  # noqa: E731  (the watchdog's probe, read per tick)
+        self._watchdog = None if stall_s is None else StepWatchdog(stall_s, busy=busy, on_stall=self._declare_stalled)
         self._memory = (0, 0, 0)
         self._admissions_open = True
         #: Set when there may be something to do: an admission, a command, admission closing.
@@ -123,43 +110,14 @@ class SchedulerActor:
         self._stepping = trio.CancelScope()
         self._num_steps = 0
 
-    @staticmethod
-    def max_outstanding(plans_in_flight: int, max_running: int) -> int:
-        """Plans (and so results) outstanding at most: join plans only where a plan can be
-        queued behind the running one, and each starts one of ``max_running`` requests."""
-        return plans_in_flight + (max_running if plans_in_flight >= 2 else 0)
-
-    def _new_scheduler(self) -> Scheduler:
-        return Scheduler(
-            max_running=self._max_running,
-            kv_budget_tokens=self._kv_budget_tokens,
-            # Tokens, not steps: each plan in flight, and the next step, may add this many.
-            lookahead_tokens=(self._plans_in_flight + 1) * self._max_tokens_per_step,
-            max_num_batched_tokens=self._prefill_budget[0],
-            prefill_chunk_tokens=self._prefill_budget[1],
-            prefill_chunk_decoding_tokens=self._prefill_budget[2],
-        )
-
     def statistics(self) -> SchedulerStatistics:
-        s = self._scheduler
-        active, peak, cache = self._memory
-        return SchedulerStatistics(
-            num_waiting=s.num_waiting,
-            num_running=s.num_running,
+        return scheduler_statistics(
+            self._scheduler,
+            delivery=self._delivery,
             num_steps=self._num_steps,
-            num_finished=self._delivery.num_finished,
-            num_aborted=self._delivery.num_aborted,
-            running_ids=tuple(s.running),
-            waiting_ids=tuple(r.request_id for r in s.waiting),
-            requests=tuple(RequestSnapshot.of(r) for r in (*s.running.values(), *s.waiting)),
             admit_queue_depth=self._admit_recv.statistics().current_buffer_used,
             plans_in_flight=len(self._in_flight),
-            mlx_active_bytes=active,
-            mlx_peak_bytes=peak,
-            mlx_cache_bytes=cache,
-            num_preemptions=s.num_preemptions,
-            kv_tokens_held=s.kv_tokens_held,
-            kv_budget_tokens=s.kv_budget_tokens,
+            memory=self._memory,
         )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -280,7 +238,7 @@ class SchedulerActor:
         for request in [*self._scheduler.running.values(), *self._scheduler.waiting]:
             request.status = RequestStatus.FINISHED_ERROR
             self._delivery.fail(request, error)
-        self._scheduler = self._new_scheduler()
+        self._scheduler = self._settings.new_scheduler()
         self._in_flight.clear()
 
     async def _refuse_while_failed(self) -> None:
@@ -346,7 +304,7 @@ class SchedulerActor:
         return (
             self._plans_in_flight >= 2
             and outstanding >= 1
-            and outstanding < self.max_outstanding(self._plans_in_flight, self._max_running)
+            and outstanding < self._settings.max_outstanding
             and self._scheduler.fits_ahead((outstanding + 1 - self._plans_in_flight) * self._max_tokens_per_step)
         )
 

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
 
 from ..core.request import Request
+
+if TYPE_CHECKING:
+    from ..core.scheduler import Scheduler
+    from .delivery import Delivery
 
 
 @attrs.frozen(slots=True, kw_only=True)
@@ -58,3 +64,35 @@ class RequestSnapshot:
             time_to_first_token=None if first is None else first - request.arrival_time,
             num_preemptions=request.num_preemptions,
         )
+
+
+def scheduler_statistics(
+    s: Scheduler,
+    *,
+    delivery: Delivery,
+    num_steps: int,
+    admit_queue_depth: int,
+    plans_in_flight: int,
+    memory: tuple[int, int, int],
+) -> SchedulerStatistics:
+    """The snapshot of a scheduler actor: its core scheduler, its delivery counts, its steps and
+    queues, and the MLX memory (active, peak, cache bytes) its last result reported."""
+    active, peak, cache = memory
+    return SchedulerStatistics(
+        num_waiting=s.num_waiting,
+        num_running=s.num_running,
+        num_steps=num_steps,
+        num_finished=delivery.num_finished,
+        num_aborted=delivery.num_aborted,
+        running_ids=tuple(s.running),
+        waiting_ids=tuple(r.request_id for r in s.waiting),
+        requests=tuple(RequestSnapshot.of(r) for r in (*s.running.values(), *s.waiting)),
+        admit_queue_depth=admit_queue_depth,
+        plans_in_flight=plans_in_flight,
+        mlx_active_bytes=active,
+        mlx_peak_bytes=peak,
+        mlx_cache_bytes=cache,
+        num_preemptions=s.num_preemptions,
+        kv_tokens_held=s.kv_tokens_held,
+        kv_budget_tokens=s.kv_budget_tokens,
+    )

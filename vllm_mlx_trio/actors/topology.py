@@ -36,6 +36,7 @@ from .admission import AdmissionActor, AdmissionLimits
 from .admission_media import make_media_loader
 from .cache_manager import CacheManagerActor
 from .scheduler import SchedulerActor
+from .scheduler_settings import SchedulerSettings, max_outstanding
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
     control_send, control_recv = trio.open_memory_channel[ControlCommand](CONTROL_BUFFER)
     admit_send, admit_recv = trio.open_memory_channel(ADMIT_BUFFER)
     plan_send, plan_recv = trio.open_memory_channel(0)
-    result_send, result_recv = trio.open_memory_channel(SchedulerActor.max_outstanding(in_flight, running))
+    result_send, result_recv = trio.open_memory_channel(max_outstanding(in_flight, running))
     cache_send, cache_recv = trio.open_memory_channel(CACHE_BUFFER)
     match_send, match_recv = trio.open_memory_channel(1)
     health = EngineHealth()
@@ -181,20 +182,19 @@ def _scheduler(
     **channels: Any,
 ) -> SchedulerActor:
     """The scheduler for ``runner`` (its plans in flight, tokens per step and running limit) over ``channels``."""
-    return SchedulerActor(
-        **channels,
+    settings = SchedulerSettings(
         eos_token_ids=model_info.eos_token_ids,
         max_running=runner.max_running(cfg.engine),
         plans_in_flight=runner.plans_in_flight,
         max_tokens_per_step=runner.max_tokens_per_step,
         stream_interval=cfg.engine.stream_interval,
-        prefill_budget=(cfg.engine.max_num_batched_tokens, cfg.engine.prefill_step_size,
-                        cfg.engine.prefill_step_size_decoding),  # fmt: skip
-        metrics=metrics,
-        health=health,
         stall_timeout_s=cfg.limits.engine_stall_timeout_s,
         kv_budget_tokens=model_info.kv_budget_tokens,
+        max_num_batched_tokens=cfg.engine.max_num_batched_tokens,
+        prefill_chunk_tokens=cfg.engine.prefill_step_size,
+        prefill_chunk_decoding_tokens=cfg.engine.prefill_step_size_decoding,
     )
+    return SchedulerActor(**channels, settings=settings, metrics=metrics, health=health)
 
 
 def _admission(

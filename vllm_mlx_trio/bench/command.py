@@ -47,6 +47,16 @@ def add_bench_parser(commands, config_args: ConfigArgs) -> None:
     bench = commands.add_parser("bench", help="benchmarks that print tables (docs/benchmarks.md)")
     sub = bench.add_subparsers(dest="bench_command", required=True)
 
+    _in_process_args(sub, config_args)
+    _cache_and_speculative_args(sub, config_args)
+    _soak_args(sub, config_args)
+    _latency_args(sub, config_args)
+    _router_args(sub, config_args)
+    _server_args(sub, config_args)
+
+
+def _in_process_args(sub, config_args: ConfigArgs) -> None:
+    """Benchmarks that run mlx-lm or our engine in this process."""
     single = sub.add_parser("single", help="one streamed request at a time: mlx-lm vs engine vs HTTP")
     config_args(single)
     single.add_argument("--model", default=None, help="model path (default: the config's)")
@@ -96,6 +106,8 @@ def add_bench_parser(commands, config_args: ConfigArgs) -> None:
     structured.add_argument("--rows", type=_positive, default=4, help="rows in the batch (default 4)")
     structured.add_argument("--max-tokens", type=_positive, default=64, help="tokens per row (default 64)")
 
+
+def _cache_and_speculative_args(sub, config_args: ConfigArgs) -> None:
     spec = sub.add_parser("speculative", help="tok/s with speculative decoding on vs off, and its acceptance")
     config_args(spec)
     spec.add_argument("--model", default="demo:spec-target", help="target model (default demo:spec-target)")
@@ -119,6 +131,8 @@ def add_bench_parser(commands, config_args: ConfigArgs) -> None:
                         help="also our server from another checkout, in the same rounds (repeatable)")
     prefix.add_argument("--port", type=_positive, default=8711, help="first port of that comparison (default 8711)")
 
+
+def _soak_args(sub, config_args: ConfigArgs) -> None:
     soak = sub.add_parser("soak", help="mixed requests on our server, then a memory/task/fd leak check")
     config_args(soak)
     soak.add_argument("--model", default="demo:tiny", help="model path (default demo:tiny)")
@@ -129,9 +143,9 @@ def add_bench_parser(commands, config_args: ConfigArgs) -> None:
     soak.add_argument("--warmup", type=int, default=1500, help="mix requests before the baseline (default 1500)")
     soak.add_argument("--json", dest="json_path", default=None, help="also write the results here")
 
-    _latency_args(sub, config_args)
-    _router_args(sub, config_args)
 
+def _server_args(sub, config_args: ConfigArgs) -> None:
+    """Benchmarks over HTTP against our server and the peers'."""
     every = sub.add_parser("all", help="ceiling, engine and our HTTP server for each model")
     config_args(every)
     every.add_argument("--models", default="demo:tiny,demo:small", help="comma-separated model paths")
@@ -147,7 +161,6 @@ def add_bench_parser(commands, config_args: ConfigArgs) -> None:
     peers.add_argument("--no-seeds", action="store_true", help="skip the five-prompt seeds workload")
     _ignore_eos_arg(peers)
     _workload_args(peers, "1,5")
-
 
 def _latency_args(sub, config_args: ConfigArgs) -> None:
     lat = sub.add_parser("latency", help="TTFT and ITL at 1, 5, 16 streams: ours vs mlx_lm.server and vllm-mlx")
