@@ -7,7 +7,7 @@ streamed 256-token chat at a time, fresh prompt, greedy) and reads each server's
 /proc) around every request. The raw loop runs in a child process of its own after each round, on a fresh
 50-token prompt. Per round, each server's figures are paired with that round's raw loop.
 
-    python scripts/one_stream_cpu.py --rounds 12 ours=. nolane=.:engine.single_row_decode=false base=/path/to/main
+    python scripts/one_stream_cpu.py --rounds 12 ours=. run_ahead_off=.:engine.run_ahead_steps=1 base=/path/to/main
 """
 
 from __future__ import annotations

@@ -133,10 +133,6 @@ class EngineSection:
     #: nothing waits (run-ahead; each plan also stays under 16 ms), so one streamed chunk carries
     #: up to this many tokens and the event loop handles them together (>= 1; 1: off).
     run_ahead_steps: int = _option(8, _in_range(1))
-    #: Batched mode: a row alone in the batch (nothing else decoding, prefilling or queued in
-    #: mlx-lm's BatchGenerator) decodes outside the generator's batch machinery, on a plain KV
-    #: cache, with the same output; it goes back into the batch when another row arrives.
-    single_row_decode: bool = _option(True)
     #: VLM mode (engine.mode = "vlm"): prompt tokens per step of a media prompt's language prefill (>= 1; none:
     #: prefill_step_size). Its vision encoding is one step, then a chunk per step, so running
     #: text streams keep getting tokens while a large image or video prefills.

@@ -16,8 +16,6 @@ streams a plan runs ahead: its chunk first, then its decode steps within the run
 (``CHUNK_PLAN_RUN_AHEAD`` times the time; the chunk's own time is not counted there).
 
 While every row decodes, a plan runs several decode steps ("run-ahead", worker/run_ahead.py).
-While the generator holds one row alone, that row decodes outside its batch machinery
-(worker/single_row.py, ``engine.single_row_decode``).
 
 Every row carries its own sampler (its own PRNG key), logits processors, stop token ids and
 max_tokens; the generator ends a row itself at max_tokens or a stop token, where the one
@@ -27,7 +25,6 @@ termination rule (core/termination.py, applied by :class:`RunnerBase`) ends it t
 from __future__ import annotations
 
 import time
-from typing import ClassVar
 
 import attrs
 import mlx.core as mx
@@ -42,7 +39,6 @@ from .prefill_budget import ChunkSizer
 from .run_ahead import CHUNK_PLAN_RUN_AHEAD, RUN_AHEAD_S, joined, kv_fits
 from .runner_base import Advance, Emission, LiveSequence, RunnerBase
 from .sampling import greedy, guard_processors, make_request_processors, make_request_sampler, token_logprob
-from .single_row import SingleRow
 from .thread_streams import enter_mlx_thread, leave_mlx_thread
 
 
@@ -63,9 +59,6 @@ class BatchRunner(RunnerBase):
     #: One plan queued so the MLX thread starts the next step without waiting for Trio.
     plans_in_flight = 2
     max_tokens_per_step = 1
-    #: Whether a row alone in the generator may decode through :class:`SingleRow` (with
-    #: ``engine.single_row_decode``); a subclass that takes the one row out itself says no.
-    single_row_path: ClassVar[bool] = True
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -90,8 +83,6 @@ class BatchRunner(RunnerBase):
         self._run_ahead_steps = 1
         #: Rows whose prompt the last generator step ended: their first token is the next step's.
         self._prompt_ends = 0
-        #: The generator's one row, decoding alone outside its batch machinery (worker/single_row.py).
-        self._single: SingleRow | None = None
 
     def _load(self) -> ModelInfo:
         enter_mlx_thread()
@@ -113,8 +104,6 @@ class BatchRunner(RunnerBase):
             stream=mx.new_stream(mx.default_device()),
         )
         self._run_ahead_steps = 1 if sharding() else engine.run_ahead_steps
-        if self.single_row_path and engine.single_row_decode and not sharding():
-            self._single = SingleRow(self._generator, may_take=lambda: not self.starts_waiting())
         if engine.prefill_time_ratio is not None:
             self._prefill = PromptPrefill(model, self._generator.stream, on_boundary=self._prefix.at_boundary)
             chunk = min(engine.prefill_step_size, engine.prefill_step_size_decoding or engine.prefill_step_size)
@@ -142,8 +131,6 @@ class BatchRunner(RunnerBase):
         its cache (None: an empty one), the rest are its prompt there. A row with only its last
         prompt token left joins the decode batch directly (worker/generator_join.py)."""
         assert self._generator is not None
-        if self._single is not None:  # the row alone goes back first: the generator batches them
-            self._single.give_back()
         seqs = [sequence.seq for sequence in live]
         rows = [self._row(sequence) for sequence in live]
         joining = [len(seq.prompt_token_ids) - n == 1 and cache is not None
@@ -247,11 +234,9 @@ class BatchRunner(RunnerBase):
         return kv_fits(live, steps, self._info.kv_budget_tokens, headroom)
 
     def _generator_step(self, prompts_done: list[RequestId]) -> Advance:
-        """One ``BatchGenerator.next()`` (or the one-row path's step while it holds the
-        generator's only row): its tokens, and the prompts it finished."""
+        """One ``BatchGenerator.next()``: its tokens, and the prompts it finished."""
         assert self._generator is not None
-        single = self._single is not None and self._single.settle()
-        prompt_progress, generated = (self._single if single else self._generator).next()
+        prompt_progress, generated = self._generator.next()
         ended_prompts = [r.uid for r in prompt_progress if r.end_of_prompt]
         self._decoding.update(ended_prompts)
         self._prompt_ends = len(ended_prompts)
@@ -337,10 +322,9 @@ class BatchRunner(RunnerBase):
         if self._prefill is not None:
             self._prefill.remove([sequence.handle for sequence in live if isinstance(sequence.handle, PrefillRow)])
         uids = [sequence.handle for sequence in live if sequence.handle in self._request_ids]
-        in_generator = self._single.drop(uids) if self._single is not None else uids
-        if in_generator:
-            self._generator.remove(in_generator)
-        self._direct.forget(uids)
+        if uids:
+            self._generator.remove(uids)
+            self._direct.forget(uids)
         for uid in uids:
             del self._request_ids[uid]
             self._decoding.discard(uid)
@@ -379,7 +363,6 @@ class BatchRunner(RunnerBase):
         return mlx_memory(idle=idle)
 
     def _close(self) -> None:
-        self._single = None
         if self._generator is not None:
             self._generator.close()
             self._generator = None

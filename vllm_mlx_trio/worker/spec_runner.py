@@ -72,8 +72,6 @@ class SpecRunner(BatchRunner):
 
     #: Set per configuration by :meth:`configured` (num_draft_tokens + 1): the scheduler budgets KV by it.
     max_tokens_per_step = 1
-    #: The one row alone is taken out of the batch here (worker/spec_moves.py), not by worker/single_row.py.
-    single_row_path = False
 
     @classmethod
     def configured(cls, cfg) -> type[SpecRunner]:
