@@ -95,22 +95,15 @@ class DraftModelDrafter:
         self._unfed = []
         return self._draft(inputs, num_tokens, pick)
 
-    def draft_ahead(self, drafts: mx.array, num_tokens: int, pick: Pick | None = None,
-                    bonus: mx.array | None = None) -> None:  # fmt: skip
+    def draft_ahead(self, drafts: mx.array, num_tokens: int, pick: Pick | None = None) -> None:
         """Start the next round's ``num_tokens`` drafts, as if :meth:`settle` will accept all of ``drafts`` (this
         round's, from :meth:`propose_lazy`) and the verify's bonus will be the draft model's own greedy token after
-        them (the guess: it depends on no verify, so all of it runs beside the verify). With ``bonus`` (the
-        verify's lazy token: a sampled bonus is a draw no guess would match) they follow it instead, and wait for
-        the verify."""
+        them (the guess: it depends on no verify, so all of it runs beside the verify)."""
         assert self._cache is not None and self._ahead is None, "one round ahead at most"
         if num_tokens <= 0 or self._num_drafts == 0:
             return
-        if bonus is None:
-            (guess, *ahead) = self._draft(drafts[-1:][None], 1 + num_tokens, pick, greedy_first=True)
-            self._ahead = _Ahead(guess, mx.concatenate(ahead))
-        else:
-            guess = bonus.reshape(1).astype(mx.uint32)
-            self._ahead = _Ahead(guess, self._draft(mx.concatenate([drafts[-1:], guess])[None], num_tokens, pick))
+        (guess, *ahead) = self._draft(drafts[-1:][None], 1 + num_tokens, pick, greedy_first=True)
+        self._ahead = _Ahead(guess, mx.concatenate(ahead))
 
     def _draft(self, inputs: mx.array, num_tokens: int, pick: Pick | None, *, greedy_first: bool = False) -> Any:
         """``num_tokens`` drafts after ``inputs`` (lazy, on the draft stream); ``pick`` chooses each (default: the

@@ -122,9 +122,9 @@ class PipelinedDrafter(LazyDrafter, Protocol):
         drafts = drafter.propose_lazy(next_token, k')       # the ahead drafts, if drafted after next_token
     """
 
-    def draft_ahead(self, drafts: mx.array, num_tokens: int, pick: Any = None, bonus: mx.array | None = None) -> None:
+    def draft_ahead(self, drafts: mx.array, num_tokens: int, pick: Any = None) -> None:
         """Start the next round's ``num_tokens`` drafts as if the coming :meth:`Drafter.settle` accepts all of
-        ``drafts``, after the drafter's own guess of the bonus token (so nothing waits for the verify), or after
-        ``bonus`` (the verify's lazy token) when given; a settle that rejects any draft, or a next
-        :meth:`LazyDrafter.propose_lazy` whose token is not the one they follow, drops them."""
+        ``drafts``, after the drafter's own guess of the bonus token (so nothing waits for the verify); a settle
+        that rejects any draft, or a next :meth:`LazyDrafter.propose_lazy` whose token is not the guess, drops
+        them."""
         ...

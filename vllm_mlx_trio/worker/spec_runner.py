@@ -218,8 +218,7 @@ class SpecRunner(BatchRunner):
             mx.async_eval(accepted_count, next_token)
             if self._pipelined and spec.all_accepted and drafts.size:
                 next_budget = draft_budget(self._num_draft_tokens, tokens_left - drafts.size - 1)
-                bonus = None if spec.sampler is None else next_token  # a greedy bonus is guessed, a draw is not
-                self._drafter.draft_ahead(drafts, next_budget, pick, bonus)  # type: ignore[attr-defined]
+                self._drafter.draft_ahead(drafts, next_budget, pick)  # type: ignore[attr-defined]
             num_accepted, draft_ids = int(accepted_count.item()), drafts.tolist()  # the round's one wait
             pending = int(next_token.item())
             transaction.keep(1 + num_accepted)
