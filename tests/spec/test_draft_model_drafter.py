@@ -73,39 +73,24 @@ def test_a_round_without_drafts_still_keeps_step(model):
     assert drafter._cache is None
 
 
-#: Rounds as (drafts accepted, whether the bonus is the draft model's own guess after the last draft).
-ROUND_PATTERNS = [
-    ((4, True), (4, True), (4, True)),
-    ((4, True), (2, False), (4, True)),
-    ((1, False), (4, True), (0, False)),
-    ((4, False), (4, True), (1, False)),
-    ((4, True), (4, False), (4, False)),
-]
-
-
-@pytest.mark.parametrize("pattern", ROUND_PATTERNS)
+@pytest.mark.parametrize("pattern", [(4, 4, 4), (4, 2, 4), (1, 4, 0), (4, 4, 1)])
 def test_drafting_a_round_ahead_keeps_the_drafter_in_step(model, pattern):
-    """The pipelined round: drafts stay lazy, the next round's drafts start (after the draft model's guess of the
-    bonus) before the host reads this round; a round that accepts everything and whose bonus is the guess uses
-    them, any other drops them."""
+    """The pipelined round: drafts stay lazy, the next round's drafts start from the (lazy) bonus before the host
+    reads this round; a round that accepts everything uses them, one that rejects any drops them."""
+    import mlx.core as mx
+
     from vllm_mlx_trio.worker.spec_draft_model import DraftModelDrafter
 
     drafter = DraftModelDrafter(model)
     drafter.start(PROMPT, None)
-    target_cache, last, ahead = [*PROMPT], 7, None
-    for num_accepted, guessed in pattern:
+    target_cache, last = [*PROMPT], 7
+    for num_accepted in pattern:
         drafts = drafter.propose_lazy(last, 4)
-        assert (drafts is ahead) == (ahead is not None)  # drafts made ahead are used exactly when they stand
         draft_ids = drafts.tolist()
         assert draft_ids == greedy_continuation(model, [*target_cache, last], 4)
-        guess = greedy_continuation(model, [*target_cache, last, *draft_ids], 1)[0]
-        if num_accepted == 4:
-            bonus = guess if guessed else (guess + 1) % 512
-        else:
-            bonus = (draft_ids[num_accepted] + 1) % 512
-        drafter.draft_ahead(drafts, 4)  # always, as the runner does after a round that accepted everything
+        bonus = 11 if num_accepted == 4 else (draft_ids[num_accepted] + 1) % 512
+        drafter.draft_ahead(drafts, mx.array(bonus), 4)  # always: the bonus is what the verify would say
         drafter.settle([*draft_ids[:num_accepted], bonus], None)
-        ahead = drafter._ahead.drafts if num_accepted == 4 and bonus == guess else None
         target_cache += [last, *draft_ids[:num_accepted]]
         last = bonus
     # the ahead drafts (if they stand) or fresh ones are the greedy continuation; a shorter budget re-drafts

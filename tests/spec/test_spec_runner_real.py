@@ -244,8 +244,8 @@ class _SpoilingDrafter:
     def propose(self, last_token, num_tokens):
         raise AssertionError("a pipelined drafter is asked through propose_lazy")
 
-    def draft_ahead(self, drafts, num_tokens, pick=None) -> None:
-        self._inner.draft_ahead(drafts, num_tokens, pick)
+    def draft_ahead(self, drafts, bonus, num_tokens, pick=None) -> None:
+        self._inner.draft_ahead(drafts, bonus, num_tokens, pick)
 
     def settle(self, accepted, target_hidden) -> None:
         self._inner.settle(accepted, target_hidden)

@@ -4,12 +4,6 @@ The drafter keeps its own KV cache of the sequence. Invariant after :meth:`Draft
 cache, followed by :attr:`DraftModelDrafter._unfed` (tokens it has not run yet), holds exactly what the target's
 cache holds. Drafting ``k`` tokens runs ``k`` one-token forwards (the first also runs the unfed tokens); rejected
 drafts are trimmed off the cache afterwards, as mlx-lm's ``speculative_generate_step`` does.
-
-The draft model runs on a stream of its own, so the next round's drafts (:meth:`DraftModelDrafter.draft_ahead`) are
-computed while the target verifies this round: on a CPU device that is a second core, on a GPU a second queue.
-They cannot wait for the verify's bonus token without waiting for the verify itself, so the draft model guesses the
-bonus (its own greedy token after the last draft) and drafts after the guess; they stand only if the round accepts
-every draft and the bonus is the guess.
 """
 
 from __future__ import annotations
@@ -32,10 +26,9 @@ DRAFT_PREFILL_STEP = 512
 
 @attrs.define(slots=True)
 class _Ahead:
-    """Drafts started for the next round before this round's verify was read, assuming it accepts every draft and
-    its bonus is ``guess``: the cache has also run the last draft, the guess and all but the last of these."""
+    """Drafts started for the next round before this round's verify was read, assuming it accepts every draft:
+    the cache has also run the last draft, the bonus and all but the last of these."""
 
-    guess: mx.array
     drafts: mx.array
     confirmed: bool = False
 
@@ -45,14 +38,13 @@ class DraftModelDrafter:
 
     Besides the :class:`~.spec_drafter.Drafter` protocol it pipelines (:class:`~.spec_drafter.PipelinedDrafter`):
     :meth:`propose_lazy` leaves the drafts on the device, and :meth:`draft_ahead` starts the next round's drafts
-    on the draft model's own stream, beside the verify, so the device never waits for the host between rounds.
+    from the verify's (lazy) bonus token, so the device never waits for the host between rounds.
     """
 
     needs_target_hidden: ClassVar[bool] = False
 
     def __init__(self, model: Any, *, prefill_step: int = DRAFT_PREFILL_STEP):
         self._model = model
-        self._stream = mx.new_stream(mx.default_device())  # the draft model's work runs beside the target's
         self._prefill_step = prefill_step
         self._cache: list[Any] | None = None
         self._unfed: list[int] = []
@@ -66,8 +58,7 @@ class DraftModelDrafter:
                                  "sliding-window or recurrent layers")  # fmt: skip
         tokens = list(tokens)
         while len(tokens) > self._prefill_step:
-            with mx.stream(self._stream):
-                self._model(mx.array([tokens[: self._prefill_step]]), cache=self._cache)
+            self._model(mx.array([tokens[: self._prefill_step]]), cache=self._cache)
             mx.eval([c.state for c in self._cache])
             tokens = tokens[self._prefill_step :]
         self._unfed = tokens
@@ -83,10 +74,10 @@ class DraftModelDrafter:
         assert self._cache is not None, "start() first"
         ahead, self._ahead = self._ahead, None
         if ahead is not None and ahead.confirmed:
-            if ahead.drafts.size == num_tokens and int(ahead.guess.item()) == last_token:  # the guess was right
+            if ahead.drafts.size == num_tokens:  # started last round for exactly this: ``last_token`` is its bonus
                 self._num_drafts = num_tokens
                 return ahead.drafts
-            trim_prompt_cache(self._cache, ahead.drafts.size)  # keep the last draft, drop the guess and the rest
+            trim_prompt_cache(self._cache, ahead.drafts.size)  # keep the last draft, drop the bonus and the rest
         self._num_drafts = max(0, num_tokens)
         if num_tokens <= 0:
             self._unfed.append(last_token)
@@ -95,29 +86,24 @@ class DraftModelDrafter:
         self._unfed = []
         return self._draft(inputs, num_tokens, pick)
 
-    def draft_ahead(self, drafts: mx.array, num_tokens: int, pick: Pick | None = None) -> None:
-        """Start the next round's ``num_tokens`` drafts, as if :meth:`settle` will accept all of ``drafts`` (this
-        round's, from :meth:`propose_lazy`) and the verify's bonus will be the draft model's own greedy token after
-        them (the guess: it depends on no verify, so all of it runs beside the verify)."""
+    def draft_ahead(self, drafts: mx.array, bonus: mx.array, num_tokens: int, pick: Pick | None = None) -> None:
+        """Start the next round's ``num_tokens`` drafts after ``bonus`` (lazy: the verify's token after the last
+        draft), as if :meth:`settle` will accept all of ``drafts`` (this round's, from :meth:`propose_lazy`)."""
         assert self._cache is not None and self._ahead is None, "one round ahead at most"
         if num_tokens <= 0 or self._num_drafts == 0:
             return
-        (guess, *ahead) = self._draft(drafts[-1:][None], 1 + num_tokens, pick, greedy_first=True)
-        self._ahead = _Ahead(guess, mx.concatenate(ahead))
+        inputs = mx.concatenate([drafts[-1:], bonus.reshape(1).astype(mx.uint32)])[None]
+        self._ahead = _Ahead(self._draft(inputs, num_tokens, pick))
 
-    def _draft(self, inputs: mx.array, num_tokens: int, pick: Pick | None, *, greedy_first: bool = False) -> Any:
-        """``num_tokens`` drafts after ``inputs`` (lazy, on the draft stream); ``pick`` chooses each (default: the
-        argmax), but the first is the argmax with ``greedy_first`` (a guess, not a draw: no ``q`` row is kept)."""
+    def _draft(self, inputs: mx.array, num_tokens: int, pick: Pick | None) -> mx.array:
         drafts = []
-        with mx.stream(self._stream):
-            for i in range(num_tokens):
-                logits = self._model(inputs, cache=self._cache)[:, -1, :]
-                greedy = pick is None or (greedy_first and i == 0)
-                token = mx.argmax(logits, axis=-1).astype(mx.uint32) if greedy else pick(logits)
-                mx.async_eval(token)
-                drafts.append(token)
-                inputs = token[:, None]
-        return drafts if greedy_first else mx.concatenate(drafts)
+        for _ in range(num_tokens):
+            logits = self._model(inputs, cache=self._cache)[:, -1, :]
+            token = mx.argmax(logits, axis=-1).astype(mx.uint32) if pick is None else pick(logits)
+            mx.async_eval(token)
+            drafts.append(token)
+            inputs = token[:, None]
+        return mx.concatenate(drafts)
 
     def settle(self, accepted: Sequence[int], target_hidden: mx.array | None) -> None:
         """The cache ran ``last`` and the drafts but the last one; keep ``last`` and the accepted drafts."""

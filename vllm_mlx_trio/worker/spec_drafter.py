@@ -116,15 +116,13 @@ class PipelinedDrafter(LazyDrafter, Protocol):
 
         drafts = drafter.propose_lazy(last, k)              # lazy uint32 (n,), evaluation started
         verify [last, *drafts] -> verdict (lazy)            # evaluation started
-        drafter.draft_ahead(drafts, k')                     # next round's drafts, beside the verify
+        drafter.draft_ahead(drafts, next_token, k')         # next round's drafts, if all n are accepted
         read drafts and verdict (the one sync)
-        drafter.settle(accepted, hidden)                    # all accepted: the ahead drafts may stand, else dropped
-        drafts = drafter.propose_lazy(next_token, k')       # the ahead drafts, if drafted after next_token
+        drafter.settle(accepted, hidden)                    # all accepted: the ahead drafts stand, else dropped
+        drafts = drafter.propose_lazy(next_token, k')       # returns the ahead drafts when they stand
     """
 
-    def draft_ahead(self, drafts: mx.array, num_tokens: int, pick: Any = None) -> None:
-        """Start the next round's ``num_tokens`` drafts as if the coming :meth:`Drafter.settle` accepts all of
-        ``drafts``, after the drafter's own guess of the bonus token (so nothing waits for the verify); a settle
-        that rejects any draft, or a next :meth:`LazyDrafter.propose_lazy` whose token is not the guess, drops
-        them."""
+    def draft_ahead(self, drafts: mx.array, bonus: mx.array, num_tokens: int, pick: Any = None) -> None:
+        """Start the next round's ``num_tokens`` drafts after ``bonus`` (a lazy token) as if the coming
+        :meth:`Drafter.settle` accepts all of ``drafts``; a settle that rejects any drops them."""
         ...

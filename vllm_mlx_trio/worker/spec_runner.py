@@ -15,7 +15,7 @@ its settings fit, one speculative round for it:
 
 A round waits for the device once with a lazy drafter (both kinds here): the drafts stay on the device and feed the
 verify lazily; a pipelined drafter (the draft model) also starts the next round's drafts before the host reads this
-round's verdict, on its own stream, beside the verify (after a guess of its bonus token).
+round's verdict.
 
 For a greedy request the pending token is always the target's own greedy token, and every emitted draft equals the
 target's greedy token at its position, so the output is the normal path's, token for token (up to rounding
@@ -199,7 +199,7 @@ class SpecRunner(BatchRunner):
     def _speculate(self, sequence: LiveSequence) -> Emission:
         """One round, synchronising host and device once: the drafts stay on the device, feed the verify forward
         lazily, the verdict is computed there, and all three are read together; a pipelined drafter starts the
-        next round's drafts (after its guess of the verdict's next token, beside the verify) before that read."""
+        next round's drafts (from the verdict's next token) before that read."""
         assert self._drafter is not None and self._generator is not None
         spec: SpecSequence = sequence.handle
         tokens_left = sequence.termination.max_tokens - sequence.num_output_tokens
@@ -218,7 +218,7 @@ class SpecRunner(BatchRunner):
             mx.async_eval(accepted_count, next_token)
             if self._pipelined and spec.all_accepted and drafts.size:
                 next_budget = draft_budget(self._num_draft_tokens, tokens_left - drafts.size - 1)
-                self._drafter.draft_ahead(drafts, next_budget, pick)  # type: ignore[attr-defined]
+                self._drafter.draft_ahead(drafts, next_token, next_budget, pick)  # type: ignore[attr-defined]
             num_accepted, draft_ids = int(accepted_count.item()), drafts.tolist()  # the round's one wait
             pending = int(next_token.item())
             transaction.keep(1 + num_accepted)
