@@ -314,6 +314,18 @@ class PrefixBlocks:
             return None
         token_ids = token_ids[: max(position, 0 if checkpoint is None else checkpoint.num_tokens)]
         copies = self.layout.cut_blocks(cache, first_block, max(0, num_blocks), self.block_size)
+        return self._pend(request_id, token_ids, first_block, copies, checkpoint, snapshots)
+
+    def _pend(
+        self,
+        request_id: RequestId,
+        token_ids: tuple[int, ...],
+        first_block: int,
+        copies: list[BlockArrays],
+        checkpoint: Checkpoint | None,
+        snapshots: list[Checkpoint],
+    ) -> KVReady:
+        """Hold the copies until the cache manager says which to keep; what it is told of them."""
         ready_id = self._next_ready_id
         self._next_ready_id += 1
         self._pending[ready_id] = (first_block, copies, checkpoint, snapshots)
