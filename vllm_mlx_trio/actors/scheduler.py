@@ -100,8 +100,9 @@ class SchedulerActor:
         self._metrics = metrics
         self._health = health or EngineHealth()
         stall_s = settings.stall_timeout_s
-        busy = lambda: bool(self._in_flight)  # noqa: E731  (the watchdog's probe, read per tick)
-        self._watchdog = None if stall_s is None else StepWatchdog(stall_s, busy=busy, on_stall=self._declare_stalled)
+        self._watchdog = (
+            None if stall_s is None else StepWatchdog(stall_s, busy=self._stepping_now, on_stall=self._declare_stalled)
+        )
         self._memory = (0, 0, 0)
         self._admissions_open = True
         #: Set when there may be something to do: an admission, a command, admission closing.
@@ -109,6 +110,10 @@ class SchedulerActor:
         #: The stepping part of the loop; cancelled when the engine fails.
         self._stepping = trio.CancelScope()
         self._num_steps = 0
+
+    def _stepping_now(self) -> bool:
+        """Whether a plan is out on the executor (the watchdog's probe)."""
+        return bool(self._in_flight)
 
     def statistics(self) -> SchedulerStatistics:
         return scheduler_statistics(
