@@ -89,9 +89,6 @@ class SchedulerActor:
         self._match_recv = match_recv
         self._cache = CacheClient(cache_send, match_recv)
         self._settings = settings
-        self._eos_token_ids = settings.eos_token_ids
-        self._plans_in_flight = settings.plans_in_flight
-        self._max_tokens_per_step = settings.max_tokens_per_step
         self._scheduler = settings.new_scheduler()
         self._in_flight: collections.deque[StepPlan] = collections.deque()
         #: Set while waiting for a result: an admission cancels it so the newcomer can join.
@@ -187,7 +184,7 @@ class SchedulerActor:
     async def _receive_admissions(self) -> None:
         """Queue every admission as it arrives (the waiting count is always current)."""
         async for admit in self._admit_recv:
-            self._scheduler.add(Request(admit, self._eos_token_ids))
+            self._scheduler.add(Request(admit, self._settings.eos_token_ids))
             self._wake_loop()
             if self._in_flight:  # it can start at the next plan boundary: end the run-ahead
                 with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
@@ -199,7 +196,7 @@ class SchedulerActor:
 
     async def _send_plans(self) -> None:
         """Top the executor up to ``plans_in_flight`` outstanding plans."""
-        while len(self._in_flight) < self._plans_in_flight and await self._send_plan():
+        while len(self._in_flight) < self._settings.plans_in_flight and await self._send_plan():
             pass
 
     async def _send_plan(self, *, join_previous: bool = False) -> bool:
@@ -305,12 +302,12 @@ class SchedulerActor:
     def _room_to_join(self) -> bool:
         """Whether a join plan may be sent now: a plan is queued behind the running one to join,
         below the outstanding bound, and the KV budget has room for the batch to run ahead."""
-        outstanding = len(self._in_flight)
+        outstanding, settings = len(self._in_flight), self._settings
         return (
-            self._plans_in_flight >= 2
+            settings.plans_in_flight >= 2
             and outstanding >= 1
-            and outstanding < self._settings.max_outstanding
-            and self._scheduler.fits_ahead((outstanding + 1 - self._plans_in_flight) * self._max_tokens_per_step)
+            and outstanding < settings.max_outstanding
+            and self._scheduler.fits_ahead((outstanding + 1 - settings.plans_in_flight) * settings.max_tokens_per_step)
         )
 
     async def _finish_step(self) -> None:
