@@ -130,10 +130,10 @@ def test_a_media_prompt_prefills_in_chunks_while_a_text_row_decodes(vlm32_dir):
         finally:
             driver.close()
     steps, text_tokens, prompt_len, _ = stats["8"]
-    # one step of vision encoding, then ceil((prompt - 1) / 8) chunks (the last one hands the row
-    # to the generator, whose step samples its first token): the text row decodes in each
-    assert steps == 1 + -(-(prompt_len - 1) // 8) and text_tokens == steps
-    assert stats["none"][0] == 2  # the encoding step, then the whole prompt in one chunk
+    # one step of vision encoding, then ceil((prompt - 1) / 8) chunks, the last one not counted:
+    # it hands the row to the generator, whose step gives its first token. The text row decodes in each
+    assert steps == -(-(prompt_len - 1) // 8) and text_tokens == steps
+    assert stats["none"][0] == 1  # the encoding step, then the whole prompt in one chunk with the first token
 
 
 def test_each_image_of_a_prompt_is_encoded_in_its_own_step(vlm32_dir):
@@ -154,8 +154,8 @@ def test_each_image_of_a_prompt_is_encoded_in_its_own_step(vlm32_dir):
     finally:
         driver.close()
     assert len(seq.media) == 3
-    # one image per step, then the prompt in one chunk (the generator samples in the step after)
-    assert encoded == [1, 2, 3, None] and steps == 3 + 1
+    # one image per step, then the prompt in one chunk, whose step gives the first token
+    assert encoded == [1, 2, 3] and steps == 3
 
 
 def test_rope_deltas_stay_with_their_rows_through_merge_filter_extend_extract():

@@ -96,11 +96,22 @@ def _driven_runner(model_dir: str):
     return runner, plan
 
 
+def greedy_reference(runner, num_tokens: int) -> list[int]:
+    """mlx-lm's own greedy continuation of the driven runner's prompt."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    steps = generate_step(mx.array(list(range(10, 40))), runner._generator.model, max_tokens=num_tokens,
+                          sampler=lambda logprobs: mx.argmax(logprobs, axis=-1))  # fmt: skip
+    return [int(token) for token, _logprobs in steps]
+
+
 @pytest.mark.parametrize("time_limit_s", [0.0, 60.0])
 def test_the_plan_that_starts_a_prompt_gives_its_first_token_and_ends_there(float32_dir, monkeypatch, time_limit_s):
-    """Time to first token: the plan that prefills a prompt alone runs on to its first token (one
-    step past the prompt's end, whatever the time limit: 0 lets no step join for time's sake)
-    and stops at it (60 s would let 8 steps join); the next plan runs ahead."""
+    """Time to first token: the plan that prefills a prompt alone gives its first token from the
+    step that ends the prompt (whatever the time limit: 0 lets no step join for time's sake) and
+    stops at it (60 s would let 8 steps join); the next plan runs ahead: 8 steps, whose first
+    hands back the token already emitted (dropped), so 7 tokens."""
     monkeypatch.setattr(batch_runner, "RUN_AHEAD_S", time_limit_s)
     runner, plan = _driven_runner(float32_dir)
     try:
@@ -108,6 +119,7 @@ def test_the_plan_that_starts_a_prompt_gives_its_first_token_and_ends_there(floa
         assert [len(tokens) for _rid, tokens in first.sampled] == [1]
         monkeypatch.setattr(batch_runner, "RUN_AHEAD_S", 60.0)  # now only the steps limit
         second = runner.execute(plan(1))
-        assert [len(tokens) for _rid, tokens in second.sampled] == [8]
+        assert [len(tokens) for _rid, tokens in second.sampled] == [7]
+        assert first.sampled[0][1] + second.sampled[0][1] == tuple(greedy_reference(runner, 8))
     finally:
         runner.close()

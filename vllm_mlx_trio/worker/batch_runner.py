@@ -64,7 +64,8 @@ class BatchRunner(RunnerBase):
         super().__init__(cfg)
         self._generator: BatchGenerator | None = None
         self._request_ids: dict[int, RequestId] = {}  # BatchGenerator uid -> request
-        self._decoding: set[int] = set()  # uids past their prompt: they decode every step
+        #: uids past their prompt and first token: the generator's next response for them is a new token.
+        self._decoding: set[int] = set()
         #: Rows that joined the decode batch with their last prompt token (worker/generator_join.py).
         self._direct = JoinedRows()
         #: Prompts the runner prefills itself (engine.prefill_time_ratio set), else None.
@@ -81,8 +82,6 @@ class BatchRunner(RunnerBase):
         self._run_ahead_s = RUN_AHEAD_S
         #: Decode steps a plan may run: 1 when sharded (every rank must run the same steps).
         self._run_ahead_steps = 1
-        #: Rows whose prompt the last generator step ended: their first token is the next step's.
-        self._prompt_ends = 0
 
     def _load(self) -> ModelInfo:
         enter_mlx_thread()
@@ -189,36 +188,26 @@ class BatchRunner(RunnerBase):
         """One chunk of the runner's own prefill (if any), then one ``BatchGenerator.next()``
         for the whole batch (``live`` is every row anyway), then the run-ahead steps.
 
-        A plan whose step ends a prompt runs one more step (run-ahead on, time limit or not),
-        so the new row's first token leaves in this plan; a plan whose step gave some row its
-        first token ends there, so that token is delivered at once (time to first token)."""
+        A step that ends a prompt gives that row's first token at once (worker/generator_join.py),
+        and the plan ends there, so the token is delivered at once (time to first token)."""
         assert self._generator is not None
         started = time.perf_counter()
         prompts_done = self._prefill_step()
         self._generator.prefill_step_size = self._prefill_chunk()
-        advance = step = self._generator_step(prompts_done)
+        advance = self._generator_step(prompts_done)
         started += self._chunk_s  # the run-ahead bound is for decode steps: a timed chunk is not one
         steps, step_s = 1, time.perf_counter() - started
         while self._run_ahead_steps > 1 and self._may_run_ahead(advance, live, steps):
-            if self._gives_first_token(step):
-                break
             step_started = time.perf_counter()
-            over = steps >= self._run_ahead_steps or (step_started - started) + step_s > self._run_ahead_s
-            if over and not self._prompt_ends:
+            if steps >= self._run_ahead_steps or (step_started - started) + step_s > self._run_ahead_s:
                 break
-            step = self._generator_step([])
-            advance = joined(advance, step)
+            advance = joined(advance, self._generator_step([]))
             steps, step_s = steps + 1, time.perf_counter() - step_started
         return advance
 
-    def _gives_first_token(self, step: Advance) -> bool:
-        """Whether ``step`` carries a row's first token since it entered the runner."""
-        live = self._live
-        return any(e.request_id in live and not live[e.request_id].emitted for e in step.emissions)
-
     def _may_run_ahead(self, advance: Advance, live: list[LiveSequence], steps: int) -> bool:
-        """Another decode step may join this plan: every row decodes, none ended, no queued
-        plan starts a sequence, and the batch stays in the KV budget."""
+        """Another decode step may join this plan: every row decodes (so no first token was just
+        emitted), none ended, no queued plan starts a sequence, and the batch stays in the KV budget."""
         return (
             bool(self._request_ids)
             and len(self._decoding) == len(self._request_ids)
@@ -234,12 +223,11 @@ class BatchRunner(RunnerBase):
         return kv_fits(live, steps, self._info.kv_budget_tokens, headroom)
 
     def _generator_step(self, prompts_done: list[RequestId]) -> Advance:
-        """One ``BatchGenerator.next()``: its tokens, and the prompts it finished."""
+        """One ``BatchGenerator.next()``: its tokens, the first token of each row whose prompt it
+        ended (worker/generator_join.py), and the prompts it finished."""
         assert self._generator is not None
         prompt_progress, generated = self._generator.next()
-        ended_prompts = [r.uid for r in prompt_progress if r.end_of_prompt]
-        self._decoding.update(ended_prompts)
-        self._prompt_ends = len(ended_prompts)
+        first = [r.uid for r in prompt_progress if r.end_of_prompt]
         # All but the last prompt token are in the cache (mlx-lm makes that token its own
         # segment): where the prefix store checkpoints a prompt. An earlier segment's end is a
         # block boundary where it snapshots the sliding-window / recurrent layers.
@@ -250,24 +238,36 @@ class BatchRunner(RunnerBase):
                 self._prefix.at_boundary(self._request_ids[r.uid], self._generator.extract_cache([r.uid])[r.uid][0])
         emissions = []
         for response in generated:
-            if self._direct.take_echo(response.uid):  # a joined row's last prompt token: now decoding
+            if self._direct.take_echo(response.uid):  # a joined row's last prompt token: its first token is next
+                first.append(response.uid)
+            elif self._direct.take_emitted(response.uid):  # the first token, emitted a step ago
                 self._decoding.add(response.uid)
-                self._prompt_ends += 1  # its first token is the next step's, as for a prompt ended here
-                continue
-            ended = response.finish_reason is not None
-            emissions.append(
-                Emission(
-                    self._request_ids[response.uid],
-                    (response.token,),
-                    (response.logprobs,),
-                    ended=ended,
-                    final=response if ended else None,
-                )
-            )
-            if ended:  # the generator has let the row go
-                del self._request_ids[response.uid]
-                self._decoding.discard(response.uid)
+                if response.finish_reason is not None:
+                    self._generator_ended_early(response.uid)
+            else:
+                emissions.append(self._emission(response))
+        emissions += [Emission(self._request_ids[uid], (token,), (row,))
+                      for uid, token, row in self._direct.first_tokens(self._generator, first)]  # fmt: skip
         return Advance(emissions, prompts_done)
+
+    def _emission(self, response) -> Emission:
+        """A generator response as an emission; an ended row is let go (the generator has)."""
+        ended = response.finish_reason is not None
+        request_id = self._request_ids[response.uid]
+        if ended:
+            del self._request_ids[response.uid]
+            self._decoding.discard(response.uid)
+        return Emission(request_id, (response.token,), (response.logprobs,), ended=ended,
+                        final=response if ended else None)  # fmt: skip
+
+    def _generator_ended_early(self, uid: int) -> None:
+        """The generator ended a row on the first token the runner emitted, where the termination
+        rule did not (they share max_tokens and stop ids, so this means a bug): the request fails."""
+        request_id = self._request_ids.pop(uid)
+        self._decoding.discard(uid)
+        self.failures[request_id] = (
+            "the runner ended the sequence after its first token, before its termination rule did"
+        )
 
     def _prefill_step(self) -> list[RequestId]:
         """The runner's own prefill for this plan: a chunk of the oldest prompt, timed against

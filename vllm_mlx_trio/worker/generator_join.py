@@ -1,13 +1,20 @@
-"""Rows whose whole prompt but its last token is in their cache join mlx-lm's decode batch directly.
+"""Rows whose whole prompt but its last token is in their cache join mlx-lm's decode batch directly, and every
+row's first token leaves in the step that computed it.
 
 mlx-lm's ``BatchGenerator`` turns such a one-token prompt into a generation batch of its own, whose constructor runs
 a forward of that token at once (and waits for it), beside the decode step of the rows already generating: two
 forwards in the step that inserts it. Here the row joins the generation batch with its last prompt token as the
 token to feed next, as if it had sampled it, so the next ``next()`` computes it in the same batched forward as every
 other row's token. That step emits the prompt token back (the generator treats whatever it feeds as emitted), so
-the runner drops that one response (:meth:`JoinedRows.take_echo`); the row's first sampled token comes the step
-after, as with mlx-lm's own path. The row's ``max_tokens`` count starts one lower and its stop matcher skips that
-token, so the generator ends the row exactly where it would have.
+the runner drops that one response (:meth:`JoinedRows.take_echo`). The row's ``max_tokens`` count starts one
+lower and its stop matcher skips that token, so the generator ends the row exactly where it would have.
+
+**First token early.** A step's forward samples each row's next token, which the generator hands out one step
+later, after the next forward (it only waits for a token when it feeds it back). Where that forward runs inside
+``mx.async_eval`` (MLX's CPU backend), this costs a whole forward before a new row's first token. So the runner
+reads a new row's first token (and its logprob row) as soon as the step that sampled it returns
+(:meth:`JoinedRows.first_tokens`: a row that joined directly, or one whose prompt mlx-lm's own path ended) and
+drops the generator's response for it a step later. Later tokens keep mlx-lm's pipelining.
 
 This reaches into mlx-lm 0.32.2's ``GenerationBatch`` (its fields are not public), in this one place; the tests
 compare the output with mlx-lm's own path, so a change there fails them.
@@ -38,10 +45,12 @@ class _SkipFirst:
 
 
 class JoinedRows:
-    """The uids that joined the decode batch directly and have not yet had their prompt token echoed."""
+    """The rows whose next response from the generator is to be dropped: a joined row's echoed prompt token, or a
+    first token the runner already emitted."""
 
     def __init__(self) -> None:
         self._echo_pending: set[int] = set()
+        self._emitted_ahead: set[int] = set()
 
     def join(self, generator: BatchGenerator, seqs: Sequence[Any], caches: Sequence[list[Any]],
              rows: Sequence[tuple]) -> list[int]:  # fmt: skip
@@ -80,6 +89,22 @@ class JoinedRows:
         batch._matchers = [_SkipFirst(s.matcher()) for s in stop_sequences]
         return batch
 
+    def first_tokens(self, generator: BatchGenerator, uids: Sequence[int]) -> list[tuple[int, int, mx.array]]:
+        """(uid, token, logprob row) of each row in ``uids`` whose prompt the last step ended: its first sampled
+        token, which the generator would hand out a step later (that response is then dropped)."""
+        if not uids:
+            return []
+        batch = generator._generation_batch
+        index = {uid: i for i, uid in enumerate(batch.uids)}
+        present = [uid for uid in uids if uid in index]
+        if not present:
+            return []
+        rows = [batch._next_logprobs[index[uid]] for uid in present]
+        mx.eval(batch._next_tokens, rows)
+        tokens = batch._next_tokens.tolist()
+        self._emitted_ahead.update(present)
+        return [(uid, tokens[index[uid]], row) for uid, row in zip(present, rows, strict=True)]
+
     def take_echo(self, uid: int) -> bool:
         """Whether this response of ``uid`` is its echoed prompt token (to drop); true once per joined row."""
         if uid in self._echo_pending:
@@ -87,6 +112,14 @@ class JoinedRows:
             return True
         return False
 
+    def take_emitted(self, uid: int) -> bool:
+        """Whether this response of ``uid`` carries the first token :meth:`first_tokens` emitted (to drop)."""
+        if uid in self._emitted_ahead:
+            self._emitted_ahead.discard(uid)
+            return True
+        return False
+
     def forget(self, uids: Sequence[int]) -> None:
-        """These rows left before their echo."""
+        """These rows left before their dropped responses."""
         self._echo_pending.difference_update(uids)
+        self._emitted_ahead.difference_update(uids)

@@ -9,7 +9,7 @@ step a plan): where a step is short (a small model), the Trio side's per-plan wo
 hand-off, scheduling, delivery, one streamed chunk) is shared by several tokens instead of paid
 by each; a long step runs alone as before. A row that ends stops it, and so does a request
 waiting to start (a queued plan starts it, or the scheduler said one was admitted: the executor
-tells). The plan whose step ends a prompt runs on to that row's first token and ends there (time
+tells). A step that gives a row its first token ends the plan, so the token leaves at once (time
 to first token). Not when sharded: every rank must run the same steps. The loop itself is
 ``BatchRunner._advance`` (worker/batch_runner.py), which reads these bounds from its module.
 """
