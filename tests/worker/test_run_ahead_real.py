@@ -80,10 +80,11 @@ def test_the_run_ahead_stays_within_the_kv_budget_and_the_schedulers_headroom():
     assert not runner._kv_fits(rows, 26)
 
 
-def _driven_runner(model_dir: str):
+def _driven_runner(model_dir: str, *overrides: str):
     from vllm_mlx_trio.messages import NewSequence, RequestId, StepPlan
 
-    runner = batch_runner.BatchRunner(load_config(None, overrides=[f"model.path={model_dir}"], environ={}))
+    cfg = load_config(None, overrides=[f"model.path={model_dir}", *overrides], environ={})
+    runner = batch_runner.BatchRunner(cfg)
     runner.load()
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
     new = NewSequence(request_id=RequestId("a"), prompt_token_ids=tuple(range(10, 40)), params=params)
@@ -121,5 +122,33 @@ def test_the_plan_that_starts_a_prompt_gives_its_first_token_and_ends_there(floa
         second = runner.execute(plan(1))
         assert [len(tokens) for _rid, tokens in second.sampled] == [7]
         assert first.sampled[0][1] + second.sampled[0][1] == tuple(greedy_reference(runner, 8))
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize(("prefill_time_ratio", "forwards"), [("0.5", 1), ("none", 2)])
+def test_a_prompts_first_token_leaves_with_the_step_that_sampled_it(float32_dir, prefill_time_ratio, forwards):
+    """With one step a plan: the runner's own prefill hands the prompt to the generator, whose
+    first step computes its last token and samples the first output token; mlx-lm's own path
+    takes a step for the prompt and one for its last token. Either way that token leaves with the
+    step that sampled it, not after the next forward (where mlx-lm hands it out)."""
+    runner, plan = _driven_runner(float32_dir, "engine.run_ahead_steps=1",
+                                  f"engine.prefill_time_ratio={prefill_time_ratio}")  # fmt: skip
+    steps = 0
+    next_step = runner._generator.next
+
+    def counted():
+        nonlocal steps
+        steps += 1
+        return next_step()
+
+    runner._generator.next = counted
+    try:
+        result = runner.execute(plan(0, start=True))
+        step_id = 1
+        while not result.sampled:
+            result, step_id = runner.execute(plan(step_id)), step_id + 1
+        assert steps == forwards
+        assert [tokens for _rid, tokens in result.sampled] == [tuple(greedy_reference(runner, 1))]
     finally:
         runner.close()
