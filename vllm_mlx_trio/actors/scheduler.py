@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import logging
 
 import trio
 
@@ -14,7 +13,6 @@ from ..core.request import Request, RequestStatus
 from ..errors import (
     EngineStalledError,
     ExecutorCrashedError,
-    RequestProcessingError,
     VllmMlxTrioError,
 )
 from ..health import EngineHealth
@@ -38,9 +36,8 @@ from .control_inbox import ControlInbox
 from .delivery import Delivery
 from .scheduler_settings import SchedulerSettings
 from .scheduler_stats import SchedulerStatistics, scheduler_statistics
+from .step_outcome import abort_departed, apply_result, preempt_for_growth
 from .watchdog import StepWatchdog
-
-logger = logging.getLogger(__name__)
 
 
 class SchedulerActor:
@@ -329,38 +326,11 @@ class SchedulerActor:
         self._num_steps += model_step
         self._memory = result.memory
         await self._commit(result.kv_ready)
-        running = self._scheduler.running
-        for request_id, recomputed in result.recomputed:  # disk blocks the executor could not read
-            request = running.get(request_id)
-            if request is not None and result.step_id >= request.first_valid_step:
-                request.num_cached_tokens -= recomputed
-        num_tokens = sum(len(tokens) for rid, tokens in result.sampled if rid in running)
-        if self._metrics is not None and model_step:
-            self._metrics.on_step(num_tokens, result.elapsed_s)
-            self._metrics.on_vision_encode(result.vision_encode_s)
-            if result.spec_decode is not None:
-                self._metrics.on_spec_decode(result.spec_decode)
-        for request in self._scheduler.apply(result):
-            self._delivery.time_request(request)
-            self._deliver(request)
-        for request_id, message in result.failed:
-            request = self._scheduler.running.get(request_id)
-            if request is not None and result.step_id >= request.first_valid_step:
-                self._scheduler.abort(request_id, RequestStatus.FINISHED_ERROR)
-                self._delivery.fail(request, RequestProcessingError(f"The request failed: {message}"))
-        self._preempt_for_growth()
+        apply_result(result, scheduler=self._scheduler, delivery=self._delivery, metrics=self._metrics,
+                     model_step=model_step)  # fmt: skip
+        preempt_for_growth(self._scheduler, self._metrics)
         await self._release_finished()
         return model_step
-
-    def _preempt_for_growth(self) -> None:
-        """Make room for the batch to grow: the newest running requests go back to the queue."""
-        for request in self._scheduler.preempt_for_growth():
-            logger.info(
-                "preempted request %s to stay within the KV budget (%d tokens held, run %d)",
-                request.request_id, request.num_tokens, request.num_preemptions,
-            )  # fmt: skip
-            if self._metrics is not None:
-                self._metrics.on_preemption()
 
     async def _commit(self, kv_ready: tuple[KVReady, ...]) -> None:
         """One round trip per computed prompt (or finished sequence): which copies to keep."""
@@ -402,24 +372,8 @@ class SchedulerActor:
             self._delivery.time_end(request)
             self._delivery.fail(request, error)
 
-    def _deliver(self, request: Request) -> None:
-        """Hand the request's tokens out; a client found gone aborts the request."""
-        if not self._delivery.deliver(request):
-            if not request.status.is_finished:
-                self._scheduler.abort(request.request_id, RequestStatus.FINISHED_ABORTED)
-            self._delivery.finish_aborted(request)
-
-    def _abort_departed(self) -> None:
-        """Abort every request whose client has gone, queued or running."""
-        departed = [
-            r for r in (*self._scheduler.waiting, *self._scheduler.running.values()) if r.client_gone
-        ]
-        for request in departed:
-            self._scheduler.abort(request.request_id, RequestStatus.FINISHED_ABORTED)
-            self._delivery.finish_aborted(request)
-
     async def _release_finished(self) -> None:
-        self._abort_departed()
+        abort_departed(scheduler=self._scheduler, delivery=self._delivery)
         dropped = self._scheduler.pending_drops()
         if dropped:
             released = await self._cache.release(dropped)
