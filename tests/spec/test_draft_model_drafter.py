@@ -40,6 +40,38 @@ def test_drafts_are_the_greedy_continuation(model):
     assert drafter.propose(7, 4) == greedy_continuation(model, [*PROMPT, 7], 4)
 
 
+@pytest.mark.parametrize("prefill_step", [8, 512])
+def test_the_output_head_never_runs_over_the_prompt(model, prefill_step):
+    """Entering speculation runs the prompt for the draft's cache only: every forward whose logits are read (the
+    drafts') takes one token, and the drafts are still the greedy continuation."""
+    from vllm_mlx_trio.worker.spec_draft_model import DraftModelDrafter
+
+    class Spy:
+        """The model, recording each forward's input length and whether its logits were sliced for a draft."""
+
+        def __init__(self):
+            self.read: list[int] = []
+            self.layers = model.layers  # for make_prompt_cache
+
+        def __call__(self, inputs, cache):
+            logits = model(inputs, cache=cache)
+            width = inputs.shape[1]
+            spy = self
+
+            class Logits:
+                def __getitem__(self, key):
+                    spy.read.append(width)
+                    return logits[key]
+
+            return Logits()
+
+    spy = Spy()
+    drafter = DraftModelDrafter(spy, prefill_step=prefill_step)
+    drafter.start(PROMPT, None)
+    assert drafter.propose(7, 4) == greedy_continuation(model, [*PROMPT, 7], 4)
+    assert spy.read == [1, 1, 1, 1]
+
+
 @pytest.mark.parametrize("num_accepted", [0, 1, 3, 4])
 def test_settle_keeps_the_drafter_in_step_with_the_target(model, num_accepted):
     from vllm_mlx_trio.worker.spec_draft_model import DraftModelDrafter

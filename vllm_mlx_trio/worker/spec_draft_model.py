@@ -57,11 +57,12 @@ class DraftModelDrafter:
             raise ModelLoadError("the draft model's KV cache cannot be trimmed; pick a draft model without "
                                  "sliding-window or recurrent layers")  # fmt: skip
         tokens = list(tokens)
-        while len(tokens) > self._prefill_step:
-            self._model(mx.array([tokens[: self._prefill_step]]), cache=self._cache)
-            mx.eval([c.state for c in self._cache])
-            tokens = tokens[self._prefill_step :]
-        self._unfed = tokens
+        for start in range(0, len(tokens), self._prefill_step):
+            # Only the cache is ever evaluated, so the output head never runs over the prompt's positions.
+            self._model(mx.array([tokens[start : start + self._prefill_step]]), cache=self._cache)
+            if start + self._prefill_step < len(tokens):  # the last chunk is evaluated with the first drafts
+                mx.eval([c.state for c in self._cache])
+        self._unfed = []
         self._num_drafts = 0
         self._ahead = None
 
