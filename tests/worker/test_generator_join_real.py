@@ -26,6 +26,7 @@ JOBS = {
                     SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=False)),  # fmt: skip
     "forced_stop": ("Stop after a few words", SamplingParams(temperature=0.0, max_tokens=30,
                                                              logit_bias=((EOS, 100.0),), min_tokens=3)),  # fmt: skip
+    "stops_at_once": ("Say nothing at all", SamplingParams(temperature=0.0, max_tokens=30, logit_bias=((EOS, 100.0),))),
 }
 
 
@@ -78,3 +79,5 @@ async def test_a_joined_row_gives_what_mlx_lms_prompt_path_gives(float32_dir, mo
     assert logprobs[0] == logprobs[1] and len(logprobs[0]) == 6
     assert len(tokens(joined["one"])) == 1
     assert tokens(joined["forced_stop"])[-1] == EOS and len(tokens(joined["forced_stop"])) == 4
+    # the first token, emitted the step it was sampled, ends the request: the generator's row goes with it
+    assert tokens(joined["stops_at_once"]) == [EOS] and joined["stops_at_once"][-1].finish_reason == "stop"
