@@ -4,6 +4,7 @@ greedy verify loop (output identical to plain greedy, drafts accepted)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 
@@ -14,9 +15,10 @@ import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache, trim_prompt_cache
 
+from vllm_mlx_trio.cli import main
 from vllm_mlx_trio.errors import ModelLoadError
 from vllm_mlx_trio.worker import demo_mtp_dsv3
-from vllm_mlx_trio.worker.demo_model import resolve_demo_model
+from vllm_mlx_trio.worker.demo_model import DEMO_MARKER, resolve_demo_model
 from vllm_mlx_trio.worker.mtp_drafter import MTPDrafter, mtp_layout_loader
 from vllm_mlx_trio.worker.mtp_head import safetensors_shapes
 from vllm_mlx_trio.worker.mtp_head_deepseek import DeepseekMTPHead, load_deepseek_mtp
@@ -92,6 +94,20 @@ def test_mlx_lm_loads_the_target_and_the_checkpoint_has_the_deepseek_v3_layout(d
     assert weight_map[f"{MTP}eh_proj.weight"] == demo_mtp_dsv3.MTP_SHARD
     config = json.loads((demo_dir / "config.json").read_text())
     assert config["model_type"] == "deepseek_v3" and config["num_nextn_predict_layers"] == 1
+
+
+def test_the_cli_builds_the_same_float32_files_and_a_second_resolve_reuses_the_build(demo_dir, demo_cache_dir,
+                                                                                   tmp_path, capsys):  # fmt: skip
+    assert main(["demo", "build", str(tmp_path / "again"), "--size", "mtp-dsv3"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "again")
+    names = ("model.safetensors", demo_mtp_dsv3.MTP_SHARD, "model.safetensors.index.json", "config.json", DEMO_MARKER)
+    for name in names:
+        digest = [hashlib.sha256((d / name).read_bytes()).hexdigest() for d in (demo_dir, tmp_path / "again")]
+        assert digest[0] == digest[1], name
+    assert json.loads((demo_dir / DEMO_MARKER).read_text())["dtype"] == "float32"
+    marker_time = (demo_dir / DEMO_MARKER).stat().st_mtime_ns
+    assert resolve_demo_model("demo:mtp-dsv3", demo_cache_dir) == demo_dir
+    assert (demo_dir / DEMO_MARKER).stat().st_mtime_ns == marker_time  # cached, not rebuilt
 
 
 def test_the_layout_table_picks_the_loader_by_model_type():

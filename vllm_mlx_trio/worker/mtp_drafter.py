@@ -1,7 +1,9 @@
 """The MTP drafter: drafts with the target checkpoint's own multi-token-prediction head (worker/spec_drafter.py).
 
-The head (worker/mtp_head.py) maps (the target's hidden state at position ``i``, the token at ``i + 1``) to a hidden
-state that predicts the token at ``i + 2``; it shares the target's embedding and output head. The drafter keeps the
+The head (worker/mtp_head.py for the Qwen3.5 / Qwen3-Next layout, worker/mtp_head_deepseek.py for DeepSeek-V3's,
+picked by :data:`MTP_LAYOUT_LOADERS`) maps (the target's hidden state at position ``i``, the token at ``i + 1``) to a
+hidden state that predicts the token at ``i + 2``; it shares the target's embedding and output head (a DeepSeek-V3
+checkpoint's own copies where they differ). The drafter keeps the
 head's own attention cache in step with the target's cache, one entry per position, always fed with the *target's*
 hidden states once they are known:
 

@@ -101,7 +101,7 @@ def load_deepseek_mtp(model_dir: str | pathlib.Path, config: dict[str, Any], sha
     raw = _read_prefixed(model_dir, prefix)
     if not raw:
         raise ModelLoadError(
-            f"{model_dir}: the checkpoint carries no {prefix}* weights (the MTP layer method = \"mtp\" needs)"
+            f'{model_dir}: the checkpoint carries no {prefix}* weights (method = "mtp" reads its MTP layer there)'
         )
     weights = sanitized_layer(raw, args)
     layer = DeepseekMTPLayer(args, layer_idx=args.num_hidden_layers)
