@@ -38,8 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     build = demo_commands.add_parser("build", help="build a demo model into a directory")
     build.add_argument("out_dir", help="directory to create (Hugging Face layout)")
     build.add_argument(
-        "--size", default="tiny", help="tiny, small, vlm-tiny, spec-target, spec-draft, mtp-tiny (default: tiny)"
-    )
+        "--size", default="tiny",
+        help="tiny, small, vlm-tiny, spec-target, spec-draft, mtp-tiny, mtp-dsv3 (default: tiny)",
+    )  # fmt: skip
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--dtype", default=None, help="stored dtype (default: the measured best)")
     return parser

@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 
 # vlm-tiny: worker/demo_vlm.py; spec-*: demo_spec.py; mtp-*: demo_mtp.py
-DEMO_SIZES = ("tiny", "small", "vlm-tiny", "spec-target", "spec-draft", "mtp-tiny")
+DEMO_SIZES = ("tiny", "small", "vlm-tiny", "spec-target", "spec-draft", "mtp-tiny", "mtp-dsv3")
 
 
 class _FieldError(ValueError):

@@ -200,8 +200,8 @@ def resolve_demo_model(path: str, cache_dir: str | os.PathLike | None = None) ->
         if _built_template_hash(target) == chat_template_hash():
             return target
         # Built with an older chat template (e.g. before tool calling): rebuilt and swapped in.
-        return _build(target, size=size, seed=0, dtype=DEFAULT_DTYPE, replace=True)
-    return _build(target, size=size, seed=0, dtype=DEFAULT_DTYPE, replace=False)
+        return _build(target, size=size, seed=0, dtype=_default_dtype(size), replace=True)
+    return _build(target, size=size, seed=0, dtype=_default_dtype(size), replace=False)
 
 
 def chat_template_hash() -> str:
@@ -218,7 +218,7 @@ def _built_template_hash(directory: pathlib.Path) -> str | None:
 
 
 def build_demo_model(
-    out_dir: str | os.PathLike, *, size: str = "tiny", seed: int = 0, dtype: str = DEFAULT_DTYPE
+    out_dir: str | os.PathLike, *, size: str = "tiny", seed: int = 0, dtype: str | None = None
 ) -> pathlib.Path:
     """Build the demo model ``size`` into ``out_dir`` and return its path.
 
@@ -230,8 +230,8 @@ def build_demo_model(
     if size == VLM_SIZE:
         from .demo_vlm import build_demo_vlm
 
-        return build_demo_vlm(out_dir, seed=seed, dtype=dtype)
-    return _build(out_dir, size=size, seed=seed, dtype=dtype, replace=True)
+        return build_demo_vlm(out_dir, seed=seed, dtype=dtype or DEFAULT_DTYPE)
+    return _build(out_dir, size=size, seed=seed, dtype=dtype or _default_dtype(size), replace=True)
 
 
 def _build(out_dir: str | os.PathLike, *, size: str, seed: int, dtype: str, replace: bool) -> pathlib.Path:
@@ -265,7 +265,16 @@ def _own_module_writer(size: str):
         from .demo_mtp import write_mtp_tiny
 
         return write_mtp_tiny
+    if size == "mtp-dsv3":  # a DeepSeek-V3 target carrying its MTP layer (worker/demo_mtp_dsv3.py)
+        from .demo_mtp_dsv3 import write_mtp_dsv3
+
+        return write_mtp_dsv3
     return None
+
+
+def _default_dtype(size: str) -> str:
+    """The stored dtype of a demo when none is asked for: float32 for the MoE demo (no bfloat16 GatherMM on CPU)."""
+    return "float32" if size == "mtp-dsv3" else DEFAULT_DTYPE
 
 
 def _lookup_size(size: str) -> DemoSize:

@@ -1,7 +1,9 @@
 """The MTP drafter: drafts with the target checkpoint's own multi-token-prediction head (worker/spec_drafter.py).
 
-The head (worker/mtp_head.py) maps (the target's hidden state at position ``i``, the token at ``i + 1``) to a hidden
-state that predicts the token at ``i + 2``; it shares the target's embedding and output head. The drafter keeps the
+The head (worker/mtp_head.py for the Qwen3.5 / Qwen3-Next layout, worker/mtp_head_deepseek.py for DeepSeek-V3's,
+picked by :data:`MTP_LAYOUT_LOADERS`) maps (the target's hidden state at position ``i``, the token at ``i + 1``) to a
+hidden state that predicts the token at ``i + 2``; it shares the target's embedding and output head (a DeepSeek-V3
+checkpoint's own copies where they differ). The drafter keeps the
 head's own attention cache in step with the target's cache, one entry per position, always fed with the *target's*
 hidden states once they are known:
 
@@ -25,7 +27,8 @@ from typing import Any, ClassVar
 import mlx.core as mx
 
 from ..errors import ModelLoadError
-from .mtp_head import MTPHead, load_mtp_head
+from .mtp_head import MTPHead, load_mtp_head, text_config_of
+from .mtp_head_deepseek import LoadedHead, Shared, load_deepseek_mtp
 from .spec_hidden import final_norm_owner, resolve_hidden_state_mode
 
 
@@ -34,7 +37,7 @@ class MTPDrafter:
 
     needs_target_hidden: ClassVar[bool] = True
 
-    def __init__(self, head: MTPHead, embed: Callable[[mx.array], mx.array],
+    def __init__(self, head: MTPHead | Any, embed: Callable[[mx.array], mx.array],
                  lm_head: Callable[[mx.array], mx.array], *, hidden_state_mode: str):  # fmt: skip
         self.head = head
         self._embed = embed
@@ -48,11 +51,11 @@ class MTPDrafter:
 
     @classmethod
     def for_target(cls, model: Any, model_dir: str | pathlib.Path, *, hidden_state_mode: str | None) -> MTPDrafter:
-        """The drafter of a loaded target: its checkpoint's ``mtp.*`` head, sharing its embedding and head;
-        ``hidden_state_mode`` is the config override (None: the model's, else ``post_norm``)."""
+        """The drafter of a loaded target: its checkpoint's MTP head (the layout :func:`mtp_layout_loader` picks),
+        sharing the target's embedding and head where the checkpoint does; ``hidden_state_mode`` is the config
+        override (None: the model's, else ``post_norm``)."""
         config = json.loads((pathlib.Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-        head = load_mtp_head(model_dir, config)
-        embed, lm_head = shared_embedding_and_head(model)
+        head, embed, lm_head = mtp_layout_loader(config)(model_dir, config, shared_embedding_and_head(model))
         return cls(head, embed, lm_head, hidden_state_mode=resolve_hidden_state_mode(hidden_state_mode, config))
 
     @property
@@ -116,6 +119,26 @@ class MTPDrafter:
         """Write the pairs (hiddens[i], tokens[i]) into the head's cache, lazily: the next :meth:`propose` evaluates
         them with its drafts (one synchronisation per round), :meth:`stop` drops them unevaluated."""
         self.head(self._embed(mx.array([tokens], dtype=mx.int32)), hiddens, self._cache)
+
+
+def _load_qwen_layout(model_dir: str | pathlib.Path, config: dict[str, Any], shared: Shared) -> LoadedHead:
+    """Qwen3.5 / Qwen3-Next: a top-level ``mtp.*`` block; the embedding and the head are always the target's."""
+    return load_mtp_head(model_dir, config), *shared
+
+
+#: mlx-lm model type (after mlx-lm's own remapping: ``kimi_k2`` -> ``deepseek_v3``) -> the loader of its MTP layout.
+#: Any other model type: the Qwen3.5 / Qwen3-Next layout.
+MTP_LAYOUT_LOADERS: dict[str, Callable[[str | pathlib.Path, dict[str, Any], Shared], LoadedHead]] = {
+    "deepseek_v3": load_deepseek_mtp,  # MTP layer = model.layers.{num_hidden_layers} (worker/mtp_head_deepseek.py)
+}
+
+
+def mtp_layout_loader(config: dict[str, Any]) -> Callable[[str | pathlib.Path, dict[str, Any], Shared], LoadedHead]:
+    """The head loader for a checkpoint's ``config.json``."""
+    from mlx_lm.utils import MODEL_REMAPPING
+
+    model_type = text_config_of(config).get("model_type") or config.get("model_type")
+    return MTP_LAYOUT_LOADERS.get(MODEL_REMAPPING.get(model_type, model_type), _load_qwen_layout)
 
 
 def load_mtp_drafter(cfg: Any, target_model: Any, info: Any) -> MTPDrafter:

@@ -1,7 +1,8 @@
 """The target's forward with its hidden states (for drafters that need them), and the hidden-state mode.
 
 ``post_norm`` hands the drafter the hidden state after the target's final norm (what the head sees; Qwen3.5 /
-Qwen3.6 MTP heads were trained on it), ``pre_norm`` the residual stream before it (DeepSeek-V3/V4-style heads).
+Qwen3.6 MTP heads were trained on it), ``pre_norm`` the residual stream before it (what mlx-vlm's
+DeepSeek-V4 MTP reads; vLLM feeds DeepSeek-V3's MTP layer ``post_norm``).
 Which one a model wants is contested upstream; a wrong choice only lowers acceptance, never changes the output,
 because the target verifies every draft. MLX thread only.
 """
