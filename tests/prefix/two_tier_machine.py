@@ -16,6 +16,10 @@ disk comes back without them, so a repeat after a spill ends its hit at the bloc
 A block's arrays are made from its chained hash and a tail's from its tokens (no model needed):
 a file read back under another block's name, or an entry served for the wrong tokens, shows as
 different arrays.
+
+This is the machine for a model whose every layer is ``kv``; the hooks marked "layout" are what
+a model with sliding-window or recurrent layers changes (tests/prefix/test_hybrid_machine.py).
+The tests: tests/prefix/test_disk_tier_machine.py and test_hybrid_machine.py.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import pathlib
 import shutil
 import tempfile
 
-from hypothesis import event, settings
+from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 from two_tier_parts import (
@@ -53,8 +57,15 @@ from vllm_mlx_trio.worker.disk_tier_file import encode, encoded_size, read_metad
 class TwoTierMachine(RuleBasedStateMachine):
     """The pool, the disk tier and an executor's store, against models of what each holds."""
 
+    #: layout: every layer is ``kv``: a hit may end after any full block or inside any entry,
+    #: and full blocks go to disk (written through when made, spilled when evicted).
+    blocks_end_hits = True
+
     @initialize(block_size=st.integers(2, 4), max_blocks=st.integers(0, 10), disk_files=st.integers(1, 6))
     def setup(self, block_size, max_blocks, disk_files):
+        self._setup(block_size, max_blocks, disk_files)
+
+    def _setup(self, block_size, max_blocks, disk_files):
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="two-tier-"))
         self.bs, self.max_blocks = block_size, max_blocks
         host = to_host(arrays_of(bytes(16)))
@@ -119,33 +130,39 @@ class TwoTierMachine(RuleBasedStateMachine):
     def _chain(self, tokens, salt, num_blocks) -> list[bytes]:
         return list(chain_hashes(tokens, salt, (), self.bs, num_blocks))
 
-    def _add(self, block_id: int, salt: tuple, covered: tuple, name: bytes) -> None:
+    def _add(self, block_id: int, salt: tuple, covered: tuple, name: bytes, *, is_tail: bool) -> None:
         """An entry now in memory (its arrays stored by the caller)."""
         self.content[block_id] = (salt, covered)
         self.names[block_id] = name
-        if len(covered) % self.bs:
+        if is_tail:
             self.tails[(salt, covered)] = block_id
         else:
             self.mem[name] = block_id
 
+    def _is_tail(self, block_id: int) -> bool:
+        """Whether an entry in memory is a tail (an empty tail covers what its block does)."""
+        return self.tails.get(self.content[block_id]) == block_id
+
     def _forget(self, block_id: int) -> None:
         """An entry gone from memory (its arrays stay until the caller drops them)."""
+        is_tail = self._is_tail(block_id)
         salt, covered = self.content.pop(block_id)
         name = self.names.pop(block_id)
         self.nbytes.pop(block_id, None)
-        if len(covered) % self.bs:
+        if is_tail:
             del self.tails[(salt, covered)]
         else:
             del self.mem[name]
 
     def _tails_under(self, block_id: int) -> set[int]:
-        """The tails hanging right after a full block (dropped with it)."""
+        """The tails hanging right after a full block (dropped with it): those from its end
+        (an empty one there, a boundary snapshot) to before the next block's end."""
         salt, covered = self.content[block_id]
         end = len(covered)
         return {
             tail_id
             for (tail_salt, tail), tail_id in self.tails.items()
-            if tail_salt == salt and end < len(tail) < end + self.bs and tail[:end] == covered
+            if tail_salt == salt and end <= len(tail) < end + self.bs and tail[:end] == covered
         }
 
     # -- rules ---------------------------------------------------------------------------
@@ -192,7 +209,7 @@ class TwoTierMachine(RuleBasedStateMachine):
             elif h in self.on_disk:  # back in memory under a new id, read from disk
                 block_id = next_id + len(restored)
                 self.nbytes[block_id] = self.on_disk.pop(h)
-                self._add(block_id, salt, tokens[: (index + 1) * self.bs], h)
+                self._add(block_id, salt, tokens[: (index + 1) * self.bs], h, is_tail=False)
                 restored.append((block_id, h))
                 run.append(block_id)
             else:
@@ -202,10 +219,9 @@ class TwoTierMachine(RuleBasedStateMachine):
         for i, block_id in enumerate(hit.block_ids):
             entry_salt, covered = self.content[block_id]
             assert entry_salt == salt and covered[: i * self.bs] == tokens[: i * self.bs]
-        if hit.block_ids:  # the last one may be used in part (a KV prefix of any length is exact)
-            assert self.content[hit.block_ids[-1]][1][: hit.num_cached_tokens] == tokens[: hit.num_cached_tokens]
+        self._check_hit_end(hit, tokens)
         assert list(hit.disk_blocks) == restored
-        ends_in_tail = bool(hit.block_ids) and hit.block_ids[-1] in self.tails.values()
+        ends_in_tail = bool(hit.block_ids) and self._is_tail(hit.block_ids[-1])
         event(f"served: {'hit through disk' if restored else 'hit' if hit.block_ids else 'miss'}")
         event(f"served: {'ends in a tail' + (' after disk' if restored else '') if ends_in_tail else 'no tail'}")
         self.leases[request].update(hit.block_ids)
@@ -213,10 +229,26 @@ class TwoTierMachine(RuleBasedStateMachine):
         for block_id in hit.block_ids:
             assert same(self.store[block_id], self.names[block_id]), "a hit built from another entry's arrays"
         tail_at = None if tail_back is None or len(tokens) - tail_back < 1 else len(tokens) - tail_back
-        self._commit(request, tokens, salt, tail_at)
+        self._commit(request, tokens, salt, tail_at, self._boundaries(tokens, hit.num_cached_tokens))
         if finish:
             self.release([request])
         self.evict()  # as the cache manager does after a commit
+
+    # -- layout: where a hit ends and where a commit checkpoints --------------------------
+
+    def _check_hit_end(self, hit, tokens) -> None:
+        """The entry a hit ends in may be used in part (a KV prefix of any length is exact)."""
+        if hit.block_ids:
+            assert self.content[hit.block_ids[-1]][1][: hit.num_cached_tokens] == tokens[: hit.num_cached_tokens]
+
+    def _boundaries(self, tokens, num_cached: int) -> tuple[int, ...]:
+        """Where the prefill snapshotted its window and state layers: nowhere (there are none)."""
+        return ()
+
+    def _checkpoints(self, tokens, tail_at: int | None, boundaries: tuple[int, ...]) -> list[int]:
+        """The positions a commit puts a tail at: ``tail_at`` unless no tail is needed there
+        (on a block boundary the block ends a hit)."""
+        return [tail_at] if tail_at is not None and tail_at % self.bs else []
 
     def _expected_hit(self, tokens, salt, run: int) -> int:
         """The full blocks of the run, then the most tokens a block or tail in memory right
@@ -250,31 +282,33 @@ class TwoTierMachine(RuleBasedStateMachine):
             self.files.move_to_end(h)
             self.store[block_id] = block
 
-    def _commit(self, request, tokens, salt, tail_at) -> None:
-        created = self.pool.commit(request, tokens, salt, tail_at=tail_at)
+    def _commit(self, request, tokens, salt, tail_at, boundaries) -> None:
+        created = self.pool.commit(
+            request, tokens, salt, tail_at=tail_at, blocks_end_hits=self.blocks_end_hits, boundary_at=boundaries
+        )
         chain = self._chain(tokens, salt, len(tokens) // self.bs)
         blocks = [b for b in created if not b.is_tail]
         assert [b.block_index for b in blocks] == [i for i, h in enumerate(chain) if h not in self.mem]
-        tail = None if tail_at is None or not tail_at % self.bs else (salt, tokens[:tail_at])
+        tails = [(salt, tokens[:at]) for at in self._checkpoints(tokens, tail_at, boundaries)]
+        made = list(dict.fromkeys(tail for tail in tails if tail not in self.tails))  # in order, once each
         new_tails = [b for b in created if b.is_tail]
-        assert list(created[len(blocks) :]) == new_tails, "a commit's tail comes after its blocks"
-        assert [(b.token_start, b.token_end) for b in new_tails] == (
-            [(tail_at - tail_at % self.bs, tail_at)] if tail is not None and tail not in self.tails else []
-        )
+        assert list(created[len(blocks) :]) == new_tails, "a commit's tails come after its blocks"
+        at = [len(covered) for _, covered in made]
+        assert [(b.token_start, b.token_end) for b in new_tails] == [(end - end % self.bs, end) for end in at]
         for b in blocks:
             h = chain[b.block_index]
-            self._add(b.block_id, salt, tokens[: b.token_end], h)
+            self._add(b.block_id, salt, tokens[: b.token_end], h, is_tail=False)
             self.on_disk.pop(h, None)  # in memory again
-        for b in new_tails:
-            self._add(b.block_id, *tail, tail_name(*tail))
+        for b, tail in zip(new_tails, made, strict=True):
+            self._add(b.block_id, *tail, tail_name(*tail), is_tail=True)
         for b in created:
             self.store[b.block_id] = arrays_of(self.names[b.block_id])
             self.pool.set_nbytes(b.block_id, self.block_nbytes)
             self.nbytes[b.block_id] = self.block_nbytes
         self.leases[request].update(self.mem[h] for h in chain)
-        if tail is not None:
-            self.leases[request].add(self.tails[tail])
-        self._spill([(b.block_id, chain[b.block_index]) for b in blocks])  # written through to disk, tails never
+        self.leases[request].update(self.tails[tail] for tail in tails)
+        # written through to disk when every layer is kv; tails never
+        self._spill([(b.block_id, chain[b.block_index]) for b in blocks if self.blocks_end_hits])
 
     @rule(released=st.lists(requests, min_size=1, max_size=3))
     def release(self, released):
@@ -291,7 +325,7 @@ class TwoTierMachine(RuleBasedStateMachine):
             if len(alive) <= self.max_blocks:
                 break
             if block_id in alive:
-                along = set() if block_id in self.tails.values() else self._tails_under(block_id) & alive
+                along = set() if self._is_tail(block_id) else self._tails_under(block_id) & alive
                 groups.append((block_id, along))
                 alive -= {block_id, *along}
         return groups
@@ -307,11 +341,11 @@ class TwoTierMachine(RuleBasedStateMachine):
         assert at == len(evicted)
         spilled = []
         for block_id, along in groups:
-            is_block = block_id not in self.tails.values()
+            spills = self.blocks_end_hits and not self._is_tail(block_id)  # a block that can end a hit
             h, nbytes = self.names[block_id], self.nbytes[block_id]
             for dropped in (*along, block_id):
                 self._forget(dropped)
-            if is_block and self._pool_remembers(h, nbytes):
+            if spills and self._pool_remembers(h, nbytes):
                 spilled.append((block_id, h))
         self._spill(spilled)
         for block_id in evicted:
@@ -407,6 +441,3 @@ class TwoTierMachine(RuleBasedStateMachine):
         assert self.tier.queued_bytes == 0
         assert len(self.warnings.names) == self.expected_warnings
 
-
-TestTwoTierMachine = TwoTierMachine.TestCase
-TestTwoTierMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None, database=None)
