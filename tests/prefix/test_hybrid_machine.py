@@ -33,7 +33,7 @@ from hypothesis.stateful import initialize, invariant, rule
 from two_tier_machine import TwoTierMachine
 from two_tier_parts import MODEL, arrays_of
 
-from vllm_mlx_trio.core.block_pool import DISK_BLOCK_SUFFIX
+from vllm_mlx_trio.core.block_pool import DISK_BLOCK_SUFFIX, Budget
 from vllm_mlx_trio.worker.disk_tier_file import encode, to_host
 
 #: The all-KV sibling whose block files share this model's names (see the module's docstring).
@@ -68,6 +68,9 @@ class HybridMachine(TwoTierMachine):
         assert self._is_tail(last), "a hybrid hit ended after a bare full block"
         assert len(self.content[last][1]) == hit.num_cached_tokens, "a hybrid hit used a tail in part"
         assert len(hit.block_ids) == 1 + hit.num_cached_tokens // self.bs
+        cached = hit.num_cached_tokens
+        event(f"hybrid hit: ends {'on a block boundary (empty tail)' if cached % self.bs == 0 else 'inside a block'}")
+        event(f"hybrid hit: {'a repeat: all but its last token' if cached == len(tokens) - 1 else 'shorter'}")
 
     def _boundaries(self, tokens, num_cached: int) -> tuple[int, ...]:
         """As ``PrefixBlocks.boundaries``: every ``snapshot_every`` tokens after the hit, before
@@ -121,5 +124,38 @@ class HybridMachine(TwoTierMachine):
         assert not (set(self.files) - set(self.damaged)), "a block of this model on disk"
 
 
+class PureStateMachine(HybridMachine):
+    """Both tiers for a model with recurrent layers only (mamba, mamba2): its blocks hold no
+    arrays (0 bytes), its tails the state, under a byte budget; every commit is a prompt's, with
+    its tail at all but the prompt's last token (a finish commits nothing: no runner states the
+    position of such a cache there)."""
+
+    @initialize(
+        block_size=st.integers(2, 4),
+        max_tails=st.integers(0, 5),
+        disk_files=st.integers(1, 6),
+        snapshot_blocks=st.integers(0, 2),
+    )
+    def setup(self, block_size, max_tails, disk_files, snapshot_blocks):
+        self.snapshot_every = snapshot_blocks * block_size
+        self.max_tails = max_tails
+        self._setup(block_size, None, disk_files)
+
+    def _budget(self) -> Budget:
+        return Budget(max_bytes=self.max_tails * self.block_nbytes)
+
+    def _over_budget(self, alive: set[int]) -> bool:
+        return sum(self.nbytes[block_id] for block_id in alive) > self.max_tails * self.block_nbytes
+
+    def _entry_nbytes(self, is_tail: bool) -> int:
+        return self.block_nbytes if is_tail else 0
+
+    def _tail_at(self, tokens, tail_back: int | None) -> int | None:
+        return len(tokens) - 1 if len(tokens) > 1 else None
+
+
 TestHybridMachine = HybridMachine.TestCase
 TestHybridMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None, database=None)
+
+TestPureStateMachine = PureStateMachine.TestCase
+TestPureStateMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None, database=None)

@@ -89,7 +89,7 @@ class TwoTierMachine(RuleBasedStateMachine):
         """A new tier, then a new pool over the same directory (as a server starts)."""
         self.disk_budget = disk_files * self.file_size
         self.tier = DiskTier(self.dir, self.disk_budget, MODEL)
-        self.pool = BlockPool(self.bs, Budget(max_blocks=self.max_blocks), disk_budget=self.disk_budget)
+        self.pool = BlockPool(self.bs, self._budget(), disk_budget=self.disk_budget)
         remember_disk_blocks(self.pool, self.dir)
         self.mem: dict[bytes, int] = {}  # hash -> id of the blocks in memory
         self.tails: dict[tuple, int] = {}  # (salt, the tokens up to its end) -> id of the tails
@@ -229,7 +229,7 @@ class TwoTierMachine(RuleBasedStateMachine):
         self._read_back(restored)
         for block_id in hit.block_ids:
             assert same(self.store[block_id], self.names[block_id]), "a hit built from another entry's arrays"
-        tail_at = None if tail_back is None or len(tokens) - tail_back < 1 else len(tokens) - tail_back
+        tail_at = self._tail_at(tokens, tail_back)
         self._commit(request, tokens, salt, tail_at, self._boundaries(tokens, hit.num_cached_tokens))
         if finish:
             self.release([request])
@@ -241,6 +241,20 @@ class TwoTierMachine(RuleBasedStateMachine):
         """The entry a hit ends in may be used in part (a KV prefix of any length is exact)."""
         if hit.block_ids:
             assert self.content[hit.block_ids[-1]][1][: hit.num_cached_tokens] == tokens[: hit.num_cached_tokens]
+
+    def _budget(self) -> Budget:
+        return Budget(max_blocks=self.max_blocks)
+
+    def _over_budget(self, alive: set[int]) -> bool:
+        return len(alive) > self.max_blocks
+
+    def _entry_nbytes(self, is_tail: bool) -> int:
+        """What the executor reports for a new block or tail."""
+        return self.block_nbytes
+
+    def _tail_at(self, tokens, tail_back: int | None) -> int | None:
+        """Where a commit's runner checkpoints: ``tail_back`` tokens before the prompt's end."""
+        return None if tail_back is None or len(tokens) - tail_back < 1 else len(tokens) - tail_back
 
     def _boundaries(self, tokens, num_cached: int) -> tuple[int, ...]:
         """Where the prefill snapshotted its window and state layers: nowhere (there are none)."""
@@ -304,8 +318,8 @@ class TwoTierMachine(RuleBasedStateMachine):
             self._add(b.block_id, *tail, tail_name(*tail), is_tail=True)
         for b in created:
             self.store[b.block_id] = arrays_of(self.names[b.block_id])
-            self.pool.set_nbytes(b.block_id, self.block_nbytes)
-            self.nbytes[b.block_id] = self.block_nbytes
+            self.nbytes[b.block_id] = self._entry_nbytes(b.is_tail)
+            self.pool.set_nbytes(b.block_id, self.nbytes[b.block_id])
         self.leases[request].update(self.mem[h] for h in chain)
         self.leases[request].update(self.tails[tail] for tail in tails)
         # written through to disk when every layer is kv; tails never
@@ -323,7 +337,7 @@ class TwoTierMachine(RuleBasedStateMachine):
         alive = set(self.content)
         groups = []
         for block_id in self.pool.free_queue():
-            if len(alive) <= self.max_blocks:
+            if not self._over_budget(alive):
                 break
             if block_id in alive:
                 along = set() if self._is_tail(block_id) else self._tails_under(block_id) & alive
@@ -351,7 +365,7 @@ class TwoTierMachine(RuleBasedStateMachine):
         self._spill(spilled)
         for block_id in evicted:
             del self.store[block_id]
-        event(f"evict: {'spilled' if spilled else 'a tail' if evicted else 'nothing'}")
+        event(f"evict: {'spilled' if spilled else 'dropped' if evicted else 'nothing'}")
 
     @rule(disk_files=st.integers(1, 6))
     def restart(self, disk_files):
