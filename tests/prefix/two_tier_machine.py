@@ -440,6 +440,22 @@ class TwoTierMachine(RuleBasedStateMachine):
         assert all(self.pool.ref_count(block_id) == counts[block_id] for block_id in self.content)
 
     @invariant()
+    def every_entry_hangs_under_a_block_in_memory(self):
+        """No entry is stranded: the full block it hangs under is in memory and, when both are
+        free, behind it in the free queue (a lease of an entry leases that block too, and a
+        release queues the deepest first), so evictions go from the leaves."""
+        blocks = {self.content[block_id]: block_id for block_id in self.mem.values()}
+        order = {block_id: at for at, block_id in enumerate(self.pool.free_queue())}
+        for block_id, (salt, covered) in self.content.items():
+            depth = len(covered) // self.bs - (not self._is_tail(block_id))
+            if depth:
+                parent = blocks.get((salt, covered[: depth * self.bs]))
+                assert parent is not None, "an entry whose block is gone"
+                assert block_id not in order or order.get(parent, len(order)) > order[block_id], (
+                    "a block before its child"
+                )
+
+    @invariant()
     def executor_holds_exactly_the_pools_entries(self):
         assert set(self.store) == set(self.content) == set(self.names)
         assert all(same(self.store[block_id], name) for block_id, name in self.names.items())
