@@ -45,6 +45,7 @@ class HybridMachine(TwoTierMachine):
     """Both tiers for a model whose hits end only at checkpoints."""
 
     blocks_end_hits = False
+    kinds = ("kv", "window", "state")
 
     @initialize(
         block_size=st.integers(2, 4),
@@ -55,7 +56,7 @@ class HybridMachine(TwoTierMachine):
     def setup(self, block_size, max_blocks, disk_files, snapshot_blocks):
         #: Tokens between the prefill's snapshots of the window and state layers (0: none).
         self.snapshot_every = snapshot_blocks * block_size
-        self._setup(block_size, max_blocks, disk_files)
+        self._setup(block_size, max_blocks, disk_files, snapshot_blocks)
 
     # -- layout ----------------------------------------------------------------------------
 
@@ -130,6 +131,8 @@ class PureStateMachine(HybridMachine):
     its tail at all but the prompt's last token (a finish commits nothing: no runner states the
     position of such a cache there)."""
 
+    kinds = ("state", "state")
+
     @initialize(
         block_size=st.integers(2, 4),
         max_tails=st.integers(0, 5),
@@ -139,7 +142,7 @@ class PureStateMachine(HybridMachine):
     def setup(self, block_size, max_tails, disk_files, snapshot_blocks):
         self.snapshot_every = snapshot_blocks * block_size
         self.max_tails = max_tails
-        self._setup(block_size, None, disk_files)
+        self._setup(block_size, None, disk_files, snapshot_blocks)
 
     def _budget(self) -> Budget:
         return Budget(max_bytes=self.max_tails * self.block_nbytes)

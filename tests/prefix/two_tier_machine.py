@@ -36,6 +36,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 from two_tier_parts import (
     DAMAGE,
     MODEL,
+    LayoutModel,
     WarningCounter,
     arrays_of,
     prompts,
@@ -50,8 +51,13 @@ from vllm_mlx_trio.actors.cache_manager import remember_disk_blocks
 from vllm_mlx_trio.core.block_pool import DISK_BLOCK_SUFFIX, BlockPool, Budget
 from vllm_mlx_trio.core.child_index import common_length
 from vllm_mlx_trio.core.media_keys import chain_hashes
+from vllm_mlx_trio.core.params import SamplingParams
+from vllm_mlx_trio.messages import NewSequence
 from vllm_mlx_trio.worker.disk_tier import DiskTier, host_nbytes
 from vllm_mlx_trio.worker.disk_tier_file import encode, encoded_size, read_metadata, to_host
+from vllm_mlx_trio.worker.kv_store import PrefixBlocks
+
+PARAMS = SamplingParams()
 
 
 class TwoTierMachine(RuleBasedStateMachine):
@@ -60,12 +66,17 @@ class TwoTierMachine(RuleBasedStateMachine):
     #: layout: every layer is ``kv``: a hit may end after any full block or inside any entry,
     #: and full blocks go to disk (written through when made, spilled when evicted).
     blocks_end_hits = True
+    #: The model's cache layers; the executor's real ``PrefixBlocks`` reads its layout from them
+    #: and says what its commits say (``KVReady.blocks_end_hits``) and where it snapshots.
+    kinds: tuple[str, ...] = ("kv", "kv")
 
     @initialize(block_size=st.integers(2, 4), max_blocks=st.integers(0, 10), disk_files=st.integers(1, 6))
     def setup(self, block_size, max_blocks, disk_files):
         self._setup(block_size, max_blocks, disk_files)
 
-    def _setup(self, block_size, max_blocks, disk_files):
+    def _setup(self, block_size, max_blocks, disk_files, snapshot_blocks=0):
+        self.executor = PrefixBlocks(LayoutModel(self.kinds), block_size, enabled=True, snapshot_blocks=snapshot_blocks)
+        assert self.executor.layout.blocks_end_hits == self.blocks_end_hits, "the layout's own verdict"
         self.dir = pathlib.Path(tempfile.mkdtemp(prefix="two-tier-"))
         self.bs, self.max_blocks = block_size, max_blocks
         host = to_host(arrays_of(bytes(16)))
@@ -230,7 +241,12 @@ class TwoTierMachine(RuleBasedStateMachine):
         for block_id in hit.block_ids:
             assert same(self.store[block_id], self.names[block_id]), "a hit built from another entry's arrays"
         tail_at = self._tail_at(tokens, tail_back)
-        self._commit(request, tokens, salt, tail_at, self._boundaries(tokens, hit.num_cached_tokens))
+        seq = NewSequence(
+            request_id=request, prompt_token_ids=tokens, params=PARAMS, num_cached_tokens=hit.num_cached_tokens
+        )
+        boundaries = self.executor.boundaries(seq)  # where the executor's prefill snapshots
+        assert boundaries == self._boundaries(tokens, hit.num_cached_tokens)
+        self._commit(request, tokens, salt, tail_at, boundaries)
         if finish:
             self.release([request])
         self.evict()  # as the cache manager does after a commit
@@ -299,7 +315,12 @@ class TwoTierMachine(RuleBasedStateMachine):
 
     def _commit(self, request, tokens, salt, tail_at, boundaries) -> None:
         created = self.pool.commit(
-            request, tokens, salt, tail_at=tail_at, blocks_end_hits=self.blocks_end_hits, boundary_at=boundaries
+            request,
+            tokens,
+            salt,
+            tail_at=tail_at,
+            blocks_end_hits=self.executor.layout.blocks_end_hits,
+            boundary_at=boundaries,
         )
         chain = self._chain(tokens, salt, len(tokens) // self.bs)
         blocks = [b for b in created if not b.is_tail]
