@@ -46,16 +46,20 @@ class HybridMachine(TwoTierMachine):
 
     blocks_end_hits = False
     kinds = ("kv", "window", "state")
+    #: gemma3_text and gpt_oss (sliding window), qwen3_next and lfm2 (linear attention, conv)
+    KINDS = (("kv", "window"), ("kv", "state"), ("kv", "window", "state"))
 
     @initialize(
         block_size=st.integers(2, 4),
         max_blocks=st.integers(0, 10),
         disk_files=st.integers(1, 6),
         snapshot_blocks=st.integers(0, 2),
+        kinds=st.sampled_from(KINDS),
     )
-    def setup(self, block_size, max_blocks, disk_files, snapshot_blocks):
+    def setup(self, block_size, max_blocks, disk_files, snapshot_blocks, kinds):
         #: Tokens between the prefill's snapshots of the window and state layers (0: none).
         self.snapshot_every = snapshot_blocks * block_size
+        self.kinds = kinds
         self._setup(block_size, max_blocks, disk_files, snapshot_blocks)
 
     # -- layout ----------------------------------------------------------------------------
