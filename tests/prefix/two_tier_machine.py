@@ -203,8 +203,9 @@ class TwoTierMachine(RuleBasedStateMachine):
     )
     def serve_a_repeat(self, first, second, tokens, salt, first_tail_back, tail_back):
         """A prompt with a tail at its end or one token before, then at once the same prompt
-        again (a retry, an agent re-sending): the second hit ends in that tail (in part, when
-        it holds the last token) unless it is on a block boundary."""
+        again (a retry, an agent re-sending): the second hit ends in that tail (all-KV: in part
+        when it holds the last token, and not on a block boundary, where the block ends it;
+        hybrid: only when it leaves the last token out)."""
         self._serve(first, tokens, salt, first_tail_back, False)
         self._serve(second, tokens, salt, tail_back, True)
         return (tokens, salt)
