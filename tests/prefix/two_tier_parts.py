@@ -10,6 +10,7 @@ import logging
 import mlx.core as mx
 import numpy as np
 from hypothesis import strategies as st
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
 from vllm_mlx_trio.messages import RequestId
 
@@ -54,3 +55,17 @@ class WarningCounter(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.names.append(record.getMessage())
+
+
+#: The cache layers of the layouts the machine runs for (what ``make_prompt_cache`` gives).
+LAYERS = {"kv": lambda: KVCache(), "window": lambda: RotatingKVCache(max_size=4), "state": lambda: ArraysCache(2)}
+
+
+class LayoutModel:
+    """Just enough of a model for ``PrefixBlocks`` to read its cache layout from."""
+
+    def __init__(self, kinds: tuple[str, ...]) -> None:
+        self.kinds = kinds
+
+    def make_cache(self) -> list:
+        return [LAYERS[kind]() for kind in self.kinds]
