@@ -59,7 +59,8 @@ def ms_per_token(ticks: int) -> float:
 
 
 def start_server(checkout: str, settings: list[str], port: int) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "vllm_mlx_trio.cli", "serve", "--set", "model.path=demo:tiny",
+    # -P: PYTHONPATH (the checkout), not the current directory, decides which copy of the package runs
+    argv = [sys.executable, "-P", "-m", "vllm_mlx_trio.cli", "serve", "--set", "model.path=demo:tiny",
             "--set", f"server.port={port}", "--set", "logging.level=warning"]  # fmt: skip
     for setting in settings:
         argv += ["--set", setting]

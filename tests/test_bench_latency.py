@@ -150,3 +150,29 @@ def test_a_variant_from_another_checkout_runs_our_server_from_there():
     servers, _notes = servers_from_args(_args(peers="ours,ceiling", variant=["base@/tmp/old:"]), "/m")
     assert [s.name for s in servers] == ["ours", "ours-base"]  # the ceiling is no server
     assert servers[1].env["PYTHONPATH"] == "/tmp/old" and servers[0].env["PYTHONPATH"] != "/tmp/old"
+
+
+@pytest.mark.parametrize("variant", ["latency", "prefix"])
+def test_a_variant_runs_its_own_checkout_when_started_from_inside_another(tmp_path, variant):
+    """``--variant NAME@CHECKOUT`` from inside a checkout (the usual place to run the bench): the variant's server
+    imports the other checkout's package, not the one in the current directory (``python -m`` would put the
+    current directory first on ``sys.path``)."""
+    import os
+    import subprocess
+
+    from vllm_mlx_trio.bench.latency_bench import ours_variant
+    from vllm_mlx_trio.bench.prefix_vs_mlx_lm import _peer
+
+    for name in ("here", "there"):
+        package = tmp_path / name / "vllm_mlx_trio"
+        package.mkdir(parents=True)
+        (package / "__init__.py").write_text("")
+        (package / "cli.py").write_text(f"print({name!r})\n")
+    there = str(tmp_path / "there")
+    if variant == "latency":
+        peer = ours_variant("ours-there", [], "demo:tiny", 8000, checkout=there)
+    else:
+        peer = _peer("there", "demo:tiny", 8000, str(tmp_path), {"there": there})
+    ran = subprocess.run(peer.argv, cwd=tmp_path / "here", env={**os.environ, **peer.env}, capture_output=True,
+                         text=True, timeout=60, check=True)  # fmt: skip
+    assert ran.stdout.strip() == "there"

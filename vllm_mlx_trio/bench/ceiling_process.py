@@ -12,13 +12,13 @@ import json
 import os
 import pathlib
 import subprocess
-import sys
 from typing import Any
 
 import attrs
 
 from ..config import EngineConfig, config_to_dict
 from .http_bench import BenchError
+from .peers import OUR_PYTHON
 
 #: Seconds the child gets to exit once its stdin is closed, before it is killed.
 EXIT_TIMEOUT_S = 30.0
@@ -50,7 +50,7 @@ class CeilingProcess:
 
     def __init__(self, cfg: EngineConfig):
         self._child = subprocess.Popen(
-            [sys.executable, "-m", "vllm_mlx_trio.worker.ceiling"],
+            [*OUR_PYTHON, "-m", "vllm_mlx_trio.worker.ceiling"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_child_environ(),
         )  # fmt: skip
         try:

@@ -28,6 +28,13 @@ PEERS = ("ours", "mlx-lm", "vllm-mlx")
 DEFAULT_VLLM_MLX = "/work/peers-venv/bin/vllm-mlx"
 
 
+#: How our servers and child processes start Python: ``-P`` keeps the current directory off the front of
+#: ``sys.path``, so ``PYTHONPATH`` (the checkout being measured) decides which copy of this package runs. Without
+#: it, ``python -m`` run from inside another checkout would import that one instead, and a before/after
+#: comparison would measure the same code twice.
+OUR_PYTHON = (sys.executable, "-P")
+
+
 @attrs.frozen(kw_only=True)
 class PeerServer:
     """How to start one peer: its command line and the model name its requests use."""
@@ -50,7 +57,7 @@ def peer_server(
     """
     py = sys.executable
     if name == "ours":
-        argv = (py, "-m", "vllm_mlx_trio.cli", "serve", "--set", f"model.path={model_dir}",
+        argv = (*OUR_PYTHON, "-m", "vllm_mlx_trio.cli", "serve", "--set", f"model.path={model_dir}",
                 "--set", f"server.port={port}", "--set", "logging.level=warning")  # fmt: skip
         return PeerServer(name=name, argv=argv, model=model_dir, env={"PYTHONPATH": _our_pythonpath()})
     if name == "mlx-lm":  # batches requests itself (--decode-concurrency, default 32)

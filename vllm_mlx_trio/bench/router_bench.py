@@ -29,7 +29,7 @@ import attrs
 import trio
 
 from .http_bench import BenchError, bench_url
-from .peers import _log_tail, _our_pythonpath, port_free, stop, wait_ready
+from .peers import OUR_PYTHON, _log_tail, _our_pythonpath, port_free, stop, wait_ready
 from .report import format_table
 from .workload import Workload
 
@@ -64,7 +64,7 @@ class _Ports:
 
 def _serve_argv(model_dir: str, port: int, *sets: str) -> list[str]:
     settings = [f"model.path={model_dir}", f"server.port={port}", "logging.level=warning", *sets]
-    return [sys.executable, "-m", "vllm_mlx_trio.cli", "serve", *[a for s in settings for a in ("--set", s)]]
+    return [*OUR_PYTHON, "-m", "vllm_mlx_trio.cli", "serve", *[a for s in settings for a in ("--set", s)]]
 
 
 def _start(argv: Sequence[str], log: pathlib.Path, env: dict[str, str] | None = None) -> subprocess.Popen:
