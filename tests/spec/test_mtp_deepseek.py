@@ -13,7 +13,6 @@ import mlx_lm
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import KVCache, trim_prompt_cache
 
 from vllm_mlx_trio.cli import main
 from vllm_mlx_trio.errors import ModelLoadError
@@ -22,7 +21,8 @@ from vllm_mlx_trio.worker.demo_model import DEMO_MARKER, resolve_demo_model
 from vllm_mlx_trio.worker.mtp_drafter import MTPDrafter, mtp_layout_loader
 from vllm_mlx_trio.worker.mtp_head import safetensors_shapes
 from vllm_mlx_trio.worker.mtp_head_deepseek import DeepseekMTPHead, load_deepseek_mtp
-from vllm_mlx_trio.worker.spec_hidden import target_forward
+
+from .mtp_parts import plain_greedy, speculative_greedy
 
 pytestmark = pytest.mark.mlx
 
@@ -40,44 +40,6 @@ def demo_dir(demo_cache_dir):
 def target(demo_dir):
     model, tokenizer = mlx_lm.load(str(demo_dir))
     return model, tokenizer
-
-
-def _cache(model) -> list[KVCache]:
-    return [KVCache() for _ in model.layers]
-
-
-def _plain_greedy(model, prompt: list[int], n: int) -> list[int]:
-    cache = _cache(model)
-    logits = model(mx.array([prompt]), cache=cache)
-    out = []
-    for _ in range(n):
-        out.append(int(mx.argmax(logits[0, -1])))
-        logits = model(mx.array([[out[-1]]]), cache=cache)
-    return out
-
-
-def _speculative_greedy(model, drafter, prompt: list[int], n: int, k: int) -> tuple[list[int], int, int]:
-    """(tokens, drafts proposed, drafts accepted): the runner's round written out; MLA's cache trims."""
-    cache, mode = _cache(model), drafter.hidden_state_mode
-    logits, hidden = target_forward(model, mx.array([prompt]), cache, mode=mode)
-    last = int(mx.argmax(logits[0, -1]))
-    drafter.start(prompt, hidden)
-    out, proposed, accepted_total = [last], 0, 0
-    while len(out) < n:
-        drafts = drafter.propose(last, k)
-        logits, hidden = target_forward(model, mx.array([[last, *drafts]]), cache, mode=mode)
-        targets = mx.argmax(logits[0], axis=-1).tolist()
-        j = 0
-        while j < len(drafts) and drafts[j] == targets[j]:
-            j += 1
-        trim_prompt_cache(cache, len(drafts) - j)
-        accepted = [*drafts[:j], targets[j]]
-        drafter.settle(accepted, hidden[:, : j + 1])
-        proposed, accepted_total = proposed + len(drafts), accepted_total + j
-        out.extend(accepted)
-        last = accepted[-1]
-    drafter.stop()
-    return out[:n], proposed, accepted_total
 
 
 def test_mlx_lm_loads_the_target_and_the_checkpoint_has_the_deepseek_v3_layout(demo_dir, target):
@@ -145,8 +107,8 @@ def test_greedy_output_with_the_deepseek_head_equals_plain_greedy_and_drafts_are
     proposed = accepted = 0
     for prompt in PROMPTS:
         ids = tokenizer.encode(prompt)
-        got, p, a = _speculative_greedy(model, drafter, ids, NEW_TOKENS, k)
-        assert got == _plain_greedy(model, ids, NEW_TOKENS), prompt
+        got, p, a = speculative_greedy(model, drafter, ids, NEW_TOKENS, k)
+        assert got == plain_greedy(model, ids, NEW_TOKENS), prompt
         proposed, accepted = proposed + p, accepted + a
     assert accepted / proposed > 0.5  # constructed agreement (measured ~0.77 at k=1, ~0.64 at k=3)
 
@@ -162,8 +124,8 @@ def test_the_embedding_and_head_are_shared_unless_the_checkpoint_differs(demo_di
     own = MTPDrafter.for_target(model, own_dir, hidden_state_mode=None)
     assert mx.array_equal(own.head.layer.shared_head.head.weight, flipped).item()
     ids = tokenizer.encode(PROMPTS[0])
-    got, proposed, accepted = _speculative_greedy(model, own, ids, 16, 3)
-    assert got == _plain_greedy(model, ids, 16) and accepted < proposed / 4  # its own (bad) head drafted
+    got, proposed, accepted = speculative_greedy(model, own, ids, 16, 3)
+    assert got == plain_greedy(model, ids, 16) and accepted < proposed / 4  # its own (bad) head drafted
 
 
 def test_a_checkpoint_without_its_mtp_layer_is_refused(demo_dir, target, tmp_path):

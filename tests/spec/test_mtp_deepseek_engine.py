@@ -12,11 +12,11 @@ import pytest
 import trio
 
 from vllm_mlx_trio import SamplingParams, open_engine
-from vllm_mlx_trio.messages import NewSequence, RequestId
 from vllm_mlx_trio.worker.mtp_drafter import MTPDrafter
 from vllm_mlx_trio.worker.mtp_head_deepseek import DeepseekMTPHead
 
 from .conftest import PlanDriver, spec_config
+from .mtp_parts import alone, build_runner, generate, mtp_config, plain_and_mtp_runners, recorded_modes, spec_counts
 
 pytestmark = pytest.mark.mlx
 
@@ -33,36 +33,13 @@ def dsv3_dir(tmp_path_factory) -> str:
     return str(build_demo_model(tmp_path_factory.mktemp("mtp-dsv3") / "mtp-dsv3", size="mtp-dsv3"))
 
 
-def _mtp_config(path: str, *overrides: str):
-    return spec_config(path, None, "speculative.method=mtp", "speculative.num_draft_tokens=3", *overrides)
-
-
-def _build(cfg):
-    from vllm_mlx_trio.worker.registry import runner_for
-
-    runner = runner_for(cfg)(cfg)
-    runner.load()
-    return runner
-
-
 @pytest.fixture(scope="module")
 def runners(dsv3_dir):
-    made = [_build(spec_config(dsv3_dir, None)), _build(_mtp_config(dsv3_dir))]
-    yield made
-    for runner in made:
-        runner.close()
+    yield from plain_and_mtp_runners(dsv3_dir)
 
 
 def _alone(runner, params=GREEDY) -> tuple[list[int], PlanDriver]:
-    driver = PlanDriver(runner)
-    driver.step(new=[NewSequence(request_id=RequestId("a"), prompt_token_ids=PROMPT, params=params)])
-    driver.run_until_done()
-    return driver.outputs["a"], driver
-
-
-def _counts(driver) -> tuple[int, int]:
-    counts = [r.spec_decode for r in driver.results if r.spec_decode is not None]
-    return sum(c.num_draft_tokens for c in counts), sum(c.num_accepted_tokens for c in counts)
+    return alone(runner, PROMPT, params)
 
 
 def test_the_runner_drafts_with_the_deepseek_head_and_changes_no_token(runners):
@@ -71,7 +48,7 @@ def test_the_runner_drafts_with_the_deepseek_head_and_changes_no_token(runners):
     reference, _ = _alone(plain)
     output, driver = _alone(spec)
     assert output == reference
-    proposed, accepted = _counts(driver)
+    proposed, accepted = spec_counts(driver)
     assert proposed > 0 and accepted > 0
     assert max(len(tokens) for r in driver.results for _, tokens in r.sampled) > 1  # runs of accepted drafts
 
@@ -89,33 +66,19 @@ def test_max_tokens_inside_an_accepted_run(runners):
 
 
 def test_pre_norm_from_the_config_reaches_the_verify_forward_and_changes_no_token(dsv3_dir, runners, monkeypatch):
-    import vllm_mlx_trio.worker.spec_hidden as spec_hidden
-
-    modes = []
-    real = spec_hidden.target_forward
-
-    def recording(model, inputs, cache, *, mode):
-        modes.append(mode)
-        return real(model, inputs, cache, mode=mode)
-
-    monkeypatch.setattr(spec_hidden, "target_forward", recording)
+    modes = recorded_modes(monkeypatch)
     plain, _ = runners
-    spec = _build(_mtp_config(dsv3_dir, "speculative.hidden_state_mode=pre_norm"))
+    spec = build_runner(mtp_config(dsv3_dir, "speculative.hidden_state_mode=pre_norm"))
     try:
         output, driver = _alone(spec)
     finally:
         spec.close()
     assert output == _alone(plain)[0]
-    assert modes and set(modes) == {"pre_norm"} and _counts(driver)[1] > 0
+    assert modes and set(modes) == {"pre_norm"} and spec_counts(driver)[1] > 0
 
 
 async def _generate(engine, params) -> tuple[str, list[int], str | None]:
-    text, tokens, reason = "", [], None
-    async for delta in engine.generate(CHAT, params):
-        text += delta.text
-        tokens.extend(delta.token_ids)
-        reason = delta.finish_reason or reason
-    return text, tokens, reason
+    return await generate(engine, CHAT, params)
 
 
 async def test_through_the_engine_mtp_changes_no_token_and_counts_acceptance(dsv3_dir):
@@ -127,7 +90,7 @@ async def test_through_the_engine_mtp_changes_no_token_and_counts_acceptance(dsv
             with_stop = attrs.evolve(GREEDY, stop=(stop,))
             reference_stopped = await _generate(engine, with_stop)
             reference_short = await _generate(engine, short)
-        async with open_engine(_mtp_config(dsv3_dir)) as engine:
+        async with open_engine(mtp_config(dsv3_dir)) as engine:
             got = await _generate(engine, GREEDY)
             got_stopped = await _generate(engine, with_stop)
             got_short = await _generate(engine, short)

@@ -13,8 +13,9 @@ import pytest
 from vllm_mlx_trio.worker.demo_model import resolve_demo_model
 from vllm_mlx_trio.worker.mtp_drafter import MTPDrafter
 from vllm_mlx_trio.worker.mtp_head import load_mtp_head
-from vllm_mlx_trio.worker.spec_cache_txn import needs_transaction, open_transaction
 from vllm_mlx_trio.worker.spec_hidden import target_forward
+
+from .mtp_parts import plain_greedy, speculative_greedy
 
 pytestmark = pytest.mark.mlx
 
@@ -29,44 +30,6 @@ def target(demo_cache_dir):
     return model, tokenizer, path
 
 
-def _plain_greedy(model, prompt: list[int], n: int) -> list[int]:
-    cache = model.make_cache()
-    logits = model(mx.array([prompt]), cache=cache)
-    out = []
-    for _ in range(n):
-        out.append(int(mx.argmax(logits[0, -1])))
-        logits = model(mx.array([[out[-1]]]), cache=cache)
-    return out
-
-
-def _speculative_greedy(model, drafter, prompt: list[int], n: int, k: int) -> tuple[list[int], int, int]:
-    """(tokens, drafts proposed, drafts accepted): the round of worker/spec_drafter.py's docstring."""
-    cache = model.make_cache()
-    mode = drafter.hidden_state_mode
-    logits, hidden = target_forward(model, mx.array([prompt]), cache, mode=mode)
-    last = int(mx.argmax(logits[0, -1]))
-    drafter.start(prompt, hidden)
-    out, proposed, accepted_total = [last], 0, 0
-    while len(out) < n:
-        drafts = drafter.propose(last, k)
-        verified = [last, *drafts]
-        txn = open_transaction(model, cache, verified) if needs_transaction(cache) else None
-        logits, hidden = target_forward(model, mx.array([verified]), cache, mode=mode)
-        targets = mx.argmax(logits[0], axis=-1).tolist()
-        j = 0
-        while j < len(drafts) and drafts[j] == targets[j]:
-            j += 1
-        accepted = [*drafts[:j], targets[j]]
-        if txn is not None:
-            txn.keep(j + 1)
-        drafter.settle(accepted, hidden[:, : j + 1])
-        proposed, accepted_total = proposed + len(drafts), accepted_total + j
-        out.extend(accepted)
-        last = accepted[-1]
-    drafter.stop()
-    return out[:n], proposed, accepted_total
-
-
 @pytest.mark.parametrize("k", [1, 3])
 def test_greedy_output_with_mtp_equals_plain_greedy_and_drafts_are_accepted(target, k):
     model, tokenizer, path = target
@@ -74,8 +37,8 @@ def test_greedy_output_with_mtp_equals_plain_greedy_and_drafts_are_accepted(targ
     proposed = accepted = 0
     for text in PROMPTS:
         prompt = tokenizer.encode(text)
-        got, p, a = _speculative_greedy(model, drafter, prompt, NEW_TOKENS, k)
-        assert got == _plain_greedy(model, prompt, NEW_TOKENS)
+        got, p, a = speculative_greedy(model, drafter, prompt, NEW_TOKENS, k)
+        assert got == plain_greedy(model, prompt, NEW_TOKENS)
         proposed, accepted = proposed + p, accepted + a
     assert proposed > 0
     assert accepted / proposed > 0.3  # the constructed head agrees often (measured ~0.7 at k=1)
@@ -86,8 +49,8 @@ def test_a_disagreeing_head_changes_only_acceptance(target):
     drafter = MTPDrafter.for_target(model, path, hidden_state_mode=None)
     drafter.head.fc.weight = mx.random.normal(drafter.head.fc.weight.shape, key=mx.random.key(3)).astype(mx.bfloat16)
     prompt = tokenizer.encode(PROMPTS[0])
-    got, proposed, accepted = _speculative_greedy(model, drafter, prompt, NEW_TOKENS, 3)
-    assert got == _plain_greedy(model, prompt, NEW_TOKENS)
+    got, proposed, accepted = speculative_greedy(model, drafter, prompt, NEW_TOKENS, 3)
+    assert got == plain_greedy(model, prompt, NEW_TOKENS)
     assert proposed > 0 and accepted / proposed < 0.3
 
 

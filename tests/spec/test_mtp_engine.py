@@ -10,6 +10,7 @@ import trio
 from vllm_mlx_trio import SamplingParams, open_engine
 
 from .conftest import spec_config
+from .mtp_parts import generate
 
 pytestmark = pytest.mark.mlx
 
@@ -26,12 +27,7 @@ def mtp_dir(tmp_path_factory) -> str:
 
 
 async def _generate(engine, params) -> tuple[str, list[int], str | None]:
-    text, tokens, reason = "", [], None
-    async for delta in engine.generate(CHAT, params):
-        text += delta.text
-        tokens.extend(delta.token_ids)
-        reason = delta.finish_reason or reason
-    return text, tokens, reason
+    return await generate(engine, CHAT, params)
 
 
 async def test_mtp_through_the_engine_changes_no_token(mtp_dir):

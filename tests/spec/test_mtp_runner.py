@@ -13,7 +13,8 @@ from vllm_mlx_trio.core.params import SamplingParams
 from vllm_mlx_trio.messages import NewSequence, RequestId
 from vllm_mlx_trio.worker.mtp_drafter import MTPDrafter
 
-from .conftest import PlanDriver, spec_config
+from .conftest import PlanDriver
+from .mtp_parts import alone, build_runner, mtp_config, plain_and_mtp_runners, recorded_modes, spec_counts
 
 pytestmark = pytest.mark.mlx
 
@@ -28,38 +29,13 @@ def mtp_dir(tmp_path_factory) -> str:
     return str(build_demo_model(tmp_path_factory.mktemp("mtp") / "mtp-tiny", size="mtp-tiny"))
 
 
-def _build(cfg):
-    from vllm_mlx_trio.worker.registry import runner_for
-
-    runner = runner_for(cfg)(cfg)
-    runner.load()
-    return runner
-
-
-def _mtp_config(path: str, *overrides: str):
-    return spec_config(path, None, "speculative.method=mtp", "speculative.num_draft_tokens=3", *overrides)
-
-
 @pytest.fixture(scope="module")
 def runners(mtp_dir):
-    made = [_build(spec_config(mtp_dir, None)), _build(_mtp_config(mtp_dir))]
-    yield made
-    for runner in made:
-        runner.close()
+    yield from plain_and_mtp_runners(mtp_dir)
 
 
 def _alone(runner, prompt, params=GREEDY, output: tuple[int, ...] = ()) -> tuple[list[int], PlanDriver]:
-    driver = PlanDriver(runner)
-    seq = NewSequence(request_id=RequestId("a"), prompt_token_ids=(*prompt, *output), params=params,
-                      num_output_tokens=len(output))  # fmt: skip
-    driver.step(new=[seq])
-    driver.run_until_done()
-    return driver.outputs["a"], driver
-
-
-def _counts(driver) -> tuple[int, int]:
-    counts = [r.spec_decode for r in driver.results if r.spec_decode is not None]
-    return sum(c.num_draft_tokens for c in counts), sum(c.num_accepted_tokens for c in counts)
+    return alone(runner, prompt, params, output)
 
 
 def test_the_mtp_method_loads_the_mtp_drafter(runners):
@@ -74,7 +50,7 @@ def test_greedy_output_with_mtp_equals_without_and_drafts_are_accepted(runners, 
     reference, _ = _alone(plain, prompt)
     output, driver = _alone(spec, prompt)
     assert output == reference
-    proposed, accepted = _counts(driver)
+    proposed, accepted = spec_counts(driver)
     assert proposed > 0 and accepted > 0
     assert max(len(tokens) for r in driver.results for _, tokens in r.sampled) > 1  # runs of accepted drafts
 
@@ -108,7 +84,7 @@ def test_a_thinking_request_speculates_after_its_reasoning_only_with_the_opt_in(
     opener, closed = think_tokens
     prompt = (*PROMPTS[0], *opener)
     extra = ["model.reasoning_parser=qwen3", f"speculative.thinking_retirement_resume={str(resume).lower()}"]
-    spec = _build(_mtp_config(mtp_dir, *extra))
+    spec = build_runner(mtp_config(mtp_dir, *extra))
     try:
         still_thinking, driver_thinking = _alone(spec, prompt)
         after, driver_after = _alone(spec, prompt, output=closed)
@@ -116,47 +92,38 @@ def test_a_thinking_request_speculates_after_its_reasoning_only_with_the_opt_in(
         spec.close()
     assert still_thinking == _alone(plain, prompt)[0]
     assert after == _alone(plain, prompt, output=closed)[0]
-    assert _counts(driver_thinking)[0] == 0  # inside the block: never
-    assert (_counts(driver_after)[0] > 0) is resume
+    assert spec_counts(driver_thinking)[0] == 0  # inside the block: never
+    assert (spec_counts(driver_after)[0] > 0) is resume
 
 
 def test_the_environment_variable_turns_the_opt_in_on(mtp_dir, think_tokens, monkeypatch):
     monkeypatch.setenv("VLLM_MLX_ENABLE_THINKING_RETIREMENT_RESUME", "1")
     opener, closed = think_tokens
-    spec = _build(_mtp_config(mtp_dir, "model.reasoning_parser=qwen3"))
+    spec = build_runner(mtp_config(mtp_dir, "model.reasoning_parser=qwen3"))
     try:
         _, driver = _alone(spec, (*PROMPTS[0], *opener), output=closed)
     finally:
         spec.close()
-    assert _counts(driver)[0] > 0
+    assert spec_counts(driver)[0] > 0
 
 
 def test_pre_norm_from_the_config_reaches_the_verify_forward_and_changes_no_token(mtp_dir, runners, monkeypatch):
-    import vllm_mlx_trio.worker.spec_hidden as spec_hidden
-
-    modes = []
-    real = spec_hidden.target_forward
-
-    def recording(model, inputs, cache, *, mode):
-        modes.append(mode)
-        return real(model, inputs, cache, mode=mode)
-
-    monkeypatch.setattr(spec_hidden, "target_forward", recording)
+    modes = recorded_modes(monkeypatch)
     plain, _ = runners
-    spec = _build(_mtp_config(mtp_dir, "speculative.hidden_state_mode=pre_norm"))
+    spec = build_runner(mtp_config(mtp_dir, "speculative.hidden_state_mode=pre_norm"))
     try:
         output, driver = _alone(spec, PROMPTS[1])
     finally:
         spec.close()
     assert output == _alone(plain, PROMPTS[1])[0]
-    assert modes and set(modes) == {"pre_norm"} and _counts(driver)[0] > 0
+    assert modes and set(modes) == {"pre_norm"} and spec_counts(driver)[0] > 0
 
 
 def test_a_model_without_mtp_weights_is_refused_at_load(float32_dir):
     from vllm_mlx_trio.errors import ModelLoadError
 
     with pytest.raises(ModelLoadError, match="mtp"):
-        _build(_mtp_config(float32_dir))
+        build_runner(mtp_config(float32_dir))
 
 
 def test_a_second_request_sends_the_first_back_and_it_returns_with_a_fresh_head(runners):
@@ -171,10 +138,10 @@ def test_a_second_request_sends_the_first_back_and_it_returns_with_a_fresh_head(
     assert spec._speculating is not None
     driver.step(new=[NewSequence(request_id=RequestId("b"), prompt_token_ids=PROMPTS[1], params=second)])
     assert spec._speculating is None and spec._drafter.cached_positions == 0  # the head's state was freed
-    during = _counts(driver)[0]
+    during = spec_counts(driver)[0]
     driver.run_until_done()
     assert driver.outputs["a"] == ref_a and driver.outputs["b"] == ref_b
-    assert _counts(driver)[0] > during  # drafting again once alone
+    assert spec_counts(driver)[0] > during  # drafting again once alone
 
 
 def test_the_first_round_after_entering_from_the_batch_drafts_from_the_batch_hidden_state(runners):
@@ -196,5 +163,5 @@ def test_an_unseeded_sampled_request_speculates_with_the_mtp_head(runners):
     params = SamplingParams(temperature=0.7, max_tokens=40, ignore_eos=True)
     output, driver = _alone(spec, PROMPTS[0], params)
     assert len(output) == 40
-    proposed, accepted = _counts(driver)
+    proposed, accepted = spec_counts(driver)
     assert proposed > 0 and accepted > 0

@@ -12,6 +12,7 @@ from vllm_mlx_trio.errors import ModelLoadError
 from vllm_mlx_trio.worker import spec_drafter
 
 from .conftest import BlockingDrafter, spec_config
+from .mtp_parts import generate
 
 pytestmark = pytest.mark.mlx
 
@@ -21,12 +22,7 @@ CHAT = [{"role": "user", "content": "Tell me about the sea and the ships."}]
 
 
 async def text_and_tokens(engine, params, prompt=CHAT) -> tuple[str, list[int], str | None]:
-    text, tokens, reason = "", [], None
-    async for delta in engine.generate(prompt, params):
-        text += delta.text
-        tokens.extend(delta.token_ids)
-        reason = delta.finish_reason or reason
-    return text, tokens, reason
+    return await generate(engine, prompt, params)
 
 
 async def test_stop_strings_cut_the_same_text_with_speculation(float32_dir):
