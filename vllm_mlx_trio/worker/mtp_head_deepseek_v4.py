@@ -3,7 +3,9 @@
 mlx-lm 0.32.2 loads DeepSeek-V4 checkpoints as ``deepseek_v41`` (``deepseek_v41_text`` remaps to it): every decoder
 layer carries ``hc_mult`` hyper-connection streams ``(batch, tokens, hc_mult, hidden)``, mixed in and out of
 attention and MoE by ``attn_hc`` / ``ffn_hc``; after the last layer the streams are collapsed (mlx-lm: by that
-layer's ``ffn_pre`` mix) and normed. mlx-lm's ``sanitize`` drops the checkpoint's ``mtp.*`` tensors.
+layer's ``ffn_pre`` mix) and normed. mlx-lm's ``sanitize`` drops the checkpoint's ``mtp.*`` tensors. mlx-lm's
+module has no ``hc_head``: its ``sanitize`` keeps a checkpoint's ``hc_head_*`` as ``model.hc_head_*``, which the
+model has no parameters for (mlx-vlm's ``deepseek_v4`` target collapses with a ``HyperHead`` of its own weights).
 
 The MTP module (mlx-vlm 0.7.10, ``mlx_vlm/speculative/drafters/deepseek_v4_mtp``): ``mtp.{i}.`` (index 1 for
 DeepSeek-V4-Flash, 0 otherwise) holds ``enorm`` / ``hnorm`` (RMSNorms), *separate* ``e_proj`` and ``h_proj``
