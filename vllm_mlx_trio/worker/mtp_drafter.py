@@ -29,6 +29,7 @@ import mlx.core as mx
 from ..errors import ModelLoadError
 from .mtp_head import MTPHead, load_mtp_head, text_config_of
 from .mtp_head_deepseek import LoadedHead, Shared, load_deepseek_mtp
+from .mtp_head_deepseek_v4 import load_deepseek_v4_mtp
 from .spec_hidden import final_norm_owner, resolve_hidden_state_mode
 
 
@@ -130,6 +131,7 @@ def _load_qwen_layout(model_dir: str | pathlib.Path, config: dict[str, Any], sha
 #: Any other model type: the Qwen3.5 / Qwen3-Next layout.
 MTP_LAYOUT_LOADERS: dict[str, Callable[[str | pathlib.Path, dict[str, Any], Shared], LoadedHead]] = {
     "deepseek_v3": load_deepseek_mtp,  # MTP layer = model.layers.{num_hidden_layers} (worker/mtp_head_deepseek.py)
+    "deepseek_v41": load_deepseek_v4_mtp,  # DeepSeek-V4: refused with the reasons (worker/mtp_head_deepseek_v4.py)
 }
 
 
