@@ -62,15 +62,11 @@ TEXT_CONFIG: dict[str, Any] = {
 
 def write_mtp_tiny(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
     """Write every file of ``demo:mtp-tiny`` into ``directory``, the marker last (demo_model's ``_build`` calls it)."""
-    tokenizer = files.train_tokenizer(TEXT_CONFIG["vocab_size"])
-    ids = {token: tokenizer.token_to_id(token) for token in files.SPECIAL_TOKENS}
-    (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
+    tokenizer, ids = tokenizer_and_ids(TEXT_CONFIG["vocab_size"])
     config = model_config(dtype, ids)
     weights = constructed_weights(config, seed, files.damped_ids(tokenizer))
     files.write_safetensors(directory / "model.safetensors", weights, dtype)
     files.write_json(directory / "config.json", config)
-    stop = {"eos_token_id": [ids[files.IM_END], ids[files.ENDOFTEXT]]}
-    files.write_json(directory / "generation_config.json", {"bos_token_id": ids[files.ENDOFTEXT], **stop})
     spec = dm.DemoSize(
         vocab_size=TEXT_CONFIG["vocab_size"], hidden_size=TEXT_CONFIG["hidden_size"],
         num_hidden_layers=TEXT_CONFIG["num_hidden_layers"], num_attention_heads=TEXT_CONFIG["num_attention_heads"],
@@ -78,11 +74,30 @@ def write_mtp_tiny(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
         intermediate_size=TEXT_CONFIG["intermediate_size"],
         max_position_embeddings=TEXT_CONFIG["max_position_embeddings"],
     )  # fmt: skip
+    write_tokenizer_side(directory, tokenizer, ids, spec)
+    write_marker(directory, size=MTP_TINY, seed=seed, dtype=dtype, recipe_version=MTP_RECIPE_VERSION)
+
+
+def tokenizer_and_ids(vocab_size: int) -> tuple[Any, dict[str, int]]:
+    """The demo tokenizer trained to ``vocab_size``, and its special tokens' ids."""
+    tokenizer = files.train_tokenizer(vocab_size)
+    return tokenizer, {token: tokenizer.token_to_id(token) for token in files.SPECIAL_TOKENS}
+
+
+def write_tokenizer_side(directory: pathlib.Path, tokenizer: Any, ids: dict[str, int], spec: dm.DemoSize) -> None:
+    """An MTP demo's tokenizer files and generation config (the other demos' chat template and stop tokens)."""
+    (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
+    stop = {"eos_token_id": [ids[files.IM_END], ids[files.ENDOFTEXT]]}
+    files.write_json(directory / "generation_config.json", {"bos_token_id": ids[files.ENDOFTEXT], **stop})
     files.write_json(directory / "tokenizer_config.json", dm._tokenizer_config(spec))
     files.write_json(directory / "special_tokens_map.json", {"eos_token": files.IM_END, "pad_token": files.ENDOFTEXT})
+
+
+def write_marker(directory: pathlib.Path, *, size: str, seed: int, dtype: str, recipe_version: int) -> None:
+    """The demo's marker, written last: what it was built from (demo_model checks it before reusing a build)."""
     marker = {
-        "format_version": dm.DEMO_FORMAT_VERSION, "size": MTP_TINY, "seed": seed, "dtype": dtype,
-        "chat_template_sha256": dm.chat_template_hash(), "mtp_recipe_version": MTP_RECIPE_VERSION,
+        "format_version": dm.DEMO_FORMAT_VERSION, "size": size, "seed": seed, "dtype": dtype,
+        "chat_template_sha256": dm.chat_template_hash(), "mtp_recipe_version": recipe_version,
     }  # fmt: skip
     files.write_json(directory / dm.DEMO_MARKER, marker)
 

@@ -27,7 +27,14 @@ import numpy as np
 
 from . import demo_files as files
 from . import demo_model as dm
-from .demo_mtp import LAYER_OUTPUT_SCALE, MTP_HIDDEN_SHARE, MTP_LAYER_OUTPUT_SCALE
+from .demo_mtp import (
+    LAYER_OUTPUT_SCALE,
+    MTP_HIDDEN_SHARE,
+    MTP_LAYER_OUTPUT_SCALE,
+    tokenizer_and_ids,
+    write_marker,
+    write_tokenizer_side,
+)
 
 #: The demo name (``demo:mtp-dsv3``).
 MTP_DSV3 = "mtp-dsv3"
@@ -55,9 +62,7 @@ CONFIG: dict[str, Any] = {
 
 def write_mtp_dsv3(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
     """Write every file of ``demo:mtp-dsv3`` into ``directory``, the marker last (demo_model's ``_build``)."""
-    tokenizer = files.train_tokenizer(CONFIG["vocab_size"])
-    ids = {token: tokenizer.token_to_id(token) for token in files.SPECIAL_TOKENS}
-    (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
+    tokenizer, ids = tokenizer_and_ids(CONFIG["vocab_size"])
     config = {**CONFIG, "torch_dtype": dtype, "bos_token_id": ids[files.ENDOFTEXT], "eos_token_id": ids[files.IM_END]}
     weights = to_hf_layout(constructed_weights(config, seed, files.damped_ids(tokenizer)), config)
     mtp_prefix = f"model.layers.{config['num_hidden_layers']}."
@@ -70,21 +75,14 @@ def write_mtp_dsv3(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
     weight_map = {key: name for name, tensors in shards.items() for key in sorted(tensors)}
     files.write_json(directory / "model.safetensors.index.json", {"metadata": {}, "weight_map": weight_map})
     files.write_json(directory / "config.json", config)
-    stop = {"eos_token_id": [ids[files.IM_END], ids[files.ENDOFTEXT]]}
-    files.write_json(directory / "generation_config.json", {"bos_token_id": ids[files.ENDOFTEXT], **stop})
     spec = dm.DemoSize(
         vocab_size=CONFIG["vocab_size"], hidden_size=CONFIG["hidden_size"],
         num_hidden_layers=CONFIG["num_hidden_layers"], num_attention_heads=CONFIG["num_attention_heads"],
         num_key_value_heads=CONFIG["num_key_value_heads"], head_dim=CONFIG["v_head_dim"],
         intermediate_size=CONFIG["intermediate_size"], max_position_embeddings=CONFIG["max_position_embeddings"],
     )  # fmt: skip
-    files.write_json(directory / "tokenizer_config.json", dm._tokenizer_config(spec))
-    files.write_json(directory / "special_tokens_map.json", {"eos_token": files.IM_END, "pad_token": files.ENDOFTEXT})
-    marker = {
-        "format_version": dm.DEMO_FORMAT_VERSION, "size": MTP_DSV3, "seed": seed, "dtype": dtype,
-        "chat_template_sha256": dm.chat_template_hash(), "mtp_recipe_version": MTP_DSV3_RECIPE_VERSION,
-    }  # fmt: skip
-    files.write_json(directory / dm.DEMO_MARKER, marker)
+    write_tokenizer_side(directory, tokenizer, ids, spec)
+    write_marker(directory, size=MTP_DSV3, seed=seed, dtype=dtype, recipe_version=MTP_DSV3_RECIPE_VERSION)
 
 
 def mlx_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
