@@ -173,13 +173,15 @@ def snapshot(engine: Engine, mlx_active: list[int]) -> Snapshot:
 
 
 async def wait_quiet(engine: Engine, baseline: Snapshot | None, timeout_s: float) -> bool:
-    """Wait until the engine holds no request, and (after the soak) tasks and descriptors are
-    back to ``baseline``'s counts, and the task count stays put for one poll. False on timeout:
-    the caller measures anyway, and the leftovers show."""
+    """Wait until the engine holds no request and no plan is out on the executor (a plan queued
+    behind the last request's finish still runs, naming nobody), and (after the soak) tasks and
+    descriptors are back to ``baseline``'s counts, and the task count stays put for one poll.
+    False on timeout: the caller measures anyway, and the leftovers show."""
 
     def settled() -> bool:
         stats = engine.statistics()
-        if stats.num_requests or stats.scheduler.num_running or stats.scheduler.num_waiting:
+        scheduler = stats.scheduler
+        if stats.num_requests or scheduler.num_running or scheduler.num_waiting or scheduler.plans_in_flight:
             return False
         return baseline is None or (live_tasks() <= baseline.tasks and open_fds() <= baseline.fds)
 
