@@ -272,6 +272,9 @@ class SpeculativeConfig:
     #: method = "mtp": which target hidden states feed the MTP head, "post_norm" or "pre_norm";
     #: none: the model's text_config ``mtp_hidden_state_mode``, else post_norm.
     hidden_state_mode: str | None = _option(None, _non_empty)
+    #: method = "mtp": most of a sequence's latest positions (prompt and output) whose target hidden states the
+    #: MTP head reads when the sequence enters speculation, as its context (>= 1; 1: none but the last).
+    mtp_context_tokens: int = _option(2048, _in_range(1))
     #: method = "mtp": hand a thinking request back to MTP once its reasoning has ended (also
     #: VLLM_MLX_ENABLE_THINKING_RETIREMENT_RESUME=1).
     thinking_retirement_resume: bool = _option(False)

@@ -154,7 +154,7 @@ def test_the_first_round_after_entering_from_the_batch_drafts_from_the_batch_hid
         first_rounds.append(next(r.spec_decode for r in driver.results if r.spec_decode is not None))
     assert all(c.num_draft_tokens == 3 for c in first_rounds)  # without the hidden state: no drafts at all
     assert sum(c.num_accepted_tokens for c in first_rounds) > 0
-    assert spec._entry_hidden is not None and not spec._entry_hidden._by_uid  # taken, nothing left behind
+    assert spec._entry_hidden is not None and spec._entry_hidden.num_tracked == 0  # taken, nothing left behind
 
 
 def test_an_unseeded_sampled_request_speculates_with_the_mtp_head(runners):

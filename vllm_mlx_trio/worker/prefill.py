@@ -23,15 +23,25 @@ fixed cost) is never taken.
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from .runner_base import LiveSequence
+
+
+class ChunkRecorder(Protocol):
+    """Records a chunk's hidden states (worker/spec_entry_hidden.py): a context manager around the chunk's forward
+    of prompt positions ``first .. first + count - 1``, yielding the arrays to evaluate with its cache."""
+
+    def chunk(
+        self, request_id: Any, first: int, count: int, prompt_length: int
+    ) -> contextlib.AbstractContextManager[list[mx.array]]: ...
 
 
 @attrs.define(slots=True, eq=False)
@@ -70,6 +80,8 @@ class PromptPrefill:
         self._rows: collections.deque[PrefillRow] = collections.deque()
         #: Seconds the last chunk run with ``wait`` took, alone on the stream.
         self.last_chunk_s = 0.0
+        #: Set by a runner whose drafter needs the prompts' hidden states (the speculative runner, MTP).
+        self.recorder: ChunkRecorder | None = None
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -110,9 +122,10 @@ class PromptPrefill:
             if wait:
                 mx.synchronize(self._stream)
             started = time.perf_counter()
-            with mx.stream(self._stream):
+            with mx.stream(self._stream), self._recorded(row, n) as hidden:
                 self._model(mx.array([row.prompt[row.done : row.done + n]]), cache=row.cache)
-                (mx.eval if wait else mx.async_eval)([c.state for c in row.cache])
+            with mx.stream(self._stream):
+                (mx.eval if wait else mx.async_eval)([c.state for c in row.cache], hidden)
             self.last_chunk_s = time.perf_counter() - started if wait else 0.0
             row.done += n
         if row.done == boundary and self._on_boundary is not None:
@@ -120,3 +133,8 @@ class PromptPrefill:
         if row.left > 0:
             return n, None
         return n, self._rows.popleft()
+
+    def _recorded(self, row: PrefillRow, n: int) -> contextlib.AbstractContextManager[list[mx.array]]:
+        if self.recorder is None:
+            return contextlib.nullcontext([])
+        return self.recorder.chunk(row.live.request_id, row.done, n, len(row.prompt))

@@ -104,7 +104,11 @@ class SpecRunner(BatchRunner):
             self._drafter = loader(self._cfg, self._target, info)
         if self._drafter.needs_target_hidden:
             self._target_forward = _import(TARGET_FORWARD)
-            self._entry_hidden = EntryHidden(self._target, self._generator, self._drafter.hidden_state_mode)
+            self._entry_hidden = EntryHidden(self._target, self._generator, self._drafter.hidden_state_mode,
+                                             limit=self._cfg.speculative.mtp_context_tokens,
+                                             request_of=self._request_ids)  # fmt: skip
+            if self._prefill is not None:
+                self._prefill.recorder = self._entry_hidden
         self._lazy = hasattr(self._drafter, "propose_lazy")  # a LazyDrafter: one sync a round, sampled drafts
         self._pipelined = self._lazy and hasattr(self._drafter, "draft_ahead")
         if self._cfg.speculative.method == "mtp":  # thinking requests and MTP (MTP's hook, worker/mtp_thinking.py)
@@ -167,7 +171,7 @@ class SpecRunner(BatchRunner):
         self._decoding.discard(uid)
         sequence.handle = spec
         self._speculating = sequence
-        hidden = None if self._entry_hidden is None else self._entry_hidden.take(uid)
+        hidden = None if self._entry_hidden is None else self._entry_hidden.take(sequence.request_id)
         self._drafter.start(self._cached_tokens(sequence), hidden)
 
     def _leave(self, sequence: LiveSequence) -> Emission:
@@ -267,6 +271,9 @@ class SpecRunner(BatchRunner):
     def _remove(self, live: list[LiveSequence]) -> None:
         if self._speculating is not None and any(s is self._speculating for s in live):
             self._stop_drafter()
+        if self._entry_hidden is not None:
+            for sequence in live:
+                self._entry_hidden.forget(sequence.request_id)
         super()._remove([s for s in live if not isinstance(s.handle, SpecSequence)])
 
     def _finished_ready(self, live: LiveSequence, emission: Emission) -> KVReady | None:
