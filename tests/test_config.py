@@ -392,7 +392,8 @@ def test_round_trip_with_every_option_set():
                  "allowed_local_dirs": ["/srv/media"], "max_images_per_request": 2, "max_image_pixels": 4096,
                  "max_decoded_pixels": 8192},
         "speculative": {"method": "draft", "draft_model": "demo:spec-draft", "num_draft_tokens": 3,
-                        "hidden_state_mode": "pre_norm", "thinking_retirement_resume": True},
+                        "hidden_state_mode": "pre_norm", "mtp_context_tokens": 512,
+                        "thinking_retirement_resume": True},
     }  # fmt: skip
     cfg = config_from_dict(data)
     assert config_to_dict(cfg) == data
