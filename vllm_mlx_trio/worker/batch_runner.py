@@ -36,6 +36,7 @@ from .kv_store import PrefixBlocks
 from .loading import load_for_serving, mlx_memory, sharding
 from .prefill import PrefillRow, PromptPrefill
 from .prefill_budget import ChunkSizer
+from .prefill_burst import burst_continues, sample_first
 from .run_ahead import CHUNK_PLAN_RUN_AHEAD, RUN_AHEAD_S, joined, kv_fits
 from .runner_base import Advance, Emission, LiveSequence, RunnerBase
 from .sampling import greedy, guard_processors, make_request_processors, make_request_sampler, token_logprob
@@ -82,6 +83,8 @@ class BatchRunner(RunnerBase):
         self._run_ahead_s = RUN_AHEAD_S
         #: Decode steps a plan may run: 1 when sharded (every rank must run the same steps).
         self._run_ahead_steps = 1
+        #: First tokens this plan's prefill sampled itself (a burst, worker/prefill_burst.py): no decode step runs.
+        self._sampled_first: list[Emission] = []
 
     def _load(self) -> ModelInfo:
         enter_mlx_thread()
@@ -193,6 +196,9 @@ class BatchRunner(RunnerBase):
         assert self._generator is not None
         started = time.perf_counter()
         prompts_done = self._prefill_step()
+        if self._sampled_first:  # more of the burst waits: its rows decode together once it is in
+            emissions, self._sampled_first = self._sampled_first, []
+            return Advance(emissions, prompts_done)
         self._generator.prefill_step_size = self._prefill_chunk()
         advance = self._generator_step(prompts_done)
         started += self._chunk_s  # the run-ahead bound is for decode steps: a timed chunk is not one
@@ -285,7 +291,8 @@ class BatchRunner(RunnerBase):
         assert self._sizer is not None and self._last_plan is not None
         protect = decoding and any(rid in self._live for rid in head.live.seq.protects)
         budget = self._sizer.chunk() if protect else self._cfg.engine.prefill_step_size
-        tokens, done = self._prefill.step(budget, wait=protect)
+        row = None if protect or head.left > budget else self._burst_row(head)
+        tokens, done = self._prefill.step(budget, wait=protect, with_last=row is not None)
         if protect and tokens:  # timed alone (a full chunk beside rows that are not protected is not)
             self._timed_chunk, self._chunk_s = True, self._prefill.last_chunk_s
             self._run_ahead_s = CHUNK_PLAN_RUN_AHEAD * RUN_AHEAD_S
@@ -297,8 +304,33 @@ class BatchRunner(RunnerBase):
             return []
         if self._prefix.enabled:
             self._prompt_caches[done.live.request_id] = done.cache
-        self._to_generator([done.live], [done.cache], [len(done.prompt) - 1])
+        if row is None:
+            self._to_generator([done.live], [done.cache], [len(done.prompt) - 1])
+        else:
+            self._join_sampled(done, row)
         return [done.live.request_id]
+
+    def _burst_row(self, head: PrefillRow) -> tuple | None:
+        """The generator row of a prompt whose chunk ends it in this plan, if it takes its first token from its own
+        prefill (worker/prefill_burst.py); else None."""
+        assert self._prefill is not None
+        if sharding() or not self._prefix.layout.knows_position or not self._prefill.gives_first_logits:
+            return None
+        if not burst_continues(self._prefill, self._live, self._cfg.engine.prefill_step_size):
+            return None
+        row = self._row(head.live)
+        return None if row[1] else row
+
+    def _join_sampled(self, done: PrefillRow, row: tuple) -> None:
+        """The prompt is in its cache, last token included: emit its first token, sampled from that forward, and
+        join the generator with it as the token to feed next."""
+        assert self._generator is not None
+        with mx.stream(self._generator.stream):
+            token, logprobs = sample_first(done, row[0])
+        uid = self._direct.join_sampled(self._generator, done.live.seq, done.cache, row, token, logprobs)
+        done.live.handle = uid
+        self._request_ids[uid] = done.live.request_id
+        self._sampled_first.append(Emission(done.live.request_id, (int(token.item()),), (logprobs,)))
 
     def _observe_step(self, decoding: bool) -> None:
         """Time the plan that just ended (start to start) for the chunk sizer, when rows

@@ -56,22 +56,35 @@ class JoinedRows:
              rows: Sequence[tuple]) -> list[int]:  # fmt: skip
         """Add one row per new sequence (a ``NewSequence`` whose cache holds all its prompt but the last token;
         ``rows``: its (sampler, logits processors, stop sequences)); their uids."""
-        n = len(seqs)
-        uids = list(range(generator._uid_count, generator._uid_count + n))
-        generator._uid_count += n
+        tokens = [list(seq.prompt_token_ids[:-1]) for seq in seqs]
         with mx.stream(generator.stream):  # the merge's ops run where the generator's do
-            batch = self._batch(generator, uids, seqs, caches, rows)
-        generator._generation_batch.extend(batch)
+            last = mx.array([seq.prompt_token_ids[-1] for seq in seqs], dtype=mx.uint32)
+            # Never read: the echoed token's response is dropped, but the step evaluates them.
+            uids = self._extend(generator, seqs, caches, rows, tokens, last, [mx.zeros((1,)) for _ in seqs])
         self._echo_pending.update(uids)
         return uids
 
+    def join_sampled(self, generator: BatchGenerator, seq: Any, cache: list[Any], row: tuple, first_token: mx.array,
+                     logprobs: mx.array) -> int:  # fmt: skip
+        """Add a row whose cache holds its whole prompt and whose first token the runner sampled and emitted
+        (``first_token`` uint32 ``(1,)``, its ``logprobs`` row): the generator feeds that token next, and its response
+        for it is dropped; its uid."""
+        with mx.stream(generator.stream):
+            (uid,) = self._extend(generator, [seq], [cache], [row], [list(seq.prompt_token_ids)], first_token,
+                                  [logprobs])  # fmt: skip
+        self._emitted_ahead.add(uid)
+        return uid
+
     @staticmethod
-    def _batch(generator: BatchGenerator, uids: list[int], seqs: Sequence[Any], caches: Sequence[list[Any]],
-               rows: Sequence[tuple]) -> GenerationBatch:  # fmt: skip
-        """A generation batch of the new rows that has run no step: each one's next token to feed is its last
-        prompt token, as if it had sampled it."""
-        n = len(uids)
-        tokens = [list(seq.prompt_token_ids[:-1]) for seq in seqs]
+    def _extend(generator: BatchGenerator, seqs: Sequence[Any], caches: Sequence[list[Any]], rows: Sequence[tuple],
+                tokens: list[list[int]], next_tokens: mx.array,
+                next_logprobs: list[mx.array]) -> list[int]:  # fmt: skip
+        """Extend the generation batch with rows that have run no step: ``tokens`` are in each one's cache, and
+        ``next_tokens`` are what it feeds next, as if it had sampled them; their uids."""
+        n = len(seqs)
+        uids = list(range(generator._uid_count, generator._uid_count + n))
+        generator._uid_count += n
+        echo = len(tokens[0]) < len(seqs[0].prompt_token_ids)  # the last prompt token is fed next
         stop_sequences = [row[2] for row in rows]
         batch = GenerationBatch.empty(generator.model, generator.sampler)
         batch.uids = uids
@@ -81,13 +94,13 @@ class JoinedRows:
         batch.logits_processors = [tuple(row[1]) if row[1] else () for row in rows]
         batch.max_tokens = [seq.max_new_tokens for seq in seqs]
         batch.stop_sequences = stop_sequences
-        batch._next_tokens = mx.array([seq.prompt_token_ids[-1] for seq in seqs], dtype=mx.uint32)
-        # Never read: the echoed token's response is dropped, but the step evaluates them.
-        batch._next_logprobs = [mx.zeros((1,)) for _ in range(n)]
+        batch._next_tokens = next_tokens
+        batch._next_logprobs = next_logprobs
         batch._token_context = [TokenBuffer(t) for t in tokens]
-        batch._num_tokens = [-1] * n  # the echo counts one
-        batch._matchers = [_SkipFirst(s.matcher()) for s in stop_sequences]
-        return batch
+        batch._num_tokens = [-1 if echo else 0] * n  # an echo counts one
+        batch._matchers = [_SkipFirst(s.matcher()) if echo else s.matcher() for s in stop_sequences]
+        generator._generation_batch.extend(batch)
+        return uids
 
     def first_tokens(self, generator: BatchGenerator, uids: Sequence[int]) -> list[tuple[int, int, mx.array]]:
         """(uid, token, logprob row) of each row in ``uids`` whose prompt the last step ended: its first sampled

@@ -10,7 +10,8 @@ alone finishes, and gets its first token, as early as it can). Only the streams 
 first token before a prompt arrived (``NewSequence.protects``, from the scheduler) are protected
 from it (the runner sizes its chunks by time for them); prompts that arrived together are
 prefilled back to back in full chunks, as a batch would be, each one's first token as soon as
-its own prompt is in. A burst's chunk is only queued (``mx.async_eval``) on the generator's
+its own prompt is in (while more of the burst waits, its last chunk takes the last token too and
+keeps that position's logits: worker/prefill_burst.py). A burst's chunk is only queued (``mx.async_eval``) on the generator's
 stream, so it runs while the loop hands the step's tokens out; a timed chunk (beside protected
 streams) runs alone before the plan's decode steps, once the work queued before it is done, so
 its cost is measured (:attr:`PromptPrefill.last_chunk_s`) and the plan's run-ahead budget counts
@@ -25,14 +26,16 @@ from __future__ import annotations
 import collections
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import attrs
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from .runner_base import LiveSequence
+from .spec_hidden import final_norm_owner
 
 
 class ChunkRecorder(Protocol):
@@ -42,6 +45,17 @@ class ChunkRecorder(Protocol):
     def chunk(
         self, request_id: Any, first: int, count: int, prompt_length: int
     ) -> contextlib.AbstractContextManager[list[mx.array]]: ...
+
+
+class _LastPosition(nn.Module):
+    """Stands in for the final norm: its output at the last position only."""
+
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        self.norm = norm
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.norm(x)[:, -1:, :]
 
 
 @attrs.define(slots=True, eq=False)
@@ -55,6 +69,9 @@ class PrefillRow:
     #: Positions where the prefix store snapshots the sliding-window / recurrent layers
     #: (ascending, each below the last prompt token): a chunk never crosses one.
     boundaries: tuple[int, ...] = ()
+    #: Set when the last chunk took the last prompt token too (``step(with_last=True)``): the
+    #: logits ``(1, vocab)`` after it, from which the runner samples the first token itself.
+    first_logits: mx.array | None = None
 
     def next_boundary(self) -> int | None:
         return next((b for b in self.boundaries if b > self.done), None)
@@ -82,6 +99,8 @@ class PromptPrefill:
         self.last_chunk_s = 0.0
         #: Set by a runner whose drafter needs the prompts' hidden states (the speculative runner, MTP).
         self.recorder: ChunkRecorder | None = None
+        #: Whether a chunk can end with its last prompt token's logits (the model has a final norm to cut).
+        self.gives_first_logits = _has_final_norm(model)
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -106,11 +125,18 @@ class PromptPrefill:
         """The prompt the next step prefills."""
         return self._rows[0] if self._rows else None
 
-    def step(self, budget: int, *, wait: bool = False) -> tuple[int, PrefillRow | None]:
+    @property
+    def behind_head(self) -> list[PrefillRow]:
+        """The prompts queued behind the oldest one."""
+        return list(self._rows)[1:]
+
+    def step(self, budget: int, *, wait: bool = False, with_last: bool = False) -> tuple[int, PrefillRow | None]:
         """Prefill up to ``budget`` tokens of the oldest prompt: (tokens prefilled, the row
         if its prompt is now in its cache, all but the last token; it leaves the queue).
         ``wait``: finish the work queued on the stream, then run the chunk alone and time it
-        (:attr:`last_chunk_s`); else the chunk is only queued."""
+        (:attr:`last_chunk_s`); else the chunk is only queued. ``with_last``: a chunk that
+        ends the prompt takes its last token too, and keeps the logits after it
+        (:attr:`PrefillRow.first_logits`; the cache then holds the whole prompt)."""
         if not self._rows or budget <= 0:
             return 0, None
         row = self._rows[0]
@@ -118,23 +144,55 @@ class PromptPrefill:
         boundary = row.next_boundary()
         if boundary is not None:
             n = min(n, boundary - row.done)
+        if with_last and n == row.left:  # boundaries lie before the last prompt token
+            n += 1
         if n > 0:
-            if wait:
-                mx.synchronize(self._stream)
-            started = time.perf_counter()
-            with mx.stream(self._stream), self._recorded(row, n) as hidden:
-                self._model(mx.array([row.prompt[row.done : row.done + n]]), cache=row.cache)
-            with mx.stream(self._stream):
-                (mx.eval if wait else mx.async_eval)([c.state for c in row.cache], hidden)
-            self.last_chunk_s = time.perf_counter() - started if wait else 0.0
-            row.done += n
+            self._forward(row, n, wait=wait, keep_logits=n > row.left)
         if row.done == boundary and self._on_boundary is not None:
             self._on_boundary(row.live.request_id, row.cache)
         if row.left > 0:
             return n, None
         return n, self._rows.popleft()
 
+    def _forward(self, row: PrefillRow, n: int, *, wait: bool, keep_logits: bool) -> None:
+        """One chunk: the next ``n`` prompt tokens into the row's cache (timed alone if ``wait``)."""
+        if wait:
+            mx.synchronize(self._stream)
+        started = time.perf_counter()
+        with mx.stream(self._stream), self._recorded(row, n) as hidden, self._last_position_only(keep_logits):
+            logits = self._model(mx.array([row.prompt[row.done : row.done + n]]), cache=row.cache)
+        if keep_logits:
+            row.first_logits = logits[:, -1, :]
+        with mx.stream(self._stream):
+            logits_out = [row.first_logits] if keep_logits else []
+            (mx.eval if wait else mx.async_eval)([c.state for c in row.cache], hidden, logits_out)
+        self.last_chunk_s = time.perf_counter() - started if wait else 0.0
+        row.done += n
+
+    @contextlib.contextmanager
+    def _last_position_only(self, active: bool) -> Iterator[None]:
+        """While active, the model's output head runs on the last position only (the final norm's output is cut
+        there): a chunk's logits cost one position's head, not the chunk's."""
+        if not active:
+            yield
+            return
+        owner = final_norm_owner(self._model)
+        norm = owner.norm
+        owner.norm = _LastPosition(norm)
+        try:
+            yield
+        finally:
+            owner.norm = norm
+
     def _recorded(self, row: PrefillRow, n: int) -> contextlib.AbstractContextManager[list[mx.array]]:
         if self.recorder is None:
             return contextlib.nullcontext([])
         return self.recorder.chunk(row.live.request_id, row.done, n, len(row.prompt))
+
+
+def _has_final_norm(model: Any) -> bool:
+    try:
+        final_norm_owner(model)
+    except TypeError:
+        return False
+    return True
