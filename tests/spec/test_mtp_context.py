@@ -4,6 +4,8 @@ recorded by the runner's prefill and the batch's decode steps (worker/spec_entry
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from vllm_mlx_trio.core.params import SamplingParams
@@ -23,6 +25,16 @@ def mtp_dir(tmp_path_factory) -> str:
     from vllm_mlx_trio.worker.demo_model import build_demo_model
 
     return str(build_demo_model(tmp_path_factory.mktemp("mtp") / "mtp-tiny", size="mtp-tiny"))
+
+
+@contextlib.contextmanager
+def _mtp_runner(mtp_dir: str, *overrides: str):
+    """An MTP runner over ``mtp_dir``, closed after."""
+    runner = build_runner(mtp_config(mtp_dir, *overrides))
+    try:
+        yield runner
+    finally:
+        runner.close()
 
 
 def _entries(runner) -> list[tuple[list[int], object]]:
@@ -69,8 +81,7 @@ def _run_alone(runner, prompt=PROMPT, params=GREEDY) -> PlanDriver:
 
 @pytest.mark.parametrize(("limit", "rows"), [(2048, None), (8, 8), (1, 1)])
 def test_a_sequence_enters_with_its_prompts_hidden_states_and_the_head_reads_them(mtp_dir, limit, rows):
-    runner = build_runner(mtp_config(mtp_dir, f"speculative.mtp_context_tokens={limit}"))
-    try:
+    with _mtp_runner(mtp_dir, f"speculative.mtp_context_tokens={limit}") as runner:
         entries = _entries(runner)
         heads = []
         runner._drafter.propose_lazy = _after(runner._drafter.propose_lazy, lambda: heads.append(
@@ -82,8 +93,6 @@ def test_a_sequence_enters_with_its_prompts_hidden_states_and_the_head_reads_the
         _assert_matches_reference(runner, tokens, hidden, expected)
         assert heads[0] == expected - 1  # the head's cache holds the context pairs before its first draft
         assert runner._entry_hidden.num_tracked == 0
-    finally:
-        runner.close()
 
 
 def _after(method, hook):
@@ -95,19 +104,15 @@ def _after(method, hook):
 
 
 def test_mlx_lms_own_prompt_path_gives_the_context_from_the_prompts_last_token(mtp_dir):
-    runner = build_runner(mtp_config(mtp_dir, "engine.prefill_time_ratio=none"))
-    try:
+    with _mtp_runner(mtp_dir, "engine.prefill_time_ratio=none") as runner:
         entries = _entries(runner)
         _run_alone(runner)
         tokens, hidden = entries[0]
         _assert_matches_reference(runner, tokens, hidden, len(tokens) - len(PROMPT) + 1)
-    finally:
-        runner.close()
 
 
 def test_a_sequence_left_alone_in_the_batch_enters_with_its_prompt_and_batched_steps(mtp_dir):
-    runner = build_runner(mtp_config(mtp_dir))
-    try:
+    with _mtp_runner(mtp_dir) as runner:
         entries = _entries(runner)
         driver = PlanDriver(runner)
         short = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
@@ -118,17 +123,12 @@ def test_a_sequence_left_alone_in_the_batch_enters_with_its_prompt_and_batched_s
         assert len(tokens) > len(PROMPT) + 2  # it decoded in the batch beside "b" before entering
         _assert_matches_reference(runner, tokens, hidden, len(tokens))
         assert runner._entry_hidden.num_tracked == 0
-    finally:
-        runner.close()
 
 
 def test_a_request_that_never_speculates_leaves_no_record(mtp_dir):
-    runner = build_runner(mtp_config(mtp_dir))
-    try:
+    with _mtp_runner(mtp_dir) as runner:
         entries = _entries(runner)
         logprobs = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=0)  # outside the envelope
         driver = _run_alone(runner, params=logprobs)
         assert len(driver.outputs["a"]) == 5 and not entries
         assert runner._entry_hidden.num_tracked == 0
-    finally:
-        runner.close()

@@ -16,6 +16,9 @@ reads a new row's first token (and its logprob row) as soon as the step that sam
 (:meth:`JoinedRows.first_tokens`: a row that joined directly, or one whose prompt mlx-lm's own path ended) and
 drops the generator's response for it a step later. Later tokens keep mlx-lm's pipelining.
 
+**A first token sampled by the runner** (worker/prefill_burst.py): a row whose cache holds its whole prompt joins
+with that token as the one to feed next (:meth:`JoinedRows.join_sampled`); its response is dropped the same way.
+
 This reaches into mlx-lm 0.32.2's ``GenerationBatch`` (its fields are not public), in this one place; the tests
 compare the output with mlx-lm's own path, so a change there fails them.
 """
@@ -60,7 +63,7 @@ class JoinedRows:
         with mx.stream(generator.stream):  # the merge's ops run where the generator's do
             last = mx.array([seq.prompt_token_ids[-1] for seq in seqs], dtype=mx.uint32)
             # Never read: the echoed token's response is dropped, but the step evaluates them.
-            uids = self._extend(generator, seqs, caches, rows, tokens, last, [mx.zeros((1,)) for _ in seqs])
+            uids = self._extend(generator, seqs, caches, rows, tokens, last, [mx.zeros((1,)) for _ in seqs], echo=True)
         self._echo_pending.update(uids)
         return uids
 
@@ -71,20 +74,20 @@ class JoinedRows:
         for it is dropped; its uid."""
         with mx.stream(generator.stream):
             (uid,) = self._extend(generator, [seq], [cache], [row], [list(seq.prompt_token_ids)], first_token,
-                                  [logprobs])  # fmt: skip
+                                  [logprobs], echo=False)  # fmt: skip
         self._emitted_ahead.add(uid)
         return uid
 
     @staticmethod
     def _extend(generator: BatchGenerator, seqs: Sequence[Any], caches: Sequence[list[Any]], rows: Sequence[tuple],
-                tokens: list[list[int]], next_tokens: mx.array,
-                next_logprobs: list[mx.array]) -> list[int]:  # fmt: skip
+                tokens: list[list[int]], next_tokens: mx.array, next_logprobs: list[mx.array], *,
+                echo: bool) -> list[int]:  # fmt: skip
         """Extend the generation batch with rows that have run no step: ``tokens`` are in each one's cache, and
-        ``next_tokens`` are what it feeds next, as if it had sampled them; their uids."""
+        ``next_tokens`` are what it feeds next, as if it had sampled them (``echo``: their last prompt tokens, whose
+        responses are dropped and do not count); their uids."""
         n = len(seqs)
         uids = list(range(generator._uid_count, generator._uid_count + n))
         generator._uid_count += n
-        echo = len(tokens[0]) < len(seqs[0].prompt_token_ids)  # the last prompt token is fed next
         stop_sequences = [row[2] for row in rows]
         batch = GenerationBatch.empty(generator.model, generator.sampler)
         batch.uids = uids

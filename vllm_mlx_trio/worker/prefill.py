@@ -11,8 +11,9 @@ first token before a prompt arrived (``NewSequence.protects``, from the schedule
 from it (the runner sizes its chunks by time for them); prompts that arrived together are
 prefilled back to back in full chunks, as a batch would be, each one's first token as soon as
 its own prompt is in (while more of the burst waits, its last chunk takes the last token too and
-keeps that position's logits: worker/prefill_burst.py). A burst's chunk is only queued (``mx.async_eval``) on the generator's
-stream, so it runs while the loop hands the step's tokens out; a timed chunk (beside protected
+keeps that position's logits: worker/prefill_burst.py). A burst's chunk is only queued
+(``mx.async_eval``) on the generator's stream, so it runs while the loop hands the step's tokens
+out; a timed chunk (beside protected
 streams) runs alone before the plan's decode steps, once the work queued before it is done, so
 its cost is measured (:attr:`PromptPrefill.last_chunk_s`) and the plan's run-ahead budget counts
 only its decode steps. When all but a prompt's last token are in
