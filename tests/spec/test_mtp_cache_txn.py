@@ -115,3 +115,89 @@ def test_a_transaction_settles_once(hybrid):
     txn.keep(2)
     with pytest.raises(RuntimeError):
         txn.keep(2)
+
+
+# -- the load-time check: a target whose cache cannot drop rejected drafts is refused ----------------------------------
+
+
+class _StatelessLayer(KVCache):
+    """A non-trimmable attention cache whose ``state`` cannot be set back (as mlx-lm's deepseek_v41 ``LayerCache``)."""
+
+    def is_trimmable(self) -> bool:
+        return False
+
+    @property
+    def state(self):
+        return super().state
+
+    @state.setter
+    def state(self, value):
+        raise ValueError("this cache cannot be restored")
+
+
+class _ForgetfulLayer(KVCache):
+    """A non-trimmable attention cache whose snapshot is empty and whose restore does nothing."""
+
+    def is_trimmable(self) -> bool:
+        return False
+
+    @property
+    def state(self):
+        return []
+
+    @state.setter
+    def state(self, value):
+        pass
+
+    @property
+    def meta_state(self):
+        return ""
+
+    @meta_state.setter
+    def meta_state(self, value):
+        pass
+
+
+def _with_layers(model, layer_type):
+    """``model`` whose cache makes ``layer_type`` layers where it made ``KVCache`` ones."""
+
+    class Wrapped(type(model)):
+        def make_cache(self):
+            return [layer_type() if type(c) is KVCache else c for c in super().make_cache()]
+
+    model.__class__ = Wrapped
+    return model
+
+
+def test_the_hybrid_demo_and_a_trimmable_target_pass_the_load_check(hybrid, float32_dir):
+    from vllm_mlx_trio.worker.spec_cache_txn import rollback_problem
+
+    assert rollback_problem(hybrid) is None  # the transaction restores GatedDeltaNet state and trims attention
+    assert rollback_problem(mlx_lm.load(float32_dir)[0]) is None
+
+
+@pytest.mark.parametrize(("layer_type", "says"), [(_StatelessLayer, "cannot be rolled back"),
+                                                  (_ForgetfulLayer, "does not restore it")])  # fmt: skip
+def test_a_cache_that_cannot_be_restored_is_named_at_load(demo_cache_dir, layer_type, says):
+    from vllm_mlx_trio.worker.spec_cache_txn import rollback_problem
+
+    model, _ = mlx_lm.load(str(resolve_demo_model("demo:mtp-tiny", demo_cache_dir)))
+    problem = rollback_problem(_with_layers(model, layer_type))
+    assert problem is not None and says in problem and layer_type.__name__ in problem
+
+
+def test_the_speculative_runner_refuses_such_a_target(monkeypatch, demo_cache_dir):
+    from vllm_mlx_trio.errors import ModelLoadError
+    from vllm_mlx_trio.worker import batch_runner
+
+    from .mtp_parts import build_runner, mtp_config
+
+    real = batch_runner.load_for_serving
+
+    def loading(model_cfg, engine_cfg):
+        model, info = real(model_cfg, engine_cfg)
+        return _with_layers(model, _StatelessLayer), info
+
+    monkeypatch.setattr(batch_runner, "load_for_serving", loading)
+    with pytest.raises(ModelLoadError, match="needs to drop rejected drafts, but the model's cache"):
+        build_runner(mtp_config(str(resolve_demo_model("demo:mtp-tiny", demo_cache_dir))))

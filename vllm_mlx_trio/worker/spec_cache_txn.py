@@ -23,12 +23,53 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import ArraysCache, can_trim_prompt_cache
+from mlx_lm.models.cache import ArraysCache, can_trim_prompt_cache, make_prompt_cache
 
 
 def needs_transaction(cache: Sequence[Any]) -> bool:
     """Whether rolling ``cache`` back needs a transaction (some layer cannot be trimmed)."""
     return not can_trim_prompt_cache(list(cache))
+
+
+def rollback_problem(model: Any) -> str | None:
+    """Why dropping rejected drafts from this model's cache would not work, or None if it does.
+
+    A trimmable cache is trimmed (mlx-lm's own path). Any other goes through :class:`CacheTransaction`, which needs
+    each layer's state to be snapshotted and set back: checked once at load by rolling a 2-token verify back to 1
+    token and comparing the next token's logits with those of a plain forward (a cache type whose ``state`` cannot be
+    set, or sets nothing, fails here instead of failing or corrupting requests later: the attention layers' offsets
+    must match too)."""
+    if can_trim_prompt_cache(make_prompt_cache(model)):
+        return None
+    reference = make_prompt_cache(model)
+    expected = model(mx.array([[0, 1, 2]]), cache=reference)[:, -1]
+    cache = make_prompt_cache(model)
+    try:
+        model(mx.array([[0]]), cache=cache)
+        transaction = open_transaction(model, cache, [1, 1])
+        model(mx.array([[1, 1]]), cache=cache)
+        transaction.keep(1)
+        got = model(mx.array([[2]]), cache=cache)[:, -1]
+        mx.eval(expected, got)
+    except Exception as exc:  # boundary: whatever the model's cache types raise
+        names = sorted({type(layer).__name__ for layer in cache})
+        return f"the model's cache ({', '.join(names)}) cannot be rolled back: {type(exc).__name__}: {exc}"
+    scale = mx.abs(expected).max().item() or 1.0
+    differs = mx.abs(got.astype(mx.float32) - expected.astype(mx.float32)).max().item() > ROLLBACK_TOLERANCE * scale
+    if differs or _offsets(cache) != _offsets(reference):
+        names = sorted({type(layer).__name__ for layer in cache})
+        return f"rolling the model's cache ({', '.join(names)}) back does not restore it"
+    return None
+
+
+def _offsets(cache: Sequence[Any]) -> list[int | None]:
+    return [getattr(layer, "offset", None) for layer in cache]
+
+
+#: Largest difference, relative to the largest logit, between the logits after a rolled-back verify and those of a
+#: plain forward that still counts as equal: bf16 rounding differs between a 2-token and a 1-token forward; a cache
+#: that was not restored differs by the order of the logits themselves.
+ROLLBACK_TOLERANCE = 0.05
 
 
 def open_transaction(model: Any, cache: Sequence[Any], inputs: Sequence[int] | mx.array) -> CacheTransaction:

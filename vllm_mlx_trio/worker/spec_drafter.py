@@ -59,6 +59,9 @@ DRAFTER_LOADERS: dict[str, str] = {
 TARGET_FORWARD = "vllm_mlx_trio.worker.spec_hidden:target_forward"
 #: Roll-back of non-trimmable (hybrid) target caches after a verify (MTP's module).
 CACHE_TRANSACTION = "vllm_mlx_trio.worker.spec_cache_txn:open_transaction"
+#: ``rollback_problem(model) -> str | None``: checked at load; a target whose cache cannot drop rejected drafts is
+#: refused.
+ROLLBACK_PROBLEM = "vllm_mlx_trio.worker.spec_cache_txn:rollback_problem"
 
 
 class CacheTransaction(Protocol):

@@ -44,7 +44,14 @@ from .batch_runner import BatchRunner
 from .mtp_thinking import ThinkingGate, gate_for
 from .runner_base import Advance, Emission, LiveSequence
 from .sampling import make_request_sampler
-from .spec_drafter import CACHE_TRANSACTION, DRAFTER_LOADERS, TARGET_FORWARD, CacheTransaction, Drafter
+from .spec_drafter import (
+    CACHE_TRANSACTION,
+    DRAFTER_LOADERS,
+    ROLLBACK_PROBLEM,
+    TARGET_FORWARD,
+    CacheTransaction,
+    Drafter,
+)
 from .spec_entry_hidden import EntryHidden
 from .spec_moves import SpecSequence, put_into_batch, take_from_batch
 from .spec_sampling import SpecSampler, greedy_verdict
@@ -95,13 +102,16 @@ class SpecRunner(BatchRunner):
         info = super()._load()
         assert self._generator is not None
         self._target = self._generator.model
+        method = self._cfg.speculative.method
         if self._drafter is None:
-            method = self._cfg.speculative.method
             try:
                 loader = _import(DRAFTER_LOADERS[method])
             except (ImportError, AttributeError) as exc:  # boundary: a method whose drafter is not installed
                 raise ModelLoadError(f"speculative.method = {method!r} is not available: {exc}") from exc
             self._drafter = loader(self._cfg, self._target, info)
+        problem = _import(ROLLBACK_PROBLEM)(self._target)
+        if problem is not None:
+            raise ModelLoadError(f"speculative.method = {method!r} needs to drop rejected drafts, but {problem}")
         if self._drafter.needs_target_hidden:
             self._target_forward = _import(TARGET_FORWARD)
             self._entry_hidden = EntryHidden(self._target, self._generator, self._drafter.hidden_state_mode,
