@@ -227,3 +227,33 @@ def test_a_hit_whose_spilled_block_is_gone_is_prefilled_again_with_its_image(vlm
         driver.close()
     assert result.recomputed == ((RequestId("lost"), 16),)
     assert driver.tokens["lost"] == driver.tokens["cold"]
+
+
+def test_text_prompts_arriving_together_give_what_each_gives_alone(vlm32_dir, monkeypatch):
+    """A burst of text prompts on the VLM's language model (worker/prefill_burst.py): first tokens from their own
+    prefills, then decoding together; tokens and logprobs as each alone."""
+    from vllm_mlx_trio.worker.generator_join import JoinedRows
+
+    joins: list[int] = []
+    join_sampled = JoinedRows.join_sampled
+
+    def counted(self, *args, **kwargs):
+        joins.append(1)
+        return join_sampled(self, *args, **kwargs)
+
+    monkeypatch.setattr(JoinedRows, "join_sampled", counted)
+    texts = {"a": "Tell me about the sea.", "b": "Numbers: one two three four five six.", "c": "And the sky?"}
+    driver = Driver(vlm32_dir)
+    try:
+        for key, text in texts.items():
+            driver.step(driver.sequence(f"alone-{key}", text))
+            driver.run_out()
+        assert not joins
+        driver.step(*(driver.sequence(key, text) for key, text in texts.items()))
+        driver.run_out()
+    finally:
+        driver.close()
+    assert len(joins) == 2  # all but the burst's last prompt
+    for key in texts:
+        assert driver.tokens[key] == driver.tokens[f"alone-{key}"], key
+        np.testing.assert_allclose(driver.logprobs[key], driver.logprobs[f"alone-{key}"], atol=1e-4)
