@@ -130,9 +130,13 @@ class EngineSection:
     #: together, in fixed chunks).
     prefill_time_ratio: float | None = _option(1.0, _in_range(0.01), converter=_to_float)
     #: Batched mode: most decode steps one plan runs back to back while every row decodes and
-    #: nothing waits (run-ahead; each plan also stays under 16 ms), so one streamed chunk carries
-    #: up to this many tokens and the event loop handles them together (>= 1; 1: off).
+    #: nothing waits (run-ahead; each plan also stays under run_ahead_ms), so one streamed chunk
+    #: carries up to this many tokens and the event loop handles them together (>= 1; 1: off).
     run_ahead_steps: int = _option(8, _in_range(1))
+    #: Batched mode: another run-ahead step joins a plan only while the plan stays under this many
+    #: milliseconds (>= 0): a longer step never runs ahead, and tokens reach the client at least
+    #: this often.
+    run_ahead_ms: float = _option(16.0, _in_range(0), converter=_to_float)
     #: VLM mode (engine.mode = "vlm"): prompt tokens per step of a media prompt's language prefill (>= 1; none:
     #: prefill_step_size). Its vision encoding is one step, then a chunk per step, so running
     #: text streams keep getting tokens while a large image or video prefills.

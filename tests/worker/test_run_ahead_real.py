@@ -52,10 +52,9 @@ JOBS = {
 }
 
 
-async def test_run_ahead_gives_what_one_step_a_plan_gives(float32_dir, monkeypatch):
+async def test_run_ahead_gives_what_one_step_a_plan_gives(float32_dir):
     one_step = await deltas_of(float32_dir, JOBS, "engine.run_ahead_steps=1")
-    monkeypatch.setattr(batch_runner, "RUN_AHEAD_S", 60.0)  # no time limit: the steps limit
-    ahead = await deltas_of(float32_dir, JOBS, "engine.run_ahead_steps=8")
+    ahead = await deltas_of(float32_dir, JOBS, "engine.run_ahead_steps=8", "engine.run_ahead_ms=60000")  # steps limit
     assert max(len(d.token_ids) for d in one_step["alone"]) == 1
     assert max(len(d.token_ids) for d in ahead["alone"]) > 1  # several steps in one plan
     for key in JOBS:
@@ -108,17 +107,16 @@ def greedy_reference(runner, num_tokens: int) -> list[int]:
 
 
 @pytest.mark.parametrize("time_limit_s", [0.0, 60.0])
-def test_the_plan_that_starts_a_prompt_gives_its_first_token_and_ends_there(float32_dir, monkeypatch, time_limit_s):
+def test_the_plan_that_starts_a_prompt_gives_its_first_token_and_ends_there(float32_dir, time_limit_s):
     """Time to first token: the plan that prefills a prompt alone gives its first token from the
     step that ends the prompt (whatever the time limit: 0 lets no step join for time's sake) and
     stops at it (60 s would let 8 steps join); the next plan runs ahead: 8 steps, whose first
     hands back the token already emitted (dropped), so 7 tokens."""
-    monkeypatch.setattr(batch_runner, "RUN_AHEAD_S", time_limit_s)
-    runner, plan = _driven_runner(float32_dir)
+    runner, plan = _driven_runner(float32_dir, f"engine.run_ahead_ms={time_limit_s * 1000}")
     try:
         first = runner.execute(plan(0, start=True))
         assert [len(tokens) for _rid, tokens in first.sampled] == [1]
-        monkeypatch.setattr(batch_runner, "RUN_AHEAD_S", 60.0)  # now only the steps limit
+        runner._run_ahead_window_s = 60.0  # now only the steps limit
         second = runner.execute(plan(1))
         assert [len(tokens) for _rid, tokens in second.sampled] == [7]
         assert first.sampled[0][1] + second.sampled[0][1] == tuple(greedy_reference(runner, 8))

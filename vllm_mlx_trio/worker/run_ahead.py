@@ -2,7 +2,7 @@
 
 While every row decodes (no prompt in the generator or the runner's prefill but one taking
 timed chunks), a plan runs more decode steps back to back ("run-ahead"), up to
-``engine.run_ahead_steps`` and while the plan has taken less than :data:`RUN_AHEAD_S` (16 ms),
+``engine.run_ahead_steps`` and while the plan has taken less than ``engine.run_ahead_ms`` (16 ms),
 and within the KV budget with the scheduler's headroom for one token a plan left whole
 (:func:`kv_fits`: its accounting, which catches up when the result arrives, holds as with one
 step a plan): where a step is short (a small model), the Trio side's per-plan work (result
@@ -20,15 +20,8 @@ from collections.abc import Sequence
 
 from .runner_base import Advance, Emission, LiveSequence
 
-#: Another decode step joins the plan only if the plan, with it, stays under this (seconds): a
-#: step longer than this (a larger model) never runs ahead, and tokens reach the client at
-#: least this often. A new request does not wait for it: its admission ends the run-ahead
-#: (``RequestWaiting``). 16 ms, not 8: on a loaded 2-core CPU box (``demo:tiny``) a plan then
-#: carries 3.8-5.4 tokens instead of 1.7-2.5 and the event loop's CPU per token about halves
-#: (docs/benchmarks.md, one stream).
-RUN_AHEAD_S = 0.016
 #: A plan that carries a timed prompt chunk may run decode steps for this many times
-#: RUN_AHEAD_S (the chunk's own time apart): the chunk's fixed cost (a second forward pass,
+#: ``engine.run_ahead_ms`` (the chunk's own time apart): the chunk's fixed cost (a second forward pass,
 #: about one decode step of demo:tiny) is then paid once for twice the decode steps, so the
 #: prompt is prefilled faster for the same cost per token to the streams.
 CHUNK_PLAN_RUN_AHEAD = 2
