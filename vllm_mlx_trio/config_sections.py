@@ -135,7 +135,7 @@ class EngineSection:
     run_ahead_steps: int = _option(8, _in_range(1))
     #: Batched mode: another run-ahead step joins a plan only while the plan stays under this many
     #: milliseconds (>= 0): a longer step never runs ahead, and tokens reach the client at least
-    #: this often.
+    #: this often. A plan beside a timed prompt chunk keeps its own 32 ms.
     run_ahead_ms: float = _option(16.0, _in_range(0), converter=_to_float)
     #: VLM mode (engine.mode = "vlm"): prompt tokens per step of a media prompt's language prefill (>= 1; none:
     #: prefill_step_size). Its vision encoding is one step, then a chunk per step, so running

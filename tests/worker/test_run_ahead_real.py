@@ -112,7 +112,7 @@ def test_the_plan_that_starts_a_prompt_gives_its_first_token_and_ends_there(floa
     step that ends the prompt (whatever the time limit: 0 lets no step join for time's sake) and
     stops at it (60 s would let 8 steps join); the next plan runs ahead: 8 steps, whose first
     hands back the token already emitted (dropped), so 7 tokens."""
-    runner, plan = _driven_runner(float32_dir, f"engine.run_ahead_ms={time_limit_s * 1000}")
+    runner, plan = _driven_runner(float32_dir, f"engine.run_ahead_ms={time_limit_s * 1000}", "engine.run_ahead_steps=8")
     try:
         first = runner.execute(plan(0, start=True))
         assert [len(tokens) for _rid, tokens in first.sampled] == [1]

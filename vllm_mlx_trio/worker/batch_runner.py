@@ -13,7 +13,7 @@ With ``engine.prefill_time_ratio`` set (the default) the runner prefills prompts
 chunk every step otherwise), and enters the generator as a one-token prompt with its cache
 once the rest of it is in, so no step pays mlx-lm's per-prompt-step fixed cost. Beside those
 streams a plan runs ahead: its chunk first, then its decode steps within the run-ahead bounds
-(``CHUNK_PLAN_RUN_AHEAD`` times ``engine.run_ahead_ms``; the chunk's own time is not counted there).
+(``CHUNK_PLAN_RUN_AHEAD_S``; the chunk's own time is not counted there).
 
 While every row decodes, a plan runs several decode steps ("run-ahead", worker/run_ahead.py).
 
@@ -37,7 +37,7 @@ from .loading import load_for_serving, mlx_memory, sharding
 from .prefill import PrefillRow, PromptPrefill
 from .prefill_budget import ChunkSizer
 from .prefill_burst import burst_continues, sample_first
-from .run_ahead import CHUNK_PLAN_RUN_AHEAD, joined, kv_fits
+from .run_ahead import CHUNK_PLAN_RUN_AHEAD_S, joined, kv_fits
 from .runner_base import Advance, Emission, LiveSequence, RunnerBase
 from .sampling import greedy, guard_processors, make_request_processors, make_request_sampler, token_logprob
 from .thread_streams import enter_mlx_thread, leave_mlx_thread
@@ -297,7 +297,7 @@ class BatchRunner(RunnerBase):
         tokens, done = self._prefill.step(budget, wait=protect, with_last=row is not None)
         if protect and tokens:  # timed alone (a full chunk beside rows that are not protected is not)
             self._timed_chunk, self._chunk_s = True, self._prefill.last_chunk_s
-            self._run_ahead_s = CHUNK_PLAN_RUN_AHEAD * self._run_ahead_window_s
+            self._run_ahead_s = CHUNK_PLAN_RUN_AHEAD_S
             self._sizer.observe_chunk(self._chunk_s, tokens)
             self._last_plan = attrs.evolve(self._last_plan, chunk_s=self._chunk_s)
         elif tokens:

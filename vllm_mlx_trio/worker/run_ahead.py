@@ -20,11 +20,13 @@ from collections.abc import Sequence
 
 from .runner_base import Advance, Emission, LiveSequence
 
-#: A plan that carries a timed prompt chunk may run decode steps for this many times
-#: ``engine.run_ahead_ms`` (the chunk's own time apart): the chunk's fixed cost (a second forward pass,
-#: about one decode step of demo:tiny) is then paid once for twice the decode steps, so the
-#: prompt is prefilled faster for the same cost per token to the streams.
-CHUNK_PLAN_RUN_AHEAD = 2
+#: A plan that carries a timed prompt chunk may run decode steps for this long (seconds; the chunk's
+#: own time apart), whatever ``engine.run_ahead_ms``: the chunk's fixed cost (a second forward pass,
+#: about one decode step of demo:tiny) is then paid once for about twice the decode steps of a 16 ms
+#: plan, so the prompt is prefilled faster for the same cost per token to the streams. Not longer:
+#: with 64 ms (twice a 32 ms window) a 2000-token prompt arriving beside 4 streams got its first token
+#: 2.1x later and the streams' ITL p95 over their p50 alone rose from 1.4 to 1.8 (docs/benchmarks.md).
+CHUNK_PLAN_RUN_AHEAD_S = 0.032
 
 
 def joined(first: Advance, then: Advance) -> Advance:
