@@ -130,13 +130,15 @@ class BatchRunner(RunnerBase):
             self._to_generator([d[0] for d in direct], [d[1] for d in direct],
                                [d[0].seq.num_cached_tokens for d in direct])  # fmt: skip
 
-    def _to_generator(self, live: list[LiveSequence], caches: list, in_cache: list[int]) -> None:
+    def _to_generator(self, live: list[LiveSequence], caches: list, in_cache: list[int],
+                      rows: list[tuple] | None = None) -> None:  # fmt: skip
         """Insert rows into the generator: each one's first ``in_cache`` prompt tokens are in
         its cache (None: an empty one), the rest are its prompt there. A row with only its last
-        prompt token left joins the decode batch directly (worker/generator_join.py)."""
+        prompt token left joins the decode batch directly (worker/generator_join.py). ``rows``: their
+        (sampler, processors, stop sequences) where already built, else built here."""
         assert self._generator is not None
         seqs = [sequence.seq for sequence in live]
-        rows = [self._row(sequence) for sequence in live]
+        rows = rows or [self._row(sequence) for sequence in live]
         joining = [len(seq.prompt_token_ids) - n == 1 and cache is not None
                    for seq, n, cache in zip(seqs, in_cache, caches, strict=True)]  # fmt: skip
         uids: dict[int, int] = {}
@@ -294,7 +296,7 @@ class BatchRunner(RunnerBase):
         protect = decoding and any(rid in self._live for rid in head.live.seq.protects)
         budget = self._sizer.chunk() if protect else self._cfg.engine.prefill_step_size
         row = None if protect or head.left > budget else self._burst_row(head)
-        tokens, done = self._prefill.step(budget, wait=protect, with_last=row is not None)
+        tokens, done = self._prefill.step(budget, wait=protect, with_last=row is not None and not row[1])
         if protect and tokens:  # timed alone (a full chunk beside rows that are not protected is not)
             self._timed_chunk, self._chunk_s = True, self._prefill.last_chunk_s
             self._run_ahead_s = CHUNK_PLAN_RUN_AHEAD_S
@@ -306,22 +308,21 @@ class BatchRunner(RunnerBase):
             return []
         if self._prefix.enabled:
             self._prompt_caches[done.live.request_id] = done.cache
-        if row is None:
-            self._to_generator([done.live], [done.cache], [len(done.prompt) - 1])
+        if done.first_logits is None:
+            self._to_generator([done.live], [done.cache], [len(done.prompt) - 1], None if row is None else [row])
         else:
             self._join_sampled(done, row)
         return [done.live.request_id]
 
     def _burst_row(self, head: PrefillRow) -> tuple | None:
-        """The generator row of a prompt whose chunk ends it in this plan, if it takes its first token from its own
-        prefill (worker/prefill_burst.py); else None."""
+        """The generator row of a prompt whose chunk ends it in this plan while more of its burst waits, else None;
+        it takes its first token from its own prefill (worker/prefill_burst.py) unless it has logits processors."""
         assert self._prefill is not None
         if sharding() or not self._prefix.layout.knows_position or not self._prefill.gives_first_logits:
             return None
         if not burst_continues(self._prefill, self._live, self._cfg.engine.prefill_step_size):
             return None
-        row = self._row(head.live)
-        return None if row[1] else row
+        return self._row(head.live)
 
     def _join_sampled(self, done: PrefillRow, row: tuple) -> None:
         """The prompt is in its cache, last token included: emit its first token, sampled from that forward, and
