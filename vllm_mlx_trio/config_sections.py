@@ -137,6 +137,11 @@ class EngineSection:
     #: milliseconds (>= 0): a longer step never runs ahead, and tokens reach the client at least
     #: this often. A plan beside a timed prompt chunk keeps its own 32 ms.
     run_ahead_ms: float = _option(16.0, _in_range(0), converter=_to_float)
+    #: Batched mode: run_ahead_steps and run_ahead_ms for a plan whose batch holds one sequence
+    #: (a lone stream: fewer, larger chunks, less event-loop work per token; an arriving request
+    #: still ends the plan at the next step).
+    solo_run_ahead_steps: int = _option(16, _in_range(1))
+    solo_run_ahead_ms: float = _option(32.0, _in_range(0), converter=_to_float)
     #: VLM mode (engine.mode = "vlm"): prompt tokens per step of a media prompt's language prefill (>= 1; none:
     #: prefill_step_size). Its vision encoding is one step, then a chunk per step, so running
     #: text streams keep getting tokens while a large image or video prefills.

@@ -54,7 +54,8 @@ JOBS = {
 
 async def test_run_ahead_gives_what_one_step_a_plan_gives(float32_dir):
     one_step = await deltas_of(float32_dir, JOBS, "engine.run_ahead_steps=1")
-    ahead = await deltas_of(float32_dir, JOBS, "engine.run_ahead_steps=8", "engine.run_ahead_ms=60000")  # steps limit
+    ahead = await deltas_of(float32_dir, JOBS, "engine.run_ahead_steps=8", "engine.run_ahead_ms=60000",
+                            "engine.solo_run_ahead_steps=8", "engine.solo_run_ahead_ms=60000")  # steps limit
     assert max(len(d.token_ids) for d in one_step["alone"]) == 1
     assert max(len(d.token_ids) for d in ahead["alone"]) > 1  # several steps in one plan
     for key in JOBS:
@@ -79,21 +80,40 @@ def test_the_run_ahead_stays_within_the_kv_budget_and_the_schedulers_headroom():
     assert not runner._kv_fits(rows, 26)
 
 
-def _driven_runner(model_dir: str, *overrides: str):
+def _driven_runner(model_dir: str, *overrides: str, num_rows: int = 1):
+    """A loaded runner and ``plan(step_id, start=)``: a plan starting ``num_rows`` sequences, or
+    decoding them."""
     from vllm_mlx_trio.messages import NewSequence, RequestId, StepPlan
 
     cfg = load_config(None, overrides=[f"model.path={model_dir}", *overrides], environ={})
     runner = batch_runner.BatchRunner(cfg)
     runner.load()
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-    new = NewSequence(request_id=RequestId("a"), prompt_token_ids=tuple(range(10, 40)), params=params)
+    new = tuple(NewSequence(request_id=RequestId(f"r{i}"), prompt_token_ids=tuple(range(10 + i, 40)), params=params)
+                for i in range(num_rows))  # fmt: skip
 
     def plan(step_id: int, *, start: bool = False) -> StepPlan:
         if start:
-            return StepPlan(step_id=step_id, new_seqs=(new,))
-        return StepPlan(step_id=step_id, decode_ids=(new.request_id,))
+            return StepPlan(step_id=step_id, new_seqs=new)
+        return StepPlan(step_id=step_id, decode_ids=tuple(seq.request_id for seq in new))
 
     return runner, plan
+
+
+@pytest.mark.parametrize(("num_rows", "steps_per_plan"), [(1, 6), (2, 3)])
+def test_a_lone_row_runs_ahead_by_the_solo_bounds(float32_dir, num_rows, steps_per_plan):
+    """One row in the batch: a decode plan runs engine.solo_run_ahead_steps; two rows:
+    engine.run_ahead_steps (no time limit binds here)."""
+    runner, plan = _driven_runner(float32_dir, "engine.run_ahead_steps=3", "engine.run_ahead_ms=60000",
+                                  "engine.solo_run_ahead_steps=6", "engine.solo_run_ahead_ms=60000",
+                                  num_rows=num_rows)  # fmt: skip
+    try:
+        runner.execute(plan(0, start=True))
+        # the first decode plans give each row's first token and drop the step that hands it back
+        sizes = [[len(tokens) for _rid, tokens in runner.execute(plan(step_id)).sampled] for step_id in range(1, 5)]
+        assert sizes[-2:] == [[steps_per_plan] * num_rows] * 2
+    finally:
+        runner.close()
 
 
 def greedy_reference(runner, num_tokens: int) -> list[int]:
@@ -112,11 +132,12 @@ def test_the_plan_that_starts_a_prompt_gives_its_first_token_and_ends_there(floa
     step that ends the prompt (whatever the time limit: 0 lets no step join for time's sake) and
     stops at it (60 s would let 8 steps join); the next plan runs ahead: 8 steps, whose first
     hands back the token already emitted (dropped), so 7 tokens."""
-    runner, plan = _driven_runner(float32_dir, f"engine.run_ahead_ms={time_limit_s * 1000}", "engine.run_ahead_steps=8")
+    runner, plan = _driven_runner(float32_dir, f"engine.solo_run_ahead_ms={time_limit_s * 1000}",
+                                  "engine.solo_run_ahead_steps=8")  # fmt: skip
     try:
         first = runner.execute(plan(0, start=True))
         assert [len(tokens) for _rid, tokens in first.sampled] == [1]
-        runner._run_ahead_window_s = 60.0  # now only the steps limit
+        runner._solo_window_s = 60.0  # now only the steps limit
         second = runner.execute(plan(1))
         assert [len(tokens) for _rid, tokens in second.sampled] == [7]
         assert first.sampled[0][1] + second.sampled[0][1] == tuple(greedy_reference(runner, 8))

@@ -76,15 +76,16 @@ class BatchRunner(RunnerBase):
         #: request: what :meth:`_prompt_ready` copies once they are in the generator.
         self._prompt_caches: dict[RequestId, list] = {}
         self._last_plan: PlanTiming | None = None
-        #: Whether this plan carries a timed chunk (its decode steps then run ahead too),
-        #: the seconds it took, and the run-ahead bound of the plan's decode steps.
+        #: Whether this plan carries a timed chunk (its decode steps then run ahead too, for
+        #: CHUNK_PLAN_RUN_AHEAD_S), and the seconds it took.
         self._timed_chunk = False
         self._chunk_s = 0.0
-        #: Seconds a plan's decode steps may take for another to join (engine.run_ahead_ms).
+        #: Seconds a plan's decode steps may take for another to join (engine.run_ahead_ms), and
+        #: with one row in the batch (engine.solo_run_ahead_ms).
         self._run_ahead_window_s = cfg.engine.run_ahead_ms / 1000
-        self._run_ahead_s = self._run_ahead_window_s
-        #: Decode steps a plan may run: 1 when sharded (every rank must run the same steps).
-        self._run_ahead_steps = 1
+        self._solo_window_s = cfg.engine.solo_run_ahead_ms / 1000
+        #: Decode steps a plan may run, and with one row: 1 when sharded (every rank must run the same steps).
+        self._run_ahead_steps = self._solo_steps = 1
         #: First tokens this plan's prefill sampled itself (a burst, worker/prefill_burst.py): no decode step runs.
         self._sampled_first: list[Emission] = []
 
@@ -107,7 +108,8 @@ class BatchRunner(RunnerBase):
             prefill_step_size=engine.prefill_step_size,
             stream=mx.new_stream(mx.default_device()),
         )
-        self._run_ahead_steps = 1 if sharding() else engine.run_ahead_steps
+        if not sharding() and engine.run_ahead_steps > 1:  # 1: run-ahead off, for a lone row too
+            self._run_ahead_steps, self._solo_steps = engine.run_ahead_steps, engine.solo_run_ahead_steps
         if engine.prefill_time_ratio is not None:
             self._prefill = PromptPrefill(model, self._generator.stream, on_boundary=self._prefix.at_boundary)
             chunk = min(engine.prefill_step_size, engine.prefill_step_size_decoding or engine.prefill_step_size)
@@ -207,13 +209,23 @@ class BatchRunner(RunnerBase):
         advance = self._generator_step(prompts_done)
         started += self._chunk_s  # the run-ahead bound is for decode steps: a timed chunk is not one
         steps, step_s = 1, time.perf_counter() - started
-        while self._run_ahead_steps > 1 and self._may_run_ahead(advance, live, steps):
+        max_steps, window_s = self._run_ahead_bounds()
+        while max_steps > 1 and self._may_run_ahead(advance, live, steps):
             step_started = time.perf_counter()
-            if steps >= self._run_ahead_steps or (step_started - started) + step_s > self._run_ahead_s:
+            if steps >= max_steps or (step_started - started) + step_s > window_s:
                 break
             advance = joined(advance, self._generator_step([]))
             steps, step_s = steps + 1, time.perf_counter() - step_started
         return advance
+
+    def _run_ahead_bounds(self) -> tuple[int, float]:
+        """This plan's most decode steps and seconds: beside a timed prompt chunk its own bound
+        (CHUNK_PLAN_RUN_AHEAD_S); one row alone the solo window; else engine.run_ahead_steps / _ms."""
+        if self._timed_chunk:
+            return self._run_ahead_steps, CHUNK_PLAN_RUN_AHEAD_S
+        if len(self._request_ids) == 1:
+            return self._solo_steps, self._solo_window_s
+        return self._run_ahead_steps, self._run_ahead_window_s
 
     def _may_run_ahead(self, advance: Advance, live: list[LiveSequence], steps: int) -> bool:
         """Another decode step may join this plan: every row decodes (so no first token was just
@@ -284,7 +296,7 @@ class BatchRunner(RunnerBase):
         the plan's decode steps while streams that had their first token before it arrived
         still run (a full chunk otherwise); a prompt whose prefill ends joins the generator."""
         self._prompt_caches.clear()
-        self._timed_chunk, self._chunk_s, self._run_ahead_s = False, 0.0, self._run_ahead_window_s
+        self._timed_chunk, self._chunk_s = False, 0.0
         if self._prefill is None:
             return []
         decoding = bool(self._request_ids)
@@ -299,7 +311,6 @@ class BatchRunner(RunnerBase):
         tokens, done = self._prefill.step(budget, wait=protect, with_last=row is not None and not row[1])
         if protect and tokens:  # timed alone (a full chunk beside rows that are not protected is not)
             self._timed_chunk, self._chunk_s = True, self._prefill.last_chunk_s
-            self._run_ahead_s = CHUNK_PLAN_RUN_AHEAD_S
             self._sizer.observe_chunk(self._chunk_s, tokens)
             self._last_plan = attrs.evolve(self._last_plan, chunk_s=self._chunk_s)
         elif tokens:
