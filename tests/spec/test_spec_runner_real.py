@@ -168,6 +168,21 @@ def test_a_drafter_that_disagrees_changes_nothing(float32_dir, runners):
     assert drafter.calls[0] == "start" and drafter.calls[-1] == "stop"
 
 
+def test_a_lone_row_that_can_speculate_does_not_run_ahead_plainly(float32_dir, runners):
+    """Run-ahead on (a lone row may run 16 plain steps a plan, engine.solo_run_ahead_steps): once the row
+    decodes, its plans are draft rounds of at most num_draft_tokens + 1 tokens, from the first."""
+    plain, _ = runners
+    reference, _ = alone(plain)
+    spec = build(spec_config(float32_dir, float32_dir, "engine.run_ahead_steps=8", "engine.solo_run_ahead_ms=60000"))
+    try:
+        output, driver = alone(spec)
+    finally:
+        spec.close()
+    assert output == reference
+    assert max(len(tokens) for r in driver.results for _, tokens in r.sampled) == 5
+    assert driver.num_drafts >= (len(reference) - 2) // 5
+
+
 def test_prompt_blocks_still_reach_the_prefix_cache(float32_dir):
     spec = build(spec_config(float32_dir, float32_dir, "cache.block_size=8"))
     try:

@@ -148,6 +148,10 @@ class SpecRunner(BatchRunner):
         advance = super()._advance(live)
         return Advance([*emissions, *advance.emissions], advance.prompts_done)
 
+    def _may_run_ahead(self, advance: Advance, live: list[LiveSequence], steps: int) -> bool:
+        """No plain run-ahead step for a row that could speculate: the next plan enters it."""
+        return self._candidate() is None and super()._may_run_ahead(advance, live, steps)
+
     def _fits(self, sequence: LiveSequence) -> bool:
         return (
             len(self._live) == 1
