@@ -16,7 +16,7 @@ from vllm_mlx_trio.bench.latency_arrival import (
     median_arrival_rows,
     pieces_of,
 )
-from vllm_mlx_trio.bench.latency_bench import QUICK, median_rows
+from vllm_mlx_trio.bench.latency_bench import QUICK, median_rows, paired_ratio
 from vllm_mlx_trio.bench.latency_command import (
     _with_port,
     arrival_from_args,
@@ -138,8 +138,19 @@ def test_the_ceiling_row_gives_every_row_its_ratio_and_is_no_peer():
     rows += [{**_row(path_name(1), 1, r, 5.0), "agg_tok_s": 600.0} for r in range(3)]
     table = {r["path"]: r for r in median_rows(rows)}
     assert table["ours"]["vs_ceiling"] == round(450 / 600, 2) and table["mlx-lm"]["vs_ceiling"] == 0.5
+    assert table["ours"]["paired_vs_ceiling"] == 0.75 and table[path_name(1)]["paired_vs_ceiling"] == 1.0
     assert table["ours"]["ttft_vs_best_peer"] == 2.0  # against mlx-lm, not the ceiling
     assert table[path_name(1)]["ttft_vs_best_peer"] is None
+
+
+def test_the_paired_ratio_is_taken_within_each_repetition():
+    """The machine slows between repetitions: the ratio of medians says 0.3 (180 / 600), each repetition 0.9."""
+    ceiling = [(0, 1000.0), (2, 200.0)]
+    ours = [(0, 900.0), (1, 180.0), (2, 180.0)]  # rep 1 has no ceiling: it is left out
+    rows = [{**_row(path_name(1), 1, r, 5.0), "agg_tok_s": tok} for r, tok in ceiling]
+    rows += [{**_row("ours", 1, r, 20.0), "agg_tok_s": tok} for r, tok in ours]
+    assert paired_ratio(rows, "ours", path_name(1), 1) == 0.9
+    assert paired_ratio(rows, "ours", path_name(1), 5) is None
 
 
 def test_a_variant_from_another_checkout_runs_our_server_from_there():

@@ -10,7 +10,8 @@ server and level, the median over the repetitions of each figure with its spread
 
 With a ceiling (mlx-lm's ``generate_step`` in a child process, ``--peers ...,ceiling``) each
 repetition of level 1 also runs the same kind of prompts through it, and every level-1 row gets
-``vs_ceiling``: its ``agg_tok_s`` over the ceiling's (medians).
+``vs_ceiling``: its ``agg_tok_s`` over the ceiling's (medians), and ``paired_vs_ceiling``: the
+median over the repetitions of that ratio within each (the ceiling runs right after the servers).
 """
 
 from __future__ import annotations
@@ -190,7 +191,19 @@ def median_rows(rows: Sequence[dict]) -> list[dict]:
         row["ttft_vs_best_peer"] = round(mine / min(others), 2) if others and mine and ours else None
         ceiling = [r["_agg_tok_s"] for r in table if r["conc"] == row["conc"] and r["path"] == path_name(1)]
         row["vs_ceiling"] = round(row["_agg_tok_s"] / ceiling[0], 2) if ceiling and row["_agg_tok_s"] else None
+        row["paired_vs_ceiling"] = paired_ratio(rows, row["path"], path_name(1), row["conc"])
     return table
+
+
+def paired_ratio(rows: Sequence[dict], path: str, baseline: str, conc: int) -> float | None:
+    """Median over the repetitions of ``path``'s agg_tok_s over ``baseline``'s in the same repetition (they
+    ran back to back, so the machine's drift between repetitions cancels); None without a common one."""
+    by_rep: dict[int, dict[str, float]] = {}
+    for r in rows:
+        if r["conc"] == conc and r["path"] in (path, baseline) and r.get("agg_tok_s"):
+            by_rep.setdefault(r["rep"], {})[r["path"]] = r["agg_tok_s"]
+    ratios = [v[path] / v[baseline] for v in by_rep.values() if path in v and baseline in v]
+    return round(statistics.median(ratios), 2) if ratios else None
 
 
 def missing_executable(peer: PeerServer) -> bool:

@@ -14,7 +14,7 @@ from .peers import DEFAULT_VLLM_MLX, PeerServer, peer_server
 CEILING = "ceiling"
 
 COLUMNS = ("path", "conc", "reps", "reqs", "prompt_tok", "tok_per_req", "ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms",
-           "itl_p95_ms", "agg_tok_s", "ttft_vs_best_peer", "vs_ceiling")  # fmt: skip
+           "itl_p95_ms", "agg_tok_s", "ttft_vs_best_peer", "vs_ceiling", "paired_vs_ceiling")  # fmt: skip
 
 
 ARRIVAL_COLUMNS = ("path", "reps", "outlasted", "arrival_gaps", "alone_itl_p50_ms", "alone_itl_p95_ms",
