@@ -4,8 +4,10 @@ Wall-clock tok/s swings 2-4x on a loaded 2-core box; the CPU a server process sp
 and at one stream it is what the raw loop's two busy threads (Python and MLX's compute) leave room for. Each
 server (``NAME=CHECKOUT[:KEY=VALUE,...]``) runs ``demo:tiny`` from its checkout; this process is the client (one
 streamed 256-token chat at a time, fresh prompt, greedy) and reads each server's CPU time (all threads, from
-/proc) around every request. The raw loop runs in a child process of its own after each round, on a fresh
-50-token prompt. Per round, each server's figures are paired with that round's raw loop.
+/proc) around every request, and its main thread's alone (a server's event loop; the raw loop's Python thread;
+clock ticks of 10 ms, so a request's main-thread figure is coarse). The raw loop runs in a child process of its
+own after each round, on a fresh 50-token prompt. Per round, each server's figures are paired with that round's
+raw loop.
 
     python scripts/one_stream_cpu.py --rounds 12 ours=. run_ahead_off=.:engine.run_ahead_steps=1 base=/path/to/main
 """
@@ -41,17 +43,24 @@ for line in sys.stdin:
 """
 
 
-def cpu_ticks(pid: int) -> int:
-    """utime + stime of every thread of ``pid`` (clock ticks)."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            stat = open(f"/proc/{pid}/task/{tid}/stat").read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        total += int(fields[11]) + int(fields[12])
-    return total
+def thread_ticks(pid: int, tid: int | str) -> int:
+    """utime + stime of one thread of ``pid`` (clock ticks; 0 once it is gone)."""
+    try:
+        stat = open(f"/proc/{pid}/task/{tid}/stat").read()
+    except OSError:
+        return 0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def cpu_ticks(pid: int) -> tuple[int, int]:
+    """utime + stime of every thread of ``pid``, and of its main thread alone (a server's event loop,
+    the raw loop's Python), in clock ticks."""
+    return sum(thread_ticks(pid, tid) for tid in os.listdir(f"/proc/{pid}/task")), thread_ticks(pid, pid)
+
+
+def cpu_per_token(before: tuple[int, int], after: tuple[int, int]) -> tuple[float, float]:
+    return ms_per_token(after[0] - before[0]), ms_per_token(after[1] - before[1])
 
 
 def ms_per_token(ticks: int) -> float:
@@ -116,16 +125,16 @@ def main() -> None:
             wait_ready(client, url)
             stream_one(client, url, 8)
         raw_one(8)
-        rows: dict[str, list[tuple[float, float]]] = {name: [] for name in [*servers, "raw"]}
+        rows: dict[str, list[tuple[float, float, float]]] = {name: [] for name in [*servers, "raw"]}
         for round_ in range(args.rounds):
             order = list(servers.items()) if round_ % 2 == 0 else list(servers.items())[::-1]
             for name, (proc, url) in order:
                 before = cpu_ticks(proc.pid)
                 seconds = stream_one(client, url, TOKENS)
-                rows[name].append((TOKENS / seconds, ms_per_token(cpu_ticks(proc.pid) - before)))
+                rows[name].append((TOKENS / seconds, *cpu_per_token(before, cpu_ticks(proc.pid))))
             before = cpu_ticks(raw.pid)
             seconds = raw_one(TOKENS)
-            rows["raw"].append((TOKENS / seconds, ms_per_token(cpu_ticks(raw.pid) - before)))
+            rows["raw"].append((TOKENS / seconds, *cpu_per_token(before, cpu_ticks(raw.pid))))
         report(rows)
     finally:
         raw.terminate()
@@ -134,12 +143,13 @@ def main() -> None:
             proc.wait()
 
 
-def report(rows: dict[str, list[tuple[float, float]]]) -> None:
+def report(rows: dict[str, list[tuple[float, float, float]]]) -> None:
     def spread(values: list[float]) -> str:
         return f"{statistics.median(values):.3f} ({min(values):.2f}-{max(values):.2f})"
 
     for name, values in rows.items():
-        print(f"{name:10s} tok/s {spread([v[0] for v in values])}  CPU ms/token {spread([v[1] for v in values])}")
+        print(f"{name:10s} tok/s {spread([v[0] for v in values])}  CPU ms/token {spread([v[1] for v in values])}"
+              f"  main thread {spread([v[2] for v in values])}")  # fmt: skip
     for name, values in rows.items():
         if name != "raw":
             pairs = list(zip(values, rows["raw"], strict=True))
