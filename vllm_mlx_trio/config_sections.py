@@ -139,7 +139,7 @@ class EngineSection:
     run_ahead_ms: float = _option(16.0, _in_range(0), converter=_to_float)
     #: Batched mode: run_ahead_steps and run_ahead_ms for a plan whose batch holds one sequence
     #: (a lone stream: fewer, larger chunks, less event-loop work per token; an arriving request
-    #: still ends the plan at the next step).
+    #: still ends the plan at the next step). run_ahead_steps = 1 turns run-ahead off here too.
     solo_run_ahead_steps: int = _option(16, _in_range(1))
     solo_run_ahead_ms: float = _option(32.0, _in_range(0), converter=_to_float)
     #: VLM mode (engine.mode = "vlm"): prompt tokens per step of a media prompt's language prefill (>= 1; none:
