@@ -162,8 +162,8 @@ class PromptPrefill:
         started = time.perf_counter()
         with mx.stream(self._stream), self._recorded(row, n) as hidden, self._last_position_only(keep_logits):
             logits = self._model(mx.array([row.prompt[row.done : row.done + n]]), cache=row.cache)
-        if keep_logits:
-            row.first_logits = logits[:, -1, :]
+            if keep_logits:
+                row.first_logits = logits[:, -1, :]
         with mx.stream(self._stream):
             logits_out = [row.first_logits] if keep_logits else []
             (mx.eval if wait else mx.async_eval)([c.state for c in row.cache], hidden, logits_out)
