@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import attrs
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from .runner_base import LiveSequence
 from .spec_hidden import final_norm_owner
@@ -57,6 +57,45 @@ class _LastPosition(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.norm(x)[:, -1:, :]
+
+
+class _LastQueryOnly(nn.Module):
+    """Stands in for the model's last decoder layer in a chunk that keeps only its last position's logits.
+
+    Called on the chunk's positions but the last, then on the last: the first call's keys and values go into the
+    layer's cache and its output is never used, so MLX never computes that layer's attention and MLP for those
+    positions (a tenth of a 10-layer model's prefill); the second attends to them all, as a decode step does. The
+    rest of the model then runs on the last position only. A layer called with other arguments than ``(x, mask,
+    cache)``, a cache other than :class:`KVCache` or a mask that is not causal runs whole, its output cut there.
+    """
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
+        split = _split_call(x, args, kwargs)
+        if split is None:
+            return self.layer(x, *args, **kwargs)[:, -1:, :]
+        (head_mask, tail_mask), cache = split
+        self.layer(x[:, :-1], head_mask, cache)  # the cache's keys and values; the output is dropped
+        return self.layer(x[:, -1:], tail_mask, cache)
+
+
+def _split_call(x: mx.array, args: tuple, kwargs: dict) -> tuple[tuple[Any, Any], KVCache] | None:
+    """The masks of a layer call split before its last position, and its cache; None: the call cannot be split."""
+    named = dict(zip(("mask", "cache"), args, strict=False))
+    if len(args) > 2 or set(kwargs) - {"mask", "cache"} or set(named) & set(kwargs):
+        return None
+    named.update(kwargs)
+    mask, cache = named.get("mask"), named.get("cache")
+    if type(cache) is not KVCache or x.shape[1] < 2:
+        return None
+    if isinstance(mask, str) and mask == "causal":
+        return ("causal", None), cache  # MLX's causal mask aligns the queries with the last keys
+    if isinstance(mask, mx.array) and mask.ndim >= 2 and mask.shape[-2] == x.shape[1]:
+        return (mask[..., :-1, :-1], mask[..., -1:, :]), cache
+    return None
 
 
 @attrs.define(slots=True, eq=False)
@@ -172,12 +211,23 @@ class PromptPrefill:
 
     @contextlib.contextmanager
     def _last_position_only(self, active: bool) -> Iterator[None]:
-        """While active, the model's output head runs on the last position only (the final norm's output is cut
-        there): a chunk's logits cost one position's head, not the chunk's."""
+        """While active, the model's last decoder layer runs its attention and MLP on the last position only
+        (:class:`_LastQueryOnly`), and so do the final norm and the output head: a chunk's logits cost one
+        position's, not the chunk's. With a recorder (it reads every position's hidden state) only the final
+        norm's output is cut (:class:`_LastPosition`)."""
         if not active:
             yield
             return
         owner = final_norm_owner(self._model)
+        layers = getattr(owner, "layers", None)
+        if self.recorder is None and isinstance(layers, list) and layers:  # a recorder reads every position's hidden
+            last = layers[-1]
+            layers[-1] = _LastQueryOnly(last)
+            try:
+                yield
+            finally:
+                layers[-1] = last
+            return
         norm = owner.norm
         owner.norm = _LastPosition(norm)
         try:

@@ -1,0 +1,67 @@
+"""Prefill cost per prompt when prompts are prefilled one at a time or batched together, on a demo model.
+
+Decides whether a burst of fresh prompts gains from being prefilled in batched groups (mlx-lm's way) rather than
+one by one (the runner's way, each first token as early as alone): the forward of ``--batch`` random prompts of
+``--tokens`` tokens each, from an empty cache, with the output head on the last position only (as the runner's
+prefill runs it), its seconds divided by the prompts. Batch sizes alternate within each repetition, so a slower
+minute of the machine weighs on all of them alike.
+
+    python scripts/prefill_batch_cost.py --model demo:small --tokens 50 --batch 1,2,3,5 --repetitions 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+from vllm_mlx_trio.config import load_config
+from vllm_mlx_trio.worker.loading import load_for_serving
+from vllm_mlx_trio.worker.prefill import PromptPrefill
+
+#: Token ids drawn for the random prompts: inside every demo vocabulary, clear of the special tokens.
+TOKEN_RANGE = (10, 500)
+
+
+def per_prompt_s(model, prefill: PromptPrefill, batch: int, tokens: int, rng: random.Random) -> float:
+    prompts = mx.array([[rng.randrange(*TOKEN_RANGE) for _ in range(tokens)] for _ in range(batch)])
+    cache = make_prompt_cache(model)
+    started = time.perf_counter()
+    with prefill._last_position_only(True):
+        logits = model(prompts, cache=cache)
+    mx.eval(logits, [layer.state for layer in cache])
+    return (time.perf_counter() - started) / batch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="demo:small")
+    parser.add_argument("--tokens", type=int, default=50)
+    parser.add_argument("--batch", default="1,2,3,5", help="batch sizes, comma-separated")
+    parser.add_argument("--repetitions", type=int, default=5)
+    args = parser.parse_args()
+    cfg = load_config(None, overrides=[f"model.path={args.model}"], environ={})
+    model, _info = load_for_serving(cfg.model, cfg.engine)
+    prefill = PromptPrefill(model, mx.default_stream(mx.default_device()))
+    sizes = [int(size) for size in args.batch.split(",")]
+    rng = random.Random(0)
+    for size in sizes:  # warm-up: each shape once
+        per_prompt_s(model, prefill, size, args.tokens, rng)
+    runs: dict[int, list[float]] = {size: [] for size in sizes}
+    for _ in range(args.repetitions):
+        for size in sizes:
+            runs[size].append(per_prompt_s(model, prefill, size, args.tokens, rng))
+    alone = statistics.median(runs[sizes[0]])
+    print(f"model {args.model}, {args.tokens}-token prompts, {args.repetitions} repetitions; ms per prompt")
+    for size, seconds in runs.items():
+        median = statistics.median(seconds)
+        spread = ", ".join(f"{s * 1000:.0f}" for s in seconds)
+        print(f"batch {size}: {median * 1000:.1f} ms ({spread}); {median / alone:.2f}x batch {sizes[0]}")
+
+
+if __name__ == "__main__":
+    main()

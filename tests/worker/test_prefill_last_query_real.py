@@ -1,0 +1,86 @@
+"""A chunk that keeps only its last position's logits (a burst prompt's last chunk, worker/prefill_burst.py) runs the
+model's last decoder layer on the chunk's positions but the last for their keys and values only, then on the last
+(``_LastQueryOnly``): its logits and cache are those of the whole forward, on the real demo model."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+from vllm_mlx_trio.config import load_config
+from vllm_mlx_trio.worker import batch_runner
+from vllm_mlx_trio.worker.prefill import _split_call
+from vllm_mlx_trio.worker.spec_hidden import final_norm_owner
+
+pytestmark = pytest.mark.mlx
+
+PROMPT = tuple(range(40, 90))
+
+
+@pytest.fixture(scope="module")
+def runner(float32_dir):
+    cfg = load_config(None, overrides=[f"model.path={float32_dir}"], environ={})
+    made = batch_runner.BatchRunner(cfg)
+    made.load()
+    yield made
+    made.close()
+
+
+def _chunk(runner, tokens: tuple[int, ...], cached: int) -> tuple[mx.array, list, list[int]]:
+    """The last-position logits of ``tokens[cached:]`` after ``tokens[:cached]``, the cache, and the positions the
+    last layer was called with."""
+    model, prefill = runner._generator.model, runner._prefill
+    cache = make_prompt_cache(model)
+    if cached:
+        model(mx.array([tokens[:cached]]), cache=cache)
+    layers = final_norm_owner(model).layers
+    last, calls = layers[-1], []
+
+    def spied(x, *args, **kwargs):
+        calls.append(x.shape[1])
+        return last(x, *args, **kwargs)
+
+    layers[-1] = spied
+    try:
+        with prefill._last_position_only(True):
+            logits = model(mx.array([tokens[cached:]]), cache=cache)
+    finally:
+        layers[-1] = last
+    mx.eval(logits, [c.state for c in cache])
+    return logits, cache, calls
+
+
+@pytest.mark.parametrize("cached", [0, 20, 48])
+def test_the_last_layer_runs_the_last_position_alone_and_gives_the_whole_forwards_logits(runner, cached):
+    logits, cache, calls = _chunk(runner, PROMPT, cached)
+    assert calls == [len(PROMPT) - cached - 1, 1]  # the chunk but its last position, then the last
+    whole_cache = make_prompt_cache(runner._generator.model)
+    whole = runner._generator.model(mx.array([PROMPT]), cache=whole_cache)[:, -1:, :]
+    assert logits.shape == whole.shape
+    assert mx.allclose(logits, whole, atol=1e-4).item()
+    for mine, theirs in zip(cache, whole_cache, strict=True):
+        assert mine.offset == theirs.offset == len(PROMPT)
+        assert mx.allclose(mine.state[0], theirs.state[0], atol=1e-4).item()
+
+
+def test_with_a_recorder_the_final_norm_is_cut_instead(runner):
+    runner._prefill.recorder = object()  # it reads every position's hidden state at the final norm
+    try:
+        logits, _cache, calls = _chunk(runner, PROMPT, 0)
+    finally:
+        runner._prefill.recorder = None
+    assert calls == [len(PROMPT)]
+    assert logits.shape[1] == 1
+
+
+def test_only_a_causal_layer_call_on_a_plain_cache_is_split():
+    x, cache = mx.zeros((1, 5, 8)), KVCache()
+    assert _split_call(x, ("causal", cache), {}) == (("causal", None), cache)
+    mask = mx.ones((5, 5), dtype=mx.bool_)
+    (head, tail), _ = _split_call(x, (), {"mask": mask, "cache": cache})
+    assert head.shape == (4, 4) and tail.shape == (1, 5)
+    assert _split_call(x, ("causal", None), {}) is None  # no cache
+    assert _split_call(x, ("causal", cache), {"positions": 1}) is None  # an argument it does not know
+    assert _split_call(x, (None, cache), {}) is None  # a mask it does not know
+    assert _split_call(mx.zeros((1, 1, 8)), ("causal", cache), {}) is None  # one position: nothing to split
