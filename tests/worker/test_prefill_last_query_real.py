@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 
 from vllm_mlx_trio.config import load_config
 from vllm_mlx_trio.worker import batch_runner
-from vllm_mlx_trio.worker.prefill import _split_call
+from vllm_mlx_trio.worker.prefill import _split_masks, _splittable
 from vllm_mlx_trio.worker.spec_hidden import final_norm_owner
 
 pytestmark = pytest.mark.mlx
@@ -29,24 +29,24 @@ def runner(float32_dir):
 
 def _chunk(runner, tokens: tuple[int, ...], cached: int) -> tuple[mx.array, list, list[int]]:
     """The last-position logits of ``tokens[cached:]`` after ``tokens[:cached]``, the cache, and the positions the
-    last layer was called with."""
+    last layer's MLP was called with."""
     model, prefill = runner._generator.model, runner._prefill
     cache = make_prompt_cache(model)
     if cached:
         model(mx.array([tokens[:cached]]), cache=cache)
-    layers = final_norm_owner(model).layers
-    last, calls = layers[-1], []
+    last = final_norm_owner(model).layers[-1]
+    mlp, calls = last.mlp, []
 
-    def spied(x, *args, **kwargs):
+    def spied(x):
         calls.append(x.shape[1])
-        return last(x, *args, **kwargs)
+        return mlp(x)
 
-    layers[-1] = spied
+    last.mlp = spied
     try:
         with prefill._last_position_only(True):
             logits = model(mx.array([tokens[cached:]]), cache=cache)
     finally:
-        layers[-1] = last
+        last.mlp = mlp
     mx.eval(logits, [c.state for c in cache])
     return logits, cache, calls
 
@@ -54,7 +54,8 @@ def _chunk(runner, tokens: tuple[int, ...], cached: int) -> tuple[mx.array, list
 @pytest.mark.parametrize("cached", [0, 20, 48])
 def test_the_last_layer_runs_the_last_position_alone_and_gives_the_whole_forwards_logits(runner, cached):
     logits, cache, calls = _chunk(runner, PROMPT, cached)
-    assert calls == [len(PROMPT) - cached - 1, 1]  # the chunk but its last position, then the last
+    # the chunk but its last position (an output MLX never computes), then the last
+    assert calls == [len(PROMPT) - cached - 1, 1]
     whole_cache = make_prompt_cache(runner._generator.model)
     whole = runner._generator.model(mx.array([PROMPT]), cache=whole_cache)[:, -1:, :]
     assert logits.shape == whole.shape
@@ -74,13 +75,16 @@ def test_with_a_recorder_the_final_norm_is_cut_instead(runner):
     assert logits.shape[1] == 1
 
 
-def test_only_a_causal_layer_call_on_a_plain_cache_is_split():
-    x, cache = mx.zeros((1, 5, 8)), KVCache()
-    assert _split_call(x, ("causal", cache), {}) == (("causal", None), cache)
-    mask = mx.ones((5, 5), dtype=mx.bool_)
-    (head, tail), _ = _split_call(x, (), {"mask": mask, "cache": cache})
+def test_only_a_causal_call_of_a_plain_layer_is_split(runner):
+    x = mx.zeros((1, 5, 8))
+    assert _split_masks(x, "causal") == ("causal", None)
+    head, tail = _split_masks(x, mx.ones((5, 5), dtype=mx.bool_))
     assert head.shape == (4, 4) and tail.shape == (1, 5)
-    assert _split_call(x, ("causal", None), {}) is None  # no cache
-    assert _split_call(x, ("causal", cache), {"positions": 1}) is None  # an argument it does not know
-    assert _split_call(x, (None, cache), {}) is None  # a mask it does not know
-    assert _split_call(mx.zeros((1, 1, 8)), ("causal", cache), {}) is None  # one position: nothing to split
+    assert _split_masks(x, None) is None  # a mask it does not know
+    assert _split_masks(mx.zeros((1, 1, 8)), "causal") is None  # one position: nothing to split
+    assert _splittable(final_norm_owner(runner._generator.model).layers[-1])
+
+    def layer_with_more_inputs(x, mask, cache, shared_kv_states):  # may return more than its hidden states
+        return x
+
+    assert not _splittable(layer_with_more_inputs)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import inspect
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -64,38 +65,42 @@ class _LastQueryOnly(nn.Module):
 
     Called on the chunk's positions but the last, then on the last: the first call's keys and values go into the
     layer's cache and its output is never used, so MLX never computes that layer's attention and MLP for those
-    positions (a tenth of a 10-layer model's prefill); the second attends to them all, as a decode step does. The
-    rest of the model then runs on the last position only. A layer called with other arguments than ``(x, mask,
-    cache)``, a cache other than :class:`KVCache` or a mask that is not causal runs whole, its output cut there.
+    positions (a tenth of a 10-layer model's prefill); the second attends to them all, as a decode step does. On a
+    cache other than :class:`KVCache`, or with a mask that is not causal, the layer runs whole (the final norm's
+    output is cut to the last position all the same: :class:`_LastPosition`).
     """
 
     def __init__(self, layer: nn.Module):
         super().__init__()
         self.layer = layer
 
-    def __call__(self, x: mx.array, *args: Any, **kwargs: Any) -> mx.array:
-        split = _split_call(x, args, kwargs)
-        if split is None:
-            return self.layer(x, *args, **kwargs)[:, -1:, :]
-        (head_mask, tail_mask), cache = split
-        self.layer(x[:, :-1], head_mask, cache)  # the cache's keys and values; the output is dropped
-        return self.layer(x[:, -1:], tail_mask, cache)
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        masks = _split_masks(x, mask) if type(cache) is KVCache else None
+        if masks is None:
+            return self.layer(x, mask, cache)
+        self.layer(x[:, :-1], masks[0], cache)  # the cache's keys and values; the output is dropped
+        return self.layer(x[:, -1:], masks[1], cache)
 
 
-def _split_call(x: mx.array, args: tuple, kwargs: dict) -> tuple[tuple[Any, Any], KVCache] | None:
-    """The masks of a layer call split before its last position, and its cache; None: the call cannot be split."""
-    named = dict(zip(("mask", "cache"), args, strict=False))
-    if len(args) > 2 or set(kwargs) - {"mask", "cache"} or set(named) & set(kwargs):
-        return None
-    named.update(kwargs)
-    mask, cache = named.get("mask"), named.get("cache")
-    if type(cache) is not KVCache or x.shape[1] < 2:
+def _split_masks(x: mx.array, mask: Any) -> tuple[Any, Any] | None:
+    """A causal layer call's masks for its positions but the last, and for the last; None: it cannot be split."""
+    if x.shape[1] < 2:
         return None
     if isinstance(mask, str) and mask == "causal":
-        return ("causal", None), cache  # MLX's causal mask aligns the queries with the last keys
+        return "causal", None  # MLX's causal mask aligns the queries with the last keys
     if isinstance(mask, mx.array) and mask.ndim >= 2 and mask.shape[-2] == x.shape[1]:
-        return (mask[..., :-1, :-1], mask[..., -1:, :]), cache
+        return mask[..., :-1, :-1], mask[..., -1:, :]
     return None
+
+
+def _splittable(layer: Any) -> bool:
+    """Whether a decoder layer is called as ``layer(x, mask, cache)`` and nothing else (a layer with more inputs may
+    return more than its hidden states, or carry state between layers: it runs whole)."""
+    try:
+        params = list(inspect.signature(layer).parameters)
+    except (TypeError, ValueError):
+        return False
+    return len(params) == 3 and params[1:] == ["mask", "cache"]
 
 
 @attrs.define(slots=True, eq=False)
@@ -211,29 +216,26 @@ class PromptPrefill:
 
     @contextlib.contextmanager
     def _last_position_only(self, active: bool) -> Iterator[None]:
-        """While active, the model's last decoder layer runs its attention and MLP on the last position only
-        (:class:`_LastQueryOnly`), and so do the final norm and the output head: a chunk's logits cost one
-        position's, not the chunk's. With a recorder (it reads every position's hidden state) only the final
-        norm's output is cut (:class:`_LastPosition`)."""
+        """While active, the final norm's output is cut to the last position (:class:`_LastPosition`), so the
+        output head runs there only, and the model's last decoder layer runs its attention and MLP there only too
+        (:class:`_LastQueryOnly`) unless a recorder reads every position's hidden state or the layer takes more
+        than ``(x, mask, cache)``: a chunk's logits cost about one position's, not the chunk's."""
         if not active:
             yield
             return
         owner = final_norm_owner(self._model)
-        layers = getattr(owner, "layers", None)
-        if self.recorder is None and isinstance(layers, list) and layers:  # a recorder reads every position's hidden
-            last = layers[-1]
-            layers[-1] = _LastQueryOnly(last)
-            try:
-                yield
-            finally:
-                layers[-1] = last
-            return
-        norm = owner.norm
+        layers, norm = getattr(owner, "layers", None), owner.norm
+        split = self.recorder is None and isinstance(layers, list) and bool(layers) and _splittable(layers[-1])
+        last = layers[-1] if split else None  # a recorder reads every position's hidden state: no split then
         owner.norm = _LastPosition(norm)
+        if split:
+            layers[-1] = _LastQueryOnly(last)
         try:
             yield
         finally:
             owner.norm = norm
+            if split:
+                layers[-1] = last
 
     def _recorded(self, row: PrefillRow, n: int) -> contextlib.AbstractContextManager[list[mx.array]]:
         if self.recorder is None:
