@@ -1,12 +1,17 @@
 """Prefill cost per prompt when prompts are prefilled one at a time or batched together, on a demo model.
 
 Decides whether a burst of fresh prompts gains from being prefilled in batched groups (mlx-lm's way) rather than
-one by one (the runner's way, each first token as early as alone): the forward of ``--batch`` random prompts of
-``--tokens`` tokens each, from an empty cache, with the output head on the last position only (as the runner's
-prefill runs it), its seconds divided by the prompts. Batch sizes alternate within each repetition, so a slower
-minute of the machine weighs on all of them alike.
+one by one (the runner's way, each first token as early as alone). For each ``--batch`` size, ``--tokens`` random
+tokens a prompt from an empty cache, seconds divided by the prompts:
 
-    python scripts/prefill_batch_cost.py --model demo:small --tokens 50 --batch 1,2,3,5 --repetitions 5
+- ``logits``: the runner's burst chunk, the whole prompt with its last position's logits
+  (``PromptPrefill._last_position_only``: the last decoder layer, final norm and head on that position only);
+- ``cache``: what mlx-lm's ``BatchGenerator`` prefill evaluates, the prompt but its last token, cache only (that
+  token then goes through a decode step of the whole batch).
+
+Modes and batch sizes alternate within each repetition, so a slower minute of the machine weighs on all alike.
+
+    python scripts/prefill_batch_cost.py --model demo:small --tokens 50 --batch 1,5 --repetitions 6
 """
 
 from __future__ import annotations
@@ -23,17 +28,23 @@ from vllm_mlx_trio.config import load_config
 from vllm_mlx_trio.worker.loading import load_for_serving
 from vllm_mlx_trio.worker.prefill import PromptPrefill
 
+#: ``logits``: the runner's burst chunk; ``cache``: mlx-lm's prefill (see the module's docstring).
+MODES = ("logits", "cache")
 #: Token ids drawn for the random prompts: inside every demo vocabulary, clear of the special tokens.
 TOKEN_RANGE = (10, 500)
 
 
-def per_prompt_s(model, prefill: PromptPrefill, batch: int, tokens: int, rng: random.Random) -> float:
+def per_prompt_s(model, prefill: PromptPrefill, batch: int, tokens: int, mode: str, rng: random.Random) -> float:
     prompts = mx.array([[rng.randrange(*TOKEN_RANGE) for _ in range(tokens)] for _ in range(batch)])
     cache = make_prompt_cache(model)
     started = time.perf_counter()
-    with prefill._last_position_only(True):
-        logits = model(prompts, cache=cache)
-    mx.eval(logits, [layer.state for layer in cache])
+    if mode == "logits":
+        with prefill._last_position_only(True):
+            outputs = [model(prompts, cache=cache)]
+    else:
+        model(prompts[:, :-1], cache=cache)
+        outputs = []
+    mx.eval(outputs, [layer.state for layer in cache])
     return (time.perf_counter() - started) / batch
 
 
@@ -47,20 +58,20 @@ def main() -> None:
     cfg = load_config(None, overrides=[f"model.path={args.model}"], environ={})
     model, _info = load_for_serving(cfg.model, cfg.engine)
     prefill = PromptPrefill(model, mx.default_stream(mx.default_device()))
-    sizes = [int(size) for size in args.batch.split(",")]
+    cases = [(mode, int(size)) for size in args.batch.split(",") for mode in MODES]
     rng = random.Random(0)
-    for size in sizes:  # warm-up: each shape once
-        per_prompt_s(model, prefill, size, args.tokens, rng)
-    runs: dict[int, list[float]] = {size: [] for size in sizes}
+    for mode, size in cases:  # warm-up: each shape once
+        per_prompt_s(model, prefill, size, args.tokens, mode, rng)
+    runs: dict[tuple[str, int], list[float]] = {case: [] for case in cases}
     for _ in range(args.repetitions):
-        for size in sizes:
-            runs[size].append(per_prompt_s(model, prefill, size, args.tokens, rng))
-    alone = statistics.median(runs[sizes[0]])
+        for mode, size in cases:
+            runs[mode, size].append(per_prompt_s(model, prefill, size, args.tokens, mode, rng))
+    alone = statistics.median(runs[cases[0]])
     print(f"model {args.model}, {args.tokens}-token prompts, {args.repetitions} repetitions; ms per prompt")
-    for size, seconds in runs.items():
+    for (mode, size), seconds in runs.items():
         median = statistics.median(seconds)
         spread = ", ".join(f"{s * 1000:.0f}" for s in seconds)
-        print(f"batch {size}: {median * 1000:.1f} ms ({spread}); {median / alone:.2f}x batch {sizes[0]}")
+        print(f"{mode:6} batch {size}: {median * 1000:.1f} ms ({spread}); {median / alone:.2f}x {cases[0][0]} batch 1")
 
 
 if __name__ == "__main__":
