@@ -74,6 +74,15 @@ class _LastQueryOnly(nn.Module):
         super().__init__()
         self.layer = layer
 
+    def __getattr__(self, name: str) -> Any:
+        """The layer's own attributes (a model's forward may read them: ``use_sliding``, ``is_linear``)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "layer":
+                raise
+            return getattr(self.layer, name)
+
     def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
         masks = _split_masks(x, mask) if type(cache) is KVCache else None
         if masks is None:
