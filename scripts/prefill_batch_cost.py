@@ -66,12 +66,13 @@ def main() -> None:
     for _ in range(args.repetitions):
         for mode, size in cases:
             runs[mode, size].append(per_prompt_s(model, prefill, size, args.tokens, mode, rng))
-    alone = statistics.median(runs[cases[0]])
+    alone, (base_mode, base_size) = statistics.median(runs[cases[0]]), cases[0]
     print(f"model {args.model}, {args.tokens}-token prompts, {args.repetitions} repetitions; ms per prompt")
     for (mode, size), seconds in runs.items():
         median = statistics.median(seconds)
         spread = ", ".join(f"{s * 1000:.0f}" for s in seconds)
-        print(f"{mode:6} batch {size}: {median * 1000:.1f} ms ({spread}); {median / alone:.2f}x {cases[0][0]} batch 1")
+        ratio = f"{median / alone:.2f}x {base_mode} batch {base_size}"
+        print(f"{mode:6} batch {size}: {median * 1000:.1f} ms ({spread}); {ratio}")
 
 
 if __name__ == "__main__":
