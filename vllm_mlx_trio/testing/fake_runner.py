@@ -113,8 +113,8 @@ class FakeRunner(RunnerBase):
     def _remove(self, live: list[LiveSequence]) -> None:
         """Nothing to free: a fake sequence is only its bookkeeping."""
 
-    def _logprob(self, row: Any, token: int, num_top: int) -> TokenLogprob:
-        return fake_logprob(token, num_top)
+    def _logprobs(self, rows: Sequence[Any], tokens: Sequence[int], num_top: int) -> list[TokenLogprob]:
+        return [fake_logprob(token, num_top) for token in tokens]
 
     def close(self) -> None:
         self.thread_ids.add(threading.get_ident())

@@ -25,6 +25,7 @@ termination rule (core/termination.py, applied by :class:`RunnerBase`) ends it t
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import attrs
 import mlx.core as mx
@@ -39,7 +40,7 @@ from .prefill_budget import ChunkSizer
 from .prefill_burst import burst_continues, sample_first
 from .run_ahead import CHUNK_PLAN_RUN_AHEAD_S, joined, kv_fits
 from .runner_base import Advance, Emission, LiveSequence, RunnerBase
-from .sampling import greedy, guard_processors, make_request_processors, make_request_sampler, token_logprob
+from .sampling import greedy, guard_processors, make_request_processors, make_request_sampler, token_logprobs
 from .thread_streams import enter_mlx_thread, leave_mlx_thread
 
 
@@ -397,8 +398,8 @@ class BatchRunner(RunnerBase):
         first_block = len(live.seq.prompt_token_ids) // self._prefix.block_size
         return self._prefix.ready(live.request_id, tuple(response.all_tokens), response.prompt_cache, first_block)
 
-    def _logprob(self, row: mx.array, token: int, num_top: int) -> TokenLogprob:
-        return token_logprob(row, token, num_top)
+    def _logprobs(self, rows: Sequence[mx.array], tokens: Sequence[int], num_top: int) -> list[TokenLogprob]:
+        return token_logprobs(rows, tokens, num_top)
 
     @property
     def compute_stream(self) -> mx.Stream | None:

@@ -71,7 +71,7 @@ class RunnerBase:
 
     Subclasses implement :meth:`_load`, :meth:`_insert`, :meth:`_advance` and
     :meth:`_remove`, and may override :meth:`_prompt_ready`, :meth:`_finished_ready`,
-    :meth:`_logprob`, :meth:`_memory` and :meth:`_close`.
+    :meth:`_logprobs`, :meth:`_memory` and :meth:`_close`.
     """
 
     plans_in_flight: ClassVar[int] = 1
@@ -115,7 +115,8 @@ class RunnerBase:
     def _finished_ready(self, live: LiveSequence, emission: Emission) -> KVReady | None:
         return None
 
-    def _logprob(self, row: Any, token: int, num_top: int) -> TokenLogprob:
+    def _logprobs(self, rows: Sequence[Any], tokens: Sequence[int], num_top: int) -> list[TokenLogprob]:
+        """Each (row, sampled token)'s logprob and its ``num_top`` most likely tokens, together."""
         raise NotImplementedError
 
     def _memory(self, *, idle: bool) -> tuple[int, int, int]:
@@ -152,17 +153,18 @@ class RunnerBase:
             for rid in advance.prompts_done
             if rid in self._live and rid not in self.failures
         ]
-        sampled, logprobs = [], []
+        sampled, wanted = [], []
         for emission in advance.emissions:
             if emission.request_id in self.failures or emission.request_id not in self._live:
                 continue  # a failed request's tokens from this step are not delivered
-            tokens, token_logprobs, ready = self._accept(emission)
+            tokens, num_top, ready = self._accept(emission)
             if emission.request_id in self.failures:
                 continue
             sampled.append((emission.request_id, tokens))
-            if token_logprobs is not None:
-                logprobs.append((emission.request_id, token_logprobs))
+            if num_top is not None:
+                wanted.append((emission.request_id, emission.rows[: len(tokens)], tokens, num_top))
             kv_ready.append(ready)
+        logprobs = self._step_logprobs(wanted)
         failed = tuple((RequestId(rid), message) for rid, message in self.failures.items())
         self.failures.clear()
         self._drop(tuple(rid for rid, _ in failed))
@@ -177,18 +179,14 @@ class RunnerBase:
             recomputed=self._prefix.take_recomputed() if self._prefix is not None else (),
         )
 
-    def _accept(self, emission: Emission) -> tuple[tuple[int, ...], tuple[TokenLogprob, ...] | None, KVReady | None]:
-        """Apply the termination rule to one emission: (tokens kept, their logprobs or None,
-        the finished sequence's KV). A finished sequence leaves the runner at once."""
+    def _accept(self, emission: Emission) -> tuple[tuple[int, ...], int | None, KVReady | None]:
+        """Apply the termination rule to one emission: (tokens kept, the request's top-logprobs
+        count or None when it wants no logprobs, the finished sequence's KV). A finished sequence
+        leaves the runner at once."""
         live = self._live[emission.request_id]
         keep, reason = live.termination.scan(live.num_output_tokens, emission.tokens)
         tokens = emission.tokens[:keep]
         num_top = live.seq.params.logprobs
-        token_logprobs = None
-        if num_top is not None:
-            token_logprobs = tuple(
-                self._logprob(row, token, num_top) for row, token in zip(emission.rows, tokens, strict=False)
-            )
         live.emitted.extend(tokens)
         ready = None
         if reason is not None:
@@ -200,7 +198,23 @@ class RunnerBase:
                 "before its termination rule did"
             )
             del self._live[live.request_id]
-        return tokens, token_logprobs, ready
+        return tokens, num_top, ready
+
+    def _step_logprobs(
+        self, wanted: Sequence[tuple[RequestId, Sequence[Any], tuple[int, ...], int]]
+    ) -> tuple[tuple[RequestId, tuple[TokenLogprob, ...]], ...]:
+        """The logprobs of every (request, its rows, its kept tokens, top count) in ``wanted``:
+        one :meth:`_logprobs` call per distinct top count, so a request's top tokens never
+        depend on what its neighbours in the batch asked for."""
+        by_top: dict[int, list[tuple[int, Any, int]]] = {}
+        for index, (_rid, rows, tokens, num_top) in enumerate(wanted):
+            by_top.setdefault(num_top, []).extend((index, row, token) for row, token in zip(rows, tokens, strict=False))
+        found: list[list[TokenLogprob]] = [[] for _ in wanted]
+        for num_top, entries in by_top.items():
+            computed = self._logprobs([row for _, row, _ in entries], [token for _, _, token in entries], num_top)
+            for (index, _, _), entry in zip(entries, computed, strict=True):
+                found[index].append(entry)
+        return tuple((rid, tuple(entries)) for (rid, *_), entries in zip(wanted, found, strict=True))
 
     def _drop(self, request_ids: Sequence[RequestId], *, already_ended: bool = False) -> None:
         gone = [self._live.pop(rid) for rid in request_ids if rid in self._live]

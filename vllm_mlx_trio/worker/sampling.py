@@ -15,7 +15,7 @@ request's PRNG advance (``num_drawn``) all count tokens, not steps.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_repetition_penalty
@@ -180,18 +180,27 @@ def _output_penalties(
     return penalise
 
 
-def token_logprob(logprobs: mx.array, token_id: int, num_top: int) -> TokenLogprob:
-    """The sampled token's logprob and the ``num_top`` most likely (id, logprob) pairs."""
-    row = logprobs.reshape(-1).astype(mx.float32)
-    top: tuple[tuple[int, float], ...] = ()
-    if num_top > 0:
-        k = min(num_top, row.shape[0])
-        top_ids = mx.argpartition(-row, kth=k - 1)[:k]
-        top_values = row[top_ids]
-        order = mx.argsort(-top_values)
-        pairs = zip(top_ids[order].tolist(), top_values[order].tolist(), strict=True)
-        top = tuple((int(i), float(v)) for i, v in pairs)
-    return TokenLogprob(token_id=token_id, logprob=float(row[token_id].item()), top=top)
+def token_logprobs(rows: Sequence[mx.array], token_ids: Sequence[int], num_top: int) -> list[TokenLogprob]:
+    """Each row's sampled token's logprob and its ``num_top`` most likely (id, logprob) pairs, for
+    rows (one vocabulary each) asking the same ``num_top``: one evaluation and one read-back for
+    them all, where a row at a time paid a round trip to MLX's compute thread per token (several
+    per step once plans run ahead)."""
+    if not rows:
+        return []
+    matrix = mx.stack([row.reshape(-1).astype(mx.float32) for row in rows])
+    chosen = mx.take_along_axis(matrix, mx.array(token_ids, dtype=mx.int32)[:, None], axis=1)[:, 0]
+    if num_top <= 0:
+        return [TokenLogprob(token_id=t, logprob=v) for t, v in zip(token_ids, chosen.tolist(), strict=True)]
+    k = min(num_top, matrix.shape[1])
+    top_ids = mx.argpartition(-matrix, kth=k - 1, axis=1)[:, :k]
+    top_values = mx.take_along_axis(matrix, top_ids, axis=1)
+    order = mx.argsort(-top_values, axis=1)
+    top_ids, top_values = mx.take_along_axis(top_ids, order, axis=1), mx.take_along_axis(top_values, order, axis=1)
+    mx.eval(chosen, top_ids, top_values)
+    return [
+        TokenLogprob(token_id=t, logprob=v, top=tuple(zip(ids, values, strict=True)))
+        for t, v, ids, values in zip(token_ids, chosen.tolist(), top_ids.tolist(), top_values.tolist(), strict=True)
+    ]
 
 
 def guard_processors(

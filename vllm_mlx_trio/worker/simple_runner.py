@@ -7,6 +7,8 @@ bookkeeping (finish, logprobs, failures, the step's result) is :class:`RunnerBas
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import mlx.core as mx
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
@@ -15,7 +17,7 @@ from ..messages import KVReady, ModelInfo, TokenLogprob
 from .kv_store import PrefixBlocks
 from .loading import load_for_serving, mlx_memory
 from .runner_base import Advance, Emission, LiveSequence, RunnerBase
-from .sampling import guard_processors, make_request_processors, make_request_sampler, token_logprob
+from .sampling import guard_processors, make_request_processors, make_request_sampler, token_logprobs
 from .thread_streams import enter_mlx_thread, leave_mlx_thread
 
 
@@ -113,9 +115,9 @@ class SimpleRunner(RunnerBase):
         with mx.stream(self._stream):
             return self._prefix.ready(seq.request_id, token_ids, cache, first_block)
 
-    def _logprob(self, row: mx.array, token: int, num_top: int) -> TokenLogprob:
+    def _logprobs(self, rows: Sequence[mx.array], tokens: Sequence[int], num_top: int) -> list[TokenLogprob]:
         with mx.stream(self._stream):
-            return token_logprob(row, token, num_top)
+            return token_logprobs(rows, tokens, num_top)
 
     def _memory(self, *, idle: bool) -> tuple[int, int, int]:
         return mlx_memory(idle=idle)
