@@ -55,27 +55,28 @@ def test_no_processor_when_nothing_asks_for_one():
 
 def test_token_logprobs_reports_the_sampled_token_and_the_top_k_in_order():
     row = mx.log(mx.softmax(mx.array([0.0, 3.0, 1.0, 2.0])))
-    [entry] = token_logprobs([row], [2], 3)
+    [entry] = token_logprobs([row], [2], [3])
     values = row.tolist()
     assert entry.token_id == 2 and entry.logprob == pytest.approx(values[2])
     assert [t for t, _ in entry.top] == [1, 3, 2]
-    assert token_logprobs([row], [2], 0)[0].top == ()
+    assert token_logprobs([row], [2], [0])[0].top == ()
 
 
 def test_token_logprobs_of_many_rows_are_each_rows_own():
-    """Rows of mixed shape and dtype, read back together: each entry is its own row's."""
+    """Rows of mixed shape, dtype and top count, read back together: each entry is its own row's."""
     rows = [mx.log(mx.softmax(mx.array([float((i * 7 + j * 3) % 11) for j in range(VOCAB)]))) for i in range(5)]
     rows[1] = rows[1].astype(mx.bfloat16)
     rows[3] = rows[3][None]  # a (1, vocab) row, as a batch step gives
     chosen = [0, 5, 2, 7, 3]
-    entries = token_logprobs(rows, chosen, 3)
-    for row, token, entry in zip(rows, chosen, entries, strict=True):
+    num_tops = [3, 0, 2, 3, VOCAB + 4]  # more than the vocabulary: every token, in order
+    entries = token_logprobs(rows, chosen, num_tops)
+    for row, token, k, entry in zip(rows, chosen, num_tops, entries, strict=True):
         values = row.reshape(-1).astype(mx.float32).tolist()
-        best = sorted(range(VOCAB), key=lambda j: -values[j])[:3]
+        best = sorted(range(VOCAB), key=lambda j: -values[j])[:k]
         assert entry.token_id == token and entry.logprob == pytest.approx(values[token])
         assert [t for t, _ in entry.top] == best
         assert [v for _, v in entry.top] == pytest.approx([values[j] for j in best])
-    assert token_logprobs([], [], 3) == []
+    assert token_logprobs([], [], []) == []
 
 
 def test_byte_level_detokenizer_streams_what_the_tokenizer_decodes(demo_cache_dir):

@@ -113,8 +113,8 @@ class FakeRunner(RunnerBase):
     def _remove(self, live: list[LiveSequence]) -> None:
         """Nothing to free: a fake sequence is only its bookkeeping."""
 
-    def _logprobs(self, rows: Sequence[Any], tokens: Sequence[int], num_top: int) -> list[TokenLogprob]:
-        return [fake_logprob(token, num_top) for token in tokens]
+    def _logprobs(self, rows: Sequence[Any], tokens: Sequence[int], num_tops: Sequence[int]) -> list[TokenLogprob]:
+        return [fake_logprob(token, num_top) for token, num_top in zip(tokens, num_tops, strict=True)]
 
     def close(self) -> None:
         self.thread_ids.add(threading.get_ident())

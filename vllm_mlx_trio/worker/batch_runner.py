@@ -398,8 +398,8 @@ class BatchRunner(RunnerBase):
         first_block = len(live.seq.prompt_token_ids) // self._prefix.block_size
         return self._prefix.ready(live.request_id, tuple(response.all_tokens), response.prompt_cache, first_block)
 
-    def _logprobs(self, rows: Sequence[mx.array], tokens: Sequence[int], num_top: int) -> list[TokenLogprob]:
-        return token_logprobs(rows, tokens, num_top)
+    def _logprobs(self, rows: Sequence[mx.array], tokens: Sequence[int], num_tops: Sequence[int]) -> list[TokenLogprob]:
+        return token_logprobs(rows, tokens, num_tops)
 
     @property
     def compute_stream(self) -> mx.Stream | None:

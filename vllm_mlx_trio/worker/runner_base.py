@@ -115,8 +115,8 @@ class RunnerBase:
     def _finished_ready(self, live: LiveSequence, emission: Emission) -> KVReady | None:
         return None
 
-    def _logprobs(self, rows: Sequence[Any], tokens: Sequence[int], num_top: int) -> list[TokenLogprob]:
-        """Each (row, sampled token)'s logprob and its ``num_top`` most likely tokens, together."""
+    def _logprobs(self, rows: Sequence[Any], tokens: Sequence[int], num_tops: Sequence[int]) -> list[TokenLogprob]:
+        """Each (row, sampled token)'s logprob and its ``num_tops[i]`` most likely tokens, together."""
         raise NotImplementedError
 
     def _memory(self, *, idle: bool) -> tuple[int, int, int]:
@@ -203,17 +203,15 @@ class RunnerBase:
     def _step_logprobs(
         self, wanted: Sequence[tuple[RequestId, Sequence[Any], tuple[int, ...], int]]
     ) -> tuple[tuple[RequestId, tuple[TokenLogprob, ...]], ...]:
-        """The logprobs of every (request, its rows, its kept tokens, top count) in ``wanted``:
-        one :meth:`_logprobs` call per distinct top count, so a request's top tokens never
-        depend on what its neighbours in the batch asked for."""
-        by_top: dict[int, list[tuple[int, Any, int]]] = {}
-        for index, (_rid, rows, tokens, num_top) in enumerate(wanted):
-            by_top.setdefault(num_top, []).extend((index, row, token) for row, token in zip(rows, tokens, strict=False))
+        """The logprobs of every (request, its rows, its kept tokens, top count) in ``wanted``,
+        from one :meth:`_logprobs` call for the whole step."""
+        rows, tokens, num_tops, owners = [], [], [], []
+        for index, (_rid, request_rows, kept, num_top) in enumerate(wanted):
+            for row, token in zip(request_rows, kept, strict=False):
+                rows.append(row), tokens.append(token), num_tops.append(num_top), owners.append(index)
         found: list[list[TokenLogprob]] = [[] for _ in wanted]
-        for num_top, entries in by_top.items():
-            computed = self._logprobs([row for _, row, _ in entries], [token for _, _, token in entries], num_top)
-            for (index, _, _), entry in zip(entries, computed, strict=True):
-                found[index].append(entry)
+        for index, entry in zip(owners, self._logprobs(rows, tokens, num_tops) if rows else (), strict=True):
+            found[index].append(entry)
         return tuple((rid, tuple(entries)) for (rid, *_), entries in zip(wanted, found, strict=True))
 
     def _drop(self, request_ids: Sequence[RequestId], *, already_ended: bool = False) -> None:

@@ -180,27 +180,43 @@ def _output_penalties(
     return penalise
 
 
-def token_logprobs(rows: Sequence[mx.array], token_ids: Sequence[int], num_top: int) -> list[TokenLogprob]:
-    """Each row's sampled token's logprob and its ``num_top`` most likely (id, logprob) pairs, for
-    rows (one vocabulary each) asking the same ``num_top``: one evaluation and one read-back for
-    them all, where a row at a time paid a round trip to MLX's compute thread per token (several
-    per step once plans run ahead)."""
+def token_logprobs(rows: Sequence[mx.array], token_ids: Sequence[int], num_tops: Sequence[int]) -> list[TokenLogprob]:
+    """Each row's sampled token's logprob and its ``num_tops[i]`` most likely (id, logprob) pairs.
+
+    Every row's ops are built first and evaluated and read back once for them all: a row at a
+    time paid a round trip to MLX's compute thread per token (several per step once plans run
+    ahead). Each row's top-k is its own (argpartition on that row alone, as a row at a time
+    did), so ties break the same whatever else is read with it; no rows are stacked (a copy of
+    every vocabulary row, as costly as the top-k itself on a large vocabulary)."""
     if not rows:
         return []
-    matrix = mx.stack([row.reshape(-1).astype(mx.float32) for row in rows])
-    chosen = mx.take_along_axis(matrix, mx.array(token_ids, dtype=mx.int32)[:, None], axis=1)[:, 0]
-    if num_top <= 0:
-        return [TokenLogprob(token_id=t, logprob=v) for t, v in zip(token_ids, chosen.tolist(), strict=True)]
-    k = min(num_top, matrix.shape[1])
-    top_ids = mx.argpartition(-matrix, kth=k - 1, axis=1)[:, :k]
-    top_values = mx.take_along_axis(matrix, top_ids, axis=1)
-    order = mx.argsort(-top_values, axis=1)
-    top_ids, top_values = mx.take_along_axis(top_ids, order, axis=1), mx.take_along_axis(top_values, order, axis=1)
-    mx.eval(chosen, top_ids, top_values)
+    picked = [row.reshape(-1)[t : t + 1].astype(mx.float32) for row, t in zip(rows, token_ids, strict=True)]
+    chosen = mx.concatenate(picked)
+    tops = [_top_logprobs(row, k) for row, k in zip(rows, num_tops, strict=True) if k > 0]
+    top_ids = mx.concatenate([ids for ids, _ in tops]) if tops else None
+    top_values = mx.concatenate([values for _, values in tops]) if tops else None
+    mx.eval(*(a for a in (chosen, top_ids, top_values) if a is not None))
+    ids_read = iter(top_ids.tolist() if top_ids is not None else ())
+    values_read = iter(top_values.tolist() if top_values is not None else ())
     return [
-        TokenLogprob(token_id=t, logprob=v, top=tuple(zip(ids, values, strict=True)))
-        for t, v, ids, values in zip(token_ids, chosen.tolist(), top_ids.tolist(), top_values.tolist(), strict=True)
+        TokenLogprob(token_id=token, logprob=value, top=tuple((next(ids_read), next(values_read)) for _ in range(k)))
+        for token, value, k in zip(token_ids, chosen.tolist(), _top_counts(rows, num_tops), strict=True)
     ]
+
+
+def _top_logprobs(row: mx.array, num_top: int) -> tuple[mx.array, mx.array]:
+    """The row's ``num_top`` most likely ids and their logprobs, most likely first (lazy)."""
+    flat = row.reshape(-1).astype(mx.float32)
+    k = min(num_top, flat.shape[0])
+    top_ids = mx.argpartition(-flat, kth=k - 1)[:k]
+    top_values = flat[top_ids]
+    order = mx.argsort(-top_values)
+    return top_ids[order], top_values[order]
+
+
+def _top_counts(rows: Sequence[mx.array], num_tops: Sequence[int]) -> list[int]:
+    """How many top pairs each row gets (a vocabulary smaller than the count caps it)."""
+    return [min(k, row.size) if k > 0 else 0 for row, k in zip(rows, num_tops, strict=True)]
 
 
 def guard_processors(

@@ -115,9 +115,9 @@ class SimpleRunner(RunnerBase):
         with mx.stream(self._stream):
             return self._prefix.ready(seq.request_id, token_ids, cache, first_block)
 
-    def _logprobs(self, rows: Sequence[mx.array], tokens: Sequence[int], num_top: int) -> list[TokenLogprob]:
+    def _logprobs(self, rows: Sequence[mx.array], tokens: Sequence[int], num_tops: Sequence[int]) -> list[TokenLogprob]:
         with mx.stream(self._stream):
-            return token_logprobs(rows, tokens, num_top)
+            return token_logprobs(rows, tokens, num_tops)
 
     def _memory(self, *, idle: bool) -> tuple[int, int, int]:
         return mlx_memory(idle=idle)
