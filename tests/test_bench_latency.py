@@ -121,6 +121,8 @@ def test_arrival_rows_give_the_ratio_and_medians_per_server():
     assert row["alone_itl_p50_ms"] == 10.0 and row["long_ttft_ms"] == 1500.0 and row["arrival_itl_max_ms"] == 50.0
     values, weights = [g for g, _ in during["gaps"]], [n for _, n in during["gaps"]]
     assert row["p95_over_alone_p50"] == round(percentile(values, 95, weights) / 0.010, 2)
+    assert row["alone_p95_over_p50"] == 1.0  # every alone gap is 10 ms
+    assert row["p95_over_alone_p95"] == row["p95_over_alone_p50"]  # so its p95 is its p50
     rows = [{**row, "rep": r, "long_ttft_ms": t} for r, t in enumerate((1000.0, 3000.0, 2000.0))]
     (table,) = median_arrival_rows(rows)
     assert table["long_ttft_ms"] == "2000.0 (1000.0-3000.0)" and table["outlasted"] == 3
@@ -187,3 +189,18 @@ def test_a_variant_runs_its_own_checkout_when_started_from_inside_another(tmp_pa
     ran = subprocess.run(peer.argv, cwd=tmp_path / "here", env={**os.environ, **peer.env}, capture_output=True,
                          text=True, timeout=60, check=True)  # fmt: skip
     assert ran.stdout.strip() == "there"
+
+
+def test_the_target_ratio_is_the_alone_tail_times_what_the_arrival_adds():
+    alone = {"gaps": [(0.010, 1.0)] * 10 + [(0.030, 1.0)] * 10}
+    during = {"gaps": [(0.020, 1.0)] * 10 + [(0.040, 1.0)] * 10, "longest_s": 0.04, "long_ttft_s": 1.0,
+              "streams_outlasted": True}  # fmt: skip
+    row = arrival_row("ours", 0, alone, during)
+
+    def itl(gap_list, q):
+        return percentile([g for g, _ in gap_list], q, [n for _, n in gap_list])
+
+    assert row["alone_p95_over_p50"] == round(itl(alone["gaps"], 95) / itl(alone["gaps"], 50), 2)
+    assert row["p95_over_alone_p95"] == round(itl(during["gaps"], 95) / itl(alone["gaps"], 95), 2)
+    assert row["alone_p95_over_p50"] * row["p95_over_alone_p95"] == pytest.approx(row["p95_over_alone_p50"], rel=0.02)
+    assert row["alone_p95_over_p50"] > 1.0 and row["p95_over_alone_p95"] > 1.0

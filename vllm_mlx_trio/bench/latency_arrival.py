@@ -32,7 +32,7 @@ from .latency_prompts import PromptMaker
 from .stats import percentile
 
 FIGURES = ("alone_itl_p50_ms", "alone_itl_p95_ms", "arrival_itl_p50_ms", "arrival_itl_p95_ms", "arrival_itl_max_ms",
-           "long_ttft_ms", "p95_over_alone_p50")  # fmt: skip
+           "long_ttft_ms", "p95_over_alone_p50", "alone_p95_over_p50", "p95_over_alone_p95")  # fmt: skip
 
 
 @attrs.frozen(kw_only=True)
@@ -149,16 +149,22 @@ def _ms(seconds: float | None) -> float | None:
 
 def arrival_row(name: str, rep: int, alone: dict, during: dict) -> dict:
     """One repetition's figures: ITL per token (ms), gaps counted in tokens."""
-    alone_p50 = _itl(alone["gaps"], 50)
+    alone_p50, alone_p95 = _itl(alone["gaps"], 50), _itl(alone["gaps"], 95)
     during_p95 = _itl(during["gaps"], 95)
     return {
         "path": name, "rep": rep, "alone_gaps": _tokens(alone["gaps"]), "arrival_gaps": _tokens(during["gaps"]),
-        "alone_itl_p50_ms": _ms(alone_p50), "alone_itl_p95_ms": _ms(_itl(alone["gaps"], 95)),
+        "alone_itl_p50_ms": _ms(alone_p50), "alone_itl_p95_ms": _ms(alone_p95),
         "arrival_itl_p50_ms": _ms(_itl(during["gaps"], 50)), "arrival_itl_p95_ms": _ms(during_p95),
         "arrival_itl_max_ms": _ms(during["longest_s"]),
         "long_ttft_ms": _ms(during["long_ttft_s"]), "outlasted": during["streams_outlasted"],
-        "p95_over_alone_p50": round(during_p95 / alone_p50, 2) if during_p95 and alone_p50 else None,
+        "p95_over_alone_p50": _ratio(during_p95, alone_p50),
+        # the target's ratio taken apart: the streams' own tail without the long prompt, and what it adds
+        "alone_p95_over_p50": _ratio(alone_p95, alone_p50), "p95_over_alone_p95": _ratio(during_p95, alone_p95),
     }  # fmt: skip
+
+
+def _ratio(top: float | None, bottom: float | None) -> float | None:
+    return round(top / bottom, 2) if top and bottom else None
 
 
 def _spread(values: list[float]) -> str | None:
