@@ -205,13 +205,16 @@ class RunnerBase:
     ) -> tuple[tuple[RequestId, tuple[TokenLogprob, ...]], ...]:
         """The logprobs of every (request, its rows, its kept tokens, top count) in ``wanted``,
         from one :meth:`_logprobs` call for the whole step."""
-        rows, tokens, num_tops, owners = [], [], [], []
-        for index, (_rid, request_rows, kept, num_top) in enumerate(wanted):
-            for row, token in zip(request_rows, kept, strict=False):
-                rows.append(row), tokens.append(token), num_tops.append(num_top), owners.append(index)
+        asked = [
+            (index, row, token, num_top)
+            for index, (_rid, rows, kept, num_top) in enumerate(wanted)
+            for row, token in zip(rows, kept, strict=False)
+        ]
         found: list[list[TokenLogprob]] = [[] for _ in wanted]
-        for index, entry in zip(owners, self._logprobs(rows, tokens, num_tops) if rows else (), strict=True):
-            found[index].append(entry)
+        if asked:
+            owners, rows, tokens, num_tops = zip(*asked, strict=True)
+            for index, entry in zip(owners, self._logprobs(rows, tokens, num_tops), strict=True):
+                found[index].append(entry)
         return tuple((rid, tuple(entries)) for (rid, *_), entries in zip(wanted, found, strict=True))
 
     def _drop(self, request_ids: Sequence[RequestId], *, already_ended: bool = False) -> None:
