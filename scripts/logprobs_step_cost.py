@@ -5,7 +5,8 @@ Drives the batched runner directly on the MLX thread's code (no Trio, no HTTP): 
 the server runs them), once with ``logprobs`` unset and once with ``--top`` alternatives asked, the
 two alternating within each repetition so a slower minute of the machine weighs on both. Prints each
 repetition's ratio (with logprobs over without) and their median. Before a step's logprobs were read
-back together (worker/sampling.py, ``token_logprobs``) this read 1.33-1.39 on demo:tiny with 4 streams.
+back together (worker/sampling.py, ``token_logprobs``) it read 1.16-1.39 on demo:tiny with 4 streams
+(1.03-1.11 after; docs/benchmarks.md, tenth round).
 
     python scripts/logprobs_step_cost.py --model demo:tiny --streams 4 --repetitions 6
 """
