@@ -21,6 +21,7 @@ serve: install
 
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test: lint
 	$(VENV)/bin/python -m pytest -q

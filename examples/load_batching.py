@@ -26,7 +26,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--requests", type=int, default=4, help="requests per run (default 4)")
     parser.add_argument("--max-tokens", type=int, default=16, help="tokens per request (default 16)")
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
         help="override one option (repeatable), as with vllm-mlx-trio serve",
     )
     args = parser.parse_args(argv)

@@ -73,9 +73,16 @@ def main(*serve_overrides: str) -> dict:
         return [sys.executable, "-m", "vllm_mlx_trio.cli", "serve", *[a for s in sets for a in ("--set", s)]]
 
     router = [
-        str(ROUTER), "--port", str(front_port), "--prometheus-port", str(free_port()),
-        "--policy", "cache_aware", "--worker-urls", *urls,
-    ]  # fmt: skip
+        str(ROUTER),
+        "--port",
+        str(front_port),
+        "--prometheus-port",
+        str(free_port()),
+        "--policy",
+        "cache_aware",
+        "--worker-urls",
+        *urls,
+    ]
     with (
         started(serve(ports[0]), f"{urls[0]}/health"),
         started(serve(ports[1]), f"{urls[1]}/health"),

@@ -130,7 +130,7 @@ async def test_request_cancelled_while_queued_never_reaches_the_model(autojump_c
 @pytest.mark.mlx
 @pytest.mark.parametrize("mode", ["simple", "batched"])
 async def test_real_model_drops_a_cancelled_request_after_the_steps_in_flight(mode, monkeypatch):
-    from vllm_mlx_trio.worker.batch_runner import BatchRunner
+    from vllm_mlx_trio.worker.batched.runner import BatchRunner
     from vllm_mlx_trio.worker.simple_runner import SimpleRunner
 
     # Record every plan the real runner executes, and the thread it runs on.

@@ -13,7 +13,7 @@ import time
 
 import mlx.core as mx
 
-from vllm_mlx_trio.worker.disk_tier import DiskTier
+from vllm_mlx_trio.worker.prefix.disk_tier import DiskTier
 
 LAYERS, HEADS, TOKENS, DIM = 32, 8, 64, 128
 BLOCKS, RUNS = 8, 3

@@ -21,7 +21,7 @@ import trio
 
 from vllm_mlx_trio import SamplingParams, open_engine
 from vllm_mlx_trio.config import load_config
-from vllm_mlx_trio.worker.demo_model import build_demo_model
+from vllm_mlx_trio.worker.demo.model import build_demo_model
 
 VALUES = (0, 1, 4, 16)
 RUNS = 3
@@ -42,16 +42,23 @@ async def one(engine, prompt) -> tuple[float, int]:
 async def measure(model_dir: str, blocks: int, system: str, run: int) -> dict:
     cfg = load_config(
         None,
-        overrides=[f"model.path={model_dir}", "engine.mode=batched", "cache.block_size=64",
-                   f"cache.state_snapshot_blocks={blocks}"],
+        overrides=[
+            f"model.path={model_dir}",
+            "engine.mode=batched",
+            "cache.block_size=64",
+            f"cache.state_snapshot_blocks={blocks}",
+        ],
         environ={},
-    )  # fmt: skip
+    )
     async with open_engine(cfg) as engine:
         salt = f"run {run}: "
-        cold, _ = await one(engine, [{"role": "system", "content": salt + system},
-                                     {"role": "user", "content": "What is the sea?"}])  # fmt: skip
-        warm, cached = await one(engine, [{"role": "system", "content": salt + system},
-                                          {"role": "user", "content": "Why are the stars far away?"}])  # fmt: skip
+        cold, _ = await one(
+            engine, [{"role": "system", "content": salt + system}, {"role": "user", "content": "What is the sea?"}]
+        )
+        warm, cached = await one(
+            engine,
+            [{"role": "system", "content": salt + system}, {"role": "user", "content": "Why are the stars far away?"}],
+        )
         pool = engine._cache.pool
         infos = [pool.block_info(b) for b in range(pool.next_id) if b in pool]
         tails = [i.nbytes for i in infos if pool.is_tail(i.block_id) and i.nbytes]
@@ -71,18 +78,23 @@ def main() -> None:
         for run in range(RUNS):
             for value in VALUES:
                 results[value].append(trio.run(measure, model_dir, value, system, run))
-        print(f"\n{arch}: | state_snapshot_blocks | cold TTFT ms | shared-prefix TTFT ms | cached tokens |"
-              " snapshot bytes | block bytes |")  # fmt: skip
+        print(
+            f"\n{arch}: | state_snapshot_blocks | cold TTFT ms | shared-prefix TTFT ms | cached tokens |"
+            " snapshot bytes | block bytes |"
+        )
         for value, rows in results.items():
+
             def col(key, rows=rows):
                 values = sorted(r[key] for r in rows)
                 return values[len(values) // 2], values[0], values[-1]
 
             cold, warm = col("cold"), col("warm")
-            print(f"| {value} | {cold[0]*1e3:.0f} ({cold[1]*1e3:.0f}-{cold[2]*1e3:.0f}) | "
-                  f"{warm[0]*1e3:.0f} ({warm[1]*1e3:.0f}-{warm[2]*1e3:.0f}) | "
-                  f"{statistics.median(r['cached'] for r in rows):.0f} | "
-                  f"{rows[0]['snap']:,} | {rows[0]['block']:,} |")  # fmt: skip
+            print(
+                f"| {value} | {cold[0] * 1e3:.0f} ({cold[1] * 1e3:.0f}-{cold[2] * 1e3:.0f}) | "
+                f"{warm[0] * 1e3:.0f} ({warm[1] * 1e3:.0f}-{warm[2] * 1e3:.0f}) | "
+                f"{statistics.median(r['cached'] for r in rows):.0f} | "
+                f"{rows[0]['snap']:,} | {rows[0]['block']:,} |"
+            )
         sys.stdout.flush()
 
 

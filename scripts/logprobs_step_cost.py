@@ -21,7 +21,7 @@ import time
 from vllm_mlx_trio.config import load_config
 from vllm_mlx_trio.core.params import SamplingParams
 from vllm_mlx_trio.messages import NewSequence, RequestId, StepPlan
-from vllm_mlx_trio.worker.batch_runner import BatchRunner
+from vllm_mlx_trio.worker.batched.runner import BatchRunner
 
 #: Token ids drawn for the random prompts: inside every demo vocabulary, clear of the special tokens.
 TOKEN_RANGE = (10, 500)

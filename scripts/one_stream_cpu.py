@@ -69,8 +69,19 @@ def ms_per_token(ticks: int) -> float:
 
 def start_server(checkout: str, settings: list[str], port: int) -> subprocess.Popen:
     # -P: PYTHONPATH (the checkout), not the current directory, decides which copy of the package runs
-    argv = [sys.executable, "-P", "-m", "vllm_mlx_trio.cli", "serve", "--set", "model.path=demo:tiny",
-            "--set", f"server.port={port}", "--set", "logging.level=warning"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-P",
+        "-m",
+        "vllm_mlx_trio.cli",
+        "serve",
+        "--set",
+        "model.path=demo:tiny",
+        "--set",
+        f"server.port={port}",
+        "--set",
+        "logging.level=warning",
+    ]
     for setting in settings:
         argv += ["--set", setting]
     env = {**os.environ, "PYTHONPATH": os.path.abspath(checkout)}
@@ -89,8 +100,14 @@ def wait_ready(client: httpx.Client, url: str) -> None:
 
 def stream_one(client: httpx.Client, url: str, tokens: int) -> float:
     """Seconds for one streamed chat of ``tokens`` tokens."""
-    body = {"model": "demo:tiny", "max_tokens": tokens, "temperature": 0, "stream": True, "ignore_eos": True,
-            "messages": [{"role": "user", "content": f"{uuid.uuid4().hex} tell me a story about the sea"}]}  # fmt: skip
+    body = {
+        "model": "demo:tiny",
+        "max_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+        "messages": [{"role": "user", "content": f"{uuid.uuid4().hex} tell me a story about the sea"}],
+    }
     start = time.perf_counter()
     with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
         for _line in response.iter_lines():
@@ -108,8 +125,10 @@ def main() -> None:
     for i, spec in enumerate(args.servers):
         name, _, rest = spec.partition("=")
         checkout, _, settings = rest.partition(":")
-        servers[name] = (start_server(checkout, [s for s in settings.split(",") if s], args.port + i),
-                         f"http://127.0.0.1:{args.port + i}")  # fmt: skip
+        servers[name] = (
+            start_server(checkout, [s for s in settings.split(",") if s], args.port + i),
+            f"http://127.0.0.1:{args.port + i}",
+        )
     raw = subprocess.Popen([sys.executable, "-c", RAW_LOOP], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     client = httpx.Client(timeout=120)
     try:
@@ -148,13 +167,17 @@ def report(rows: dict[str, list[tuple[float, float, float]]]) -> None:
         return f"{statistics.median(values):.3f} ({min(values):.2f}-{max(values):.2f})"
 
     for name, values in rows.items():
-        print(f"{name:10s} tok/s {spread([v[0] for v in values])}  CPU ms/token {spread([v[1] for v in values])}"
-              f"  main thread {spread([v[2] for v in values])}")  # fmt: skip
+        print(
+            f"{name:10s} tok/s {spread([v[0] for v in values])}  CPU ms/token {spread([v[1] for v in values])}"
+            f"  main thread {spread([v[2] for v in values])}"
+        )
     for name, values in rows.items():
         if name != "raw":
             pairs = list(zip(values, rows["raw"], strict=True))
-            print(f"{name:10s} / raw, paired by round: tok/s {spread([a[0] / b[0] for a, b in pairs])}"
-                  f"  CPU per token {spread([a[1] / b[1] for a, b in pairs])}")  # fmt: skip
+            print(
+                f"{name:10s} / raw, paired by round: tok/s {spread([a[0] / b[0] for a, b in pairs])}"
+                f"  CPU per token {spread([a[1] / b[1] for a, b in pairs])}"
+            )
 
 
 if __name__ == "__main__":

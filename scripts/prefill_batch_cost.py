@@ -25,8 +25,8 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from vllm_mlx_trio.config import load_config
+from vllm_mlx_trio.worker.batched.prefill import PromptPrefill
 from vllm_mlx_trio.worker.loading import load_for_serving
-from vllm_mlx_trio.worker.prefill import PromptPrefill
 
 #: ``logits``: the runner's burst chunk; ``cache``: mlx-lm's prefill (see the module's docstring).
 MODES = ("logits", "cache")

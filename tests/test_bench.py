@@ -13,8 +13,8 @@ import pytest
 import trio
 
 from vllm_mlx_trio.bench import peers
-from vllm_mlx_trio.bench.engine_bench import run_engine_bench
-from vllm_mlx_trio.bench.http_bench import BenchError, HttpTarget, bench_own_server, traced_request
+from vllm_mlx_trio.bench.engine import run_engine_bench
+from vllm_mlx_trio.bench.http import BenchError, HttpTarget, bench_own_server, traced_request
 from vllm_mlx_trio.bench.machine import describe_blas, machine_info, mapped_libraries
 from vllm_mlx_trio.bench.report import format_seeds, format_table
 from vllm_mlx_trio.bench.stats import RequestTrace, percentile, summarize
@@ -90,16 +90,17 @@ def test_table_and_seeds_formatting():
     assert text.splitlines()[0].split(" | ") == ["path", "conc", "agg_tok_s"]
     assert text.splitlines()[2].endswith("| -")
     row = {"path": "s", "conc": 1, "agg_tok_s": 10.0}
-    seeds = {"prompts": ["a"] * 5, "max_tokens": 50, "sequential": row, "concurrent": row | {"conc": 5},
-             "speedup": 1.0}  # fmt: skip
+    seeds = {"prompts": ["a"] * 5, "max_tokens": 50, "sequential": row, "concurrent": row | {"conc": 5}, "speedup": 1.0}
     assert "completion tokens only" in format_seeds(seeds)
 
 
 def test_engine_bench_on_the_fake_executor(fake_cfg):
     rows = run_engine_bench(fake_cfg, TINY, executor_factory=fake_executor_factory(step_s=0.001))
     assert [(r["path"], r["conc"], r["reqs"]) for r in rows] == [
-        ("engine simple", 1, 2), ("engine batched", 1, 2), ("engine batched", 3, 3),
-    ]  # fmt: skip
+        ("engine simple", 1, 2),
+        ("engine batched", 1, 2),
+        ("engine batched", 3, 3),
+    ]
     assert all(r["tok_per_req"] == "4" and r["agg_tok_s"] and r["vs_ceiling"] is None for r in rows)
 
 
@@ -160,8 +161,20 @@ def test_cli_rejects_bad_levels(capsys):
 @pytest.mark.mlx
 def test_bench_ceiling_on_demo_tiny(tmp_path, capsys, demo_cache_dir):
     out = tmp_path / "ceiling.json"
-    argv = ["bench", "ceiling", "--set", f"model.demo_cache_dir={demo_cache_dir}", "--max-tokens", "4",
-            "--concurrency", "1,2", "--requests", "2", "--json", str(out)]  # fmt: skip
+    argv = [
+        "bench",
+        "ceiling",
+        "--set",
+        f"model.demo_cache_dir={demo_cache_dir}",
+        "--max-tokens",
+        "4",
+        "--concurrency",
+        "1,2",
+        "--requests",
+        "2",
+        "--json",
+        str(out),
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "BLAS:" in printed and "mlx-lm BatchGenerator-2" in printed
@@ -170,7 +183,7 @@ def test_bench_ceiling_on_demo_tiny(tmp_path, capsys, demo_cache_dir):
 
 
 def test_ttft_rows_report_medians_and_distance_to_the_ceiling():
-    from vllm_mlx_trio.bench.ttft_bench import ttft_rows
+    from vllm_mlx_trio.bench.ttft import ttft_rows
 
     rows = ttft_rows(
         {
@@ -209,7 +222,7 @@ def test_shipped_code_imports_nothing_from_testing():
 
 CEILING_IN_A_CHILD = """
 import sys
-from vllm_mlx_trio.bench.ceiling_bench import run_ceiling_bench
+from vllm_mlx_trio.bench.ceiling.run import run_ceiling_bench
 from vllm_mlx_trio.bench.workload import Workload
 from vllm_mlx_trio.config import load_config
 
@@ -221,8 +234,13 @@ print([row["tok_per_req"] for row in result.rows], result.machine["device"], "ml
 
 @pytest.mark.mlx
 def test_the_ceiling_runs_mlx_in_a_child_process_only(demo_cache_dir):
-    out = subprocess.run([sys.executable, "-c", CEILING_IN_A_CHILD, demo_cache_dir], capture_output=True,
-                         text=True, timeout=300, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", CEILING_IN_A_CHILD, demo_cache_dir],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
     rows, device, mlx_here = out.strip().rsplit(" ", 2)
     assert rows == "['3', '3']" and device != "n/a" and mlx_here == "False", out
 

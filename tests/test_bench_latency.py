@@ -7,8 +7,8 @@ import argparse
 
 import pytest
 
-from vllm_mlx_trio.bench.ceiling_bench import path_name
-from vllm_mlx_trio.bench.latency_arrival import (
+from vllm_mlx_trio.bench.ceiling.run import path_name
+from vllm_mlx_trio.bench.latency.arrival import (
     ArrivalWorkload,
     _piece_tokens,
     arrival_row,
@@ -16,8 +16,7 @@ from vllm_mlx_trio.bench.latency_arrival import (
     median_arrival_rows,
     pieces_of,
 )
-from vllm_mlx_trio.bench.latency_bench import QUICK, median_rows, paired_ratio
-from vllm_mlx_trio.bench.latency_command import (
+from vllm_mlx_trio.bench.latency.command import (
     _with_port,
     arrival_from_args,
     parse_checkout_variant,
@@ -25,7 +24,8 @@ from vllm_mlx_trio.bench.latency_command import (
     servers_from_args,
     workload_from_args,
 )
-from vllm_mlx_trio.bench.latency_prompts import PromptMaker
+from vllm_mlx_trio.bench.latency.prompts import PromptMaker
+from vllm_mlx_trio.bench.latency.run import QUICK, median_rows, paired_ratio
 from vllm_mlx_trio.bench.stats import percentile
 
 
@@ -44,8 +44,19 @@ def test_prompts_have_the_lengths_and_are_all_different():
 
 
 def _row(path, conc, rep, ttft):
-    return {"path": path, "conc": conc, "rep": rep, "reqs": 5, "prompt_tok": 50, "tok_per_req": "16",
-            "ttft_p50_ms": ttft, "ttft_p95_ms": ttft, "itl_p50_ms": 1.0, "itl_p95_ms": 2.0, "agg_tok_s": 10.0}
+    return {
+        "path": path,
+        "conc": conc,
+        "rep": rep,
+        "reqs": 5,
+        "prompt_tok": 50,
+        "tok_per_req": "16",
+        "ttft_p50_ms": ttft,
+        "ttft_p95_ms": ttft,
+        "itl_p50_ms": 1.0,
+        "itl_p95_ms": 2.0,
+        "agg_tok_s": 10.0,
+    }
 
 
 def test_median_rows_give_median_spread_and_ratio_to_the_best_peer():
@@ -59,8 +70,16 @@ def test_median_rows_give_median_spread_and_ratio_to_the_best_peer():
 
 
 def _args(**kw):
-    base = {"quick": False, "levels": None, "lengths": None, "max_tokens": None, "repetitions": None,
-            "peers": "ours,mlx-lm", "variant": [], "vllm_mlx": None}
+    base = {
+        "quick": False,
+        "levels": None,
+        "lengths": None,
+        "max_tokens": None,
+        "repetitions": None,
+        "peers": "ours,mlx-lm",
+        "variant": [],
+        "vllm_mlx": None,
+    }
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -100,8 +119,12 @@ def test_a_piece_of_several_tokens_counts_as_that_many_tokens_at_its_pace():
     pieces = [(0.0, 1.0), (0.008, 4.0), (0.016, 4.0), (0.019, 1.0)]
     assert [g for g, _ in gaps(pieces)] == pytest.approx([0.002, 0.002, 0.003])
     assert [n for _, n in gaps(pieces)] == [4.0, 4.0, 1.0]
-    row = arrival_row("ours", 0, {"gaps": gaps(pieces)}, {"gaps": gaps(pieces), "longest_s": 0.008,
-                                                           "long_ttft_s": 1.0, "streams_outlasted": True})  # fmt: skip
+    row = arrival_row(
+        "ours",
+        0,
+        {"gaps": gaps(pieces)},
+        {"gaps": gaps(pieces), "longest_s": 0.008, "long_ttft_s": 1.0, "streams_outlasted": True},
+    )
     assert row["alone_itl_p50_ms"] == 2.0 and row["alone_gaps"] == 9 and row["arrival_itl_max_ms"] == 8.0
 
 
@@ -115,8 +138,12 @@ def test_tokens_per_piece_come_from_logprobs_or_the_streams_mean_share():
 
 def test_arrival_rows_give_the_ratio_and_medians_per_server():
     alone = {"gaps": [(0.010, 1.0)] * 20}
-    during = {"gaps": [(0.010, 1.0)] * 18 + [(0.050, 1.0)] * 2, "longest_s": 0.050, "long_ttft_s": 1.5,
-              "streams_outlasted": True}  # fmt: skip
+    during = {
+        "gaps": [(0.010, 1.0)] * 18 + [(0.050, 1.0)] * 2,
+        "longest_s": 0.050,
+        "long_ttft_s": 1.5,
+        "streams_outlasted": True,
+    }
     row = arrival_row("ours", 0, alone, during)
     assert row["alone_itl_p50_ms"] == 10.0 and row["long_ttft_ms"] == 1500.0 and row["arrival_itl_max_ms"] == 50.0
     values, weights = [g for g, _ in during["gaps"]], [n for _, n in during["gaps"]]
@@ -173,8 +200,8 @@ def test_a_variant_runs_its_own_checkout_when_started_from_inside_another(tmp_pa
     import os
     import subprocess
 
-    from vllm_mlx_trio.bench.latency_bench import ours_variant
-    from vllm_mlx_trio.bench.prefix_vs_mlx_lm import _peer
+    from vllm_mlx_trio.bench.latency.run import ours_variant
+    from vllm_mlx_trio.bench.prefix_cache.vs_mlx_lm import _peer
 
     for name in ("here", "there"):
         package = tmp_path / name / "vllm_mlx_trio"
@@ -186,15 +213,26 @@ def test_a_variant_runs_its_own_checkout_when_started_from_inside_another(tmp_pa
         peer = ours_variant("ours-there", [], "demo:tiny", 8000, checkout=there)
     else:
         peer = _peer("there", "demo:tiny", 8000, str(tmp_path), {"there": there})
-    ran = subprocess.run(peer.argv, cwd=tmp_path / "here", env={**os.environ, **peer.env}, capture_output=True,
-                         text=True, timeout=60, check=True)  # fmt: skip
+    ran = subprocess.run(
+        peer.argv,
+        cwd=tmp_path / "here",
+        env={**os.environ, **peer.env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert ran.stdout.strip() == "there"
 
 
 def test_the_target_ratio_is_the_alone_tail_times_what_the_arrival_adds():
     alone = {"gaps": [(0.010, 1.0)] * 10 + [(0.030, 1.0)] * 10}
-    during = {"gaps": [(0.020, 1.0)] * 10 + [(0.040, 1.0)] * 10, "longest_s": 0.04, "long_ttft_s": 1.0,
-              "streams_outlasted": True}  # fmt: skip
+    during = {
+        "gaps": [(0.020, 1.0)] * 10 + [(0.040, 1.0)] * 10,
+        "longest_s": 0.04,
+        "long_ttft_s": 1.0,
+        "streams_outlasted": True,
+    }
     row = arrival_row("ours", 0, alone, during)
 
     def itl(gap_list, q):

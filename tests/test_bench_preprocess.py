@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import trio
 
-from vllm_mlx_trio.bench.preprocess_bench import measure_preprocess
+from vllm_mlx_trio.bench.preprocess import measure_preprocess
 from vllm_mlx_trio.testing.harness import fake_executor_factory
 
 

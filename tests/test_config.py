@@ -23,7 +23,7 @@ from vllm_mlx_trio.config import (
     config_to_toml,
     load_config,
 )
-from vllm_mlx_trio.config_sections import MllmSection, SpeculativeConfig
+from vllm_mlx_trio.config.sections import MllmSection, SpeculativeConfig
 from vllm_mlx_trio.errors import ConfigError, VllmMlxTrioError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,9 +63,7 @@ def test_defaults():
     assert cfg.engine == EngineSection(mode="batched", prefill_step_size=512, max_num_seqs=32)
     assert cfg.engine.stream_interval == 1 and cfg.engine.prefill_batch_size == 8
     assert cfg.engine.default_max_tokens is None
-    assert cfg.limits == LimitsConfig(
-        max_waiting=64, max_body_bytes=4 * 1024 * 1024, max_stop_sequences=16
-    )
+    assert cfg.limits == LimitsConfig(max_waiting=64, max_body_bytes=4 * 1024 * 1024, max_stop_sequences=16)
     assert cfg.logging == LoggingConfig(level="info", format="text")
     assert cfg.metrics == MetricsConfig(enabled=True)
     assert cfg.model_name == "demo:tiny"
@@ -363,40 +361,98 @@ def test_round_trip_prod(tmp_path):
 def test_round_trip_with_every_option_set():
     template = '{% for m in messages %}{{ m.role }}: "{{ m.content }}"\n{% endfor %}'
     data = {
-        "server": {"host": "0.0.0.0", "port": 0, "drain_timeout_s": 2.5, "served_model_name": "m",
-                   "api_key_file": "/etc/keys", "cors_origins": ["https://a.example", "*"], "backlog": 512,
-                   "unknown_fields": "ignore"},
-        "model": {"path": "demo:small", "revision": "abc", "trust_remote_code": True,
-                  "chat_template": template, "demo_cache_dir": "/tmp/demo", "tool_parser": "hermes",
-                  "reasoning_parser": "none"},
-        "engine": {"mode": "simple", "prefill_step_size": 64, "max_num_seqs": 3, "max_num_batched_tokens": 99,
-                   "prefill_step_size_decoding": 16, "prefill_time_ratio": 0.25, "mllm_prefill_step_size": 24,
-                   "run_ahead_steps": 3, "run_ahead_ms": 24.0, "solo_run_ahead_steps": 5, "solo_run_ahead_ms": 40.0,
-                   "prefill_batch_size": 2, "completion_batch_size": 4,
-                   "stream_interval": 5,
-                   "default_max_tokens": 10, "kv_memory_mb": 32, "kv_memory_percent": 0.25},
-        "cache": {"enabled": False, "block_size": 16, "memory_mb": 64, "memory_percent": 0.5,
-                  "memory_aware": False, "max_entries": 10, "store_generated": False,
-                  "kv_events_endpoint": "tcp://127.0.0.1:5557",
-
-                  "kv_bits": 8, "kv_group_size": 32, "warm_prompts_file": "/tmp/warm.json",
-                  "disk_dir": "/tmp/prefix-disk", "disk_mb": 64, "state_snapshot_blocks": 2},
-        "limits": {"max_waiting": 0, "max_body_bytes": 2048, "max_stop_sequences": 0, "max_n": 2,
-                   "engine_stall_timeout_s": 1.5, "body_timeout_s": 2.0,
-                   "preprocess_threads": 2, "max_stored_responses": 7},
-        "distributed": {"backend": "ring", "tensor": 2, "pipeline": 1,
-                        "collective_timeout_s": 5.0},
+        "server": {
+            "host": "0.0.0.0",
+            "port": 0,
+            "drain_timeout_s": 2.5,
+            "served_model_name": "m",
+            "api_key_file": "/etc/keys",
+            "cors_origins": ["https://a.example", "*"],
+            "backlog": 512,
+            "unknown_fields": "ignore",
+        },
+        "model": {
+            "path": "demo:small",
+            "revision": "abc",
+            "trust_remote_code": True,
+            "chat_template": template,
+            "demo_cache_dir": "/tmp/demo",
+            "tool_parser": "hermes",
+            "reasoning_parser": "none",
+        },
+        "engine": {
+            "mode": "simple",
+            "prefill_step_size": 64,
+            "max_num_seqs": 3,
+            "max_num_batched_tokens": 99,
+            "prefill_step_size_decoding": 16,
+            "prefill_time_ratio": 0.25,
+            "mllm_prefill_step_size": 24,
+            "run_ahead_steps": 3,
+            "run_ahead_ms": 24.0,
+            "solo_run_ahead_steps": 5,
+            "solo_run_ahead_ms": 40.0,
+            "prefill_batch_size": 2,
+            "completion_batch_size": 4,
+            "stream_interval": 5,
+            "default_max_tokens": 10,
+            "kv_memory_mb": 32,
+            "kv_memory_percent": 0.25,
+        },
+        "cache": {
+            "enabled": False,
+            "block_size": 16,
+            "memory_mb": 64,
+            "memory_percent": 0.5,
+            "memory_aware": False,
+            "max_entries": 10,
+            "store_generated": False,
+            "kv_events_endpoint": "tcp://127.0.0.1:5557",
+            "kv_bits": 8,
+            "kv_group_size": 32,
+            "warm_prompts_file": "/tmp/warm.json",
+            "disk_dir": "/tmp/prefix-disk",
+            "disk_mb": 64,
+            "state_snapshot_blocks": 2,
+        },
+        "limits": {
+            "max_waiting": 0,
+            "max_body_bytes": 2048,
+            "max_stop_sequences": 0,
+            "max_n": 2,
+            "engine_stall_timeout_s": 1.5,
+            "body_timeout_s": 2.0,
+            "preprocess_threads": 2,
+            "max_stored_responses": 7,
+        },
+        "distributed": {"backend": "ring", "tensor": 2, "pipeline": 1, "collective_timeout_s": 5.0},
         "metrics": {"enabled": False},
         "logging": {"level": "debug", "format": "json"},
-        "mllm": {"video_fps": 1.5, "video_max_frames": 8, "max_request_video_fps": 4.0,
-                 "max_request_video_frames": 16, "allow_url_fetch": False, "fetch_timeout_s": 2.0,
-                 "max_redirects": 1, "allow_private_urls": True, "max_image_bytes": 1000, "max_video_bytes": 2000,
-                 "allowed_local_dirs": ["/srv/media"], "max_images_per_request": 2, "max_image_pixels": 4096,
-                 "max_decoded_pixels": 8192},
-        "speculative": {"method": "draft", "draft_model": "demo:spec-draft", "num_draft_tokens": 3,
-                        "hidden_state_mode": "pre_norm", "mtp_context_tokens": 512,
-                        "thinking_retirement_resume": True},
-    }  # fmt: skip
+        "mllm": {
+            "video_fps": 1.5,
+            "video_max_frames": 8,
+            "max_request_video_fps": 4.0,
+            "max_request_video_frames": 16,
+            "allow_url_fetch": False,
+            "fetch_timeout_s": 2.0,
+            "max_redirects": 1,
+            "allow_private_urls": True,
+            "max_image_bytes": 1000,
+            "max_video_bytes": 2000,
+            "allowed_local_dirs": ["/srv/media"],
+            "max_images_per_request": 2,
+            "max_image_pixels": 4096,
+            "max_decoded_pixels": 8192,
+        },
+        "speculative": {
+            "method": "draft",
+            "draft_model": "demo:spec-draft",
+            "num_draft_tokens": 3,
+            "hidden_state_mode": "pre_norm",
+            "mtp_context_tokens": 512,
+            "thinking_retirement_resume": True,
+        },
+    }
     cfg = config_from_dict(data)
     assert config_to_dict(cfg) == data
     assert config_from_dict(tomllib.loads(config_to_toml(cfg))) == cfg
@@ -415,9 +471,17 @@ def test_to_toml_omits_none():
 def all_options() -> list[tuple[str, str]]:
     """(section, key) for every field of every section class."""
     classes = {
-        ServerConfig, ModelConfig, EngineSection, CacheConfig, LimitsConfig, DistributedConfig, MetricsConfig,
-        LoggingConfig, MllmSection, SpeculativeConfig,
-    }  # fmt: skip
+        ServerConfig,
+        ModelConfig,
+        EngineSection,
+        CacheConfig,
+        LimitsConfig,
+        DistributedConfig,
+        MetricsConfig,
+        LoggingConfig,
+        MllmSection,
+        SpeculativeConfig,
+    }
     assert set(SECTIONS.values()) == classes
     return [(section, f.name) for section, cls in SECTIONS.items() for f in attrs.fields(cls)]
 

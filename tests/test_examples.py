@@ -44,9 +44,7 @@ async def test_openai_and_curl_examples(demo_cfg):
         async with open_server(demo_cfg) as srv:
             text = await trio.to_thread.run_sync(example.main, f"{srv.url}/v1")
             if shutil.which("curl"):
-                result = await trio.run_process(
-                    ["bash", str(EXAMPLES / "curl.sh"), srv.url], capture_stdout=True
-                )
+                result = await trio.run_process(["bash", str(EXAMPLES / "curl.sh"), srv.url], capture_stdout=True)
                 assert result.stdout.decode().rstrip().endswith("data: [DONE]")
     assert text
 
@@ -76,7 +74,11 @@ def test_cancellation_example_passes_under_pytest(demo_cache_dir):
     }
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "examples/test_cancellation.py"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(r"\b\d+ passed\b", result.stdout), result.stdout

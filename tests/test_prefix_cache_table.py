@@ -7,11 +7,11 @@ import attrs
 import pytest
 import trio
 
-from vllm_mlx_trio.actors.cache_manager import CacheStatistics
-from vllm_mlx_trio.bench import prefix_cache_bench as bench
-from vllm_mlx_trio.bench.prefix_cache_bench import Outcome, Row, check_prefix_cache, format_rows, lookup_kind
+from vllm_mlx_trio.actors.prefix.cache_manager import CacheStatistics
+from vllm_mlx_trio.bench.prefix_cache import run as bench
+from vllm_mlx_trio.bench.prefix_cache.run import Outcome, Row, check_prefix_cache, format_rows, lookup_kind
 from vllm_mlx_trio.cli import main
-from vllm_mlx_trio.core.block_pool import BlockPool
+from vllm_mlx_trio.core.prefix.block_pool import BlockPool
 
 TIMEOUT_S = 120
 
@@ -24,9 +24,32 @@ async def test_every_row_passes_on_demo_tiny(demo_cfg):
     assert all(row.passed for row in rows), table
     steps = [row.step for row in rows]
     assert steps == [
-        "1a", "1b", "1c", "1d", "1e", "2a", "2b", "2c", "2d", "2e", "2f", "2g", "3a", "3b",
-        "4a", "4b", "5a", "5b", "5c", "5d", "5e", "5f", "6a", "6b", "6c",
-    ]  # fmt: skip
+        "1a",
+        "1b",
+        "1c",
+        "1d",
+        "1e",
+        "2a",
+        "2b",
+        "2c",
+        "2d",
+        "2e",
+        "2f",
+        "2g",
+        "3a",
+        "3b",
+        "4a",
+        "4b",
+        "5a",
+        "5b",
+        "5c",
+        "5d",
+        "5e",
+        "5f",
+        "6a",
+        "6b",
+        "6c",
+    ]
     by_step = {row.step: row for row in rows}
     assert by_step["1b"].actual == "HIT" and by_step["1b"].cached_tokens > 0
     assert by_step["2a"].actual == "PREFIX_HIT"
@@ -40,7 +63,7 @@ async def test_every_row_passes_on_demo_tiny(demo_cfg):
 
 
 def test_the_mlx_lm_comparison_rows_read_medians_and_the_target():
-    from vllm_mlx_trio.bench.prefix_vs_mlx_lm import figure_rows
+    from vllm_mlx_trio.bench.prefix_cache.vs_mlx_lm import figure_rows
 
     figures = {
         "ours": {"cold": [2.0, 2.6, 3.0], "repeat": [0.4, 0.5, 0.9]},
@@ -61,10 +84,16 @@ def test_the_mlx_lm_comparison_rows_read_medians_and_the_target():
 def _stats(enabled: bool = True, **counts: int) -> CacheStatistics:
     pool = BlockPool().stats()
     return CacheStatistics(
-        enabled=enabled, num_queries=0, num_hits=counts.get("hits", 0),
-        num_prefix_hits=counts.get("prefix_hits", 0), num_misses=counts.get("misses", 0),
-        num_commits=0, num_releases=0, num_leased=0, pool=pool,
-    )  # fmt: skip
+        enabled=enabled,
+        num_queries=0,
+        num_hits=counts.get("hits", 0),
+        num_prefix_hits=counts.get("prefix_hits", 0),
+        num_misses=counts.get("misses", 0),
+        num_commits=0,
+        num_releases=0,
+        num_leased=0,
+        pool=pool,
+    )
 
 
 def test_lookup_kind_from_counter_deltas():
@@ -90,13 +119,31 @@ def test_request_row_checks_kind_and_cached_tokens_agree():
 
 def test_table_format():
     rows = [
-        Row(step="1a", description="First request", expected="MISS", actual="MISS", passed=True,
-            cached_tokens=0, ttft_ms=12.34),
-        Row(step="1c", description="Different prompt", expected="MISS or PREFIX_HIT",
-            actual="PREFIX_HIT", passed=False, cached_tokens=64),
-        Row(step="3a", description="Clear the cache", expected="> 0 blocks dropped",
-            actual="3 blocks dropped", passed=True),
-    ]  # fmt: skip
+        Row(
+            step="1a",
+            description="First request",
+            expected="MISS",
+            actual="MISS",
+            passed=True,
+            cached_tokens=0,
+            ttft_ms=12.34,
+        ),
+        Row(
+            step="1c",
+            description="Different prompt",
+            expected="MISS or PREFIX_HIT",
+            actual="PREFIX_HIT",
+            passed=False,
+            cached_tokens=64,
+        ),
+        Row(
+            step="3a",
+            description="Clear the cache",
+            expected="> 0 blocks dropped",
+            actual="3 blocks dropped",
+            passed=True,
+        ),
+    ]
     assert format_rows(rows).splitlines() == [
         "  Step   | Description      | Expected           | Actual           | Cached | TTFT ms | Status",
         "  1a     | First request    | MISS               | MISS             | 0      | 12.3    | PASS",

@@ -94,9 +94,13 @@ async def wait_ready(server: Server) -> None:
 
 def chat_body(max_tokens: int, *, stream: bool = True) -> dict[str, object]:
     return {
-        "model": "demo:tiny", "messages": CHAT, "max_tokens": max_tokens,
-        "ignore_eos": True, "stream": stream, "stream_interval": 1,
-    }  # fmt: skip
+        "model": "demo:tiny",
+        "messages": CHAT,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": stream,
+        "stream_interval": 1,
+    }
 
 
 @attrs.define
@@ -163,9 +167,7 @@ async def test_sigterm_drains_in_flight_streams_refuses_new_ones_and_exits_0(tmp
                 with trio.fail_after(5):
                     await wait_draining(srv.url)
                 async with httpx.AsyncClient(timeout=5) as client:
-                    refused = await client.post(
-                        f"{srv.url}/v1/chat/completions", json=chat_body(5, stream=False)
-                    )
+                    refused = await client.post(f"{srv.url}/v1/chat/completions", json=chat_body(5, stream=False))
                 assert not stream.done.is_set(), "the stream ended before the drain could be seen"
             code, exit_s = await wait_exit(srv.proc, sent, 15)
     assert refused.status_code == 503, refused.text
@@ -234,7 +236,7 @@ async def test_a_second_sigint_stops_at_once(tmp_path, demo_cache_dir):
 ENGINE_DEATH_SCRIPT = """
 import sys
 from vllm_mlx_trio import cli
-from vllm_mlx_trio.worker.batch_runner import BatchRunner
+from vllm_mlx_trio.worker.batched.runner import BatchRunner
 
 FAIL_AT = 30
 original = BatchRunner.execute

@@ -13,9 +13,9 @@ import attrs
 import pytest
 import trio
 
-from vllm_mlx_trio.bench.soak import SoakOptions, SoakResult, Tally, outcome_rows, run_soak
-from vllm_mlx_trio.bench.soak_mix import MIX, malformed_cases, plan_requests
-from vllm_mlx_trio.bench.soak_probe import Snapshot
+from vllm_mlx_trio.bench.soak.mix import MIX, malformed_cases, plan_requests
+from vllm_mlx_trio.bench.soak.probe import Snapshot
+from vllm_mlx_trio.bench.soak.run import SoakOptions, SoakResult, Tally, outcome_rows, run_soak
 from vllm_mlx_trio.cli import main
 
 
@@ -33,11 +33,24 @@ def test_the_mix_is_seeded_and_in_proportion():
 
 def _snapshot(**changes) -> Snapshot:
     base = dict(
-        mlx_active_bytes=1000, mlx_active_spread=0, mlx_cache_bytes=0,
-        rss_bytes=100 * 2**20, max_rss_bytes=100 * 2**20, fds=10, tasks=20, threads=2, engine_requests=0,
-        running=0, waiting=0, plans_in_flight=0,
-        cache_leased=0, cache_blocks_in_use=0, cache_blocks=0, cache_hits=0, objects={"RequestStream": 0},
-    )  # fmt: skip
+        mlx_active_bytes=1000,
+        mlx_active_spread=0,
+        mlx_cache_bytes=0,
+        rss_bytes=100 * 2**20,
+        max_rss_bytes=100 * 2**20,
+        fds=10,
+        tasks=20,
+        threads=2,
+        engine_requests=0,
+        running=0,
+        waiting=0,
+        plans_in_flight=0,
+        cache_leased=0,
+        cache_blocks_in_use=0,
+        cache_blocks=0,
+        cache_hits=0,
+        objects={"RequestStream": 0},
+    )
     return Snapshot(**(base | changes))
 
 
@@ -45,9 +58,17 @@ def _result(after: Snapshot, *, errors: int = 0, soak_rss: int = 100 * 2**20) ->
     refill = Tally(rss_samples=[(300, 100 * 2**20)])  # RSS at the refill's last answer
     tally = Tally(num_errors=errors, rss_samples=[(500, 99 * 2**20), (1000, soak_rss)])
     return SoakResult(
-        options=SoakOptions(requests=1000), model="m", warmup=Tally(), refill=refill, tally=tally,
-        baseline=_snapshot(), after=after, start_rss_bytes=None, quiet=True, wall_s=1.0,
-    )  # fmt: skip
+        options=SoakOptions(requests=1000),
+        model="m",
+        warmup=Tally(),
+        refill=refill,
+        tally=tally,
+        baseline=_snapshot(),
+        after=after,
+        start_rss_bytes=None,
+        quiet=True,
+        wall_s=1.0,
+    )
 
 
 @pytest.mark.parametrize(
@@ -75,8 +96,9 @@ def test_each_leak_fails_its_check(after, errors, failed):
 def test_rss_growth_is_last_answer_against_last_answer(soak_rss, ok):
     result = _result(_snapshot(), soak_rss=soak_rss)  # 0.5 MiB per 1000 passes, 1 MiB fails
     assert result.rss_growth_mib_per_1000 == (soak_rss - 100 * 2**20) / 2**20
-    assert [name for name, passed, _ in result.checks() if not passed] == ([] if ok else [
-        "RSS growth < 1 MiB per 1000 requests"])  # fmt: skip
+    assert [name for name, passed, _ in result.checks() if not passed] == (
+        [] if ok else ["RSS growth < 1 MiB per 1000 requests"]
+    )
 
 
 def test_cli_rejects_a_soak_of_no_requests(capsys):

@@ -38,9 +38,10 @@ def _parser() -> argparse.ArgumentParser:
     build = demo_commands.add_parser("build", help="build a demo model into a directory")
     build.add_argument("out_dir", help="directory to create (Hugging Face layout)")
     build.add_argument(
-        "--size", default="tiny",
+        "--size",
+        default="tiny",
         help="tiny, small, vlm-tiny, spec-target, spec-draft, mtp-tiny, mtp-dsv3 (default: tiny)",
-    )  # fmt: skip
+    )
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--dtype", default=None, help="stored dtype (default: the measured best)")
     return parser
@@ -49,9 +50,13 @@ def _parser() -> argparse.ArgumentParser:
 def _config_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", default=None, help="TOML file (default: built-in defaults)")
     parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
         help="override one option (repeatable); beats the environment and the file",
-    )  # fmt: skip
+    )
 
 
 #: A second signal stops the server at once: exit 128 + the signal (130 SIGINT, 143 SIGTERM),
@@ -141,7 +146,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _demo_build(args: argparse.Namespace) -> int:
-    from .worker.demo_model import build_demo_model
+    from .worker.demo.model import build_demo_model
 
     kwargs = {"dtype": args.dtype} if args.dtype else {}
     path = build_demo_model(args.out_dir, size=args.size, seed=args.seed, **kwargs)

@@ -18,17 +18,17 @@ from typing import Any
 import attrs
 import trio
 
-from .actors.cache_manager import CacheStatistics
-from .actors.scheduler_stats import SchedulerStatistics
+from .actors.prefix.cache_manager import CacheStatistics
+from .actors.scheduler.stats import SchedulerStatistics
 from .actors.topology import ExecutorFactory, Topology, max_running, mlx_executor_factory, open_topology
 from .config import EngineConfig
 from .core.params import SamplingParams
+from .core.prefix.warm_prompts import warm_prefix_cache
 from .core.text import with_special_markup
 from .errors import EngineClosedError, QueueFullError, VllmMlxTrioError
 from .messages import ChatMessage, ChatPrompt, ClearPrefixCache, FailAll, ModelInfo, RequestId, Submit
 from .output_format import OutputFormat
 from .stream import Delta, RequestStream
-from .warm_prompts import warm_prefix_cache
 
 __all__ = ["Engine", "EngineStatistics", "ExecutorFactory", "max_running", "mlx_executor_factory", "open_engine"]
 
@@ -51,9 +51,7 @@ class EngineStatistics:
 
 
 @contextlib.asynccontextmanager
-async def open_engine(
-    cfg: EngineConfig, *, executor_factory: ExecutorFactory | None = None
-) -> AsyncIterator[Engine]:
+async def open_engine(cfg: EngineConfig, *, executor_factory: ExecutorFactory | None = None) -> AsyncIterator[Engine]:
     """Load the model and run the actors; yields a ready :class:`Engine` (with
     ``cache.warm_prompts_file``, once its prompts are in the prefix cache).
 

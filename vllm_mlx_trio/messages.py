@@ -249,7 +249,7 @@ class ModelInfo:
     kv_bytes_per_token: int = 0
     #: Content-part kinds the model takes beyond text ("image_url", "video_url"); none: text only.
     media_kinds: frozenset[str] = frozenset()
-    #: A VLM's prompt processor (worker/vlm_processor.py; numpy only, used in admission's
+    #: A VLM's prompt processor (worker/vlm/processor.py; numpy only, used in admission's
     #: preprocessing threads), None for a text model.
     media_processor: Any = attrs.field(default=None, eq=False, repr=False)
 

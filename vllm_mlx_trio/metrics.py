@@ -21,12 +21,74 @@ from prometheus_client.registry import Collector
 from .core.speculative import SpecDecodeCounts
 
 #: vLLM's buckets, so the same Grafana panels and quantile queries apply.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-               10.0, 20.0, 40.0, 80.0)  # fmt: skip
-REQUEST_TIME_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
-                        50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+REQUEST_TIME_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 STEP_TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 #: Reading, fetching, decoding and sampling one image or video (vllm_mlx_trio/media): a small
@@ -38,11 +100,16 @@ FINISH_REASONS = ("stop", "length", "abort", "error")
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
 #: Per-request histograms, labelled by ``endpoint`` as well as ``model_name``.
 REQUEST_HISTOGRAMS = (
-    "vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds", "vllm:e2e_request_latency_seconds",
-    "vllm:request_prompt_tokens", "vllm:request_generation_tokens",
+    "vllm:time_to_first_token_seconds",
+    "vllm:inter_token_latency_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens",
     # the scheduler's phases of a request (it carries the endpoint from the HTTP route)
-    "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
-)  # fmt: skip
+    "vllm:request_queue_time_seconds",
+    "vllm:request_prefill_time_seconds",
+    "vllm:request_decode_time_seconds",
+)
 DISCONNECTED = "vllm:http_requests_client_disconnected"
 
 #: Gauge name -> (help, key in the snapshot dict the engine provides).
@@ -110,9 +177,11 @@ class EngineMetrics:
             )
         }
         self._success = Counter(
-            "vllm:request_success", "Requests finished, by reason.", ["model_name", "finished_reason", "endpoint"],
+            "vllm:request_success",
+            "Requests finished, by reason.",
+            ["model_name", "finished_reason", "endpoint"],
             registry=self.registry,
-        )  # fmt: skip
+        )
         self._disconnected = Counter(
             DISCONNECTED, "HTTP requests whose client left first.", ["model_name", "endpoint"], registry=self.registry
         )
@@ -120,9 +189,12 @@ class EngineMetrics:
             self._disconnected.labels(model_name, endpoint).inc(0)
         self._histograms = {
             name: Histogram(
-                name, help_text, ["model_name", "endpoint"] if name in REQUEST_HISTOGRAMS else ["model_name"],
-                buckets=buckets, registry=self.registry,
-            )  # fmt: skip
+                name,
+                help_text,
+                ["model_name", "endpoint"] if name in REQUEST_HISTOGRAMS else ["model_name"],
+                buckets=buckets,
+                registry=self.registry,
+            )
             for name, help_text, buckets in (
                 ("vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS),
                 ("vllm:inter_token_latency_seconds", "Time between output tokens.", ITL_BUCKETS),
@@ -134,12 +206,15 @@ class EngineMetrics:
                 ("vllm:request_generation_tokens", "Generated tokens per request.", tokens),
                 ("vllm:iteration_tokens_total", "Tokens per model step.", ITERATION_TOKEN_BUCKETS),
                 ("vllm_mlx_trio_step_seconds", "Time of one model step on the MLX thread.", STEP_TIME_BUCKETS),
-                ("vllm_mlx_trio_media_preprocess_seconds", "Time to read, fetch, decode and sample one image or "
-                 "video, off the event loop.", MEDIA_PREPROCESS_BUCKETS),
+                (
+                    "vllm_mlx_trio_media_preprocess_seconds",
+                    "Time to read, fetch, decode and sample one image or video, off the event loop.",
+                    MEDIA_PREPROCESS_BUCKETS,
+                ),
                 # VLM: the vision tower's time for one prompt's images / videos (issue 13)
                 ("vllm_mlx_trio_vision_encode_seconds", "Vision encoding of one media prompt.", STEP_TIME_BUCKETS),
             )
-        }  # fmt: skip
+        }
         self._counters["vllm:num_preemptions"].inc(0)
         self._spec_decode_metrics()
 
@@ -154,9 +229,11 @@ class EngineMetrics:
                 self.model_name
             )
         self._accepted_per_position = Counter(
-            "vllm:spec_decode_num_accepted_tokens_per_pos", "Draft tokens accepted, by position in the draft (from 0).",
-            ["model_name", "position"], registry=self.registry,
-        )  # fmt: skip
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by position in the draft (from 0).",
+            ["model_name", "position"],
+            registry=self.registry,
+        )
         #: The totals since start, for /v1/status's running acceptance rate.
         self.spec_decode = SpecDecodeCounts()
 

@@ -13,7 +13,7 @@ from typing import Any
 import attrs
 
 from . import parsers
-from .config_sections import PARSER_AUTO, PARSER_NONE, ModelConfig
+from .config.sections import PARSER_AUTO, PARSER_NONE, ModelConfig
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +47,11 @@ def resolve_output_format(model_cfg: ModelConfig, tokenizer: Any) -> OutputForma
     )
     logger.info(
         "output parsers: tool_parser=%s (configured %s), reasoning_parser=%s (configured %s)",
-        resolved.tool_parser, model_cfg.tool_parser, resolved.reasoning_parser, model_cfg.reasoning_parser,
-    )  # fmt: skip
+        resolved.tool_parser,
+        model_cfg.tool_parser,
+        resolved.reasoning_parser,
+        model_cfg.reasoning_parser,
+    )
     return resolved
 
 

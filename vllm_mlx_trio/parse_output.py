@@ -29,13 +29,16 @@ def add_parse_output_parser(commands: Any) -> None:
     cmd.add_argument("--tool-parser", default=OFF, choices=[OFF, AUTO, *sorted(TOOL_PARSERS)])
     cmd.add_argument("--reasoning-parser", default=OFF, choices=[OFF, AUTO, *sorted(REASONING_PARSERS)])
     cmd.add_argument("--tools", type=pathlib.Path, help="JSON file: the request's `tools` list (types the values)")
-    cmd.add_argument("--chat-template", type=pathlib.Path,
-                     help="a chat template (.jinja) or tokenizer_config.json, for `auto`")  # fmt: skip
+    cmd.add_argument(
+        "--chat-template", type=pathlib.Path, help="a chat template (.jinja) or tokenizer_config.json, for `auto`"
+    )
     cmd.add_argument("--chunk-size", type=int, default=0, help="feed N characters at a time (default: whole)")
     cmd.add_argument(
-        "--starts-in-reasoning", choices=["auto", "yes", "no"], default="auto",
+        "--starts-in-reasoning",
+        choices=["auto", "yes", "no"],
+        default="auto",
         help="the prompt ended inside the thinking block (auto: a closer and no opener in the output)",
-    )  # fmt: skip
+    )
     cmd.add_argument("--deltas", action="store_true", help="also print the streamed deltas, one JSON object a line")
     cmd.add_argument("--list", action="store_true", help="print the parser names and exit")
 
@@ -55,9 +58,11 @@ def run_parse_output(args: argparse.Namespace) -> int:
         start, end = reasoning_markers(reasoning_parser)
         inside = end in text and start not in text
     parser = OutputParser(
-        tool_parser=tool_parser, reasoning_parser=reasoning_parser, tools=_load_tools(args.tools),
+        tool_parser=tool_parser,
+        reasoning_parser=reasoning_parser,
+        tools=_load_tools(args.tools),
         starts_in_reasoning=inside,
-    )  # fmt: skip
+    )
     size = args.chunk_size or max(len(text), 1)
     deltas = [delta for at in range(0, len(text), size) for delta in parser.feed(text[at : at + size])]
     deltas += parser.finish()
@@ -85,9 +90,13 @@ def openai_message(message: Any) -> dict:
 
 def _delta_fields(delta: Any) -> dict:
     return {
-        "content": delta.content, "reasoning": delta.reasoning, "tool_index": delta.tool_index,
-        "tool_id": delta.tool_id, "tool_name": delta.tool_name, "arguments": delta.arguments,
-    }  # fmt: skip
+        "content": delta.content,
+        "reasoning": delta.reasoning,
+        "tool_index": delta.tool_index,
+        "tool_id": delta.tool_id,
+        "tool_name": delta.tool_name,
+        "arguments": delta.arguments,
+    }
 
 
 def _resolve_names(args: argparse.Namespace) -> tuple[str | None, str | None]:

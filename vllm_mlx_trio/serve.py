@@ -60,9 +60,7 @@ async def serve(
     api_keys = load_api_keys(cfg.server)
     if cfg.server.port == 0:  # an ephemeral port could not be kept across the two phases
         async with open_engine(cfg, executor_factory=executor_factory) as engine:
-            await serve_engine(
-                engine, api_keys=api_keys, shutdown_trigger=shutdown_trigger, task_status=task_status
-            )
+            await serve_engine(engine, api_keys=api_keys, shutdown_trigger=shutdown_trigger, task_status=task_status)
         return
     async with trio.open_nursery() as nursery:
         loaded = trio.Event()
@@ -70,9 +68,7 @@ async def serve(
         async with open_engine(cfg, executor_factory=executor_factory) as engine:
             loaded.set()
             await loading_done.wait()  # the loading app has let go of the port
-            await serve_engine(
-                engine, api_keys=api_keys, shutdown_trigger=shutdown_trigger, task_status=task_status
-            )
+            await serve_engine(engine, api_keys=api_keys, shutdown_trigger=shutdown_trigger, task_status=task_status)
 
 
 async def _serve_while_loading(
@@ -125,9 +121,7 @@ async def serve_engine(
         task_status.started(binds)
 
 
-def _or_engine_failure(
-    engine: Engine, trigger: Callable[[], Awaitable[None]] | None
-) -> Callable[[], Awaitable[None]]:
+def _or_engine_failure(engine: Engine, trigger: Callable[[], Awaitable[None]] | None) -> Callable[[], Awaitable[None]]:
     """Stop serving when ``trigger`` returns or the engine fails, whichever comes first."""
 
     async def either() -> None:
@@ -148,9 +142,7 @@ def _or_engine_failure(
     return either
 
 
-def _drain_first(
-    engine: Engine, trigger: Callable[[], Awaitable[None]]
-) -> Callable[[], Awaitable[None]]:
+def _drain_first(engine: Engine, trigger: Callable[[], Awaitable[None]]) -> Callable[[], Awaitable[None]]:
     """After ``trigger``: refuse new requests (503, ``/health`` "draining") while the ones
     inside finish, up to ``server.drain_timeout_s``; fail what is left with an in-band error
     just before the deadline; then let Hypercorn close the connections."""
@@ -164,9 +156,7 @@ def _drain_first(
         with trio.move_on_after(max(0.0, drain_s - min(DRAIN_ERROR_MARGIN_S, drain_s / 2))):
             await engine.wait_empty()  # woken when the last request's stream closes
         if engine.num_requests:
-            engine.fail_requests(
-                EngineClosedError("The server is shutting down; the request was not finished.")
-            )
+            engine.fail_requests(EngineClosedError("The server is shutting down; the request was not finished."))
 
     return drain
 
@@ -222,9 +212,7 @@ async def serve_until_signalled(cfg: EngineConfig) -> int | None:
                         forced_by.append(signum)
                         nursery.cancel_scope.cancel()
                         return
-                    logger.info(
-                        "%s: draining (up to %.0f s)", signal.Signals(signum).name, cfg.server.drain_timeout_s
-                    )
+                    logger.info("%s: draining (up to %.0f s)", signal.Signals(signum).name, cfg.server.drain_timeout_s)
                     first_signal.set()
 
             nursery.start_soon(watch_signals)

@@ -9,7 +9,7 @@ import threading
 import pytest
 import trio
 
-from vllm_mlx_trio.actors.admission import PREPROCESS_INLINE_CHARS, AdmissionActor, AdmissionLimits
+from vllm_mlx_trio.actors.admission.actor import PREPROCESS_INLINE_CHARS, AdmissionActor, AdmissionLimits
 from vllm_mlx_trio.core.params import SamplingParams
 from vllm_mlx_trio.errors import InvalidRequestError
 from vllm_mlx_trio.messages import (
@@ -79,10 +79,14 @@ async def run_actor(nursery, tokenizer, threads: int, limits=LIMITS):
 
 @pytest.mark.parametrize(
     ("threads", "short", "order"),
-    [(1, SHORT, ["long", "short"]), (1, "hi", ["long", "short"]), (2, SHORT, ["short", "long"]),
-     (2, "hi", ["short", "long"])],
+    [
+        (1, SHORT, ["long", "short"]),
+        (1, "hi", ["long", "short"]),
+        (2, SHORT, ["short", "long"]),
+        (2, "hi", ["short", "long"]),
+    ],
     ids=["1-thread", "1-thread-inline-short", "2-threads", "2-threads-inline-short"],
-)  # fmt: skip
+)
 async def test_order_into_the_scheduler(threads, short, order):
     tokenizer = GatedTokenizer()
     with trio.fail_after(20):

@@ -112,9 +112,7 @@ async def test_break_in_batched_mode_frees_the_request_after_one_step(autojump_c
 
 async def test_logprobs_travel_with_their_tokens(autojump_clock):
     with trio.fail_after(10):
-        async with open_fake_engine(
-            overrides=("engine.stream_interval=3",), script=text_script("abcdefg")
-        ) as fake:
+        async with open_fake_engine(overrides=("engine.stream_interval=3",), script=text_script("abcdefg")) as fake:
             deltas = [d async for d in fake.engine.generate(CHAT, SamplingParams(logprobs=2))]
             plain = [d async for d in fake.engine.generate(CHAT)]
     assert [len(d.logprobs) for d in deltas] == [len(d.token_ids) for d in deltas]

@@ -10,10 +10,10 @@ import trio
 import trio.testing
 
 from vllm_mlx_trio import SamplingParams, load_config
-from vllm_mlx_trio.actors.cache_manager import CacheManagerActor
-from vllm_mlx_trio.actors.control_inbox import ControlInbox
-from vllm_mlx_trio.actors.scheduler import SchedulerActor
-from vllm_mlx_trio.actors.scheduler_settings import SchedulerSettings
+from vllm_mlx_trio.actors.prefix.cache_manager import CacheManagerActor
+from vllm_mlx_trio.actors.scheduler.actor import SchedulerActor
+from vllm_mlx_trio.actors.scheduler.control_inbox import ControlInbox
+from vllm_mlx_trio.actors.scheduler.settings import SchedulerSettings
 from vllm_mlx_trio.actors.topology import CONTROL_BUFFER
 from vllm_mlx_trio.errors import EngineClosedError, EngineStalledError
 from vllm_mlx_trio.health import EngineHealth
@@ -136,8 +136,13 @@ class Wired:
         """Admit one request; its outbox."""
         outbox_send, outbox_recv = trio.open_memory_channel(4)
         await self.admit_send.send(
-            Admit(request_id=RequestId("r"), prompt_token_ids=(5, 6, 7), params=SamplingParams(max_tokens=5),
-                  outbox=outbox_send, arrival_time=0.0)  # fmt: skip
+            Admit(
+                request_id=RequestId("r"),
+                prompt_token_ids=(5, 6, 7),
+                params=SamplingParams(max_tokens=5),
+                outbox=outbox_send,
+                arrival_time=0.0,
+            )
         )
         return outbox_recv
 

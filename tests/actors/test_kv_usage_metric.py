@@ -9,8 +9,8 @@ import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_mlx_trio.actors.scheduler_stats import SchedulerStatistics
-from vllm_mlx_trio.core.block_pool import PoolStats
+from vllm_mlx_trio.actors.scheduler.stats import SchedulerStatistics
+from vllm_mlx_trio.core.prefix.block_pool import PoolStats
 from vllm_mlx_trio.metrics import engine_snapshot
 from vllm_mlx_trio.testing.fake_executor import StepGate
 from vllm_mlx_trio.testing.harness import open_fake_engine
@@ -69,8 +69,9 @@ class Cache:
 
 
 def scheduler(**fields) -> SchedulerStatistics:
-    base = dict(num_waiting=0, num_running=1, num_steps=0, num_finished=0, num_aborted=0, running_ids=(),
-                waiting_ids=())  # fmt: skip
+    base = dict(
+        num_waiting=0, num_running=1, num_steps=0, num_finished=0, num_aborted=0, running_ids=(), waiting_ids=()
+    )
     return SchedulerStatistics(**{**base, **fields})
 
 

@@ -38,14 +38,16 @@ TIME = {
 
 def hermes_call(name: str, arguments: dict) -> str:
     """One call in the Qwen/Hermes markup the demo model's template teaches."""
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 def parser_cfg(tool_parser: str = "hermes", reasoning_parser: str = "none"):
     overrides = [
-        "server.port=0", "server.drain_timeout_s=5",
-        f"model.tool_parser={tool_parser}", f"model.reasoning_parser={reasoning_parser}",
-    ]  # fmt: skip
+        "server.port=0",
+        "server.drain_timeout_s=5",
+        f"model.tool_parser={tool_parser}",
+        f"model.reasoning_parser={reasoning_parser}",
+    ]
     return load_config(None, overrides=overrides, environ={})
 
 

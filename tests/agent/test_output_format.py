@@ -11,7 +11,7 @@ from vllm_mlx_trio.config import load_config
 from vllm_mlx_trio.errors import ConfigError
 from vllm_mlx_trio.output_format import OutputFormat, resolve_output_format
 from vllm_mlx_trio.testing.harness import open_fake_engine
-from vllm_mlx_trio.worker.demo_model import CHAT_TEMPLATE
+from vllm_mlx_trio.worker.demo.model import CHAT_TEMPLATE
 
 QWEN3_LIKE = "{{ '<tool_call>' }}{%- if enable_thinking is false %}{{ '<think>\\n\\n</think>' }}{%- endif %}"
 
@@ -34,10 +34,13 @@ def tokenizer(template):
         ({}, {"default": "plain", "tool_use": QWEN3_LIKE}, QWEN3),  # named templates: markers in any
         ({}, None, OutputFormat()),
         ({"tool_parser": "none", "reasoning_parser": "none"}, QWEN3_LIKE, OutputFormat()),
-        ({"tool_parser": "mistral", "reasoning_parser": "deepseek_r1"}, None,
-         OutputFormat(tool_parser="mistral", reasoning_parser="deepseek_r1")),
+        (
+            {"tool_parser": "mistral", "reasoning_parser": "deepseek_r1"},
+            None,
+            OutputFormat(tool_parser="mistral", reasoning_parser="deepseek_r1"),
+        ),
     ],
-)  # fmt: skip
+)
 def test_resolution(keys, template, expected):
     resolved = resolve_output_format(model_cfg(**keys), tokenizer(template))
     assert resolved == expected

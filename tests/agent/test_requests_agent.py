@@ -9,10 +9,10 @@ import pytest
 import trio
 from agent_helpers import MODEL, TIME, WEATHER, parser_cfg, scripted_server
 
-from vllm_mlx_trio.actors.admission import AdmissionActor, AdmissionLimits
+from vllm_mlx_trio.actors.admission.actor import AdmissionActor, AdmissionLimits
 from vllm_mlx_trio.core.constraint import ConstraintSpec, canonical_json
 from vllm_mlx_trio.core.params import SamplingParams
-from vllm_mlx_trio.http.requests import parse_chat
+from vllm_mlx_trio.http.openai.requests import parse_chat
 from vllm_mlx_trio.messages import ChatMessage, ChatPrompt
 from vllm_mlx_trio.testing.fake_executor import FakeTokenizer
 from vllm_mlx_trio.testing.harness import open_fake_engine
@@ -58,11 +58,19 @@ def test_the_template_gets_tools_calls_results_and_kwargs():
     turns, kwargs = template_call(body)
     assert turns == [
         {"role": "user", "content": "Weather in Paris?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
-        ]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": {"city": "Paris"}},
+                }
+            ],
+        },
         {"role": "tool", "content": "sunny", "tool_call_id": "call_1"},
-    ]  # fmt: skip
+    ]
     assert kwargs["tools"] == [WEATHER]
     assert kwargs["enable_thinking"] is False and kwargs["reasoning_effort"] == "low"
 
@@ -89,9 +97,11 @@ def test_required_and_named_choices_become_tool_call_constraints():
         kind="tool_calls", body=canonical_json([TIME]), tool_call_format="hermes", parallel=False
     )
     single = parse_chat(
-        {**body, "tool_choice": "required", "parallel_tool_calls": False}, model_name=MODEL, max_n=8,
+        {**body, "tool_choice": "required", "parallel_tool_calls": False},
+        model_name=MODEL,
+        max_n=8,
         tool_parser="hermes",
-    )  # fmt: skip
+    )
     assert single.params.constraint.parallel is False
     auto = parse_chat(body, model_name=MODEL, max_n=8, tool_parser="hermes")
     assert auto.params.constraint is None and auto.tools.parse_calls
@@ -107,11 +117,14 @@ async def test_the_library_takes_a_chat_prompt_with_tools(monkeypatch):
 
     monkeypatch.setattr(FakeTokenizer, "apply_chat_template", recording)
     prompt = ChatPrompt(
-        messages=[ChatMessage(role="user", content="hi"), ChatMessage(**{k: v for k, v in CALLED.items()}),
-                  ChatMessage(**RESULT)],
+        messages=[
+            ChatMessage(role="user", content="hi"),
+            ChatMessage(**{k: v for k, v in CALLED.items()}),
+            ChatMessage(**RESULT),
+        ],
         tools=[WEATHER],
         template_kwargs={"enable_thinking": True},
-    )  # fmt: skip
+    )
     with trio.fail_after(10):
         async with open_fake_engine(step_s=0.001) as fake:
             async for _ in fake.engine.generate(prompt, SamplingParams(max_tokens=2)):
@@ -125,26 +138,58 @@ async def test_the_library_takes_a_chat_prompt_with_tools(monkeypatch):
 
 BAD = [
     ("no tool parser", {"tools": [WEATHER]}, "tools", "none"),
-    ("unknown named tool", {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
-     "tool_choice", "hermes"),
+    (
+        "unknown named tool",
+        {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+        "tool_choice",
+        "hermes",
+    ),
     ("tool_choice without tools", {"tool_choice": "required"}, "tool_choice", "hermes"),
     ("a tool name twice", {"tools": [WEATHER, WEATHER]}, "tools[1].function.name", "hermes"),
-    ("forced calls and a response format", {"tools": [WEATHER], "tool_choice": "required",
-     "response_format": {"type": "json_object"}}, "tool_choice", "hermes"),
+    (
+        "forced calls and a response format",
+        {"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
+        "tool_choice",
+        "hermes",
+    ),
     ("a reserved template kwarg", {"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs", "hermes"),
-    ("a tool turn without its call id", {"messages": [ASK, CALLED, {"role": "tool", "content": "x"}]},
-     "messages[2].tool_call_id", "hermes"),
-    ("calls on a user turn", {"messages": [{**ASK, "tool_calls": CALLED["tool_calls"]}]}, "messages[0].tool_calls",
-     "hermes"),
-    ("null content without calls", {"messages": [{"role": "assistant", "content": None}, ASK]},
-     "messages[0].content", "hermes"),
-    ("reasoning on a user turn", {"messages": [{**ASK, "reasoning_content": "x"}]}, "messages[0].reasoning_content",
-     "hermes"),
-    ("reasoning not text", {"messages": [{"role": "assistant", "content": "a", "reasoning": 5}, ASK]},
-     "messages[0].reasoning", "hermes"),
-    ("a malformed call", {"messages": [ASK, {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}]},
-     "messages[1].tool_calls", "hermes"),
-]  # fmt: skip
+    (
+        "a tool turn without its call id",
+        {"messages": [ASK, CALLED, {"role": "tool", "content": "x"}]},
+        "messages[2].tool_call_id",
+        "hermes",
+    ),
+    (
+        "calls on a user turn",
+        {"messages": [{**ASK, "tool_calls": CALLED["tool_calls"]}]},
+        "messages[0].tool_calls",
+        "hermes",
+    ),
+    (
+        "null content without calls",
+        {"messages": [{"role": "assistant", "content": None}, ASK]},
+        "messages[0].content",
+        "hermes",
+    ),
+    (
+        "reasoning on a user turn",
+        {"messages": [{**ASK, "reasoning_content": "x"}]},
+        "messages[0].reasoning_content",
+        "hermes",
+    ),
+    (
+        "reasoning not text",
+        {"messages": [{"role": "assistant", "content": "a", "reasoning": 5}, ASK]},
+        "messages[0].reasoning",
+        "hermes",
+    ),
+    (
+        "a malformed call",
+        {"messages": [ASK, {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]}]},
+        "messages[1].tool_calls",
+        "hermes",
+    ),
+]
 
 
 @pytest.mark.parametrize(("case", "fields", "param", "tool_parser"), BAD, ids=[b[0] for b in BAD])

@@ -61,8 +61,14 @@ def check_calls(calls) -> None:
     "tool_choice", ["required", {"type": "function", "function": {"name": "get_time"}}], ids=["required", "named"]
 )
 async def test_forced_calls_validate_and_stream_the_same(demo_cfg, tool_choice):
-    request = {"model": MODEL, "messages": ASK, "tools": [WEATHER, TIME], "tool_choice": tool_choice,
-               "max_tokens": 120, "temperature": 0}  # fmt: skip
+    request = {
+        "model": MODEL,
+        "messages": ASK,
+        "tools": [WEATHER, TIME],
+        "tool_choice": tool_choice,
+        "max_tokens": 120,
+        "temperature": 0,
+    }
     with trio.fail_after(TIMEOUT_S):
         async with open_server(demo_cfg) as srv, client(srv.url) as c:
             whole = await c.chat.completions.create(**request)

@@ -113,12 +113,24 @@ def out_of_range(rng, body):
 
 def unsupported(rng, body):
     if "input" in body:
-        change = rng.choice([{"background": True}, {"truncation": "auto"}, {"tools": [{"type": "web_search"}]},
-                             {"top_logprobs": 3}, {"include": ["file_search_call.results"]}])  # fmt: skip
+        change = rng.choice(
+            [
+                {"background": True},
+                {"truncation": "auto"},
+                {"tools": [{"type": "web_search"}]},
+                {"top_logprobs": 3},
+                {"include": ["file_search_call.results"]},
+            ]
+        )
     else:
-        change = rng.choice([{"mcp_servers": [{"type": "url"}]}, {"container": "c"},
-                             {"tools": [{"type": "bash_20250124", "name": "bash"}]},
-                             {"messages": [{"role": "user", "content": [{"type": "document"}]}]}])  # fmt: skip
+        change = rng.choice(
+            [
+                {"mcp_servers": [{"type": "url"}]},
+                {"container": "c"},
+                {"tools": [{"type": "bash_20250124", "name": "bash"}]},
+                {"messages": [{"role": "user", "content": [{"type": "document"}]}]},
+            ]
+        )
     body.update(change)
     return body
 
@@ -178,8 +190,9 @@ async def test_bad_input_corpus_on_the_agent_routes(fake_cfg, caplog):
 
     async def send(i: int, bad: Bad) -> None:
         async with limiter:
-            responses[i] = await http.post(srv.url + bad.path, content=bad.body,
-                                           headers={"content-type": "application/json"})  # fmt: skip
+            responses[i] = await http.post(
+                srv.url + bad.path, content=bad.body, headers={"content-type": "application/json"}
+            )
 
     caplog.set_level(logging.WARNING)
     factory = fake_executor_factory(script=letters_script, step_s=0.001)

@@ -102,8 +102,14 @@ async def test_stream_event_protocol_on_the_wire(fake_cfg):
     events = sse_events(resp.text)
     assert all(name == data["type"] for name, data in events)  # every event has its event: line
     names = [name for name, _ in events]
-    assert names == ["message_start", "content_block_start", *["content_block_delta"] * 3, "content_block_stop",
-                     "message_delta", "message_stop"]  # fmt: skip
+    assert names == [
+        "message_start",
+        "content_block_start",
+        *["content_block_delta"] * 3,
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
     start = events[0][1]["message"]
     assert start["content"] == [] and start["usage"]["output_tokens"] == 0 and start["usage"]["input_tokens"] > 0
     delta = events[-2][1]
@@ -137,11 +143,14 @@ async def test_claude_code_style_request_is_accepted(fake_cfg):
         ],
         "messages": [
             {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]},
-            {"role": "assistant", "content": [
-                {"type": "thinking", "thinking": "The user greets me.", "signature": ""},
-                {"type": "redacted_thinking", "data": "opaque"},
-                {"type": "text", "text": "Hello."},
-            ]},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "thinking", "thinking": "The user greets me.", "signature": ""},
+                    {"type": "redacted_thinking", "data": "opaque"},
+                    {"type": "text", "text": "Hello."},
+                ],
+            },
             {"role": "user", "content": "again"},
         ],
         "metadata": {"user_id": "user_abc"},
@@ -151,7 +160,7 @@ async def test_claude_code_style_request_is_accepted(fake_cfg):
         "top_p": 0.9,
         "tool_choice": {"type": "none"},
         "thinking": {"type": "disabled"},
-    }  # fmt: skip
+    }
     with trio.fail_after(20):
         async with server(fake_cfg) as srv, httpx.AsyncClient() as http:
             resp = await http.post(f"{srv.url}/v1/messages", json=body, headers={"anthropic-version": "2023-06-01"})
@@ -161,37 +170,78 @@ async def test_claude_code_style_request_is_accepted(fake_cfg):
 
 BAD = [
     ("unknown field", {"foo": 1}, "foo: Extra inputs are not permitted"),
-    ("unknown block field", {"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "y": 1}]}]},
-     "messages.0.content.0.y: Extra inputs are not permitted"),
+    (
+        "unknown block field",
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "y": 1}]}]},
+        "messages.0.content.0.y: Extra inputs are not permitted",
+    ),
     ("max_tokens missing", {"max_tokens": None}, "max_tokens"),
     ("wrong type", {"temperature": "hot"}, "temperature"),
     ("bad role", {"messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
     ("no messages", {"messages": []}, "messages"),
-    ("prefill ending in whitespace", {"messages": [*USER, {"role": "assistant", "content": "Sure "}]},
-     "trailing whitespace"),
-    ("prefill with a tool call", {"messages": [*USER, {"role": "assistant", "content": [
-        {"type": "tool_use", "id": "t1", "name": "f", "input": {}}]}]}, "cannot hold tool_use"),
+    (
+        "prefill ending in whitespace",
+        {"messages": [*USER, {"role": "assistant", "content": "Sure "}]},
+        "trailing whitespace",
+    ),
+    (
+        "prefill with a tool call",
+        {
+            "messages": [
+                *USER,
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+            ]
+        },
+        "cannot hold tool_use",
+    ),
     ("mcp_servers", {"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]}, "mcp_servers"),
     ("container", {"container": "c1"}, "container"),
     ("server tool", {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "server tools"),
     ("document", {"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]}, "'document'"),
-    ("citations", {"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "citations": [{}]}]}]},
-     "citations"),
+    (
+        "citations",
+        {"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "citations": [{}]}]}]},
+        "citations",
+    ),
     ("temperature range", {"temperature": 7}, "temperature"),
-    ("image on a text-only model",
-     {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x/a.png"}}]}]},
-     "not supported by this model"),
+    (
+        "image on a text-only model",
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "http://x/a.png"}}]}
+            ]
+        },
+        "not supported by this model",
+    ),
     ("max_tokens range", {"max_tokens": 0}, "max_tokens"),
-    ("image in a tool result on a text-only model", {"messages": [
-        *USER,
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}]},
-    ]}, "not supported by this model"),
+    (
+        "image in a tool result on a text-only model",
+        {
+            "messages": [
+                *USER,
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t1",
+                            "content": [
+                                {
+                                    "type": "image",
+                                    "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+                                }
+                            ],
+                        }
+                    ],
+                },
+            ]
+        },
+        "not supported by this model",
+    ),
     ("effort beyond the templates' levels", {"output_config": {"effort": "max"}}, "output_config.effort"),
     ("output format not a schema", {"output_config": {"format": {"type": "json_object"}}}, "output_config.format"),
-
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("what", "change", "needle"), BAD, ids=[b[0] for b in BAD])

@@ -36,8 +36,10 @@ async def test_messages_while_loading_is_an_overloaded_error_the_sdk_parses():
             count = await http.post("/v1/messages/count_tokens", json={})
             chat = await http.post("/v1/chat/completions", json={})
     assert caught.value.status_code == 503
-    assert caught.value.body == {"type": "error", "error": {"type": "overloaded_error", "message": caught.value.body[
-        "error"]["message"]}}
+    assert caught.value.body == {
+        "type": "error",
+        "error": {"type": "overloaded_error", "message": caught.value.body["error"]["message"]},
+    }
     assert "loading" in caught.value.body["error"]["message"]
     assert count.status_code == 503 and count.json()["error"]["type"] == "overloaded_error"
     assert count.headers["retry-after"]

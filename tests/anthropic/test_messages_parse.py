@@ -54,9 +54,18 @@ def test_images_in_user_turns_and_tool_results_are_image_parts():
     messages = [
         {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "https://x/a.png"}}]},
         {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "is_error": True, "content": [
-            {"type": "text", "text": "seen"}, {"type": "image", "source": png}]}]},
-    ]  # fmt: skip
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "t1",
+                    "is_error": True,
+                    "content": [{"type": "text", "text": "seen"}, {"type": "image", "source": png}],
+                }
+            ],
+        },
+    ]
     turns = parse(messages=messages).prompt.messages
     assert [turn.role for turn in turns] == ["user", "assistant", "tool"]
     assert isinstance(turns[0].content[0], ImagePart) and turns[0].content[0].ref == "https://x/a.png"

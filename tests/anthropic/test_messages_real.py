@@ -91,8 +91,14 @@ async def test_prefill_is_continued_as_the_chat_route_continues_it(demo_cfg):
     """A final assistant turn is continued (vLLM's ``continue_final_message``): the reply is
     what the chat route gives with that flag, and count_tokens counts the open prompt."""
     prefill = [*USER, {"role": "assistant", "content": "The answer is"}]
-    chat_body = {"model": MODEL, "messages": prefill, "max_tokens": 12, "temperature": 0,
-                 "continue_final_message": True, "add_generation_prompt": False}  # fmt: skip
+    chat_body = {
+        "model": MODEL,
+        "messages": prefill,
+        "max_tokens": 12,
+        "temperature": 0,
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+    }
     closed_body = {**chat_body, "continue_final_message": False, "add_generation_prompt": True}
     with trio.fail_after(TIMEOUT_S):
         async with open_server(demo_cfg) as srv:

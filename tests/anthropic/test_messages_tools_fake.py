@@ -29,12 +29,16 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 
 def call_markup(name: str, arguments: dict) -> str:
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 def cfg(tool_parser="hermes", reasoning_parser="none"):
-    overrides = ["server.port=0", "server.drain_timeout_s=5", f"model.tool_parser={tool_parser}",
-                 f"model.reasoning_parser={reasoning_parser}"]  # fmt: skip
+    overrides = [
+        "server.port=0",
+        "server.drain_timeout_s=5",
+        f"model.tool_parser={tool_parser}",
+        f"model.reasoning_parser={reasoning_parser}",
+    ]
     return load_config(None, overrides=overrides, environ={})
 
 
@@ -82,8 +86,9 @@ async def test_arguments_stream_as_input_json_delta():
         async with server(cfg(), reply) as srv, client(srv.url) as c, c.messages.stream(**kwargs) as s:
             events = [event async for event in s]
             message = await s.get_final_message()
-    fragments = [e.delta.partial_json for e in events
-                 if e.type == "content_block_delta" and e.delta.type == "input_json_delta"]  # fmt: skip
+    fragments = [
+        e.delta.partial_json for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+    ]
     assert len(fragments) > 5
     assert json.loads("".join(fragments)) == arguments == message.content[0].input
     start = next(e for e in events if e.type == "content_block_start")
@@ -98,9 +103,12 @@ async def test_disable_parallel_tool_use_keeps_the_first_call():
         async with server(cfg(), reply) as srv, client(srv.url) as c:
             both = await c.messages.create(model=MODEL, max_tokens=200, messages=ASK, tools=[WEATHER])
             one = await c.messages.create(
-                model=MODEL, max_tokens=200, messages=ASK, tools=[WEATHER],
+                model=MODEL,
+                max_tokens=200,
+                messages=ASK,
+                tools=[WEATHER],
                 tool_choice={"type": "auto", "disable_parallel_tool_use": True},
-            )  # fmt: skip
+            )
     assert [b.input["city"] for b in both.content if b.type == "tool_use"] == ["Paris", "Rome"]
     assert [b.input["city"] for b in one.content if b.type == "tool_use"] == ["Paris"]
 
@@ -119,15 +127,21 @@ async def test_tool_result_round_trip_reaches_the_prompt():
     executors: list[FakeExecutor] = []
     history = [
         *ASK,
-        {"role": "assistant", "content": [
-            {"type": "thinking", "thinking": "", "signature": ""},
-            {"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {"city": "Paris"}},
-        ]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "toolu_01", "content": [{"type": "text", "text": "Sunny, 21C"}]},
-            {"type": "text", "text": "And tomorrow?"},
-        ]},
-    ]  # fmt: skip
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "", "signature": ""},
+                {"type": "tool_use", "id": "toolu_01", "name": "get_weather", "input": {"city": "Paris"}},
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_01", "content": [{"type": "text", "text": "Sunny, 21C"}]},
+                {"type": "text", "text": "And tomorrow?"},
+            ],
+        },
+    ]
     with trio.fail_after(20):
         async with server(cfg(), "It is sunny.", executors) as srv, client(srv.url) as c:
             message = await c.messages.create(model=MODEL, max_tokens=50, messages=history, tools=[WEATHER])
@@ -163,11 +177,15 @@ BAD = [
     ({"tool_choice": {"type": "any"}, "tools": []}, "tool_choice"),
     ({"thinking": {"type": "enabled", "budget_tokens": 10}}, "budget_tokens"),
     ({"tools": [WEATHER, WEATHER]}, "unique"),
-    ({"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "x", "name": "f", "input": {}}]}]},
-     "not allowed in user messages"),
-    ({"tool_choice": {"type": "any"}, "output_config": {"format": {"type": "json_schema", "schema": {}}}},
-     "cannot be combined with forced tool use"),
-]  # fmt: skip
+    (
+        {"messages": [{"role": "user", "content": [{"type": "tool_use", "id": "x", "name": "f", "input": {}}]}]},
+        "not allowed in user messages",
+    ),
+    (
+        {"tool_choice": {"type": "any"}, "output_config": {"format": {"type": "json_schema", "schema": {}}}},
+        "cannot be combined with forced tool use",
+    ),
+]
 
 
 @pytest.mark.parametrize(("change", "needle"), BAD)

@@ -9,9 +9,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from vllm_mlx_trio.core.block_hash import block_hash
-from vllm_mlx_trio.core.block_pool import TAIL_INDEX, BlockPool, Budget, NewBlock
-from vllm_mlx_trio.core.child_index import common_length
+from vllm_mlx_trio.core.prefix.block_hash import block_hash
+from vllm_mlx_trio.core.prefix.block_pool import TAIL_INDEX, BlockPool, Budget, NewBlock
+from vllm_mlx_trio.core.prefix.child_index import common_length
 from vllm_mlx_trio.messages import BlockId, RequestId
 
 A, B, C = RequestId("a"), RequestId("b"), RequestId("c")
@@ -554,6 +554,4 @@ class PoolMachine(RuleBasedStateMachine):
 
 
 TestPoolMachine = PoolMachine.TestCase
-TestPoolMachine.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None, database=None
-)
+TestPoolMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None, database=None)

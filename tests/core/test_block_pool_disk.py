@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_mlx_trio.core.block_hash import block_hash
-from vllm_mlx_trio.core.block_pool import BlockPool, Budget
+from vllm_mlx_trio.core.prefix.block_hash import block_hash
+from vllm_mlx_trio.core.prefix.block_pool import BlockPool, Budget
 from vllm_mlx_trio.messages import RequestId
 
 A, B = RequestId("a"), RequestId("b")

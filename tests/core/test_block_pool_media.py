@@ -13,11 +13,11 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_mlx_trio.actors.cache_manager import CacheManagerActor
-from vllm_mlx_trio.core.block_hash import block_hash
-from vllm_mlx_trio.core.block_pool import BlockPool
-from vllm_mlx_trio.core.media_keys import chain_hashes, first_difference, media_between, normalize_media_keys
-from vllm_mlx_trio.distributed.kv_events import KVEventRecorder, external_hash
+from vllm_mlx_trio.actors.prefix.cache_manager import CacheManagerActor
+from vllm_mlx_trio.actors.prefix.kv_events import KVEventRecorder, external_hash
+from vllm_mlx_trio.core.prefix.block_hash import block_hash
+from vllm_mlx_trio.core.prefix.block_pool import BlockPool
+from vllm_mlx_trio.core.prefix.media_keys import chain_hashes, first_difference, media_between, normalize_media_keys
 from vllm_mlx_trio.messages import PrefixCommit, PrefixLookup, RequestId
 
 A, B = RequestId("a"), RequestId("b")

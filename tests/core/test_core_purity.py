@@ -25,7 +25,7 @@ def run_python(code: str) -> subprocess.CompletedProcess[str]:
     "module",
     [
         "vllm_mlx_trio.core",
-        "vllm_mlx_trio.core.request, vllm_mlx_trio.core.scheduler, vllm_mlx_trio.core.block_pool",
+        "vllm_mlx_trio.core.request, vllm_mlx_trio.core.scheduler, vllm_mlx_trio.core.prefix.block_pool",
         "vllm_mlx_trio.core.text, vllm_mlx_trio.core.params, vllm_mlx_trio.messages",
     ],
 )

@@ -20,10 +20,12 @@ def test_one_plan_is_its_own_step():
 
 def test_a_join_plan_runs_in_the_step_of_the_plan_before_it():
     store = BlockStore(ready_id=0, block_index=0, block_id=9)
-    queued = StepPlan(step_id=1, decode_ids=(A,), finished_ids=(C,), drop_blocks=(7,), store_blocks=(store,),
-                      released_ready_ids=(0,))  # fmt: skip
-    join = StepPlan(step_id=2, new_seqs=(seq(B),), decode_ids=(A,), drop_blocks=(8,), spill_blocks=((8, b"h"),),
-                    join_previous=True)  # fmt: skip
+    queued = StepPlan(
+        step_id=1, decode_ids=(A,), finished_ids=(C,), drop_blocks=(7,), store_blocks=(store,), released_ready_ids=(0,)
+    )
+    join = StepPlan(
+        step_id=2, new_seqs=(seq(B),), decode_ids=(A,), drop_blocks=(8,), spill_blocks=((8, b"h"),), join_previous=True
+    )
     assert can_join([queued], join)
     step = joined([queued, join])
     assert step.step_id == 2  # the last plan's id: its result carries the step

@@ -14,8 +14,13 @@ EOS = 2
 
 def make_request(name: str, num_prompt_tokens: int) -> Request:
     send, _recv = trio.open_memory_channel(4)
-    admit = Admit(request_id=RequestId(name), prompt_token_ids=tuple(range(10, 10 + num_prompt_tokens)),
-                  params=SamplingParams(max_tokens=8), outbox=send, arrival_time=0.0)  # fmt: skip
+    admit = Admit(
+        request_id=RequestId(name),
+        prompt_token_ids=tuple(range(10, 10 + num_prompt_tokens)),
+        params=SamplingParams(max_tokens=8),
+        outbox=send,
+        arrival_time=0.0,
+    )
     return Request(admit, (EOS,))
 
 

@@ -17,9 +17,7 @@ def entry(token_id: int) -> TokenLogprob:
 
 
 def output(token_ids, finish_reason=None) -> RequestOutput:
-    return RequestOutput(
-        token_ids=tuple(token_ids), finish_reason=finish_reason, logprobs=tuple(map(entry, token_ids))
-    )
+    return RequestOutput(token_ids=tuple(token_ids), finish_reason=finish_reason, logprobs=tuple(map(entry, token_ids)))
 
 
 async def run(outputs, stop=()):

@@ -83,5 +83,5 @@ def router(tmp_path: pathlib.Path, workers: list[str], policy: str, *flags: str)
     argv = [
         str(ROUTER), "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port()),
         "--policy", policy, "--worker-urls", *workers, "--log-level", "info", *flags,
-    ]  # fmt: skip
+    ]
     return started(argv, f"http://127.0.0.1:{port}", tmp_path / f"router-{port}.log", "/v1/models")

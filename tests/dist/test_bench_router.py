@@ -7,8 +7,8 @@ import json
 import pytest
 from replicas import ROUTER
 
-from vllm_mlx_trio.bench.http_bench import BenchError
-from vllm_mlx_trio.bench.router_bench import RouterBenchArgs, run_router_bench, summary_rows
+from vllm_mlx_trio.bench.http import BenchError
+from vllm_mlx_trio.bench.router import RouterBenchArgs, run_router_bench, summary_rows
 from vllm_mlx_trio.bench.workload import Workload
 from vllm_mlx_trio.cli import main
 
@@ -34,7 +34,7 @@ def test_unknown_targets_are_refused_before_anything_starts():
 def test_a_short_run_behind_the_router(tmp_path, demo_cache_dir, capsys):
     out = tmp_path / "router.json"
     code = main(["bench", "router", "--set", f"model.demo_cache_dir={demo_cache_dir}", "--targets", "direct,router-1",
-                 "--rounds", "1", "--max-tokens", "4", "--concurrency", "1", "--json", str(out)])  # fmt: skip
+                 "--rounds", "1", "--max-tokens", "4", "--concurrency", "1", "--json", str(out)])
     assert code == 0
     rows = json.loads(out.read_text())["rows"]
     assert [(row["target"], row["conc"], row["rounds"]) for row in rows] == [("direct", 1, 1), ("router-1", 1, 1)]

@@ -9,13 +9,13 @@ import httpx
 import pytest
 import trio
 
-from vllm_mlx_trio.actors.chat_template import ChatTemplateOptions, tokenize_prompt
+from vllm_mlx_trio.actors.admission.chat_template import ChatTemplateOptions, tokenize_prompt
 from vllm_mlx_trio.core.params import SamplingParams
 from vllm_mlx_trio.core.request import Request
 from vllm_mlx_trio.core.scheduler import Scheduler
 from vllm_mlx_trio.errors import InvalidRequestError
-from vllm_mlx_trio.http import extensions
-from vllm_mlx_trio.http.requests import parse_chat, parse_completion
+from vllm_mlx_trio.http.openai import extensions
+from vllm_mlx_trio.http.openai.requests import parse_chat, parse_completion
 from vllm_mlx_trio.messages import Admit, ChatMessage, RequestId, TextPart
 from vllm_mlx_trio.testing.fake_executor import FakeExecutor, text_script
 from vllm_mlx_trio.testing.harness import open_server

@@ -24,7 +24,7 @@ LONG_TOKENS = 1500
 ROUTER_FLAGS = (
     "--cb-failure-threshold", "1", "--retry-max-retries", "3", "--retry-initial-backoff-ms", "10",
     "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
-)  # fmt: skip
+)
 
 
 async def wait_health(http: httpx.AsyncClient, url: str, status: int) -> None:
@@ -48,7 +48,7 @@ async def test_draining_replica_finishes_its_stream_while_new_requests_go_to_the
             stream = await client.chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": "tell a long story"}], max_tokens=LONG_TOKENS,
                 stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
-            )  # fmt: skip
+            )
             chunks = [await stream.__anext__()]
             holder, other = (a, b) if await a.metric(http, RUNNING) else (b, a)
             assert await holder.metric(http, RUNNING) == 1 and await other.metric(http, RUNNING) == 0

@@ -30,7 +30,7 @@ async def two_ranks(tmp_path: pathlib.Path, model_dir: str, *overrides: str):
     sets = [
         f"server.port={port}", f"model.path={model_dir}", "engine.mode=distributed", "distributed.backend=ring",
         "cache.block_size=16", *overrides,
-    ]  # fmt: skip
+    ]
     argv = [sys.executable, "-m", "vllm_mlx_trio.cli", "serve", *[a for s in sets for a in ("--set", s)]]
     ranks = []
     try:

@@ -84,9 +84,12 @@ async def test_env_keys_guard_every_route_but_health(fake_cfg, monkeypatch):
     assert lower.status_code == 200
     assert health.status_code == 200 and health.json() == {"status": "ok"}
     assert guarded == {
-        "/metrics": [401, 200], "/v1/status": [401, 200], "/v1/cache/stats": [401, 200],
-        "/version": [401, 200], "/v2/nothing": [401, 404],
-    }  # fmt: skip
+        "/metrics": [401, 200],
+        "/v1/status": [401, 200],
+        "/v1/cache/stats": [401, 200],
+        "/version": [401, 200],
+        "/v2/nothing": [401, 404],
+    }
     assert delete.status_code == 401
 
 
@@ -107,9 +110,7 @@ async def test_completions_with_a_key_streaming_and_not(fake_cfg, monkeypatch):
     assert plain.status_code == 200 and plain.json()["choices"][0]["message"]["content"] == "Hello"
     events = [e for e in raw.split("\n\n") if e]
     assert streamed_status == 200 and events[-1] == "data: [DONE]"
-    text = "".join(
-        json.loads(e[len("data: ") :])["choices"][0]["delta"].get("content") or "" for e in events[:-1]
-    )
+    text = "".join(json.loads(e[len("data: ") :])["choices"][0]["delta"].get("content") or "" for e in events[:-1])
     assert text == "Hello"
 
 

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from vllm_mlx_trio.core.params import SamplingParams
-from vllm_mlx_trio.http.requests import parse_chat, parse_completion
+from vllm_mlx_trio.http.openai.requests import parse_chat, parse_completion
 from vllm_mlx_trio.testing.fake_executor import FakeTokenizer, letters_script
 from vllm_mlx_trio.testing.harness import fake_executor_factory, open_server
 
@@ -143,12 +143,25 @@ WRONG_TYPE = {
     str: [0, 1.5, True, [], ["a"], {}],
 }
 CHAT_TYPED = {
-    "temperature": float, "top_p": float, "min_p": float, "repetition_penalty": float,
-    "presence_penalty": float, "frequency_penalty": float,
-    "max_tokens": int, "max_completion_tokens": int, "top_k": int, "seed": int, "n": int,
-    "min_tokens": int, "stream_interval": int, "top_logprobs": int,
-    "stream": bool, "ignore_eos": bool, "logprobs": bool, "cache_salt": str,
-}  # fmt: skip
+    "temperature": float,
+    "top_p": float,
+    "min_p": float,
+    "repetition_penalty": float,
+    "presence_penalty": float,
+    "frequency_penalty": float,
+    "max_tokens": int,
+    "max_completion_tokens": int,
+    "top_k": int,
+    "seed": int,
+    "n": int,
+    "min_tokens": int,
+    "stream_interval": int,
+    "top_logprobs": int,
+    "stream": bool,
+    "ignore_eos": bool,
+    "logprobs": bool,
+    "cache_salt": str,
+}
 COMPLETION_TYPED = {
     **{k: v for k, v in CHAT_TYPED.items() if k not in ("max_completion_tokens", "top_logprobs", "logprobs")},
     "logprobs": int,
@@ -217,10 +230,29 @@ def f_unknown_field(rng: random.Random) -> Bad:
     chat = rng.random() < 0.6
     body = base_body(rng, chat)
     known = CHAT_TYPED.keys() | COMPLETION_TYPED.keys() | {"model", "messages", "prompt", "stop", "user"}
-    name = rng.choice(["frobnicate", "functions", "function_call", "modalities", "prediction", "audio",
-                       "metadata", "store", "service_tier", "reasoning_effort", "Model", "MESSAGES", " model",
-                       "max-tokens", "temperature ", "", "x" * rng.randint(1, 40), "\u00e9t\u00e9",
-                       "日本"])  # fmt: skip
+    name = rng.choice(
+        [
+            "frobnicate",
+            "functions",
+            "function_call",
+            "modalities",
+            "prediction",
+            "audio",
+            "metadata",
+            "store",
+            "service_tier",
+            "reasoning_effort",
+            "Model",
+            "MESSAGES",
+            " model",
+            "max-tokens",
+            "temperature ",
+            "",
+            "x" * rng.randint(1, 40),
+            "\u00e9t\u00e9",
+            "日本",
+        ]
+    )
     assert name not in known
     body[name] = rng.choice([1, "x", None, [], {}, True])
     return Bad("unknown field", CHAT if chat else COMPLETIONS, _dump(body), 400)
@@ -263,20 +295,36 @@ def f_model(rng: random.Random) -> Bad:
 
 
 BAD_MESSAGES: list[object] = [
-    5, "x", None, [], [{"role": "user", "content": "x"}],
-    {"content": "x"}, {"role": None, "content": "x"}, {"role": "tool", "content": "x"},
-    {"role": "function", "content": "x"}, {"role": "USER", "content": "x"}, {"role": "", "content": "x"},
-    {"role": 1, "content": "x"}, {"role": ["user"], "content": "x"}, {"role": {"r": 1}, "content": "x"},
-    {"role": "user"}, {"role": "user", "content": None}, {"role": "user", "content": 5},
-    {"role": "user", "content": {"type": "text", "text": "x"}}, {"role": "user", "content": [5]},
-    {"role": "user", "content": ["x"]}, {"role": "user", "content": [None]},
+    5,
+    "x",
+    None,
+    [],
+    [{"role": "user", "content": "x"}],
+    {"content": "x"},
+    {"role": None, "content": "x"},
+    {"role": "tool", "content": "x"},
+    {"role": "function", "content": "x"},
+    {"role": "USER", "content": "x"},
+    {"role": "", "content": "x"},
+    {"role": 1, "content": "x"},
+    {"role": ["user"], "content": "x"},
+    {"role": {"r": 1}, "content": "x"},
+    {"role": "user"},
+    {"role": "user", "content": None},
+    {"role": "user", "content": 5},
+    {"role": "user", "content": {"type": "text", "text": "x"}},
+    {"role": "user", "content": [5]},
+    {"role": "user", "content": ["x"]},
+    {"role": "user", "content": [None]},
     {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]},
     {"role": "user", "content": [{"type": "input_audio", "input_audio": {}}]},
-    {"role": "user", "content": [{"type": "file"}]}, {"role": "user", "content": [{"type": "text"}]},
-    {"role": "user", "content": [{"type": "text", "text": 5}]}, {"role": "user", "content": [{"text": "x"}]},
+    {"role": "user", "content": [{"type": "file"}]},
+    {"role": "user", "content": [{"type": "text"}]},
+    {"role": "user", "content": [{"type": "text", "text": 5}]},
+    {"role": "user", "content": [{"text": "x"}]},
     {"role": "user", "content": [{"type": ["text"], "text": "x"}]},
     {"role": "user", "content": [{"type": "text", "text": "ok"}, {"type": "refusal", "refusal": "no"}]},
-]  # fmt: skip
+]
 
 
 def f_messages(rng: random.Random) -> Bad:
@@ -339,9 +387,22 @@ def f_stop(rng: random.Random) -> Bad:
         body["stop"] = rng.choice([5, 1.5, True, {}, {"a": "b"}, [1], ["a", 2], [None], [["a"]], ["a", {}]])
     else:
         body["stop_token_ids"] = rng.choice(
-            ["1", 5, {}, [1.5], ["1"], [True], [[1]], True, [-1], [-rng.randint(2, 10**9)],
-             [VOCAB], [rng.randint(VOCAB, 10**12)], [1, 2, 10**30]]
-        )  # fmt: skip
+            [
+                "1",
+                5,
+                {},
+                [1.5],
+                ["1"],
+                [True],
+                [[1]],
+                True,
+                [-1],
+                [-rng.randint(2, 10**9)],
+                [VOCAB],
+                [rng.randint(VOCAB, 10**12)],
+                [1, 2, 10**30],
+            ]
+        )
     return Bad("stop", CHAT if chat else COMPLETIONS, _dump(body), 400)
 
 
@@ -440,8 +501,19 @@ def f_not_an_object(rng: random.Random) -> Bad:
     return Bad("body not an object", CHAT if chat else COMPLETIONS, _dump(value), 400)
 
 
-INVALID_UTF8 = [b"\xff", b"\xfe", b"\xc3\x28", b"\xa0\xa1", b"\xe2\x28\xa1", b"\xf0\x28\x8c\x28",
-                b"\xc0\xaf", b"\xed\xa0\x80", b"\xf8\x88\x80\x80\x80", b"\x80", b"\xf4\x90\x80\x80"]  # fmt: skip
+INVALID_UTF8 = [
+    b"\xff",
+    b"\xfe",
+    b"\xc3\x28",
+    b"\xa0\xa1",
+    b"\xe2\x28\xa1",
+    b"\xf0\x28\x8c\x28",
+    b"\xc0\xaf",
+    b"\xed\xa0\x80",
+    b"\xf8\x88\x80\x80\x80",
+    b"\x80",
+    b"\xf4\x90\x80\x80",
+]
 
 
 def f_invalid_utf8(rng: random.Random) -> Bad:
@@ -490,11 +562,34 @@ def f_content_type(rng: random.Random) -> Bad:
 
 
 FAMILIES: list[Family] = [
-    f_wrong_type, f_wrong_type, f_out_of_range, f_out_of_range, f_logprobs, f_unknown_field, f_not_yet,
-    f_model, f_messages, f_messages, f_prompt, f_prompt_on_chat, f_too_long, f_stop, f_logit_bias,
-    f_logit_bias, f_stream_options, f_duplicate_key, f_big_int_literal, f_truncated, f_trailing,
-    f_corrupted, f_not_an_object, f_invalid_utf8, f_non_finite, f_empty, f_content_type,
-]  # fmt: skip
+    f_wrong_type,
+    f_wrong_type,
+    f_out_of_range,
+    f_out_of_range,
+    f_logprobs,
+    f_unknown_field,
+    f_not_yet,
+    f_model,
+    f_messages,
+    f_messages,
+    f_prompt,
+    f_prompt_on_chat,
+    f_too_long,
+    f_stop,
+    f_logit_bias,
+    f_logit_bias,
+    f_stream_options,
+    f_duplicate_key,
+    f_big_int_literal,
+    f_truncated,
+    f_trailing,
+    f_corrupted,
+    f_not_an_object,
+    f_invalid_utf8,
+    f_non_finite,
+    f_empty,
+    f_content_type,
+]
 SYNTAX_FAMILIES = {f_truncated, f_trailing, f_corrupted, f_invalid_utf8, f_non_finite, f_empty}
 
 
@@ -512,9 +607,13 @@ def large_bodies() -> tuple[Bad, ...]:
         Bad("exactly the limit, not JSON", CHAT, b"x" * MAX_BODY, 400),
         Bad("limit + 1", CHAT, b'{"model": "' + b"a" * (MAX_BODY - 10), 413),
         Bad("~10 MB", CHAT, json.dumps({"model": MODEL, "prompt": "a" * (10 * mb)}).encode(), 413),
-        Bad("~10 MB chat", CHAT,
-            json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "b" * (10 * mb)}]}).encode(), 413),
-    )  # fmt: skip
+        Bad(
+            "~10 MB chat",
+            CHAT,
+            json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "b" * (10 * mb)}]}).encode(),
+            413,
+        ),
+    )
 
 
 def build_corpus(size: int = 1000, seed: int = SEED) -> list[Bad]:
@@ -705,13 +804,15 @@ _not_bool = st.one_of(st.integers(), st.floats(**_finite), st.text(max_size=5), 
 def _outside(lo: float, hi: float, *, low_open: bool = False):
     """Finite floats (or ints) outside [lo, hi] ((lo, hi] when low_open)."""
     below = st.floats(max_value=lo, exclude_max=not low_open, **_finite).filter(
-        lambda x: x < lo or (low_open and x == lo))
+        lambda x: x < lo or (low_open and x == lo)
+    )
     above = st.floats(min_value=hi, exclude_min=True, **_finite)
     # Integers stay within float range: beyond it is pinned separately (see FORMER_BUGS).
     top = math.floor(lo) - (0 if low_open and lo == int(lo) else 1)
-    ints = st.one_of(st.integers(min_value=-(10**100), max_value=top),
-                     st.integers(min_value=math.floor(hi) + 1, max_value=10**100))
-    return st.one_of(below, above, ints, _not_number)  # fmt: skip
+    ints = st.one_of(
+        st.integers(min_value=-(10**100), max_value=top), st.integers(min_value=math.floor(hi) + 1, max_value=10**100)
+    )
+    return st.one_of(below, above, ints, _not_number)
 
 
 def _int_outside(lo: int, hi: int):
@@ -739,16 +840,21 @@ WRONG_VALUES: dict[str, st.SearchStrategy] = {
         st.integers(),
         st.just(""),
     ),
-    "stop_token_ids": st.lists(st.one_of(st.integers(max_value=-1), st.integers(min_value=VOCAB)),
-                               min_size=1, max_size=4),
+    "stop_token_ids": st.lists(
+        st.one_of(st.integers(max_value=-1), st.integers(min_value=VOCAB)), min_size=1, max_size=4
+    ),
     "logit_bias": st.one_of(
-        st.dictionaries(st.from_regex(r"[0-9]{0,3}[^0-9][0-9]{0,3}", fullmatch=True).filter(lambda k: len(k) < 12),
-                        st.integers(-100, 100), min_size=1, max_size=3),
+        st.dictionaries(
+            st.from_regex(r"[0-9]{0,3}[^0-9][0-9]{0,3}", fullmatch=True).filter(lambda k: len(k) < 12),
+            st.integers(-100, 100),
+            min_size=1,
+            max_size=3,
+        ),
         st.dictionaries(st.integers(0, VOCAB - 1).map(str), _outside(-100.0, 100.0), min_size=1, max_size=3),
         st.dictionaries(st.integers(VOCAB, 10**9).map(str), st.integers(-100, 100), min_size=1, max_size=3),
     ),
     "model": st.text(max_size=40).filter(lambda m: m != MODEL),
-}  # fmt: skip
+}
 #: What the error's ``param`` names, when it is not the field itself.
 PARAM = {"model": "model"}
 
@@ -783,8 +889,12 @@ async def test_hypothesis_wrong_values_one_by_one(fake_cfg, caplog):
         async with fake_server(fake_cfg) as srv, httpx.AsyncClient(timeout=10) as http:
             for field, value in cases:
                 body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, field: value}
-                bad = Bad(f"hypothesis: {field}={value!r:.80}", CHAT, json.dumps(body).encode(),
-                          404 if field == "model" else 400)
+                bad = Bad(
+                    f"hypothesis: {field}={value!r:.80}",
+                    CHAT,
+                    json.dumps(body).encode(),
+                    404 if field == "model" else 400,
+                )
                 error = check_error(await post(http, srv.url, bad), bad)
                 seen.append((field, error["param"]))
             good = await run_good(http, srv.url, *good_requests()[0])
@@ -843,8 +953,13 @@ FORMER_BUGS = [
     ),
     pytest.param(
         json.dumps(
-            {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
-             "parallel_tool_calls": 1, "best_of": True}
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 2,
+                "parallel_tool_calls": 1,
+                "best_of": True,
+            }
         ).encode(),
         400,
         id="not-yet-field-compared-by-equality",

@@ -45,9 +45,18 @@ async def test_stats_shape_on_a_fresh_server(fake_cfg):
         async with fake_server(fake_cfg) as srv, httpx.AsyncClient() as http:
             body = await stats(http, srv.url)
     assert list(body) == [
-        "enabled", "block_size", "queries", "hits", "prefix_hits", "misses", "hit_rate",
-        "tokens_saved", "evictions", "blocks", "memory",
-    ]  # fmt: skip
+        "enabled",
+        "block_size",
+        "queries",
+        "hits",
+        "prefix_hits",
+        "misses",
+        "hit_rate",
+        "tokens_saved",
+        "evictions",
+        "blocks",
+        "memory",
+    ]
     assert body["enabled"] is True and body["block_size"] == fake_cfg.cache.block_size == 64
     counters = ("queries", "hits", "prefix_hits", "misses", "tokens_saved", "evictions")
     assert all(body[name] == 0 for name in counters) and body["hit_rate"] == 0.0

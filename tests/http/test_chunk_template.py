@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from vllm_mlx_trio.http.responses import ResponseBuilder, sse
+from vllm_mlx_trio.http.openai.responses import ResponseBuilder, sse
 
 TEXTS = ["hello", " world", 'quote " and \\ back', "new\nline\ttab", "é✓ 日本 😀", "\x00\x1f ctrl", "\ue000text\ue000"]
 

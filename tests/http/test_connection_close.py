@@ -37,8 +37,14 @@ async def test_the_server_closes_after_a_plain_answer_and_a_stream(fake_cfg):
     with trio.fail_after(20):
         async with open_server(fake_cfg, executor_factory=fake_executor_factory(step_s=0)) as srv:
             health = await exchange(srv.url, b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-            body = json.dumps({"model": fake_cfg.model_name, "messages": [{"role": "user", "content": "hi"}],
-                               "stream": True, "max_tokens": 5}).encode()  # fmt: skip
+            body = json.dumps(
+                {
+                    "model": fake_cfg.model_name,
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "stream": True,
+                    "max_tokens": 5,
+                }
+            ).encode()
             streamed = await exchange(srv.url, post("/v1/chat/completions", body))
     assert health.startswith(b"HTTP/1.1 200") and health.endswith(b'{"status":"ok"}\n')
     assert streamed.startswith(b"HTTP/1.1 200") and b"data: [DONE]" in streamed

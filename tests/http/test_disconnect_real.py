@@ -56,11 +56,14 @@ def server_cfg(model_dir: str, *overrides: str):
     return load_config(
         None,
         overrides=[
-            "server.port=0", "server.drain_timeout_s=5", f"server.served_model_name={MODEL}",
-            f"model.path={model_dir}", *overrides,
+            "server.port=0",
+            "server.drain_timeout_s=5",
+            f"server.served_model_name={MODEL}",
+            f"model.path={model_dir}",
+            *overrides,
         ],
         environ={},
-    )  # fmt: skip
+    )
 
 
 def rid_header(request_id: str) -> dict[str, str]:
@@ -93,8 +96,12 @@ async def wait_phase(http: httpx.AsyncClient, url: str, request_id: str, phase: 
 async def disconnects(http: httpx.AsyncClient, url: str) -> float:
     resp = await http.get(f"{url}/metrics")
     assert resp.status_code == 200, resp.text
-    values = [sample.value for family in text_string_to_metric_families(resp.text)
-              for sample in family.samples if sample.name == DISCONNECTED]  # fmt: skip
+    values = [
+        sample.value
+        for family in text_string_to_metric_families(resp.text)
+        for sample in family.samples
+        if sample.name == DISCONNECTED
+    ]
     assert values, f"{DISCONNECTED} missing from /metrics"
     return sum(values)  # over the endpoint label
 
@@ -156,9 +163,7 @@ def assert_no_errors(caplog) -> None:
 # -- clients ---------------------------------------------------------------------------------
 
 
-async def greedy_text(
-    http: httpx.AsyncClient, url: str, body: dict = OTHER_BODY, request_id: str = OTHER_ID
-) -> str:
+async def greedy_text(http: httpx.AsyncClient, url: str, body: dict = OTHER_BODY, request_id: str = OTHER_ID) -> str:
     resp = await http.post(f"{url}/v1/chat/completions", json=body, headers=rid_header(request_id))
     assert resp.status_code == 200, resp.text
     reply = resp.json()
@@ -247,9 +252,7 @@ async def test_disconnect_mid_prefill(float32_dir, caplog):
             before, outcome = await Before.read(http, srv), {}
             async with trio.open_nursery() as nursery:
                 other = await start_other(nursery, http, srv.url)
-                client = await start_cancellable(
-                    nursery, victim_stream, srv.url, "/v1/completions", body, outcome
-                )
+                client = await start_cancellable(nursery, victim_stream, srv.url, "/v1/completions", body, outcome)
                 entry = await wait_phase(http, srv.url, VICTIM_ID, "prefill")
                 leased_blocks = srv.engine.statistics().cache.pool.num_in_use
                 steps_before = num_steps(srv.engine)
@@ -272,9 +275,13 @@ async def test_disconnect_mid_prefill(float32_dir, caplog):
 def victim_chat(*, stream: bool) -> dict:
     content = "Tell me a very long story about the sea."
     return {
-        "model": MODEL, "messages": [{"role": "user", "content": content}], "stream": stream,
-        "max_tokens": 1000, "temperature": 0, "ignore_eos": True,
-    }  # fmt: skip
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "stream": stream,
+        "max_tokens": 1000,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
 
 
 async def read_data_lines(resp: httpx.Response, count: int) -> list[str]:
@@ -326,9 +333,7 @@ async def test_disconnect_during_non_streaming_request(float32_dir, caplog):
             async with trio.open_nursery() as nursery:
                 other = await start_other(nursery, http, srv.url)
                 body = victim_chat(stream=False)
-                client = await start_cancellable(
-                    nursery, victim_post, srv.url, "/v1/chat/completions", body, outcome
-                )
+                client = await start_cancellable(nursery, victim_post, srv.url, "/v1/chat/completions", body, outcome)
                 entry = await wait_phase(http, srv.url, VICTIM_ID, "decode")
                 steps_before = num_steps(srv.engine)
                 client.cancel()  # the client gives up: httpx closes its connection

@@ -43,9 +43,7 @@ async def test_engine_death_over_http(fake_cfg):
                     async with client.stream("POST", f"{srv.url}/v1/chat/completions", json=body) as r:
                         lines = [line async for line in r.aiter_lines() if line]
                     health = await client.get(f"{srv.url}/health")
-                    refused = await client.post(
-                        f"{srv.url}/v1/chat/completions", json={**body, "stream": False}
-                    )
+                    refused = await client.post(f"{srv.url}/v1/chat/completions", json={**body, "stream": False})
     error = json.loads(lines[-1].removeprefix("data: "))["error"]
     assert error["code"] == "engine_failed" and "injected failure" in error["message"]
     assert "data: [DONE]" not in lines
@@ -61,9 +59,7 @@ async def test_a_stalled_step_trips_the_watchdog(autojump_clock):
     gate = StepGate()  # never opened: the first step never returns
     with trio.fail_after(100):
         with pytest.raises(EngineStalledError, match="longer than 5.0 s"):
-            async with open_fake_engine(
-                overrides=("limits.engine_stall_timeout_s=5",), gate=gate, step_s=0
-            ) as fake:
+            async with open_fake_engine(overrides=("limits.engine_stall_timeout_s=5",), gate=gate, step_s=0) as fake:
                 start = trio.current_time()
                 with pytest.raises(EngineStalledError):
                     async for _delta in fake.engine.generate(CHAT):

@@ -28,13 +28,15 @@ def client(url):
 async def test_streamed_text_equals_non_streamed_text(demo_cfg):
     with trio.fail_after(TIMEOUT_S):
         async with open_server(demo_cfg) as srv, client(srv.url) as c:
-            whole = await c.chat.completions.create(
-                model=MODEL, messages=CHAT, max_tokens=40, temperature=0
-            )
+            whole = await c.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=40, temperature=0)
             stream = await c.chat.completions.create(
-                model=MODEL, messages=CHAT, max_tokens=40, temperature=0, stream=True,
+                model=MODEL,
+                messages=CHAT,
+                max_tokens=40,
+                temperature=0,
+                stream=True,
                 stream_options={"include_usage": True},
-            )  # fmt: skip
+            )
             chunks = [chunk async for chunk in stream]
     streamed = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
     assert whole.choices[0].message.content == streamed
@@ -96,7 +98,8 @@ async def test_disconnect_mid_stream_leaves_no_state(demo_cfg):
 
 @pytest.mark.parametrize("mode", ["simple", "batched"])
 async def test_every_mlx_call_runs_on_the_executor_thread(demo_cfg, monkeypatch, mode):
-    from vllm_mlx_trio.worker import batch_runner, simple_runner
+    from vllm_mlx_trio.worker import simple_runner
+    from vllm_mlx_trio.worker.batched import runner as batch_runner
 
     runner = simple_runner.SimpleRunner if mode == "simple" else batch_runner.BatchRunner
     threads = set()

@@ -65,9 +65,7 @@ async def poll(fetch, predicate, interval: float = 0.01):
 
 
 def request_lines(caplog) -> list[logging.LogRecord]:
-    return [
-        r for r in caplog.records if r.name == REQUEST_LOGGER and r.getMessage().startswith("request finished")
-    ]
+    return [r for r in caplog.records if r.name == REQUEST_LOGGER and r.getMessage().startswith("request finished")]
 
 
 # --- /metrics -------------------------------------------------------------------------------
@@ -193,9 +191,7 @@ async def test_status_shows_phases_while_a_gate_holds_steps():
                     await poll(lambda: status(http, srv.url), lambda s, name=name: name in by_id(s))
                 held = await status(http, srv.url)
                 gate.allow(1)  # the first request's prefill step: its first token
-                decoding = await poll(
-                    lambda: status(http, srv.url), lambda s: by_id(s)["first"]["phase"] == "decode"
-                )
+                decoding = await poll(lambda: status(http, srv.url), lambda s: by_id(s)["first"]["phase"] == "decode")
                 gate.allow(1000)
             idle = await status(http, srv.url)
     assert (held["running"], held["waiting"]) == (1, 1)
@@ -210,8 +206,12 @@ async def test_status_shows_phases_while_a_gate_holds_steps():
     assert set(held["memory"]) == {"mlx_active_bytes", "mlx_peak_bytes", "mlx_cache_bytes"}
     assert {"enabled", "queries", "hit_rate", "blocks", "memory"} <= set(held["cache"])
     assert held["tokens_per_s"] >= 0
-    assert held["kv"] == {"budget_tokens": None, "held_tokens": first["prompt_tokens"],
-                          "bytes_per_token": 0, "preemptions": 0}  # fmt: skip
+    assert held["kv"] == {
+        "budget_tokens": None,
+        "held_tokens": first["prompt_tokens"],
+        "bytes_per_token": 0,
+        "preemptions": 0,
+    }
     assert first["preemptions"] == 0
     assert idle["requests"] == [] and idle["running"] == 0
     assert all(r.status_code == 200 for r in replies.values())

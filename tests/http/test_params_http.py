@@ -13,9 +13,9 @@ import trio
 from vllm_mlx_trio.config import load_config
 from vllm_mlx_trio.core.params import SamplingParams
 from vllm_mlx_trio.errors import ExecutorCrashedError, InvalidRequestError
-from vllm_mlx_trio.http.requests import parse_chat, parse_completion
-from vllm_mlx_trio.http.responses import ChoiceResult, ResponseBuilder
-from vllm_mlx_trio.http.routes import ChoicesSseBody, choice_params
+from vllm_mlx_trio.http.openai.requests import parse_chat, parse_completion
+from vllm_mlx_trio.http.openai.responses import ChoiceResult, ResponseBuilder
+from vllm_mlx_trio.http.openai.routes import ChoicesSseBody, choice_params
 from vllm_mlx_trio.messages import Accepted, RequestFailed, RequestId, RequestOutput, TokenLogprob
 from vllm_mlx_trio.stream import RequestStream, Usage
 from vllm_mlx_trio.testing.fake_executor import FakeExecutor, FakeTokenizer, text_script
@@ -418,8 +418,15 @@ async def test_completion_logprobs_end_to_end_with_n(fake_cfg):
 
 def test_an_answer_sent_back_as_openai_python_writes_it_is_accepted():
     # openai-python's ChatCompletionMessage, dumped into the next turn's messages.
-    echoed = {"role": "assistant", "content": "Hi!", "refusal": None, "tool_calls": None,
-              "function_call": None, "audio": None, "annotations": []}  # fmt: skip
+    echoed = {
+        "role": "assistant",
+        "content": "Hi!",
+        "refusal": None,
+        "tool_calls": None,
+        "function_call": None,
+        "audio": None,
+        "annotations": [],
+    }
     parsed = parse_chat(chat_body(messages=[*CHAT, echoed, *CHAT]), model_name=MODEL, max_n=8)
     assert [m.role for m in parsed.prompt] == ["user", "assistant", "user"]
 
@@ -434,7 +441,7 @@ def test_an_answer_sent_back_as_openai_python_writes_it_is_accepted():
         ({"role": "user", "content": "hi", "name": ""}, "messages[0].name", None),
         ({"role": "user", "content": "hi", "name": 7}, "messages[0].name", None),
     ],
-)  # fmt: skip
+)
 def test_message_fields_this_server_would_ignore_are_refused(message, param, code):
     with pytest.raises(InvalidRequestError) as refused:
         parse_chat(chat_body(messages=[message]), model_name=MODEL, max_n=8)
@@ -442,7 +449,7 @@ def test_message_fields_this_server_would_ignore_are_refused(message, param, cod
 
 
 def test_a_message_name_reaches_the_chat_template():
-    from vllm_mlx_trio.actors.admission import AdmissionActor, AdmissionLimits
+    from vllm_mlx_trio.actors.admission.actor import AdmissionActor, AdmissionLimits
 
     class Recording(FakeTokenizer):
         turns: list = []
@@ -451,8 +458,9 @@ def test_a_message_name_reaches_the_chat_template():
             Recording.turns = messages
             return super().apply_chat_template(messages, **kwargs)
 
-    parsed = parse_chat(chat_body(messages=[{"role": "user", "content": "hi", "name": "ada"}, *CHAT]),
-                        model_name=MODEL, max_n=8)  # fmt: skip
+    parsed = parse_chat(
+        chat_body(messages=[{"role": "user", "content": "hi", "name": "ada"}, *CHAT]), model_name=MODEL, max_n=8
+    )
     limits = AdmissionLimits(max_context_tokens=99, default_max_tokens=None, max_stop_sequences=4, vocab_size=259)
     send, recv = trio.open_memory_channel(0)
     actor = AdmissionActor(submit_recv=recv, admit_send=send, tokenizer=Recording(), limits=limits)

@@ -32,9 +32,7 @@ async def test_control_endpoints_answer_while_saturated(fake_cfg):
                 for _ in range(4):  # 2 running + 2 waiting: the engine is full
                     nursery.start_soon(functools.partial(client.post, f"{srv.url}/v1/chat/completions", json=body))
                 await wait_until(lambda: srv.engine.statistics().num_requests >= 4, poll_s=0.01)
-                replies = {
-                    path: await client.get(f"{srv.url}{path}") for path in ("/health", "/metrics", "/v1/models")
-                }
+                replies = {path: await client.get(f"{srv.url}{path}") for path in ("/health", "/metrics", "/v1/models")}
                 refused = await client.post(f"{srv.url}/v1/chat/completions", json=body)
                 stats = srv.engine.statistics()
                 gate.allow(1000)

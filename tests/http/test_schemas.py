@@ -7,8 +7,8 @@ import msgspec
 import pytest
 
 from vllm_mlx_trio.errors import InvalidRequestError
-from vllm_mlx_trio.http import schemas
-from vllm_mlx_trio.http.requests import parse_chat, parse_completion
+from vllm_mlx_trio.http.openai import schemas
+from vllm_mlx_trio.http.openai.requests import parse_chat, parse_completion
 from vllm_mlx_trio.messages import ImagePart, TextPart, VideoPart
 
 MODEL = "demo:tiny"
@@ -45,17 +45,30 @@ def test_the_agent_shapes_decode_and_are_refused_on_completions(field):
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("tool_choice", "auto"), ("tools", {"type": "function"}),
-     ("reasoning_effort", "extreme"), ("chat_template_kwargs", [])],
-)  # fmt: skip
+    [
+        ("tool_choice", "auto"),
+        ("tools", {"type": "function"}),
+        ("reasoning_effort", "extreme"),
+        ("chat_template_kwargs", []),
+    ],
+)
 def test_malformed_agent_fields_name_the_field(field, value):
     error = refused(**{field: value})
     assert error.param == field and error.code is None
 
 
 def test_off_values_are_accepted():
-    parsed = chat(response_format={"type": "text"}, tools=[], tool_choice="none", parallel_tool_calls=False,
-                  best_of=1, echo=False, suffix=None, chat_template_kwargs={}, reasoning_effort=None)  # fmt: skip
+    parsed = chat(
+        response_format={"type": "text"},
+        tools=[],
+        tool_choice="none",
+        parallel_tool_calls=False,
+        best_of=1,
+        echo=False,
+        suffix=None,
+        chat_template_kwargs={},
+        reasoning_effort=None,
+    )
     assert parsed.prompt[0].content == (TextPart(text="hi"),)
 
 
@@ -67,11 +80,14 @@ def test_chat_only_fields_are_unknown_on_completions(field):
 
 def test_content_parts_become_text_and_media_references():
     url = "data:image/png;base64,iVBORw0KGgo="
-    message = {"role": "user", "content": [
-        {"type": "text", "text": "look "},
-        {"type": "image_url", "image_url": {"url": url, "detail": "low"}},
-        {"type": "video_url", "video_url": {"url": "file:///clip.mp4"}},
-    ]}  # fmt: skip
+    message = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "look "},
+            {"type": "image_url", "image_url": {"url": url, "detail": "low"}},
+            {"type": "video_url", "video_url": {"url": "file:///clip.mp4"}},
+        ],
+    }
     parsed = parse_chat({"model": MODEL, "messages": [message]}, model_name=MODEL, max_n=8)
     text, image, video = parsed.prompt[0].content
     assert text == TextPart(text="look ")
@@ -98,18 +114,29 @@ def test_input_audio_is_refused_for_now_with_the_part_path():
         ({"stream": 1}, "stream must be a boolean, got int.", "stream"),
         ({"user": []}, "user must be a string, got list.", "user"),
         ({"stop": [1]}, "stop must be a string or an array of strings.", "stop"),
-        ({"stream": True, "stream_options": {"include_usage": 1}},
-         "stream_options.include_usage must be a boolean, got int.", "stream_options.include_usage"),
+        (
+            {"stream": True, "stream_options": {"include_usage": 1}},
+            "stream_options.include_usage must be a boolean, got int.",
+            "stream_options.include_usage",
+        ),
         ({"logit_bias": {"5": "x"}}, "logit_bias must be a number, got str.", "logit_bias"),
-        ({"messages": [USER, {"role": "user", "content": "x", "\udfff": 1}]},
-         "Unrecognized field in messages[1]: '\\udfff'", "messages[1].\udfff"),
-        ({"messages": [{"role": "user", "content": [{"type": "\ud800"}]}]},
-         "messages[0].content[0]: content part of type '\\ud800' is not supported by this model.",
-         "messages[0].content[0]"),
-        ({"messages": [{"role": "user", "content": "x", "name": ""}]},
-         "messages[0].name must be a string of 1 to 256 characters.", "messages[0].name"),
+        (
+            {"messages": [USER, {"role": "user", "content": "x", "\udfff": 1}]},
+            "Unrecognized field in messages[1]: '\\udfff'",
+            "messages[1].\udfff",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "\ud800"}]}]},
+            "messages[0].content[0]: content part of type '\\ud800' is not supported by this model.",
+            "messages[0].content[0]",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x", "name": ""}]},
+            "messages[0].name must be a string of 1 to 256 characters.",
+            "messages[0].name",
+        ),
     ],
-)  # fmt: skip
+)
 def test_msgspec_errors_in_our_words(fields, message, param):
     error = refused(**fields)
     assert (str(error), error.param) == (message, param)

@@ -7,7 +7,7 @@ import io
 
 from PIL import Image
 
-from vllm_mlx_trio.config_sections import MllmSection
+from vllm_mlx_trio.config.sections import MllmSection
 from vllm_mlx_trio.media import MediaLoader
 from vllm_mlx_trio.messages import ChatMessage, ChatPrompt, ImagePart, TextPart, VideoPart
 

@@ -11,7 +11,7 @@ from media_helpers import data_url, image, image_bytes, loader, prompt
 from PIL import Image
 
 from vllm_mlx_trio.errors import InvalidRequestError
-from vllm_mlx_trio.http.requests import parse_chat
+from vllm_mlx_trio.http.openai.requests import parse_chat
 from vllm_mlx_trio.media.images import fitted_size
 from vllm_mlx_trio.messages import ImagePart
 
@@ -210,8 +210,10 @@ def test_a_fifo_or_directory_is_refused_without_blocking(media_dir):
 
 def test_an_oversize_local_file_is_refused(media_dir):
     size = (media_dir / "a.png").stat().st_size
-    error = refused(loader(allowed_local_dirs=[str(media_dir)], max_image_bytes=size - 1).load_prompt_media,
-                    prompt(image(str(media_dir / "a.png"))))  # fmt: skip
+    error = refused(
+        loader(allowed_local_dirs=[str(media_dir)], max_image_bytes=size - 1).load_prompt_media,
+        prompt(image(str(media_dir / "a.png"))),
+    )
     assert "limit" in error.message
 
 
@@ -250,7 +252,14 @@ def test_detail_low_caps_the_image_at_512x512_pixels_and_keys_it_apart():
 
 
 def test_detail_reaches_the_image_part_from_a_chat_body():
-    body = {"model": "m", "messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": data_url(image_bytes()), "detail": "low"}}]}]}  # fmt: skip
+    body = {
+        "model": "m",
+        "messages": [
+            {
+                "role": "user",
+                "content": [{"type": "image_url", "image_url": {"url": data_url(image_bytes()), "detail": "low"}}],
+            }
+        ],
+    }
     (part,) = parse_chat(body, model_name="m", max_n=1).prompt.messages[0].content
     assert isinstance(part, ImagePart) and part.detail == "low"

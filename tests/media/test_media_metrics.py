@@ -19,8 +19,9 @@ def sample(text: str, name: str) -> float:
 def test_loaded_media_are_counted_by_kind_with_their_seconds():
     metrics = EngineMetrics("m", 128)
     images = loader().load_prompt_media(prompt(image(data_url(image_bytes())), image(data_url(image_bytes()))))
-    clip = LoadedVideo(where="w", frames=(np.zeros((2, 2, 3), np.uint8),), fps=2.0, max_frames=4, cache_key="k",
-                       seconds=0.5)  # fmt: skip
+    clip = LoadedVideo(
+        where="w", frames=(np.zeros((2, 2, 3), np.uint8),), fps=2.0, max_frames=4, cache_key="k", seconds=0.5
+    )
     metrics.on_media_loaded((*images, clip))
     text = metrics.render().decode()
     assert sample(text, "vllm_mlx_trio_images_processed_total") == 2

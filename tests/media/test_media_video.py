@@ -128,9 +128,13 @@ def test_oversize_video_bytes_are_refused(tmp_path):
 
 @pytest.mark.parametrize(
     "options, param",
-    [({"video_fps": 31.0}, "video_fps"), ({"video_max_frames": 129}, "video_max_frames"),
-     ({"video_max_frames": 1}, "video_max_frames"), ({"video_fps": float("nan")}, "video_fps")],
-)  # fmt: skip
+    [
+        ({"video_fps": 31.0}, "video_fps"),
+        ({"video_max_frames": 129}, "video_max_frames"),
+        ({"video_max_frames": 1}, "video_max_frames"),
+        ({"video_fps": float("nan")}, "video_fps"),
+    ],
+)
 def test_request_video_options_are_bounded_by_the_config(tmp_path, options, param):
     ref = data_url(clip(tmp_path), "video/avi")
     with pytest.raises(InvalidRequestError) as caught:
@@ -158,9 +162,12 @@ def test_sampling_matches_mlx_vlm_load_video_itself(tmp_path):
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     run = subprocess.run(
-        [sys.executable, "-c", script, str(path), json.dumps(cases)], capture_output=True, text=True, timeout=300,
+        [sys.executable, "-c", script, str(path), json.dumps(cases)],
+        capture_output=True,
+        text=True,
+        timeout=300,
         env=env,
-    )  # fmt: skip
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     theirs = json.loads(run.stdout.strip().splitlines()[-1])
     ours = [sample_indices(37, 12.0, fps, max_frames).tolist() for fps, max_frames in cases]

@@ -8,7 +8,7 @@ import pytest
 
 from vllm_mlx_trio.cli import main
 from vllm_mlx_trio.parsers import detect_reasoning_parser, detect_tool_parser
-from vllm_mlx_trio.worker.demo_model import CHAT_TEMPLATE as DEMO_TEMPLATE
+from vllm_mlx_trio.worker.demo.model import CHAT_TEMPLATE as DEMO_TEMPLATE
 
 # The lines of each family's chat template that carry its markup (shortened from the models' templates).
 QWEN3 = (
@@ -88,8 +88,9 @@ def _run(capsys, monkeypatch, stdin: str, *argv: str) -> tuple[int, str, str]:
 
 @pytest.mark.parametrize("chunk", ["0", "1", "3"])
 def test_parse_output_prints_the_openai_message(capsys, monkeypatch, chunk):
-    code, out, _ = _run(capsys, monkeypatch, RAW, "--tool-parser", "hermes", "--reasoning-parser", "qwen3",
-                        "--chunk-size", chunk)  # fmt: skip
+    code, out, _ = _run(
+        capsys, monkeypatch, RAW, "--tool-parser", "hermes", "--reasoning-parser", "qwen3", "--chunk-size", chunk
+    )
     message = json.loads(out)
     assert code == 0
     assert message["content"] == "OK" and message["reasoning_content"] == "hmm"
@@ -103,14 +104,24 @@ def test_parse_output_auto_from_a_tokenizer_config_and_typed_by_tools(capsys, mo
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"properties": {"n": {"type": "integer"}}}}}]
     (tmp_path / "tools.json").write_text(json.dumps({"tools": tools}))
     raw = "<tool_call>\n<function=f>\n<parameter=n>\n5\n</parameter>\n</function>\n</tool_call>"
-    code, out, _ = _run(capsys, monkeypatch, raw, "--tool-parser", "auto", "--chat-template",
-                        str(tmp_path / "tokenizer_config.json"), "--tools", str(tmp_path / "tools.json"))  # fmt: skip
+    code, out, _ = _run(
+        capsys,
+        monkeypatch,
+        raw,
+        "--tool-parser",
+        "auto",
+        "--chat-template",
+        str(tmp_path / "tokenizer_config.json"),
+        "--tools",
+        str(tmp_path / "tools.json"),
+    )
     assert code == 0 and json.loads(json.loads(out)["tool_calls"][0]["function"]["arguments"]) == {"n": 5}
 
 
 def test_parse_output_reads_a_bare_closer_as_reasoning_and_prints_deltas(capsys, monkeypatch):
-    code, out, _ = _run(capsys, monkeypatch, "plan\n</think>\n\nDone.", "--reasoning-parser", "qwen3", "--deltas",
-                        "--chunk-size", "2")  # fmt: skip
+    code, out, _ = _run(
+        capsys, monkeypatch, "plan\n</think>\n\nDone.", "--reasoning-parser", "qwen3", "--deltas", "--chunk-size", "2"
+    )
     lines = out.splitlines()
     deltas = [json.loads(line) for line in lines if line.startswith("{") and line.endswith("}")]
     message = json.loads("\n".join(lines[len(deltas) :]))

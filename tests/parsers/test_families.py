@@ -63,8 +63,13 @@ HARMONY = (
 )
 
 CASES = [
-    ("hermes", None, 'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n'
-     '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>', "Checking."),
+    (
+        "hermes",
+        None,
+        'Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n'
+        '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "CET"}}\n</tool_call>',
+        "Checking.",
+    ),
     ("qwen3_coder", "qwen3", "Checking.\n\n" + QWEN3_CODER, "Checking."),
     ("deepseek_v3", "deepseek_r1", "Checking." + DS_V3, "Checking."),
     ("deepseek_v3", None, DS_V31, None),
@@ -74,16 +79,19 @@ CASES = [
     ("mistral", None, MISTRAL_NEW, None),
     ("llama3_json", None, LLAMA_TAG, None),
     ("openai", "openai_gptoss", HARMONY, None),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("tool_parser", "reasoning_parser", "text", "content"), CASES)
 def test_two_calls_in_every_chunking(tool_parser, reasoning_parser, text, content):
     reasoning = "Need the weather and time." if tool_parser == "openai" else None
     check_all_chunkings(
-        text, (content, reasoning, [WEATHER, TIME]),
-        tool_parser=tool_parser, reasoning_parser=reasoning_parser, tools=TOOLS,
-    )  # fmt: skip
+        text,
+        (content, reasoning, [WEATHER, TIME]),
+        tool_parser=tool_parser,
+        reasoning_parser=reasoning_parser,
+        tools=TOOLS,
+    )
 
 
 def test_every_vllm_name_is_registered():
@@ -99,10 +107,25 @@ def test_llama3_bare_json_call_and_a_json_answer_that_is_not_one():
 
 
 def test_schema_types_the_string_values():
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {"properties": {
-        "n": {"type": "integer"}, "x": {"type": "number"}, "ok": {"type": "boolean"}, "tags": {"type": "array"},
-        "opt": {"type": ["integer", "null"]}, "s": {"type": "string"}, "o": {"type": "object"},
-    }}}}]  # fmt: skip
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "f",
+                "parameters": {
+                    "properties": {
+                        "n": {"type": "integer"},
+                        "x": {"type": "number"},
+                        "ok": {"type": "boolean"},
+                        "tags": {"type": "array"},
+                        "opt": {"type": ["integer", "null"]},
+                        "s": {"type": "string"},
+                        "o": {"type": "object"},
+                    }
+                },
+            },
+        }
+    ]
     values = {"n": "7", "x": "2.5", "ok": "True", "tags": '["a", "b"]', "opt": "null", "s": "007", "o": "{'k': 1}"}
     coder = "<tool_call>\n<function=f>\n" + "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in values.items())
     glm = "<tool_call>f\n" + "".join(f"<arg_key>{k}</arg_key><arg_value>{v}</arg_value>" for k, v in values.items())
@@ -113,10 +136,16 @@ def test_schema_types_the_string_values():
 
 
 def test_untyped_values_stay_text_for_qwen3_coder_and_json_for_glm45():
-    coder = parse_text("<tool_call><function=g><parameter=v>12</parameter></function></tool_call>",
-                       tool_parser="qwen3_coder", reasoning_parser=None)  # fmt: skip
-    glm = parse_text("<tool_call>g<arg_key>v</arg_key><arg_value>12</arg_value></tool_call>",
-                     tool_parser="glm45", reasoning_parser=None)  # fmt: skip
+    coder = parse_text(
+        "<tool_call><function=g><parameter=v>12</parameter></function></tool_call>",
+        tool_parser="qwen3_coder",
+        reasoning_parser=None,
+    )
+    glm = parse_text(
+        "<tool_call>g<arg_key>v</arg_key><arg_value>12</arg_value></tool_call>",
+        tool_parser="glm45",
+        reasoning_parser=None,
+    )
     assert json.loads(coder.tool_calls[0].arguments) == {"v": "12"}
     assert json.loads(glm.tool_calls[0].arguments) == {"v": 12}
 
@@ -149,21 +178,30 @@ def test_model_given_ids_are_kept():
 )
 def test_unparseable_markup_becomes_content_with_a_warning(tool_parser, text, caplog):
     with caplog.at_level(logging.WARNING):
-        check_all_chunkings("Before " + text, ("Before " + text, None, []), tool_parser=tool_parser,
-                            reasoning_parser=None)  # fmt: skip
+        check_all_chunkings(
+            "Before " + text, ("Before " + text, None, []), tool_parser=tool_parser, reasoning_parser=None
+        )
     assert "returned as content" in caplog.text
 
 
 def test_harmony_final_answer_and_preamble():
-    text = ("<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>commentary<|message|>Looking."
-            "<|end|><|start|>assistant<|channel|>final<|message|>It is sunny.<|return|>")  # fmt: skip
-    check_all_chunkings(text, ("Looking.It is sunny.", "Think.", []), tool_parser="openai",
-                        reasoning_parser="openai_gptoss")  # fmt: skip
+    text = (
+        "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>commentary<|message|>Looking."
+        "<|end|><|start|>assistant<|channel|>final<|message|>It is sunny.<|return|>"
+    )
+    check_all_chunkings(
+        text, ("Looking.It is sunny.", "Think.", []), tool_parser="openai", reasoning_parser="openai_gptoss"
+    )
 
 
 def test_harmony_prompt_ending_inside_analysis_and_plain_text():
-    check_all_chunkings("thinking<|end|><|start|>assistant<|channel|>final<|message|>Hi", ("Hi", "thinking", []),
-                        tool_parser=None, reasoning_parser="openai_gptoss", starts_in_reasoning=True)  # fmt: skip
+    check_all_chunkings(
+        "thinking<|end|><|start|>assistant<|channel|>final<|message|>Hi",
+        ("Hi", "thinking", []),
+        tool_parser=None,
+        reasoning_parser="openai_gptoss",
+        starts_in_reasoning=True,
+    )
     check_all_chunkings("today is fine", ("today is fine", None, []), tool_parser="openai", reasoning_parser=None)
     for short in ("to", "<|", "t"):
         check_all_chunkings(short, (short, None, []), tool_parser="openai", reasoning_parser=None)

@@ -70,9 +70,11 @@ def test_mistral_arguments_stream_before_the_output_ends():
 
 def test_mistral_v11_calls_each_stream_with_their_own_index_and_id():
     check_all_chunkings(
-        MISTRAL_V11, (None, None, [("get_weather", json.loads(ARGS)), ("get_time", {"tz": "CET"})]),
-        tool_parser="mistral", reasoning_parser=None,
-    )  # fmt: skip
+        MISTRAL_V11,
+        (None, None, [("get_weather", json.loads(ARGS)), ("get_time", {"tz": "CET"})]),
+        tool_parser="mistral",
+        reasoning_parser=None,
+    )
     for chunks in chunkings(MISTRAL_V11).values():
         deltas, message = stream(chunks, tool_parser="mistral", reasoning_parser=None)
         assert [c.arguments for c in message.tool_calls] == [ARGS, '{"tz": "CET"}']
@@ -85,14 +87,17 @@ def test_mistral_v11_calls_each_stream_with_their_own_index_and_id():
 
 def test_mistral_array_calls_after_the_first_are_sent_whole_at_the_end():
     check_all_chunkings(
-        MISTRAL_ARRAY, (None, None, [("get_weather", json.loads(ARGS)), ("get_time", {})]),
-        tool_parser="mistral", reasoning_parser=None,
-    )  # fmt: skip
+        MISTRAL_ARRAY,
+        (None, None, [("get_weather", json.loads(ARGS)), ("get_time", {})]),
+        tool_parser="mistral",
+        reasoning_parser=None,
+    )
 
 
 def test_mistral_broken_after_the_arguments_began_keeps_the_call(caplog):
     text = '[TOOL_CALLS]a[ARGS]{"x": 1, "y": '
     with caplog.at_level(logging.WARNING):
-        check_all_chunkings(text, (None, None, [("a", 'BROKEN:{"x": 1, "y": ')]), tool_parser="mistral",
-                            reasoning_parser=None)  # fmt: skip
+        check_all_chunkings(
+            text, (None, None, [("a", 'BROKEN:{"x": 1, "y": ')]), tool_parser="mistral", reasoning_parser=None
+        )
     assert "kept with the" in caplog.text

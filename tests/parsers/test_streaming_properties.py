@@ -13,14 +13,51 @@ from .helpers import from_deltas, shape, stream
 
 #: Pieces of every family's markup, so random texts hit partial and whole markers.
 MARKUP = [
-    "<think>", "</think>", "<tool_call>", "</tool_call>", "<function=f>", "<parameter=a>", "</parameter>",
-    "</function>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "[TOOL_CALLS]", "[ARGS]",
-    "<|python_tag|>", "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>",
-    "<｜tool▁calls▁end｜>", "<|tool_calls_section_begin|>", "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
-    "<|tool_call_end|>", "<|tool_calls_section_end|>", "<|channel|>", "<|message|>", "<|start|>", "<|end|>",
-    "<|call|>", "analysis", "final", "commentary to=functions.f ", '{"name": "f", "arguments": {"a": 1}}',
-    '{"a": [1, "x"]}', "f", "\n", " ", "<", "|", "{", "}", "text", "é",
-]  # fmt: skip
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    "<function=f>",
+    "<parameter=a>",
+    "</parameter>",
+    "</function>",
+    "<arg_key>",
+    "</arg_key>",
+    "<arg_value>",
+    "</arg_value>",
+    "[TOOL_CALLS]",
+    "[ARGS]",
+    "<|python_tag|>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁call▁begin｜>",
+    "<｜tool▁sep｜>",
+    "<｜tool▁call▁end｜>",
+    "<｜tool▁calls▁end｜>",
+    "<|tool_calls_section_begin|>",
+    "<|tool_call_begin|>",
+    "<|tool_call_argument_begin|>",
+    "<|tool_call_end|>",
+    "<|tool_calls_section_end|>",
+    "<|channel|>",
+    "<|message|>",
+    "<|start|>",
+    "<|end|>",
+    "<|call|>",
+    "analysis",
+    "final",
+    "commentary to=functions.f ",
+    '{"name": "f", "arguments": {"a": 1}}',
+    '{"a": [1, "x"]}',
+    "f",
+    "\n",
+    " ",
+    "<",
+    "|",
+    "{",
+    "}",
+    "text",
+    "é",
+]
 
 texts = st.lists(st.sampled_from(MARKUP) | st.text(max_size=4), max_size=25).map("".join)
 pairs = st.sampled_from([None, *TOOL_PARSERS]), st.sampled_from([None, *REASONING_PARSERS])
@@ -52,8 +89,11 @@ arguments = st.dictionaries(st.from_regex(r"[a-z]{1,6}", fullmatch=True), st.int
 
 
 @settings(max_examples=200, deadline=None)
-@given(words, st.lists(st.tuples(st.from_regex(r"[a-z_]{1,8}", fullmatch=True), arguments), max_size=3),
-       st.lists(st.integers(0, 10_000), max_size=30))  # fmt: skip
+@given(
+    words,
+    st.lists(st.tuples(st.from_regex(r"[a-z_]{1,8}", fullmatch=True), arguments), max_size=3),
+    st.lists(st.integers(0, 10_000), max_size=30),
+)
 def test_hermes_calls_survive_any_chunking(content, calls, cuts):
     text = (
         content.strip()
@@ -71,8 +111,13 @@ def test_hermes_calls_survive_any_chunking(content, calls, cuts):
 
 
 @settings(max_examples=200, deadline=None)
-@given(words, st.from_regex(r"[a-z_]{1,8}", fullmatch=True), arguments, st.sampled_from([None, 2]),
-       st.lists(st.integers(0, 10_000), max_size=30))  # fmt: skip
+@given(
+    words,
+    st.from_regex(r"[a-z_]{1,8}", fullmatch=True),
+    arguments,
+    st.sampled_from([None, 2]),
+    st.lists(st.integers(0, 10_000), max_size=30),
+)
 def test_hermes_arguments_stream_as_fragments_that_add_up_to_the_final_json(content, name, args, indent, cuts):
     """Each feed sends the arguments seen so far (a prefix of the final JSON); once the text up to the
     arguments' closing brace is in, all of them are out, before the markup closes."""

@@ -35,45 +35,86 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "qwen3": {},
     "qwen3_moe": {**_MOE, "decoder_sparse_step": 1, "mlp_only_layers": []},
     "deepseek_v3": {
-        "moe_intermediate_size": 32, "n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2,
-        "kv_lora_rank": 16, "q_lora_rank": 24, "qk_rope_head_dim": 8, "v_head_dim": 16, "qk_nope_head_dim": 8,
-        "first_k_dense_replace": 1, "topk_method": "noaux_tc", "n_group": 1, "topk_group": 1,
+        "moe_intermediate_size": 32,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "kv_lora_rank": 16,
+        "q_lora_rank": 24,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+        "qk_nope_head_dim": 8,
+        "first_k_dense_replace": 1,
+        "topk_method": "noaux_tc",
+        "n_group": 1,
+        "topk_group": 1,
     },
     "gemma3_text": {
-        "sliding_window": WINDOW, "sliding_window_pattern": 2, "query_pre_attn_scalar": 16,
+        "sliding_window": WINDOW,
+        "sliding_window_pattern": 2,
+        "query_pre_attn_scalar": 16,
         "rope_local_base_freq": 10000.0,
     },
     "gpt_oss": {
-        "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": WINDOW,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": WINDOW,
         "layer_types": ["sliding_attention", "full_attention"] * 2,
     },
     "qwen3_next": {
-        **_MOE, "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 16,
-        "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "decoder_sparse_step": 1,
-        "shared_expert_intermediate_size": 32, "mlp_only_layers": [], "partial_rotary_factor": 0.5,
+        **_MOE,
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "decoder_sparse_step": 1,
+        "shared_expert_intermediate_size": 32,
+        "mlp_only_layers": [],
+        "partial_rotary_factor": 0.5,
         "full_attention_interval": 2,
     },
     "lfm2": {
-        "norm_eps": 1e-5, "conv_bias": False, "conv_L_cache": 3, "block_dim": 64, "block_multiple_of": 16,
-        "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": False, "block_ff_dim": 96,
+        "norm_eps": 1e-5,
+        "conv_bias": False,
+        "conv_L_cache": 3,
+        "block_dim": 64,
+        "block_multiple_of": 16,
+        "block_ffn_dim_multiplier": 1.0,
+        "block_auto_adjust_ff_dim": False,
+        "block_ff_dim": 96,
         "full_attn_idxs": [1, 3],
     },
-}  # fmt: skip
+}
 
 ARCHITECTURES = tuple(CONFIGS)
 
 #: Pure-recurrent models (no attention layer): served uncached (tests/prefix/test_recurrent_models.py).
 RECURRENT: dict[str, dict[str, Any]] = {
     "mamba2": {
-        "num_heads": 4, "head_dim": 32, "intermediate_size": 128, "state_size": 16, "n_groups": 1,
-        "conv_kernel": 4, "use_bias": False, "use_conv_bias": True, "layer_norm_epsilon": 1e-5,
-        "time_step_limit": [0.0, 1000.0], "time_step_rank": "auto", "num_hidden_layers": 2,
+        "num_heads": 4,
+        "head_dim": 32,
+        "intermediate_size": 128,
+        "state_size": 16,
+        "n_groups": 1,
+        "conv_kernel": 4,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "layer_norm_epsilon": 1e-5,
+        "time_step_limit": [0.0, 1000.0],
+        "time_step_rank": "auto",
+        "num_hidden_layers": 2,
     },
     "mamba": {
-        "intermediate_size": 128, "state_size": 16, "conv_kernel": 4, "use_bias": False, "use_conv_bias": True,
-        "time_step_rank": 8, "num_hidden_layers": 2,
+        "intermediate_size": 128,
+        "state_size": 16,
+        "conv_kernel": 4,
+        "use_bias": False,
+        "use_conv_bias": True,
+        "time_step_rank": 8,
+        "num_hidden_layers": 2,
     },
-}  # fmt: skip
+}
 CONFIGS.update(RECURRENT)
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 

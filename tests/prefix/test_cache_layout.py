@@ -8,8 +8,8 @@ import logging
 import pytest
 from mlx_lm.models.cache import ArraysCache, ChunkedKVCache, KVCache, QuantizedKVCache, RotatingKVCache
 
-from vllm_mlx_trio.worker.kv_store import PrefixBlocks
-from vllm_mlx_trio.worker.prefix_layers import cache_layout
+from vllm_mlx_trio.worker.prefix.kv_store import PrefixBlocks
+from vllm_mlx_trio.worker.prefix.layers import cache_layout
 
 pytestmark = pytest.mark.mlx
 

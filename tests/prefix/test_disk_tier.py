@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vllm_mlx_trio.worker.disk_tier import DiskTier
-from vllm_mlx_trio.worker.prefix_layers import Packed
+from vllm_mlx_trio.worker.prefix.disk_tier import DiskTier
+from vllm_mlx_trio.worker.prefix.layers import Packed
 
 MODEL = "model-a"
 
@@ -310,8 +310,8 @@ def test_demo_model_blocks_restored_from_disk_after_a_restart_continue_as_a_fres
     from mlx_lm import load
     from mlx_lm.models.cache import make_prompt_cache
 
-    from vllm_mlx_trio.core.block_hash import block_hash
-    from vllm_mlx_trio.worker.kv_store import PrefixBlocks
+    from vllm_mlx_trio.core.prefix.block_hash import block_hash
+    from vllm_mlx_trio.worker.prefix.kv_store import PrefixBlocks
 
     model, _ = load(float32_dir)
     prompt = [(7 * i + 3) % 200 + 10 for i in range(40)]

@@ -11,7 +11,7 @@ import trio
 from vllm_mlx_trio import SamplingParams, open_engine
 from vllm_mlx_trio.config import load_config
 from vllm_mlx_trio.testing.polling import wait_until
-from vllm_mlx_trio.worker.disk_tier_file import FORMAT_VERSION
+from vllm_mlx_trio.worker.prefix.disk_tier_file import FORMAT_VERSION
 
 pytestmark = pytest.mark.mlx
 

@@ -8,8 +8,8 @@ import attrs
 import pytest
 import trio
 
-from vllm_mlx_trio.bench.soak import SoakOptions, outcome_rows, run_soak
-from vllm_mlx_trio.worker import disk_tier
+from vllm_mlx_trio.bench.soak.run import SoakOptions, outcome_rows, run_soak
+from vllm_mlx_trio.worker.prefix import disk_tier
 
 pytestmark = pytest.mark.mlx
 
@@ -17,9 +17,7 @@ DISK_MB = 1
 
 
 @pytest.mark.parametrize("mode", ["batched", "simple"])
-async def test_a_short_soak_with_the_disk_tier_stays_in_budget_and_leaks_nothing(
-    demo_cfg, tmp_path, mode, monkeypatch
-):
+async def test_a_short_soak_with_the_disk_tier_stays_in_budget_and_leaks_nothing(demo_cfg, tmp_path, mode, monkeypatch):
     disk = tmp_path / "disk"
     tiers, sizes = [], []  # the tier the runner opens; the directory's bytes after each write/delete
     real_init, real_do = disk_tier.DiskTier.__init__, disk_tier.DiskTier._do

@@ -81,8 +81,11 @@ async def scenario(engine) -> dict[str, Out]:
     ]:
         out[key] = await run(engine, prompt)
     answer = tok.decode(out["first"].tokens)
-    turn2 = [*chat(system, "What is the sea?"), {"role": "assistant", "content": answer},
-             {"role": "user", "content": "And the sky?"}]  # fmt: skip
+    turn2 = [
+        *chat(system, "What is the sea?"),
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "And the sky?"},
+    ]
     out["turn2"] = await run(engine, turn2)
     ids = tok.apply_chat_template(turn2, add_generation_prompt=True, tokenize=False)
     first_ids = tok.apply_chat_template(chat(system, "What is the sea?"), add_generation_prompt=True, tokenize=False)
@@ -94,8 +97,12 @@ async def scenario(engine) -> dict[str, Out]:
     out["aligned"] = await run(engine, aligned)
     out["aligned_repeat"] = await run(engine, aligned)
     # inside a batch: three repeats of the unaligned prompt and a new prompt at once
-    batch = {"batch_repeat_0": unaligned, "batch_repeat_1": unaligned, "batch_repeat_2": unaligned,
-             "batch_new": text(tok, 30, 600)}  # fmt: skip
+    batch = {
+        "batch_repeat_0": unaligned,
+        "batch_repeat_1": unaligned,
+        "batch_repeat_2": unaligned,
+        "batch_new": text(tok, 30, 600),
+    }
 
     async def one(key, prompt):
         out[key] = await run(engine, prompt)

@@ -33,8 +33,8 @@ from hypothesis.stateful import initialize, invariant, rule
 from two_tier_machine import TwoTierMachine
 from two_tier_parts import MODEL, arrays_of
 
-from vllm_mlx_trio.core.block_pool import DISK_BLOCK_SUFFIX, Budget
-from vllm_mlx_trio.worker.disk_tier_file import encode, to_host
+from vllm_mlx_trio.core.prefix.block_pool import DISK_BLOCK_SUFFIX, Budget
+from vllm_mlx_trio.worker.prefix.disk_tier_file import encode, to_host
 
 #: The all-KV sibling whose block files share this model's names (see the module's docstring).
 SIBLING = "model-all-kv"

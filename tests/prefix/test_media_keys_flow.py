@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import trio
 
-from vllm_mlx_trio.actors.cache_client import CacheClient
+from vllm_mlx_trio.actors.prefix.cache_client import CacheClient
 from vllm_mlx_trio.core.params import SamplingParams
 from vllm_mlx_trio.core.plan import KVReady
 from vllm_mlx_trio.core.request import Request

@@ -9,7 +9,7 @@ import trio
 from vllm_mlx_trio import SamplingParams, open_engine
 from vllm_mlx_trio.config import load_config
 from vllm_mlx_trio.testing.polling import wait_until
-from vllm_mlx_trio.worker.prefix_layers import Packed
+from vllm_mlx_trio.worker.prefix.layers import Packed
 
 pytestmark = pytest.mark.mlx
 

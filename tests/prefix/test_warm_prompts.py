@@ -9,8 +9,8 @@ import trio
 
 from vllm_mlx_trio import SamplingParams, open_engine
 from vllm_mlx_trio.config import load_config
+from vllm_mlx_trio.core.prefix.warm_prompts import read_warm_prompts
 from vllm_mlx_trio.errors import ConfigError
-from vllm_mlx_trio.warm_prompts import read_warm_prompts
 
 TIMEOUT_S = 60
 SYSTEM = [
@@ -24,9 +24,7 @@ RAW = "Once upon a time, in a town by the sea, there lived an old sailor and his
 async def test_warm_prompts_are_cached_before_the_engine_is_ready(float32_dir, tmp_path):
     path = tmp_path / "warm.json"
     path.write_text(json.dumps([SYSTEM, RAW]))
-    cfg = load_config(
-        None, overrides=[f"model.path={float32_dir}", f"cache.warm_prompts_file={path}"], environ={}
-    )
+    cfg = load_config(None, overrides=[f"model.path={float32_dir}", f"cache.warm_prompts_file={path}"], environ={})
     params = SamplingParams(temperature=0.0, max_tokens=2)
     with trio.fail_after(TIMEOUT_S):
         async with open_engine(cfg) as engine:

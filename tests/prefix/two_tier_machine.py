@@ -47,15 +47,15 @@ from two_tier_parts import (
     tail_name,
 )
 
-from vllm_mlx_trio.actors.cache_manager import remember_disk_blocks
-from vllm_mlx_trio.core.block_pool import DISK_BLOCK_SUFFIX, BlockPool, Budget
-from vllm_mlx_trio.core.child_index import common_length
-from vllm_mlx_trio.core.media_keys import chain_hashes
+from vllm_mlx_trio.actors.prefix.cache_manager import remember_disk_blocks
 from vllm_mlx_trio.core.params import SamplingParams
+from vllm_mlx_trio.core.prefix.block_pool import DISK_BLOCK_SUFFIX, BlockPool, Budget
+from vllm_mlx_trio.core.prefix.child_index import common_length
+from vllm_mlx_trio.core.prefix.media_keys import chain_hashes
 from vllm_mlx_trio.messages import NewSequence
-from vllm_mlx_trio.worker.disk_tier import DiskTier, host_nbytes
-from vllm_mlx_trio.worker.disk_tier_file import encode, encoded_size, read_metadata, to_host
-from vllm_mlx_trio.worker.kv_store import PrefixBlocks
+from vllm_mlx_trio.worker.prefix.disk_tier import DiskTier, host_nbytes
+from vllm_mlx_trio.worker.prefix.disk_tier_file import encode, encoded_size, read_metadata, to_host
+from vllm_mlx_trio.worker.prefix.kv_store import PrefixBlocks
 
 PARAMS = SamplingParams()
 
@@ -83,7 +83,7 @@ class TwoTierMachine(RuleBasedStateMachine):
         self.file_size = encoded_size(host, model_id=MODEL, key_hex=bytes(16).hex())
         self.block_nbytes = host_nbytes(host)
         self.warnings = WarningCounter()
-        logging.getLogger("vllm_mlx_trio.worker.disk_tier").addHandler(self.warnings)
+        logging.getLogger("vllm_mlx_trio.worker.prefix.disk_tier").addHandler(self.warnings)
         self.expected_warnings = 0
         self.tier: DiskTier | None = None
         self._open(disk_files)
@@ -93,7 +93,7 @@ class TwoTierMachine(RuleBasedStateMachine):
     def teardown(self):
         if getattr(self, "tier", None) is not None:
             self.tier.close()
-            logging.getLogger("vllm_mlx_trio.worker.disk_tier").removeHandler(self.warnings)
+            logging.getLogger("vllm_mlx_trio.worker.prefix.disk_tier").removeHandler(self.warnings)
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def _open(self, disk_files: int) -> None:

@@ -73,10 +73,18 @@ async def test_stream_helper_accepts_the_event_sequence(fake_cfg):
             async with c.responses.stream(model=MODEL, input=[{"role": "user", "content": "hi"}]) as stream:
                 kinds = [event.type async for event in stream]
                 final = await stream.get_final_response()
-    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
-                         "response.content_part.added"]  # fmt: skip
-    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
-                          "response.completed"]  # fmt: skip
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     assert set(kinds[4:-4]) == {"response.output_text.delta"}
     assert final.output_text == "Hello, world!" and final.status == "completed"
     assert final.usage.output_tokens == len("Hello, world!") + 1

@@ -18,8 +18,7 @@ TIMEOUT_S = 180
 
 async def test_create_stream_and_continue(demo_cfg):
     rules = " ".join(f"Rule {i}: answer briefly and never repeat yourself." for i in range(20))  # > 1 cache block
-    kwargs = {"model": MODEL, "input": "What is 2+2?", "instructions": rules, "temperature": 0,
-              "max_output_tokens": 24}  # fmt: skip
+    kwargs = {"model": MODEL, "input": "What is 2+2?", "instructions": rules, "temperature": 0, "max_output_tokens": 24}
     with trio.fail_after(TIMEOUT_S):
         async with open_server(demo_cfg) as srv:
             async with openai.AsyncOpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0) as c:

@@ -22,12 +22,16 @@ WEATHER = {
 
 
 def call_markup(name: str, arguments: dict) -> str:
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 def cfg(tool_parser="hermes", reasoning_parser="none"):
-    overrides = ["server.port=0", "server.drain_timeout_s=5", f"model.tool_parser={tool_parser}",
-                 f"model.reasoning_parser={reasoning_parser}"]  # fmt: skip
+    overrides = [
+        "server.port=0",
+        "server.drain_timeout_s=5",
+        f"model.tool_parser={tool_parser}",
+        f"model.reasoning_parser={reasoning_parser}",
+    ]
     return load_config(None, overrides=overrides, environ={})
 
 

@@ -16,7 +16,7 @@ from vllm_mlx_trio.messages import NewSequence, RequestId, StepPlan
 @pytest.fixture(scope="session")
 def spec_pair(tmp_path_factory) -> tuple[str, str]:
     """``spec-target`` and ``spec-draft`` (the agreeing demo pair), built once."""
-    from vllm_mlx_trio.worker.demo_model import build_demo_model  # imports mlx
+    from vllm_mlx_trio.worker.demo.model import build_demo_model  # imports mlx
 
     root = tmp_path_factory.mktemp("spec")
     target = build_demo_model(root / "target", size="spec-target")
@@ -98,8 +98,12 @@ class PlanDriver:
 
     def step(self, new: Sequence[NewSequence] = (), finished: Sequence[str] = ()) -> None:
         decode = tuple(RequestId(rid) for rid in self.active if rid not in finished)
-        plan = StepPlan(step_id=self._step_id, new_seqs=tuple(new), decode_ids=decode,
-                        finished_ids=tuple(RequestId(r) for r in finished))  # fmt: skip
+        plan = StepPlan(
+            step_id=self._step_id,
+            new_seqs=tuple(new),
+            decode_ids=decode,
+            finished_ids=tuple(RequestId(r) for r in finished),
+        )
         self._step_id += 1
         result = self.runner.execute(plan)
         self.results.append(result)

@@ -33,8 +33,9 @@ def alone(runner, prompt, params, output: tuple[int, ...] = ()) -> tuple[list[in
     """One sequence through ``runner`` until done (``output``: tokens it had produced before, as after a
     preemption): its output tokens and the driver."""
     driver = PlanDriver(runner)
-    seq = NewSequence(request_id=RequestId("a"), prompt_token_ids=(*prompt, *output), params=params,
-                      num_output_tokens=len(output))  # fmt: skip
+    seq = NewSequence(
+        request_id=RequestId("a"), prompt_token_ids=(*prompt, *output), params=params, num_output_tokens=len(output)
+    )
     driver.step(new=[seq])
     driver.run_until_done()
     return driver.outputs["a"], driver
@@ -58,7 +59,7 @@ async def generate(engine, chat, params) -> tuple[str, list[int], str | None]:
 
 def recorded_modes(monkeypatch) -> list[str]:
     """The hidden-state mode of every verify forward from now on (``spec_hidden.target_forward`` spied)."""
-    import vllm_mlx_trio.worker.spec_hidden as spec_hidden
+    import vllm_mlx_trio.worker.speculative.hidden as spec_hidden
 
     modes: list[str] = []
     real = spec_hidden.target_forward
@@ -86,13 +87,13 @@ def plain_greedy(model, prompt: list[int], n: int) -> list[int]:
 
 
 def speculative_greedy(model, drafter, prompt: list[int], n: int, k: int) -> tuple[list[int], int, int]:
-    """(tokens, drafts proposed, drafts accepted): the runner's round written out (worker/spec_drafter.py's
+    """(tokens, drafts proposed, drafts accepted): the runner's round written out (worker/speculative/drafter.py's
     docstring), rejected drafts dropped by the cache transaction where the cache cannot be trimmed, else trimmed."""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-    from vllm_mlx_trio.worker.spec_cache_txn import needs_transaction, open_transaction
-    from vllm_mlx_trio.worker.spec_hidden import target_forward
+    from vllm_mlx_trio.worker.speculative.cache_txn import needs_transaction, open_transaction
+    from vllm_mlx_trio.worker.speculative.hidden import target_forward
 
     cache, mode = make_prompt_cache(model), drafter.hidden_state_mode
     logits, hidden = target_forward(model, mx.array([prompt]), cache, mode=mode)

@@ -19,7 +19,7 @@ def weights(directory: str) -> dict:
 def test_the_draft_is_the_targets_first_layer_and_the_rest_write_nothing(spec_pair):
     import mlx.core as mx
 
-    from vllm_mlx_trio.worker.demo_spec import TARGET_LAYERS
+    from vllm_mlx_trio.worker.demo.spec import TARGET_LAYERS
 
     target, draft = (weights(d) for d in spec_pair)
     assert set(draft) < set(target)

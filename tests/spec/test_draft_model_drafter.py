@@ -32,7 +32,7 @@ def held(drafter) -> int:
 
 
 def test_drafts_are_the_greedy_continuation(model):
-    from vllm_mlx_trio.worker.spec_draft_model import DraftModelDrafter
+    from vllm_mlx_trio.worker.speculative.draft_model import DraftModelDrafter
 
     drafter = DraftModelDrafter(model, prefill_step=8)  # the prompt goes in chunks
     drafter.start(PROMPT, None)
@@ -44,7 +44,7 @@ def test_drafts_are_the_greedy_continuation(model):
 def test_the_output_head_never_runs_over_the_prompt(model, prefill_step):
     """Entering speculation runs the prompt for the draft's cache only: every forward whose logits are read (the
     drafts') takes one token, and the drafts are still the greedy continuation."""
-    from vllm_mlx_trio.worker.spec_draft_model import DraftModelDrafter
+    from vllm_mlx_trio.worker.speculative.draft_model import DraftModelDrafter
 
     class Spy:
         """The model, recording each forward's input length and whether its logits were sliced for a draft."""
@@ -74,7 +74,7 @@ def test_the_output_head_never_runs_over_the_prompt(model, prefill_step):
 
 @pytest.mark.parametrize("num_accepted", [0, 1, 3, 4])
 def test_settle_keeps_the_drafter_in_step_with_the_target(model, num_accepted):
-    from vllm_mlx_trio.worker.spec_draft_model import DraftModelDrafter
+    from vllm_mlx_trio.worker.speculative.draft_model import DraftModelDrafter
 
     drafter = DraftModelDrafter(model)
     drafter.start(PROMPT, None)
@@ -93,7 +93,7 @@ def test_settle_keeps_the_drafter_in_step_with_the_target(model, num_accepted):
 
 
 def test_a_round_without_drafts_still_keeps_step(model):
-    from vllm_mlx_trio.worker.spec_draft_model import DraftModelDrafter
+    from vllm_mlx_trio.worker.speculative.draft_model import DraftModelDrafter
 
     drafter = DraftModelDrafter(model)
     drafter.start(PROMPT, None)
@@ -111,7 +111,7 @@ def test_drafting_a_round_ahead_keeps_the_drafter_in_step(model, pattern):
     reads this round; a round that accepts everything uses them, one that rejects any drops them."""
     import mlx.core as mx
 
-    from vllm_mlx_trio.worker.spec_draft_model import DraftModelDrafter
+    from vllm_mlx_trio.worker.speculative.draft_model import DraftModelDrafter
 
     drafter = DraftModelDrafter(model)
     drafter.start(PROMPT, None)

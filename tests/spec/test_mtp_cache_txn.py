@@ -8,8 +8,8 @@ import mlx_lm
 import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache
 
-from vllm_mlx_trio.worker.demo_model import resolve_demo_model
-from vllm_mlx_trio.worker.spec_cache_txn import needs_transaction, open_transaction
+from vllm_mlx_trio.worker.demo.model import resolve_demo_model
+from vllm_mlx_trio.worker.speculative.cache_txn import needs_transaction, open_transaction
 
 pytestmark = pytest.mark.mlx
 
@@ -170,16 +170,17 @@ def _with_layers(model, layer_type):
 
 
 def test_the_hybrid_demo_and_a_trimmable_target_pass_the_load_check(hybrid, float32_dir):
-    from vllm_mlx_trio.worker.spec_cache_txn import rollback_problem
+    from vllm_mlx_trio.worker.speculative.cache_txn import rollback_problem
 
     assert rollback_problem(hybrid) is None  # the transaction restores GatedDeltaNet state and trims attention
     assert rollback_problem(mlx_lm.load(float32_dir)[0]) is None
 
 
-@pytest.mark.parametrize(("layer_type", "says"), [(_StatelessLayer, "cannot be rolled back"),
-                                                  (_ForgetfulLayer, "does not restore it")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("layer_type", "says"), [(_StatelessLayer, "cannot be rolled back"), (_ForgetfulLayer, "does not restore it")]
+)
 def test_a_cache_that_cannot_be_restored_is_named_at_load(demo_cache_dir, layer_type, says):
-    from vllm_mlx_trio.worker.spec_cache_txn import rollback_problem
+    from vllm_mlx_trio.worker.speculative.cache_txn import rollback_problem
 
     model, _ = mlx_lm.load(str(resolve_demo_model("demo:mtp-tiny", demo_cache_dir)))
     problem = rollback_problem(_with_layers(model, layer_type))
@@ -188,7 +189,7 @@ def test_a_cache_that_cannot_be_restored_is_named_at_load(demo_cache_dir, layer_
 
 def test_the_speculative_runner_refuses_such_a_target(monkeypatch, demo_cache_dir):
     from vllm_mlx_trio.errors import ModelLoadError
-    from vllm_mlx_trio.worker import batch_runner
+    from vllm_mlx_trio.worker.batched import runner as batch_runner
 
     from .mtp_parts import build_runner, mtp_config
 

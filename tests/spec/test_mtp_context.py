@@ -1,6 +1,6 @@
 """The MTP head's context when a sequence enters speculation from the batched path: the target's hidden states of
 its latest ``speculative.mtp_context_tokens`` positions (prompt and output), as mlx-vlm and vLLM feed the prompt's,
-recorded by the runner's prefill and the batch's decode steps (worker/spec_entry_hidden.py)."""
+recorded by the runner's prefill and the batch's decode steps (worker/speculative/entry_hidden.py)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ PROMPT = tuple(range(40, 70))
 
 @pytest.fixture(scope="module")
 def mtp_dir(tmp_path_factory) -> str:
-    from vllm_mlx_trio.worker.demo_model import build_demo_model
+    from vllm_mlx_trio.worker.demo.model import build_demo_model
 
     return str(build_demo_model(tmp_path_factory.mktemp("mtp") / "mtp-tiny", size="mtp-tiny"))
 
@@ -55,7 +55,7 @@ def _reference_hidden(runner, tokens: list[int]):
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    from vllm_mlx_trio.worker.spec_hidden import target_forward
+    from vllm_mlx_trio.worker.speculative.hidden import target_forward
 
     model = runner._target
     _, hidden = target_forward(model, mx.array([tokens]), make_prompt_cache(model), mode="post_norm")
@@ -84,8 +84,9 @@ def test_a_sequence_enters_with_its_prompts_hidden_states_and_the_head_reads_the
     with _mtp_runner(mtp_dir, f"speculative.mtp_context_tokens={limit}") as runner:
         entries = _entries(runner)
         heads = []
-        runner._drafter.propose_lazy = _after(runner._drafter.propose_lazy, lambda: heads.append(
-            runner._drafter.cached_positions))  # fmt: skip
+        runner._drafter.propose_lazy = _after(
+            runner._drafter.propose_lazy, lambda: heads.append(runner._drafter.cached_positions)
+        )
         driver = _run_alone(runner)
         tokens, hidden = entries[0]
         assert tokens == [*PROMPT, driver.outputs["a"][0]]  # entered right after its first token

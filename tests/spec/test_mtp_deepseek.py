@@ -16,11 +16,11 @@ from mlx.utils import tree_flatten
 
 from vllm_mlx_trio.cli import main
 from vllm_mlx_trio.errors import ModelLoadError
-from vllm_mlx_trio.worker import demo_mtp_dsv3
-from vllm_mlx_trio.worker.demo_model import DEMO_MARKER, resolve_demo_model
-from vllm_mlx_trio.worker.mtp_drafter import MTPDrafter, mtp_layout_loader
-from vllm_mlx_trio.worker.mtp_head import safetensors_shapes
-from vllm_mlx_trio.worker.mtp_head_deepseek import DeepseekMTPHead, load_deepseek_mtp
+from vllm_mlx_trio.worker.demo import mtp_dsv3 as demo_mtp_dsv3
+from vllm_mlx_trio.worker.demo.model import DEMO_MARKER, resolve_demo_model
+from vllm_mlx_trio.worker.speculative.mtp.drafter import MTPDrafter, mtp_layout_loader
+from vllm_mlx_trio.worker.speculative.mtp.head import safetensors_shapes
+from vllm_mlx_trio.worker.speculative.mtp.head_deepseek import DeepseekMTPHead, load_deepseek_mtp
 
 from .mtp_parts import plain_greedy, speculative_greedy
 
@@ -48,9 +48,20 @@ def test_mlx_lm_loads_the_target_and_the_checkpoint_has_the_deepseek_v3_layout(d
     assert type(model.layers[1].mlp).__name__ == "DeepseekV3MoE"  # MLA + a MoE layer
     assert mlx_lm.generate(model, tokenizer, "Once upon a time", max_tokens=4)
     shapes = safetensors_shapes(demo_dir / demo_mtp_dsv3.MTP_SHARD)
-    assert {f"{MTP}{name}" for name in ("enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight",
-            "shared_head.head.weight", "embed_tokens.weight", "self_attn.kv_b_proj.weight",
-            "mlp.experts.0.gate_proj.weight", "mlp.gate.e_score_correction_bias")} <= set(shapes)  # fmt: skip
+    assert {
+        f"{MTP}{name}"
+        for name in (
+            "enorm.weight",
+            "hnorm.weight",
+            "eh_proj.weight",
+            "shared_head.norm.weight",
+            "shared_head.head.weight",
+            "embed_tokens.weight",
+            "self_attn.kv_b_proj.weight",
+            "mlp.experts.0.gate_proj.weight",
+            "mlp.gate.e_score_correction_bias",
+        )
+    } <= set(shapes)
     assert shapes[f"{MTP}eh_proj.weight"] == [64, 128] and all(k.startswith(MTP) for k in shapes)
     weight_map = json.loads((demo_dir / "model.safetensors.index.json").read_text())["weight_map"]
     assert weight_map[f"{MTP}eh_proj.weight"] == demo_mtp_dsv3.MTP_SHARD
@@ -58,8 +69,9 @@ def test_mlx_lm_loads_the_target_and_the_checkpoint_has_the_deepseek_v3_layout(d
     assert config["model_type"] == "deepseek_v3" and config["num_nextn_predict_layers"] == 1
 
 
-def test_the_cli_builds_the_same_float32_files_and_a_second_resolve_reuses_the_build(demo_dir, demo_cache_dir,
-                                                                                   tmp_path, capsys):  # fmt: skip
+def test_the_cli_builds_the_same_float32_files_and_a_second_resolve_reuses_the_build(
+    demo_dir, demo_cache_dir, tmp_path, capsys
+):
     assert main(["demo", "build", str(tmp_path / "again"), "--size", "mtp-dsv3"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "again")
     names = ("model.safetensors", demo_mtp_dsv3.MTP_SHARD, "model.safetensors.index.json", "config.json", DEMO_MARKER)

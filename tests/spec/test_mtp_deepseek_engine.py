@@ -12,8 +12,8 @@ import pytest
 import trio
 
 from vllm_mlx_trio import SamplingParams, open_engine
-from vllm_mlx_trio.worker.mtp_drafter import MTPDrafter
-from vllm_mlx_trio.worker.mtp_head_deepseek import DeepseekMTPHead
+from vllm_mlx_trio.worker.speculative.mtp.drafter import MTPDrafter
+from vllm_mlx_trio.worker.speculative.mtp.head_deepseek import DeepseekMTPHead
 
 from .conftest import PlanDriver, spec_config
 from .mtp_parts import alone, build_runner, generate, mtp_config, plain_and_mtp_runners, recorded_modes, spec_counts
@@ -28,7 +28,7 @@ PROMPT = tuple(range(40, 60))
 
 @pytest.fixture(scope="module")
 def dsv3_dir(tmp_path_factory) -> str:
-    from vllm_mlx_trio.worker.demo_model import build_demo_model
+    from vllm_mlx_trio.worker.demo.model import build_demo_model
 
     return str(build_demo_model(tmp_path_factory.mktemp("mtp-dsv3") / "mtp-dsv3", size="mtp-dsv3"))
 

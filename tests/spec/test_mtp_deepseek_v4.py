@@ -1,5 +1,6 @@
 """The DeepSeek-V4 MTP layout (mlx-lm ``deepseek_v41``): ``method = "mtp"`` refuses it at load with a clear
-ModelLoadError (worker/mtp_head_deepseek_v4.py), and the mlx-lm facts behind the refusal still hold (when they stop
+ModelLoadError (worker/speculative/mtp/head_deepseek_v4.py), and the mlx-lm facts behind the refusal still hold (when
+they stop
 holding, the refusal is worth revisiting)."""
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from mlx_lm.models import deepseek_v41
 from mlx_lm.models.cache import can_trim_prompt_cache
 
 from vllm_mlx_trio.errors import ModelLoadError
-from vllm_mlx_trio.worker.mtp_drafter import MTPDrafter, mtp_layout_loader
-from vllm_mlx_trio.worker.mtp_head_deepseek_v4 import load_deepseek_v4_mtp
-from vllm_mlx_trio.worker.spec_hidden import PRE_NORM, target_forward
+from vllm_mlx_trio.worker.speculative.hidden import PRE_NORM, target_forward
+from vllm_mlx_trio.worker.speculative.mtp.drafter import MTPDrafter, mtp_layout_loader
+from vllm_mlx_trio.worker.speculative.mtp.head_deepseek_v4 import load_deepseek_v4_mtp
 
 pytestmark = pytest.mark.mlx
 

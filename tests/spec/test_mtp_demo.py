@@ -12,8 +12,8 @@ import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 from vllm_mlx_trio.cli import main
-from vllm_mlx_trio.worker.demo_model import DEMO_MARKER, build_demo_model, resolve_demo_model
-from vllm_mlx_trio.worker.mtp_head import safetensors_shapes
+from vllm_mlx_trio.worker.demo.model import DEMO_MARKER, build_demo_model, resolve_demo_model
+from vllm_mlx_trio.worker.speculative.mtp.head import safetensors_shapes
 
 pytestmark = pytest.mark.mlx
 
@@ -34,8 +34,14 @@ def test_mlx_lm_loads_the_hybrid_target_and_drops_the_mtp_head(demo_dir):
 def test_the_checkpoint_has_the_qwen3_5_layout(demo_dir):
     shapes = safetensors_shapes(demo_dir / "model.safetensors")
     mtp = {k for k in shapes if k.startswith("mtp.")}
-    assert {"mtp.fc.weight", "mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight",
-            "mtp.layers.0.self_attn.q_proj.weight", "mtp.layers.0.mlp.down_proj.weight"} <= mtp  # fmt: skip
+    assert {
+        "mtp.fc.weight",
+        "mtp.pre_fc_norm_embedding.weight",
+        "mtp.pre_fc_norm_hidden.weight",
+        "mtp.norm.weight",
+        "mtp.layers.0.self_attn.q_proj.weight",
+        "mtp.layers.0.mlp.down_proj.weight",
+    } <= mtp
     assert shapes["mtp.fc.weight"] == [64, 128]
     assert "model.language_model.embed_tokens.weight" in shapes and "lm_head.weight" in shapes
     config = json.loads((demo_dir / "config.json").read_text())

@@ -10,10 +10,10 @@ import mlx.core as mx
 import mlx_lm
 import pytest
 
-from vllm_mlx_trio.worker.demo_model import resolve_demo_model
-from vllm_mlx_trio.worker.mtp_drafter import MTPDrafter
-from vllm_mlx_trio.worker.mtp_head import load_mtp_head
-from vllm_mlx_trio.worker.spec_hidden import target_forward
+from vllm_mlx_trio.worker.demo.model import resolve_demo_model
+from vllm_mlx_trio.worker.speculative.hidden import target_forward
+from vllm_mlx_trio.worker.speculative.mtp.drafter import MTPDrafter
+from vllm_mlx_trio.worker.speculative.mtp.head import load_mtp_head
 
 from .mtp_parts import plain_greedy, speculative_greedy
 

@@ -10,18 +10,33 @@ import pytest
 from mlx.utils import tree_flatten
 
 from vllm_mlx_trio.errors import ModelLoadError
-from vllm_mlx_trio.worker.mtp_head import load_mtp_head, mtp_head_for
+from vllm_mlx_trio.worker.speculative.mtp.head import load_mtp_head, mtp_head_for
 
 pytestmark = pytest.mark.mlx
 
 MOE_TEXT = {
-    "model_type": "qwen3_next", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
-    "num_hidden_layers": 4, "full_attention_interval": 4, "num_attention_heads": 2, "num_key_value_heads": 1,
-    "head_dim": 16, "linear_num_value_heads": 2, "linear_num_key_heads": 1, "linear_key_head_dim": 16,
-    "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
-    "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 16, "shared_expert_intermediate_size": 16,
+    "model_type": "qwen3_next",
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 4,
+    "full_attention_interval": 4,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 16,
+    "linear_num_value_heads": 2,
+    "linear_num_key_heads": 1,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 16,
+    "shared_expert_intermediate_size": 16,
     "mtp_num_hidden_layers": 1,
-}  # fmt: skip
+}
 
 
 def _hf_checkpoint(tmp_path, *, fused: bool) -> dict[str, mx.array]:

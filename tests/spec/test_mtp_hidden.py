@@ -14,9 +14,9 @@ import pytest
 
 from vllm_mlx_trio.config import config_from_dict
 from vllm_mlx_trio.messages import ModelInfo
-from vllm_mlx_trio.worker.demo_model import resolve_demo_model
-from vllm_mlx_trio.worker.mtp_drafter import MTPDrafter, load_mtp_drafter
-from vllm_mlx_trio.worker.spec_hidden import POST_NORM, PRE_NORM, resolve_hidden_state_mode, target_forward
+from vllm_mlx_trio.worker.demo.model import resolve_demo_model
+from vllm_mlx_trio.worker.speculative.hidden import POST_NORM, PRE_NORM, resolve_hidden_state_mode, target_forward
+from vllm_mlx_trio.worker.speculative.mtp.drafter import MTPDrafter, load_mtp_drafter
 
 pytestmark = pytest.mark.mlx
 
@@ -42,7 +42,7 @@ def test_resolution_order():
 
 
 def test_an_unknown_mode_warns_once_and_uses_post_norm(caplog):
-    caplog.set_level(logging.WARNING, logger="vllm_mlx_trio.worker.spec_hidden")
+    caplog.set_level(logging.WARNING, logger="vllm_mlx_trio.worker.speculative.hidden")
     model = {"text_config": {"mtp_hidden_state_mode": "mid_norm_test_value"}}
     assert resolve_hidden_state_mode(None, model) == POST_NORM
     assert resolve_hidden_state_mode(None, model) == POST_NORM
@@ -78,9 +78,11 @@ def test_the_drafter_takes_the_models_mode_unless_the_config_overrides(target, d
 
 
 def test_load_mtp_drafter_reads_the_speculative_section(target, demo_dir):
-    cfg = config_from_dict({"model": {"path": "demo:mtp-tiny"},
-                            "speculative": {"method": "mtp", "hidden_state_mode": "pre_norm"}})  # fmt: skip
-    info = ModelInfo(model_path=str(demo_dir), max_context_tokens=2048, vocab_size=512, eos_token_ids=(2,),
-                     tokenizer=None)  # fmt: skip
+    cfg = config_from_dict(
+        {"model": {"path": "demo:mtp-tiny"}, "speculative": {"method": "mtp", "hidden_state_mode": "pre_norm"}}
+    )
+    info = ModelInfo(
+        model_path=str(demo_dir), max_context_tokens=2048, vocab_size=512, eos_token_ids=(2,), tokenizer=None
+    )
     drafter = load_mtp_drafter(cfg, target, info)
     assert drafter.needs_target_hidden and drafter.hidden_state_mode == PRE_NORM

@@ -11,7 +11,7 @@ import pytest
 
 from vllm_mlx_trio.core.params import SamplingParams
 from vllm_mlx_trio.messages import NewSequence, RequestId
-from vllm_mlx_trio.worker.mtp_drafter import MTPDrafter
+from vllm_mlx_trio.worker.speculative.mtp.drafter import MTPDrafter
 
 from .conftest import PlanDriver
 from .mtp_parts import alone, build_runner, mtp_config, plain_and_mtp_runners, recorded_modes, spec_counts
@@ -24,7 +24,7 @@ PROMPTS = (tuple(range(40, 60)), (300, 7, 250, 19, 88, 120, 64), tuple(range(200
 
 @pytest.fixture(scope="module")
 def mtp_dir(tmp_path_factory) -> str:
-    from vllm_mlx_trio.worker.demo_model import build_demo_model
+    from vllm_mlx_trio.worker.demo.model import build_demo_model
 
     return str(build_demo_model(tmp_path_factory.mktemp("mtp") / "mtp-tiny", size="mtp-tiny"))
 
@@ -75,8 +75,9 @@ def think_tokens(mtp_dir) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 @pytest.mark.parametrize("resume", [False, True])
-def test_a_thinking_request_speculates_after_its_reasoning_only_with_the_opt_in(mtp_dir, runners, think_tokens,
-                                                                                 resume, monkeypatch):  # fmt: skip
+def test_a_thinking_request_speculates_after_its_reasoning_only_with_the_opt_in(
+    mtp_dir, runners, think_tokens, resume, monkeypatch
+):
     """The prompt opens the thinking block; the request comes back (as after a preemption) with the block closed in
     its output. Default: it never speculates; with the opt-in: it does, from there on. Output identical either way."""
     monkeypatch.delenv("VLLM_MLX_ENABLE_THINKING_RETIREMENT_RESUME", raising=False)

@@ -8,7 +8,13 @@ import types
 import pytest
 
 from vllm_mlx_trio.config import load_config
-from vllm_mlx_trio.worker.mtp_thinking import RESUME_ENV, Phase, ThinkingGate, ThinkingMarkers, resume_enabled
+from vllm_mlx_trio.worker.speculative.mtp.thinking import (
+    RESUME_ENV,
+    Phase,
+    ThinkingGate,
+    ThinkingMarkers,
+    resume_enabled,
+)
 
 START, END = (901, 902), (903, 902)  # two-token markers sharing a token, like BPE pieces of <think> / </think>
 WORDS = {901: "<th", 902: "ink>", 903: "</th"}

@@ -56,10 +56,13 @@ async def test_step_counts_reach_the_metrics_and_the_status(counting_cfg):
     per_position = 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="demo:tiny",position="0"}'
     assert f"{per_position} {first}" in rendered
     assert status["speculative"] == {
-        "method": "off", "drafts": counts.num_drafts, "draft_tokens": counts.num_draft_tokens,
-        "accepted_tokens": counts.num_accepted_tokens, "acceptance_rate": round(counts.acceptance_rate, 4),
+        "method": "off",
+        "drafts": counts.num_drafts,
+        "draft_tokens": counts.num_draft_tokens,
+        "accepted_tokens": counts.num_accepted_tokens,
+        "acceptance_rate": round(counts.acceptance_rate, 4),
         "mean_accepted_length": round(counts.mean_accepted_length, 3),
-    }  # fmt: skip
+    }
 
 
 def test_speculation_needs_the_batched_mode():
@@ -77,8 +80,15 @@ def test_draft_method_needs_a_draft_model():
 
 
 def test_the_speculative_runner_budgets_num_draft_tokens_plus_one():
-    cfg = load_config(None, overrides=["speculative.method=draft", "speculative.draft_model=demo:spec-draft",
-                                       "speculative.num_draft_tokens=6"], environ={})  # fmt: skip
+    cfg = load_config(
+        None,
+        overrides=[
+            "speculative.method=draft",
+            "speculative.draft_model=demo:spec-draft",
+            "speculative.num_draft_tokens=6",
+        ],
+        environ={},
+    )
     runner = runner_for(cfg)
     assert runner.__name__ == "SpecRunner" and runner.max_tokens_per_step == 7
     assert runner_for(load_config(None, environ={})).max_tokens_per_step == 1

@@ -9,7 +9,7 @@ import trio
 
 from vllm_mlx_trio import SamplingParams, open_engine
 from vllm_mlx_trio.errors import ModelLoadError
-from vllm_mlx_trio.worker import spec_drafter
+from vllm_mlx_trio.worker.speculative import drafter as spec_drafter
 
 from .conftest import BlockingDrafter, spec_config
 from .mtp_parts import generate
@@ -43,7 +43,7 @@ async def test_cancelling_while_a_round_runs_frees_the_sequence(float32_dir, mon
     made: list[BlockingDrafter] = []
 
     def blocking_loader(cfg, target, info):
-        from vllm_mlx_trio.worker.spec_draft_model import load_draft_model_drafter
+        from vllm_mlx_trio.worker.speculative.draft_model import load_draft_model_drafter
 
         made.append(BlockingDrafter(load_draft_model_drafter(cfg, target, info), block_at=3))
         return made[-1]

@@ -23,8 +23,9 @@ PROMPT_B = tuple(range(100, 112))
 
 
 def new(rid: str, prompt=PROMPT_A, params=GREEDY, *, output: tuple[int, ...] = ()) -> NewSequence:
-    return NewSequence(request_id=RequestId(rid), prompt_token_ids=(*prompt, *output), params=params,
-                       num_output_tokens=len(output))  # fmt: skip
+    return NewSequence(
+        request_id=RequestId(rid), prompt_token_ids=(*prompt, *output), params=params, num_output_tokens=len(output)
+    )
 
 
 def build(cfg, **kwargs):
@@ -272,7 +273,7 @@ class _SpoilingDrafter:
 def test_drafts_made_a_round_ahead_and_dropped_change_nothing(float32_dir, runners):
     from mlx_lm import load
 
-    from vllm_mlx_trio.worker.spec_draft_model import DraftModelDrafter
+    from vllm_mlx_trio.worker.speculative.draft_model import DraftModelDrafter
 
     plain, _ = runners
     reference, _ = alone(plain)

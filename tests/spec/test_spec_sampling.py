@@ -1,4 +1,4 @@
-"""worker/spec_sampling.py: the round's verdict on the device. Greedy: the accepted prefix and the target's token
+"""worker/speculative/sampling.py: the round's verdict on the device. Greedy: the accepted prefix and the target's token
 after it. Sampled (speculative rejection sampling): the emitted tokens are distributed as the target's own sampling,
 checked with chi-square tests over many seeded draws (fixed seeds: deterministic, not flaky)."""
 
@@ -46,7 +46,7 @@ def _chi2_two_samples(a: list[int], b: list[int]) -> tuple[float, int]:
 def test_the_greedy_verdict_is_the_accepted_prefix_and_the_target_token_after_it(drafts, target, accepted):
     import mlx.core as mx
 
-    from vllm_mlx_trio.worker.spec_sampling import greedy_verdict
+    from vllm_mlx_trio.worker.speculative.sampling import greedy_verdict
 
     logits = mx.full((1, len(target), 16), -5.0)
     for position, token in enumerate(target):
@@ -60,7 +60,7 @@ def test_rejection_sampling_emits_the_target_distribution():
     stood) p[1], though q is far from p (rejections are frequent)."""
     import mlx.core as mx
 
-    from vllm_mlx_trio.worker.spec_sampling import rejection_verdict
+    from vllm_mlx_trio.worker.speculative.sampling import rejection_verdict
 
     p = mx.array([[0.5, 0.2, 0.2, 0.1, 0.0], [0.1, 0.1, 0.1, 0.3, 0.4], [0.2, 0.2, 0.2, 0.2, 0.2]])
     q = mx.array([[0.1, 0.1, 0.3, 0.3, 0.2], [0.4, 0.3, 0.1, 0.1, 0.1]])
@@ -87,7 +87,7 @@ def test_a_sampled_round_matches_the_normal_samplers_draws_with_the_requests_fil
     import mlx.core as mx
 
     from vllm_mlx_trio.worker.sampling import make_request_sampler
-    from vllm_mlx_trio.worker.spec_sampling import SpecSampler
+    from vllm_mlx_trio.worker.speculative.sampling import SpecSampler
 
     vocab = 8
     target = _logits([[0.30, 0.20, 0.15, 0.12, 0.10, 0.06, 0.04, 0.03]] * 2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from vllm_mlx_trio.bench.speculative_bench import measure_speculative
+from vllm_mlx_trio.bench.speculative.run import measure_speculative
 from vllm_mlx_trio.config import load_config
 
 pytestmark = pytest.mark.mlx
@@ -14,8 +14,15 @@ pytestmark = pytest.mark.mlx
 async def test_one_row_per_level_with_acceptance_and_identical_outputs(float32_dir):
     cfg = load_config(None, overrides=[f"model.path={float32_dir}"], environ={})
     with trio.fail_after(240):
-        rows = await measure_speculative(cfg, draft_model=float32_dir, num_draft_tokens=3, runs=2, max_tokens=12,
-                                         levels=(1, 3), sampled_temperature=0.7)  # fmt: skip
+        rows = await measure_speculative(
+            cfg,
+            draft_model=float32_dir,
+            num_draft_tokens=3,
+            runs=2,
+            max_tokens=12,
+            levels=(1, 3),
+            sampled_temperature=0.7,
+        )
     assert [(row["streams"], row["temperature"]) for row in rows] == [(1, "0"), (3, "0"), (1, "0.7")]
     alone, shared, sampled = rows
     assert sampled["identical"] == "-" and sampled["rounds"] > 0 and float(sampled["acceptance"]) > 0.8

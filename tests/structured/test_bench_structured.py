@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from vllm_mlx_trio.bench.structured_bench import measure_structured
+from vllm_mlx_trio.bench.structured import measure_structured
 
 pytestmark = pytest.mark.mlx
 

@@ -52,7 +52,7 @@ def spec(kind: str, body: object = "", **kw) -> ConstraintSpec:
         (spec("choice", ["yes", 'no "way"']), 'no "way"', "maybe"),
         (spec("grammar", 'start: "a" NUM\nNUM: /[0-9]+/\n'), "a42", "b42"),
     ],
-)  # fmt: skip
+)
 def test_each_kind_accepts_its_sentences_only(compiler, llg_tokenizer, constraint, good, bad):
     compiled = compiler.compile(constraint)
     assert accepts(compiled, llg_tokenizer, good)
@@ -140,7 +140,7 @@ def test_other_tool_call_markups(compiler, llg_tokenizer, fmt, text):
         (spec("tool_calls", [{"type": "function", "function": {}}]), "tools[0]", "name"),
         (spec("tool_calls", [WEATHER], tool_call_format="qwen3_coder"), "tool_choice", "qwen3_coder"),
     ],
-)  # fmt: skip
+)
 def test_invalid_or_unsupported_specs_are_400s_naming_the_problem(compiler, constraint, param, words):
     with pytest.raises(InvalidRequestError) as info:
         compiler.compile(constraint)
@@ -156,8 +156,12 @@ def test_without_a_tokenizer_the_grammar_is_only_checked():
 
 def test_the_cache_key_covers_every_field():
     base = spec("tool_calls", [WEATHER])
-    others = [spec("tool_calls", [NOARGS]), spec("tool_calls", [WEATHER], tool_call_format="mistral"),
-              spec("tool_calls", [WEATHER], parallel=False), spec("regex", base.body)]  # fmt: skip
+    others = [
+        spec("tool_calls", [NOARGS]),
+        spec("tool_calls", [WEATHER], tool_call_format="mistral"),
+        spec("tool_calls", [WEATHER], parallel=False),
+        spec("regex", base.body),
+    ]
     assert len({base.key, *(o.key for o in others)}) == 5
     assert spec("tool_calls", [WEATHER]).key == base.key
 

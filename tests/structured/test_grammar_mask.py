@@ -53,8 +53,9 @@ def test_the_mask_follows_the_grammar_then_allows_only_the_stop_ids(choice):
     yes = tokenizer.tokenize_str("yes")
     masks = run(grammar_processor(compiled, stop_ids=STOP), yes, tokenizer.vocab_size)
     assert yes[0] in masks[0]
-    assert all("yes".startswith(tokenizer.decode_str([t])) or "no".startswith(tokenizer.decode_str([t]))
-               for t in masks[0])  # fmt: skip
+    assert all(
+        "yes".startswith(tokenizer.decode_str([t])) or "no".startswith(tokenizer.decode_str([t])) for t in masks[0]
+    )
     assert masks[-1] == sorted({*EOS, *STOP})  # the grammar is complete: only EOS and the request's stop ids
     assert 300 not in masks[0]
 

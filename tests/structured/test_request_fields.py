@@ -8,15 +8,18 @@ import pytest
 
 from vllm_mlx_trio.core.constraint import ConstraintSpec
 from vllm_mlx_trio.errors import InvalidRequestError
-from vllm_mlx_trio.http.requests import parse_chat, parse_completion
+from vllm_mlx_trio.http.openai.requests import parse_chat, parse_completion
 
 MODEL = "m"
 SCHEMA = {"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "integer"}}}
 
 
 def constraint(parse=parse_chat, **fields) -> ConstraintSpec | None:
-    body = {"model": MODEL, **({"messages": [{"role": "user", "content": "hi"}]} if parse is parse_chat else
-                               {"prompt": "p"}), **fields}  # fmt: skip
+    body = {
+        "model": MODEL,
+        **({"messages": [{"role": "user", "content": "hi"}]} if parse is parse_chat else {"prompt": "p"}),
+        **fields,
+    }
     return parse(body, model_name=MODEL, max_n=8).params.constraint
 
 
@@ -30,8 +33,16 @@ def refused(**fields) -> InvalidRequestError:
     ("fields", "kind", "body"),
     [
         ({"response_format": {"type": "json_object"}}, "json_object", ""),
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": SCHEMA, "strict": True}}},
-         "json_schema", '{"type":"object","properties":{"b":{"type":"string"},"a":{"type":"integer"}}}'),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": SCHEMA, "strict": True},
+                }
+            },
+            "json_schema",
+            '{"type":"object","properties":{"b":{"type":"string"},"a":{"type":"integer"}}}',
+        ),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "json_object", ""),
         ({"guided_json": SCHEMA}, "json_schema", json.dumps(SCHEMA, separators=(",", ":"))),
         ({"guided_json": json.dumps(SCHEMA)}, "json_schema", json.dumps(SCHEMA, separators=(",", ":"))),
@@ -43,7 +54,7 @@ def refused(**fields) -> InvalidRequestError:
         ({"structured_outputs": {"choice": ["y"]}}, "choice", '["y"]'),
         ({"structured_outputs": {"grammar": 'start: "b"'}}, "grammar", 'start: "b"'),
     ],
-)  # fmt: skip
+)
 def test_each_field_becomes_its_constraint(fields, kind, body):
     assert constraint(**fields) == ConstraintSpec(kind=kind, body=body)
 

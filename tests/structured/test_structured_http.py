@@ -41,9 +41,12 @@ async def test_response_format_json_schema_streamed_and_not(demo_cfg):
             streamed = "".join([ch.choices[0].delta.content or "" async for ch in stream if ch.choices])
             choice = await c.chat.completions.create(**args, extra_body={"guided_choice": ["left", "right"]})
             completion = await c.completions.create(
-                model=MODEL, prompt="City:", max_tokens=120, seed=5,
+                model=MODEL,
+                prompt="City:",
+                max_tokens=120,
+                seed=5,
                 extra_body={"response_format": {"type": "json_object"}},
-            )  # fmt: skip
+            )
     assert whole.choices[0].finish_reason == "stop"
     jsonschema.validate(json.loads(whole.choices[0].message.content), SCHEMA)
     assert streamed == whole.choices[0].message.content
@@ -56,14 +59,19 @@ async def test_a_bad_schema_is_a_400_in_openais_error_shape(demo_cfg):
         async with open_server(demo_cfg) as srv, client(srv.url) as c:
             with pytest.raises(openai.BadRequestError) as info:
                 await c.chat.completions.create(
-                    model=MODEL, messages=CHAT, max_tokens=8,
+                    model=MODEL,
+                    messages=CHAT,
+                    max_tokens=8,
                     response_format=json_schema_format({"type": "object", "properties": {"x": {"type": "nope"}}}),
-                )  # fmt: skip
+                )
             with pytest.raises(openai.BadRequestError) as two:
                 await c.chat.completions.create(
-                    model=MODEL, messages=CHAT, max_tokens=8, response_format={"type": "json_object"},
+                    model=MODEL,
+                    messages=CHAT,
+                    max_tokens=8,
+                    response_format={"type": "json_object"},
                     extra_body={"guided_regex": "a+"},
-                )  # fmt: skip
+                )
     error = info.value.body
     assert error["type"] == "invalid_request_error" and error["param"] == "response_format"
     assert "nope" in error["message"]

@@ -22,16 +22,20 @@ def vlm_cfg(demo_cache_dir):
     return load_config(
         REPO / "config" / "demo.toml",
         overrides=[
-            "server.port=0", "server.drain_timeout_s=5", f"model.demo_cache_dir={demo_cache_dir}",
-            f"model.path={MODEL}", "engine.mode=vlm", "cache.block_size=16",
+            "server.port=0",
+            "server.drain_timeout_s=5",
+            f"model.demo_cache_dir={demo_cache_dir}",
+            f"model.path={MODEL}",
+            "engine.mode=vlm",
+            "cache.block_size=16",
         ],
         environ={},
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture(scope="session")
 def vlm32_dir(tmp_path_factory) -> str:
     """The demo VLM in float32: a greedy row's tokens then do not depend on its batch."""
-    from vllm_mlx_trio.worker.demo_vlm import build_demo_vlm  # imports mlx
+    from vllm_mlx_trio.worker.demo.vlm import build_demo_vlm  # imports mlx
 
     return str(build_demo_vlm(tmp_path_factory.mktemp("vlm32") / "vlm-tiny", dtype="float32"))

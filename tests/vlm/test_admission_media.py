@@ -9,8 +9,8 @@ import attrs
 import numpy as np
 import trio
 
-from vllm_mlx_trio.actors.admission import AdmissionActor, AdmissionLimits
-from vllm_mlx_trio.actors.cache_client import CacheClient
+from vllm_mlx_trio.actors.admission.actor import AdmissionActor, AdmissionLimits
+from vllm_mlx_trio.actors.prefix.cache_client import CacheClient
 from vllm_mlx_trio.core.params import SamplingParams
 from vllm_mlx_trio.core.request import Request
 from vllm_mlx_trio.errors import InvalidRequestError
@@ -30,9 +30,12 @@ from vllm_mlx_trio.messages import (
 from vllm_mlx_trio.testing.fake_executor import FakeTokenizer
 
 LIMITS = AdmissionLimits(
-    max_context_tokens=999, default_max_tokens=4, max_stop_sequences=4, vocab_size=259,
+    max_context_tokens=999,
+    default_max_tokens=4,
+    max_stop_sequences=4,
+    vocab_size=259,
     media_kinds=frozenset({"image_url"}),
-)  # fmt: skip
+)
 
 
 @attrs.frozen
@@ -78,14 +81,20 @@ async def admit_one(prompt: ChatPrompt, loader: FakeLoader, params: SamplingPara
     admit_send, admit_recv = trio.open_memory_channel(4)
     out_send, out_recv = trio.open_memory_channel(4)
     actor = AdmissionActor(
-        submit_recv=submit_recv, admit_send=admit_send, tokenizer=FakeTokenizer(), limits=LIMITS,
-        preprocess_threads=1, media_loader=loader, media_processor=FakeProcessor(),
-    )  # fmt: skip
+        submit_recv=submit_recv,
+        admit_send=admit_send,
+        tokenizer=FakeTokenizer(),
+        limits=LIMITS,
+        preprocess_threads=1,
+        media_loader=loader,
+        media_processor=FakeProcessor(),
+    )
     async with trio.open_nursery() as nursery:
         await nursery.start(actor.run)
         with submit_send:
-            await submit_send.send(Submit(request_id=RequestId("img"), prompt=prompt, params=params, outbox=out_send,
-                                          arrival_time=0.0))  # fmt: skip
+            await submit_send.send(
+                Submit(request_id=RequestId("img"), prompt=prompt, params=params, outbox=out_send, arrival_time=0.0)
+            )
         admits = [admit async for admit in admit_recv]
     outputs = []
     while True:

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_mlx_trio.bench.mllm_bench import IMAGE_SIDES, measure_phases
+from vllm_mlx_trio.bench.mllm.run import IMAGE_SIDES, measure_phases
 from vllm_mlx_trio.config import load_config
 
 pytestmark = pytest.mark.mlx
 
 
 def test_the_phase_table_has_every_phase_of_every_size(demo_cache_dir):
-    cfg = load_config(None, overrides=["model.path=demo:vlm-tiny", f"model.demo_cache_dir={demo_cache_dir}"],
-                      environ={})  # fmt: skip
+    cfg = load_config(
+        None, overrides=["model.path=demo:vlm-tiny", f"model.demo_cache_dir={demo_cache_dir}"], environ={}
+    )
     rows = measure_phases(cfg, runs=1)
     assert [row["image"] for row in rows] == [f"{side}x{side}" for side in IMAGE_SIDES]
     # larger images: more image tokens (the demo's processor: one token per 28x28 pixels)

@@ -32,9 +32,13 @@ async def test_image_streams_and_a_repeat_hits_the_cache_past_the_image(vlm_cfg)
     with trio.fail_after(TIMEOUT_S):
         async with open_server(vlm_cfg) as srv, client(srv) as c:
             stream = await c.chat.completions.create(
-                model=MODEL, messages=messages, temperature=0, max_tokens=8, stream=True,
+                model=MODEL,
+                messages=messages,
+                temperature=0,
+                max_tokens=8,
+                stream=True,
                 stream_options={"include_usage": True},
-            )  # fmt: skip
+            )
             chunks = [chunk async for chunk in stream]
             again = await chat(c, messages)
             models = await c.models.list()
@@ -91,10 +95,16 @@ async def test_video_sampling_options_key_the_cache(vlm_cfg, demo_cache_dir):
 
 async def test_a_greedy_image_request_alone_equals_it_inside_a_batch(vlm32_dir):
     cfg = load_config(
-        None, overrides=["server.port=0", f"model.path={vlm32_dir}", "engine.mode=vlm", "cache.enabled=false",
-                   f"server.served_model_name={MODEL}"],
+        None,
+        overrides=[
+            "server.port=0",
+            f"model.path={vlm32_dir}",
+            "engine.mode=vlm",
+            "cache.enabled=false",
+            f"server.served_model_name={MODEL}",
+        ],
         environ={},
-    )  # fmt: skip
+    )
     target = [image_message("What is in this picture?", image_url(5))]
     others = [
         [{"role": "user", "content": "Tell me about the sea."}],

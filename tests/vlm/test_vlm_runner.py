@@ -14,7 +14,7 @@ from PIL import Image
 from vllm_mlx_trio.config import load_config
 from vllm_mlx_trio.core.params import SamplingParams
 from vllm_mlx_trio.messages import NewSequence, RequestId, StepPlan
-from vllm_mlx_trio.worker.vlm_cache import RopeBatchKVCache, RopeKVCache, row_positions
+from vllm_mlx_trio.worker.vlm.cache import RopeBatchKVCache, RopeKVCache, row_positions
 
 pytestmark = pytest.mark.mlx
 
@@ -26,7 +26,7 @@ class Driver:
     """A runner and the step plans a scheduler would send it."""
 
     def __init__(self, model_dir: str, *overrides: str):
-        from vllm_mlx_trio.worker.vlm_runner import VlmRunner
+        from vllm_mlx_trio.worker.vlm.runner import VlmRunner
 
         # One decode step per plan (no run-ahead, which is timed): the tests count steps.
         overrides = ("engine.run_ahead_steps=1", *overrides)
@@ -42,8 +42,9 @@ class Driver:
         images = (image,) if image is not None else tuple(images)
         content = [{"type": "text", "text": text}] + [{"type": "image"} for _ in images]
         tokenizer = self.info.tokenizer
-        rendered = tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
-                                                 add_generation_prompt=True)  # fmt: skip
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+        )
         media = ()
         if images:
             loaded = tuple(LOADED(im, f"k{i}") for i, im in enumerate(images))
@@ -182,15 +183,19 @@ def test_a_prefix_hit_anywhere_continues_as_a_cold_prefill(vlm32_dir, where):
     """A cache holding the first k tokens (as a prefix hit splices them): only the image tokens
     past k are encoded and embedded, the delta is recomputed, and the next logits are a cold
     prefill's."""
-    from vllm_mlx_trio.worker.vlm_model import new_prefill
+    from vllm_mlx_trio.worker.vlm.model import new_prefill
 
     driver = Driver(vlm32_dir)
     try:
         adapter = driver.runner._adapter
         seq = driver.sequence("r", "What is in this picture?", picture(4))
         [item] = seq.media
-        k = {"before the image": item.start - 3, "inside the image": item.start + 5,
-             "at its last token": item.start + item.num_tokens - 1, "after it": item.start + item.num_tokens + 2}[where]
+        k = {
+            "before the image": item.start - 3,
+            "inside the image": item.start + 5,
+            "at its last token": item.start + item.num_tokens - 1,
+            "after it": item.start + item.num_tokens + 2,
+        }[where]
         cold, source = (new_prefill(seq, None, adapter, chunk=16) for _ in range(2))
         for prefill in (cold, source):
             while not prefill.done:
@@ -230,9 +235,10 @@ def test_a_hit_whose_spilled_block_is_gone_is_prefilled_again_with_its_image(vlm
 
 
 def test_text_prompts_arriving_together_give_what_each_gives_alone(vlm32_dir, monkeypatch):
-    """A burst of text prompts on the VLM's language model (worker/prefill_burst.py): first tokens from their own
+    """A burst of text prompts on the VLM's language model (worker/batched/prefill_burst.py): first tokens from their
+    own
     prefills, then decoding together; tokens and logprobs as each alone."""
-    from vllm_mlx_trio.worker.generator_join import JoinedRows
+    from vllm_mlx_trio.worker.batched.generator_join import JoinedRows
 
     joins: list[int] = []
     join_sampled = JoinedRows.join_sampled

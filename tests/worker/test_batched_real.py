@@ -58,9 +58,7 @@ async def test_greedy_is_the_same_alone_in_a_batch_of_8_and_arriving_mid_decode(
             async with trio.open_nursery() as nursery:
                 started = trio.Event()
                 for i in range(4):
-                    nursery.start_soon(
-                        functools.partial(tokens_of, engine, chat(10 + i), long, progress=started)
-                    )
+                    nursery.start_soon(functools.partial(tokens_of, engine, chat(10 + i), long, progress=started))
                 await started.wait()  # the others are mid-decode now
                 late["probe"] = await tokens_of(engine, chat(3), GREEDY)
     assert len(alone) == GREEDY.max_tokens
@@ -186,14 +184,14 @@ async def test_long_prompt_prefill_is_chunked_between_decode_steps(float32_dir):
 @pytest.mark.parametrize("mode", ["batched", "simple"])
 async def test_a_failing_logits_processor_ends_only_its_request(float32_dir, mode, monkeypatch):
     from vllm_mlx_trio.errors import RequestProcessingError
-    from vllm_mlx_trio.worker import batch_runner, simple_runner
+    from vllm_mlx_trio.worker import simple_runner
+    from vllm_mlx_trio.worker.batched import runner as batch_runner
 
     runner_module = batch_runner if mode == "batched" else simple_runner
     original = runner_module.make_request_processors
 
     def with_a_bomb(params, *, stop_ids, generated=()):
         if params.min_tokens == 3:  # marks the request that fails on its third token
-
             calls = []
 
             def bomb(context, logits):

@@ -15,7 +15,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 from mlx_lm.models import qwen3
 
-from vllm_mlx_trio.worker.demo_model import (
+from vllm_mlx_trio.worker.demo.model import (
     DEMO_MARKER,
     DEMO_PREFIX,
     DEMO_SIZES,
@@ -91,11 +91,7 @@ def test_eos_and_chat_template(tiny):
     assert im_end in tokenizer.eos_token_ids
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    assert text == (
-        "<|im_start|>system\nBe brief.<|im_end|>\n"
-        "<|im_start|>user\nhi<|im_end|>\n"
-        "<|im_start|>assistant\n"
-    )
+    assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
     plain = tokenizer.apply_chat_template(messages, tokenize=False)
     assert plain.endswith("hi<|im_end|>\n")
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
@@ -150,8 +146,7 @@ def test_resolve_builds_once_then_reuses(tmp_path):
 def test_concurrent_resolvers_share_one_build(tmp_path):
     results = []
     threads = [
-        threading.Thread(target=lambda: results.append(resolve_demo_model("demo:tiny", tmp_path)))
-        for _ in range(3)
+        threading.Thread(target=lambda: results.append(resolve_demo_model("demo:tiny", tmp_path))) for _ in range(3)
     ]
     for thread in threads:
         thread.start()
@@ -213,7 +208,7 @@ def test_sampling_rarely_ends_at_once(tiny):
 
 
 def test_a_build_with_an_older_chat_template_is_rebuilt(tmp_path):
-    from vllm_mlx_trio.worker.demo_model import chat_template_hash
+    from vllm_mlx_trio.worker.demo.model import chat_template_hash
 
     path = resolve_demo_model("demo:tiny", tmp_path)
     marker = json.loads((path / DEMO_MARKER).read_text())

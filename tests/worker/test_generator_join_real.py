@@ -1,4 +1,4 @@
-"""Rows that join mlx-lm's decode batch directly (worker/generator_join.py), on the real demo model:
+"""Rows that join mlx-lm's decode batch directly (worker/batched/generator_join.py), on the real demo model:
 an exact repeat starts without a prompt step of its own, and what it produces (tokens, logprobs,
 the finish at max_tokens or a stop token, even one its prompt ends with) is what mlx-lm's own
 prompt path gives."""
@@ -22,10 +22,14 @@ JOBS = {
     "greedy": ("The sea was calm and the boats", SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)),
     "logprobs": ("Tell me about the river", SamplingParams(temperature=0.0, max_tokens=6, logprobs=2, ignore_eos=True)),
     "one": ("A single token answer", SamplingParams(temperature=0.0, max_tokens=1)),
-    "ends_in_eos": (f"The last word of this prompt is the stop token {EOS_TEXT}",
-                    SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=False)),  # fmt: skip
-    "forced_stop": ("Stop after a few words", SamplingParams(temperature=0.0, max_tokens=30,
-                                                             logit_bias=((EOS, 100.0),), min_tokens=3)),  # fmt: skip
+    "ends_in_eos": (
+        f"The last word of this prompt is the stop token {EOS_TEXT}",
+        SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=False),
+    ),
+    "forced_stop": (
+        "Stop after a few words",
+        SamplingParams(temperature=0.0, max_tokens=30, logit_bias=((EOS, 100.0),), min_tokens=3),
+    ),
     "stops_at_once": ("Say nothing at all", SamplingParams(temperature=0.0, max_tokens=30, logit_bias=((EOS, 100.0),))),
 }
 

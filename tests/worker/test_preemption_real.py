@@ -14,8 +14,9 @@ pytestmark = pytest.mark.mlx
 
 TIMEOUT_S = 240
 GREEDY = SamplingParams(temperature=0.0, max_tokens=300, ignore_eos=True)
-SEEDED = SamplingParams(temperature=0.9, top_p=0.95, seed=11, max_tokens=300, ignore_eos=True,
-                        presence_penalty=0.3, min_tokens=5)  # fmt: skip
+SEEDED = SamplingParams(
+    temperature=0.9, top_p=0.95, seed=11, max_tokens=300, ignore_eos=True, presence_penalty=0.3, min_tokens=5
+)
 
 
 def config(model_dir: str, *overrides: str):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vllm_mlx_trio.worker.prefill_budget import FIRST_CHUNK_TOKENS, MIN_CHUNK_TOKENS, ChunkSizer
+from vllm_mlx_trio.worker.batched.prefill_budget import FIRST_CHUNK_TOKENS, MIN_CHUNK_TOKENS, ChunkSizer
 
 
 def feed(sizer: ChunkSizer, *, plan_s: float, token_s: float, fixed_s: float = 0.0, plans: int = 40) -> None:

@@ -1,4 +1,5 @@
-"""Prompts that arrive together (worker/prefill_burst.py), on the real demo model: while more of the burst waits, a
+"""Prompts that arrive together (worker/batched/prefill_burst.py), on the real demo model: while more of the burst
+waits, a
 prompt's first token comes from its own prefill and no decode step runs; the burst's last prompt's step decodes
 them all. Tokens, seeded samples and logprobs are what each prompt gives alone, and the prefix store keeps what a
 burst prompt's cache holds."""
@@ -24,8 +25,11 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 def _runner(model_dir: str, *overrides: str):
     from vllm_mlx_trio.worker.registry import runner_for
 
-    cfg = load_config(None, overrides=[f"model.path={model_dir}", "engine.run_ahead_steps=1", "cache.enabled=false",
-                                       *overrides], environ={})  # fmt: skip
+    cfg = load_config(
+        None,
+        overrides=[f"model.path={model_dir}", "engine.run_ahead_steps=1", "cache.enabled=false", *overrides],
+        environ={},
+    )
     runner = runner_for(cfg)(cfg)
     runner.load()
     return runner
@@ -80,9 +84,11 @@ def test_a_bursts_first_tokens_come_from_their_own_prefills_and_the_last_step_de
 
 
 def test_seeded_samples_and_logprobs_are_what_each_prompt_gives_alone(runner, monkeypatch):
-    params = {"a": SamplingParams(temperature=0.9, seed=7, max_tokens=8, ignore_eos=True),
-              "b": SamplingParams(temperature=0.0, max_tokens=4, logprobs=2, ignore_eos=True),
-              "c": GREEDY}  # fmt: skip
+    params = {
+        "a": SamplingParams(temperature=0.9, seed=7, max_tokens=8, ignore_eos=True),
+        "b": SamplingParams(temperature=0.0, max_tokens=4, logprobs=2, ignore_eos=True),
+        "c": GREEDY,
+    }
     driver, steps = _run(runner, params, monkeypatch)
     assert steps[:2] == [0, 0]
     assert driver.outputs["a"] == _alone(runner, "a", params["a"], monkeypatch)
@@ -115,7 +121,7 @@ def test_a_burst_beyond_one_prefill_step_decodes_every_plan(runner, float32_dir,
 
 
 async def test_a_burst_prompts_cache_goes_to_the_prefix_store_and_a_repeat_hits_it(float32_dir, monkeypatch):
-    from vllm_mlx_trio.worker.generator_join import JoinedRows
+    from vllm_mlx_trio.worker.batched.generator_join import JoinedRows
 
     joins: list[int] = []
     real = JoinedRows.join_sampled
@@ -126,8 +132,9 @@ async def test_a_burst_prompts_cache_goes_to_the_prefix_store_and_a_repeat_hits_
 
     monkeypatch.setattr(JoinedRows, "join_sampled", counted)
     cfg = load_config(None, overrides=[f"model.path={float32_dir}", "cache.block_size=16"], environ={})
-    prompts = [f"Burst number {i}: the sea and the sky were calm that morning, and the boats went out"
-               for i in range(4)]  # fmt: skip
+    prompts = [
+        f"Burst number {i}: the sea and the sky were calm that morning, and the boats went out" for i in range(4)
+    ]
     firsts: dict[int, list[int]] = {}
 
     async def one(i: int) -> None:

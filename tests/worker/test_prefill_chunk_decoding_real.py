@@ -67,8 +67,12 @@ async def test_the_chunk_is_small_while_a_stream_decodes_and_the_output_is_the_s
 ):
     """mlx-lm's prefill (time ratio none) in fixed chunks, and the runner's own prefill in
     timed chunks of at most prefill_step_size_decoding."""
-    cfg = config(float32_dir, "engine.prefill_step_size=512", f"engine.prefill_step_size_decoding={decoding_chunk}",
-                 f"engine.prefill_time_ratio={time_ratio}")  # fmt: skip
+    cfg = config(
+        float32_dir,
+        "engine.prefill_step_size=512",
+        f"engine.prefill_step_size_decoding={decoding_chunk}",
+        f"engine.prefill_time_ratio={time_ratio}",
+    )
     with trio.fail_after(TIMEOUT_S):
         async with open_engine(cfg) as engine:  # its own engine: the prefix cache would hold the prompt
             alone = await _tokens(engine, LONG_PROMPT, GREEDY)
@@ -83,13 +87,14 @@ async def test_the_chunk_is_small_while_a_stream_decodes_and_the_output_is_the_s
 
 
 @pytest.mark.parametrize("time_ratio", ["1.0", "none"])
-async def test_the_runner_prefills_the_prompt_itself_unless_the_time_ratio_is_none(float32_dir, monkeypatch,
-                                                                                  time_ratio):  # fmt: skip
+async def test_the_runner_prefills_the_prompt_itself_unless_the_time_ratio_is_none(
+    float32_dir, monkeypatch, time_ratio
+):
     """With a time ratio no prompt token goes through mlx-lm's prompt path (and its per-step
     eval and cache clearing): the runner's prefill computes all but the last one."""
     from mlx_lm.generate import PromptProcessingBatch
 
-    from vllm_mlx_trio.worker.prefill import PromptPrefill
+    from vllm_mlx_trio.worker.batched.prefill import PromptPrefill
 
     by_generator, by_runner = [], []
     generator_prompt, runner_step = PromptProcessingBatch.prompt, PromptPrefill.step
@@ -122,7 +127,7 @@ async def test_the_runner_prefills_the_prompt_itself_unless_the_time_ratio_is_no
 
 async def test_prompts_arriving_together_are_prefilled_back_to_back_in_full_chunks(float32_dir, monkeypatch):
     """No row was decoding when they came: the second is not held to the first one's pace."""
-    from vllm_mlx_trio.worker.prefill import PromptPrefill
+    from vllm_mlx_trio.worker.batched.prefill import PromptPrefill
 
     budgets, runner_step = [], PromptPrefill.step
 
@@ -144,8 +149,8 @@ async def test_beside_a_stream_a_plan_runs_ahead_after_its_chunk(float32_dir, mo
     """Run-ahead on: while the long prompt is prefilled beside the stream, a plan carries one
     timed chunk and then several decode steps, and the long prompt's greedy output is what it
     is alone."""
-    from vllm_mlx_trio.worker import batch_runner
-    from vllm_mlx_trio.worker.prefill import PromptPrefill
+    from vllm_mlx_trio.worker.batched import runner as batch_runner
+    from vllm_mlx_trio.worker.batched.prefill import PromptPrefill
 
     events: list[str] = []  # "C": a timed chunk, "g": a decode step (BatchGenerator.next)
     runner_step, generator_step = PromptPrefill.step, batch_runner.BatchRunner._generator_step

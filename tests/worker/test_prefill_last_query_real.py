@@ -1,4 +1,5 @@
-"""A chunk that keeps only its last position's logits (a burst prompt's last chunk, worker/prefill_burst.py) runs the
+"""A chunk that keeps only its last position's logits (a burst prompt's last chunk, worker/batched/prefill_burst.py)
+runs the
 model's last decoder layer on the chunk's positions but the last for their keys and values only, then on the last
 (``_LastQueryOnly``): its logits and cache are those of the whole forward, on the real demo model."""
 
@@ -9,9 +10,9 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from vllm_mlx_trio.config import load_config
-from vllm_mlx_trio.worker import batch_runner
-from vllm_mlx_trio.worker.prefill import _split_masks, _splittable
-from vllm_mlx_trio.worker.spec_hidden import final_norm_owner
+from vllm_mlx_trio.worker.batched import runner as batch_runner
+from vllm_mlx_trio.worker.batched.prefill import _split_masks, _splittable
+from vllm_mlx_trio.worker.speculative.hidden import final_norm_owner
 
 pytestmark = pytest.mark.mlx
 

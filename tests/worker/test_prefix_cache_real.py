@@ -26,9 +26,7 @@ MODES = ["batched", "simple"]
 
 
 def config(model_dir: str, mode: str, *overrides: str):
-    return load_config(
-        None, overrides=[f"model.path={model_dir}", f"engine.mode={mode}", *overrides], environ={}
-    )
+    return load_config(None, overrides=[f"model.path={model_dir}", f"engine.mode={mode}", *overrides], environ={})
 
 
 def cache_on(float32_dir: str, mode: str, *overrides: str, block_size: int = BS):
@@ -42,7 +40,7 @@ def cache_off(float32_dir: str, mode: str):
 def capture_runner(cfg, runners: list):
     """The real executor, with its runner kept in ``runners`` to look at the MLX-side store."""
     if cfg.engine.mode == "batched":
-        from vllm_mlx_trio.worker.batch_runner import BatchRunner as Runner
+        from vllm_mlx_trio.worker.batched.runner import BatchRunner as Runner
     else:
         from vllm_mlx_trio.worker.simple_runner import SimpleRunner as Runner
 
@@ -65,9 +63,7 @@ SYSTEMS = [
     for i in range(8)
 ]
 QUESTIONS = [f"Question {j}: what is special about the number {j * 7 + 3}?" for j in range(25)]
-CORPUS_WORDS = (
-    importlib.resources.files("vllm_mlx_trio").joinpath("data/corpus.txt").read_text().split()
-)
+CORPUS_WORDS = importlib.resources.files("vllm_mlx_trio").joinpath("data/corpus.txt").read_text().split()
 
 
 def convo(system: int, question: int) -> list[dict]:
@@ -285,9 +281,7 @@ async def scenario(engine, block_size: int) -> tuple[dict[str, Out], dict[str, l
     return out, ids
 
 
-@pytest.mark.parametrize(
-    ("mode", "block_size"), [("batched", BS), ("simple", BS), ("batched", 64)]
-)
+@pytest.mark.parametrize(("mode", "block_size"), [("batched", BS), ("simple", BS), ("batched", 64)])
 async def test_greedy_outputs_equal_cache_off_and_cached_tokens_are_honest(float32_dir, mode, block_size):
     runners: list = []
     with trio.fail_after(TIMEOUT_S):
@@ -348,9 +342,7 @@ async def test_second_chat_turn_reuses_the_generated_blocks(float32_dir, mode):
 
 SAMPLING = {
     "seeded": SamplingParams(temperature=1.0, seed=11, max_tokens=16, ignore_eos=True),
-    "top_p_top_k": SamplingParams(
-        temperature=0.8, top_p=0.9, top_k=20, seed=3, max_tokens=16, ignore_eos=True
-    ),
+    "top_p_top_k": SamplingParams(temperature=0.8, top_p=0.9, top_k=20, seed=3, max_tokens=16, ignore_eos=True),
     "penalties": attrs.evolve(GREEDY, presence_penalty=1.5, frequency_penalty=0.5),
     "logit_bias": attrs.evolve(GREEDY, logit_bias=((300, 3.0),)),
     "logprobs": attrs.evolve(GREEDY, max_tokens=4, logprobs=2),

@@ -10,7 +10,7 @@ import trio
 
 from vllm_mlx_trio import SamplingParams, open_engine
 from vllm_mlx_trio.config import load_config
-from vllm_mlx_trio.worker import batch_runner
+from vllm_mlx_trio.worker.batched import runner as batch_runner
 from vllm_mlx_trio.worker.runner_base import LiveSequence
 
 pytestmark = pytest.mark.mlx
@@ -54,8 +54,14 @@ JOBS = {
 
 async def test_run_ahead_gives_what_one_step_a_plan_gives(float32_dir):
     one_step = await deltas_of(float32_dir, JOBS, "engine.run_ahead_steps=1")
-    ahead = await deltas_of(float32_dir, JOBS, "engine.run_ahead_steps=8", "engine.run_ahead_ms=60000",
-                            "engine.solo_run_ahead_steps=8", "engine.solo_run_ahead_ms=60000")  # steps limit
+    ahead = await deltas_of(
+        float32_dir,
+        JOBS,
+        "engine.run_ahead_steps=8",
+        "engine.run_ahead_ms=60000",
+        "engine.solo_run_ahead_steps=8",
+        "engine.solo_run_ahead_ms=60000",
+    )  # steps limit
     assert max(len(d.token_ids) for d in one_step["alone"]) == 1
     assert max(len(d.token_ids) for d in ahead["alone"]) > 1  # several steps in one plan
     for key in JOBS:
@@ -89,8 +95,10 @@ def _driven_runner(model_dir: str, *overrides: str, num_rows: int = 1):
     runner = batch_runner.BatchRunner(cfg)
     runner.load()
     params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
-    new = tuple(NewSequence(request_id=RequestId(f"r{i}"), prompt_token_ids=tuple(range(10 + i, 40)), params=params)
-                for i in range(num_rows))  # fmt: skip
+    new = tuple(
+        NewSequence(request_id=RequestId(f"r{i}"), prompt_token_ids=tuple(range(10 + i, 40)), params=params)
+        for i in range(num_rows)
+    )
 
     def plan(step_id: int, *, start: bool = False) -> StepPlan:
         if start:
@@ -104,9 +112,14 @@ def _driven_runner(model_dir: str, *overrides: str, num_rows: int = 1):
 def test_a_lone_row_runs_ahead_by_the_solo_bounds(float32_dir, num_rows, steps_per_plan):
     """One row in the batch: a decode plan runs engine.solo_run_ahead_steps; two rows:
     engine.run_ahead_steps (no time limit binds here)."""
-    runner, plan = _driven_runner(float32_dir, "engine.run_ahead_steps=3", "engine.run_ahead_ms=60000",
-                                  "engine.solo_run_ahead_steps=6", "engine.solo_run_ahead_ms=60000",
-                                  num_rows=num_rows)  # fmt: skip
+    runner, plan = _driven_runner(
+        float32_dir,
+        "engine.run_ahead_steps=3",
+        "engine.run_ahead_ms=60000",
+        "engine.solo_run_ahead_steps=6",
+        "engine.solo_run_ahead_ms=60000",
+        num_rows=num_rows,
+    )
     try:
         runner.execute(plan(0, start=True))
         # the first decode plans give each row's first token and drop the step that hands it back
@@ -121,8 +134,12 @@ def greedy_reference(runner, num_tokens: int) -> list[int]:
     import mlx.core as mx
     from mlx_lm.generate import generate_step
 
-    steps = generate_step(mx.array(list(range(10, 40))), runner._generator.model, max_tokens=num_tokens,
-                          sampler=lambda logprobs: mx.argmax(logprobs, axis=-1))  # fmt: skip
+    steps = generate_step(
+        mx.array(list(range(10, 40))),
+        runner._generator.model,
+        max_tokens=num_tokens,
+        sampler=lambda logprobs: mx.argmax(logprobs, axis=-1),
+    )
     return [int(token) for token, _logprobs in steps]
 
 
@@ -132,8 +149,9 @@ def test_the_plan_that_starts_a_prompt_gives_its_first_token_and_ends_there(floa
     step that ends the prompt (whatever the time limit: 0 lets no step join for time's sake) and
     stops at it (60 s would let 8 steps join); the next plan runs ahead: 8 steps, whose first
     hands back the token already emitted (dropped), so 7 tokens."""
-    runner, plan = _driven_runner(float32_dir, f"engine.solo_run_ahead_ms={time_limit_s * 1000}",
-                                  "engine.solo_run_ahead_steps=8")  # fmt: skip
+    runner, plan = _driven_runner(
+        float32_dir, f"engine.solo_run_ahead_ms={time_limit_s * 1000}", "engine.solo_run_ahead_steps=8"
+    )
     try:
         first = runner.execute(plan(0, start=True))
         assert [len(tokens) for _rid, tokens in first.sampled] == [1]
@@ -151,8 +169,9 @@ def test_a_prompts_first_token_leaves_with_the_step_that_sampled_it(float32_dir,
     first step computes its last token and samples the first output token; mlx-lm's own path
     takes a step for the prompt and one for its last token. Either way that token leaves with the
     step that sampled it, not after the next forward (where mlx-lm hands it out)."""
-    runner, plan = _driven_runner(float32_dir, "engine.run_ahead_steps=1",
-                                  f"engine.prefill_time_ratio={prefill_time_ratio}")  # fmt: skip
+    runner, plan = _driven_runner(
+        float32_dir, "engine.run_ahead_steps=1", f"engine.prefill_time_ratio={prefill_time_ratio}"
+    )
     steps = 0
     next_step = runner._generator.next
 

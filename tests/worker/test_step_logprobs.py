@@ -34,8 +34,13 @@ def new_seq(rid: str, **params) -> NewSequence:
 def test_one_call_for_the_whole_step():
     runner = CountingRunner(tokens_per_step=(3,))
     runner.load()
-    seqs = [new_seq("a", logprobs=2), new_seq("b", logprobs=2), new_seq("c", logprobs=0), new_seq("d"),
-            new_seq("e", logprobs=2, max_tokens=2)]  # fmt: skip
+    seqs = [
+        new_seq("a", logprobs=2),
+        new_seq("b", logprobs=2),
+        new_seq("c", logprobs=0),
+        new_seq("d"),
+        new_seq("e", logprobs=2, max_tokens=2),
+    ]
     result = runner.execute(StepPlan(step_id=0, new_seqs=tuple(seqs)))
     runner.close()
     tokens = dict(result.sampled)

@@ -136,9 +136,7 @@ class ExecutorActor:
                         inbox.put(message)
                 inbox.stop()
 
-    async def _run_thread(
-        self, inbox: _Inbox, *, task_status: trio.TaskStatus[ModelInfo]
-    ) -> None:
+    async def _run_thread(self, inbox: _Inbox, *, task_status: trio.TaskStatus[ModelInfo]) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_stop_thread_on_cancel, inbox)
             await trio.to_thread.run_sync(
@@ -154,9 +152,7 @@ class ExecutorActor:
             )
             nursery.cancel_scope.cancel()
 
-    def _thread_main(
-        self, inbox: _Inbox, report_started: Callable[[ModelInfo], None]
-    ) -> None:
+    def _thread_main(self, inbox: _Inbox, report_started: Callable[[ModelInfo], None]) -> None:
         runner = self._runner_factory()
         try:
             model_info = runner.load()
@@ -200,6 +196,4 @@ def _execute(runner: Runner, plan: StepPlan) -> StepResult:
     except VllmMlxTrioError:
         raise
     except Exception as exc:  # boundary: an MLX failure kills the engine, with a clear cause
-        raise ExecutorCrashedError(
-            f"step {plan.step_id} failed: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise ExecutorCrashedError(f"step {plan.step_id} failed: {type(exc).__name__}: {exc}") from exc

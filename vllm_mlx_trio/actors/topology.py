@@ -25,18 +25,18 @@ import attrs
 import trio
 
 from ..config import EngineConfig
-from ..distributed.kv_events import kv_event_sink
 from ..errors import ExecutorCrashedError, VllmMlxTrioError
 from ..health import EngineHealth
 from ..messages import Admit, ControlCommand, ModelInfo, StepPlan, StepResult, Submit
 from ..metrics import EngineMetrics, engine_snapshot
 from ..output_format import OutputFormat, resolve_output_format
 from ..worker.registry import runner_for
-from .admission import AdmissionActor, AdmissionLimits
-from .admission_media import make_media_loader
-from .cache_manager import CacheManagerActor
-from .scheduler import SchedulerActor
-from .scheduler_settings import SchedulerSettings, max_outstanding
+from .admission.actor import AdmissionActor, AdmissionLimits
+from .admission.media import make_media_loader
+from .prefix.cache_manager import CacheManagerActor
+from .prefix.kv_events import kv_event_sink
+from .scheduler.actor import SchedulerActor
+from .scheduler.settings import SchedulerSettings, max_outstanding
 
 logger = logging.getLogger(__name__)
 
@@ -137,10 +137,18 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
     )
     metrics = EngineMetrics(cfg.model_name, model_info.max_context_tokens)
     scheduler = _scheduler(
-        cfg, model_info, runner, metrics, health,
-        admit_recv=admit_recv, control_recv=control_recv, plan_send=plan_send, result_recv=result_recv,
-        cache_send=cache_send, match_recv=match_recv,
-    )  # fmt: skip
+        cfg,
+        model_info,
+        runner,
+        metrics,
+        health,
+        admit_recv=admit_recv,
+        control_recv=control_recv,
+        plan_send=plan_send,
+        result_recv=result_recv,
+        cache_send=cache_send,
+        match_recv=match_recv,
+    )
     # Without a KV budget only the context length bounds the running KV.
     kv_capacity = model_info.kv_budget_tokens or running * model_info.max_context_tokens
     metrics.read_gauges_from(
@@ -219,7 +227,7 @@ def _admission(
         ),
         preprocess_threads=cfg.limits.preprocess_threads,
         output_format=output_format,
-        # a VLM's media step (actors/admission_media.py)
+        # a VLM's media step (actors/admission/media.py)
         media_loader=make_media_loader(cfg.mllm) if model_info.media_processor is not None else None,
         media_processor=model_info.media_processor,
         on_media=lambda media: metrics.on_media_loaded(media.loaded),  # a VLM's images / videos

@@ -30,16 +30,25 @@ def _positive(text: str) -> int:
 
 def _workload_args(parser: argparse.ArgumentParser, concurrency: str) -> None:
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens per request (default 128)")
-    parser.add_argument("--concurrency", type=_levels, default=_levels(concurrency),
-                        help=f"comma-separated concurrency levels (default {concurrency})")  # fmt: skip
-    parser.add_argument("--requests", type=int, default=3,
-                        help="each level runs max(concurrency, this) requests (default 3)")  # fmt: skip
+    parser.add_argument(
+        "--concurrency",
+        type=_levels,
+        default=_levels(concurrency),
+        help=f"comma-separated concurrency levels (default {concurrency})",
+    )
+    parser.add_argument(
+        "--requests", type=int, default=3, help="each level runs max(concurrency, this) requests (default 3)"
+    )
     parser.add_argument("--json", dest="json_path", default=None, help="also write the results here")
 
 
 def _ignore_eos_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ignore-eos", choices=("auto", "on", "off"), default="auto",
-                        help="send ignore_eos: auto probes whether the server accepts it")  # fmt: skip
+    parser.add_argument(
+        "--ignore-eos",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="send ignore_eos: auto probes whether the server accepts it",
+    )
 
 
 def add_bench_parser(commands, config_args: ConfigArgs) -> None:
@@ -116,8 +125,12 @@ def _cache_and_speculative_args(sub, config_args: ConfigArgs) -> None:
     spec.add_argument("--levels", type=_levels, default=(1, 5), help="concurrency levels (default 1,5)")
     spec.add_argument("--runs", type=_positive, default=3, help="runs per setting, alternating (default 3)")
     spec.add_argument("--max-tokens", type=_positive, default=128, help="tokens per request (default 128)")
-    spec.add_argument("--sampled-temperature", type=float, default=0.7,
-                      help="also a 1-stream row sampled at this temperature (default 0.7; 0: none)")  # fmt: skip
+    spec.add_argument(
+        "--sampled-temperature",
+        type=float,
+        default=0.7,
+        help="also a 1-stream row sampled at this temperature (default 0.7; 0: none)",
+    )
     spec.add_argument("--json", dest="json_path", default=None, help="also write the rows here")
 
     prefix = sub.add_parser("prefix-cache", help="pass/fail table of prefix-cache hits and misses")
@@ -127,8 +140,13 @@ def _cache_and_speculative_args(sub, config_args: ConfigArgs) -> None:
     prefix.add_argument("--mlx-lm", action="store_true", help="also the 48-token repeat over HTTP vs mlx_lm.server")
     prefix.add_argument("--only-mlx-lm", action="store_true", help="only that comparison (rows 7a-7c)")
     prefix.add_argument("--runs", type=_positive, default=3, help="rounds of that comparison (default 3)")
-    prefix.add_argument("--variant", action="append", default=[], metavar="NAME@CHECKOUT",
-                        help="also our server from another checkout, in the same rounds (repeatable)")
+    prefix.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME@CHECKOUT",
+        help="also our server from another checkout, in the same rounds (repeatable)",
+    )
     prefix.add_argument("--port", type=_positive, default=8711, help="first port of that comparison (default 8711)")
 
 
@@ -162,17 +180,28 @@ def _server_args(sub, config_args: ConfigArgs) -> None:
     _ignore_eos_arg(peers)
     _workload_args(peers, "1,5")
 
+
 def _latency_args(sub, config_args: ConfigArgs) -> None:
     lat = sub.add_parser("latency", help="TTFT and ITL at 1, 5, 16 streams: ours vs mlx_lm.server and vllm-mlx")
     config_args(lat)
     lat.add_argument("--model-dir", default="demo:tiny", help="model directory (or demo:<size>; default demo:tiny)")
-    lat.add_argument("--peers", default="ours,mlx-lm,vllm-mlx",
-                     help="servers (default all three); ceiling: mlx-lm generate_step")  # fmt: skip
-    lat.add_argument("--variant", action="append", default=[], metavar="NAME[@CHECKOUT]:KEY=VALUE[,KEY=VALUE]",
-                     help="also our server with these --set settings (run from CHECKOUT), named NAME")  # fmt: skip
+    lat.add_argument(
+        "--peers", default="ours,mlx-lm,vllm-mlx", help="servers (default all three); ceiling: mlx-lm generate_step"
+    )
+    lat.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME[@CHECKOUT]:KEY=VALUE[,KEY=VALUE]",
+        help="also our server with these --set settings (run from CHECKOUT), named NAME",
+    )
     lat.add_argument("--vllm-mlx", default=None, help="the vllm-mlx executable (a separate venv)")
-    lat.add_argument("--scenario", choices=("levels", "long-arrival"), default="levels",
-                     help="levels: 1/5/16 streams; long-arrival: a 2000-token prompt while 4 decode")  # fmt: skip
+    lat.add_argument(
+        "--scenario",
+        choices=("levels", "long-arrival"),
+        default="levels",
+        help="levels: 1/5/16 streams; long-arrival: a 2000-token prompt while 4 decode",
+    )
     lat.add_argument("--quick", action="store_true", help="levels 1,5; lengths 50,500; 16 tokens; 2 repetitions")
     lat.add_argument("--levels", type=_levels, default=None, help="concurrency levels (default 1,5,16)")
     lat.add_argument("--lengths", type=_levels, default=None, help="prompt tokens, cycled (default 50,500,2000)")
@@ -184,7 +213,7 @@ def _latency_args(sub, config_args: ConfigArgs) -> None:
 
 
 def _router_args(sub, config_args: ConfigArgs) -> None:
-    from .router_bench import DEFAULT_TARGETS, TARGETS
+    from .router import DEFAULT_TARGETS, TARGETS
 
     router = sub.add_parser("router", help="replicas behind vllm-router and 2-rank sharding vs one process")
     config_args(router)
@@ -214,30 +243,36 @@ def run_bench(cfg, args: argparse.Namespace) -> int:
     if args.bench_command == "structured":
         return _structured(cfg, args)
     if args.bench_command == "mllm":
-        from .mllm_command import run_mllm_command
+        from .mllm.command import run_mllm_command
 
         return run_mllm_command(cfg, args)
     if args.bench_command == "speculative":
-        from .speculative_command import run_speculative_command
+        from .speculative.command import run_speculative_command
 
         return run_speculative_command(cfg, args)
     if args.bench_command == "soak":
-        from .soak import run_soak_command
+        from .soak.run import run_soak_command
 
         return run_soak_command(cfg, args)
     if args.bench_command == "latency":
-        from .latency_command import run_latency_command
+        from .latency.command import run_latency_command
 
         return run_latency_command(cfg, args)
     if args.bench_command == "router":
         return _router(cfg, args)
     if args.bench_command == "prefix-cache":
-        from .prefix_cache_bench import run_prefix_cache_bench
+        from .prefix_cache.run import run_prefix_cache_bench
 
         variants = dict(text.split("@", 1) for text in args.variant)
-        return run_prefix_cache_bench(cfg, disabled_run=not args.no_disabled, mlx_lm=args.mlx_lm,
-                                      only_mlx_lm=args.only_mlx_lm, runs=args.runs, variants=variants,
-                                      port=args.port)  # fmt: skip
+        return run_prefix_cache_bench(
+            cfg,
+            disabled_run=not args.no_disabled,
+            mlx_lm=args.mlx_lm,
+            only_mlx_lm=args.only_mlx_lm,
+            runs=args.runs,
+            variants=variants,
+            port=args.port,
+        )
     handlers = {"ceiling": _ceiling, "engine": _engine, "http": _http, "all": _all, "peers": _peers}
     payload = handlers[args.bench_command](cfg, args, workload_from(args))
     if args.json_path:
@@ -247,13 +282,17 @@ def run_bench(cfg, args: argparse.Namespace) -> int:
 
 def _router(cfg, args: argparse.Namespace) -> int:
     from .report import write_json
-    from .router_bench import RouterBenchArgs, run_router_bench
+    from .router import RouterBenchArgs, run_router_bench
     from .suite import resolve_model_dir
 
     bench_args = RouterBenchArgs(
-        model_dir=resolve_model_dir(args.model_dir, cfg), targets=tuple(args.targets.split(",")),
-        rounds=args.rounds, policy=args.policy, port=args.port, startup_timeout_s=args.startup_timeout,
-    )  # fmt: skip
+        model_dir=resolve_model_dir(args.model_dir, cfg),
+        targets=tuple(args.targets.split(",")),
+        rounds=args.rounds,
+        policy=args.policy,
+        port=args.port,
+        startup_timeout_s=args.startup_timeout,
+    )
     payload = run_router_bench(bench_args, workload_from(args))
     if args.json_path:
         write_json(args.json_path, payload)
@@ -282,8 +321,14 @@ def _engine(cfg, args, workload: Workload) -> dict:
 def _http(cfg, args, workload: Workload) -> dict:
     from .suite import http_section
 
-    section = http_section(cfg, workload, url=args.url, model=args.model if args.url else None,
-                           ignore_eos=args.ignore_eos, seeds=not args.no_seeds)  # fmt: skip
+    section = http_section(
+        cfg,
+        workload,
+        url=args.url,
+        model=args.model if args.url else None,
+        ignore_eos=args.ignore_eos,
+        seeds=not args.no_seeds,
+    )
     return {"sections": [section]}
 
 
@@ -301,8 +346,14 @@ def _peers(cfg, args, workload: Workload) -> dict:
     model_dir = resolve_model_dir(args.model_dir, cfg)
     names = [p.strip() for p in args.peers.split(",") if p.strip()]
     bench = peer_bench(cfg, workload, ignore_eos=args.ignore_eos, seeds=not args.no_seeds)
-    results = run_peers(names, model_dir, bench, port=args.port, vllm_mlx=args.vllm_mlx or DEFAULT_VLLM_MLX,
-                        startup_timeout_s=args.startup_timeout)  # fmt: skip
+    results = run_peers(
+        names,
+        model_dir,
+        bench,
+        port=args.port,
+        vllm_mlx=args.vllm_mlx or DEFAULT_VLLM_MLX,
+        startup_timeout_s=args.startup_timeout,
+    )
     print_peers(results)
     return {"model_dir": model_dir, "peers": results}
 
@@ -314,8 +365,10 @@ def _single(cfg, args: argparse.Namespace) -> int:
     from .single import format_table, run_single
 
     rows = run_single(cfg, max_tokens=args.max_tokens)
-    print(f"model {cfg.model.path}, greedy, max_tokens {args.max_tokens}, {platform.machine()} "
-          f"{platform.system()}, medians over the prompts")  # fmt: skip
+    print(
+        f"model {cfg.model.path}, greedy, max_tokens {args.max_tokens}, {platform.machine()} "
+        f"{platform.system()}, medians over the prompts"
+    )
     print(format_table(rows))
     if args.json_path:
         with open(args.json_path, "w") as f:
@@ -328,7 +381,7 @@ def _ttft(cfg, args: argparse.Namespace) -> int:
 
     from .machine import machine_info
     from .report import format_section, write_json
-    from .ttft_bench import measure_ttft, ttft_rows
+    from .ttft import measure_ttft, ttft_rows
 
     rows = ttft_rows(trio.run(measure_ttft, cfg, args.samples))
     machine = machine_info()
@@ -343,7 +396,7 @@ def _preprocess(cfg, args: argparse.Namespace) -> int:
     import trio
 
     from .machine import format_machine, machine_info
-    from .preprocess_bench import NUM_STREAMS, measure_preprocess
+    from .preprocess import NUM_STREAMS, measure_preprocess
     from .report import format_table
 
     rows = trio.run(measure_preprocess, cfg, args.runs, args.prompt_tokens)
@@ -362,7 +415,7 @@ def _structured(cfg, args: argparse.Namespace) -> int:
 
     from .machine import format_machine, machine_info
     from .report import format_table
-    from .structured_bench import measure_structured
+    from .structured import measure_structured
 
     rows = trio.run(lambda: measure_structured(cfg, args.runs, rows=args.rows, max_tokens=args.max_tokens))
     notes = [

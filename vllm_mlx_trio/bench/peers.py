@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import attrs
 import httpx
 
-from .http_bench import BenchError
+from .http import BenchError
 
 PEERS = ("ours", "mlx-lm", "vllm-mlx")
 DEFAULT_VLLM_MLX = "/work/peers-venv/bin/vllm-mlx"
@@ -57,12 +57,21 @@ def peer_server(
     """
     py = sys.executable
     if name == "ours":
-        argv = (*OUR_PYTHON, "-m", "vllm_mlx_trio.cli", "serve", "--set", f"model.path={model_dir}",
-                "--set", f"server.port={port}", "--set", "logging.level=warning")  # fmt: skip
+        argv = (
+            *OUR_PYTHON,
+            "-m",
+            "vllm_mlx_trio.cli",
+            "serve",
+            "--set",
+            f"model.path={model_dir}",
+            "--set",
+            f"server.port={port}",
+            "--set",
+            "logging.level=warning",
+        )
         return PeerServer(name=name, argv=argv, model=model_dir, env={"PYTHONPATH": _our_pythonpath()})
     if name == "mlx-lm":  # batches requests itself (--decode-concurrency, default 32)
-        argv = (py, "-m", "mlx_lm.server", "--model", model_dir, "--port", str(port),
-                "--log-level", "WARNING")  # fmt: skip
+        argv = (py, "-m", "mlx_lm.server", "--model", model_dir, "--port", str(port), "--log-level", "WARNING")
         return PeerServer(name=name, argv=argv, model="default_model")
     if name == "vllm-mlx":
         argv = (vllm_mlx, "serve", model_dir, "--port", str(port), "--continuous-batching")
@@ -144,8 +153,9 @@ def run_peer(peer: PeerServer, port: int, bench, *, startup_timeout_s: float, lo
     log_path = log_dir / f"{peer.name}.log"
     base_url = f"http://127.0.0.1:{port}"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(peer.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                env={**os.environ, **peer.env})  # fmt: skip
+        proc = subprocess.Popen(
+            peer.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **peer.env}
+        )
     started = time.monotonic()
     try:
         wait_ready(proc, base_url, startup_timeout_s)
@@ -153,8 +163,7 @@ def run_peer(peer: PeerServer, port: int, bench, *, startup_timeout_s: float, lo
         section = bench(base_url, peer.model, proc.pid, peer.name)
         rss = peak_rss_mib(proc.pid)
     except Exception as exc:  # boundary: one peer's failure must not stop the others
-        return {"peer": peer.name, "error": _describe(exc), "argv": list(peer.argv),
-                "log_tail": _log_tail(log_path)}  # fmt: skip
+        return {"peer": peer.name, "error": _describe(exc), "argv": list(peer.argv), "log_tail": _log_tail(log_path)}
     finally:
         stop(proc)
     for row in section["rows"]:
@@ -163,14 +172,20 @@ def run_peer(peer: PeerServer, port: int, bench, *, startup_timeout_s: float, lo
 
 
 def run_peers(
-    names: Sequence[str], model_dir: str, bench, *, port: int = 8701, vllm_mlx: str = DEFAULT_VLLM_MLX,
+    names: Sequence[str],
+    model_dir: str,
+    bench,
+    *,
+    port: int = 8701,
+    vllm_mlx: str = DEFAULT_VLLM_MLX,
     startup_timeout_s: float = 120.0,
-) -> list[dict]:  # fmt: skip
+) -> list[dict]:
     """Each peer in turn, on ports ``port``, ``port + 1``, ..."""
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
         for offset, name in enumerate(names):
             peer = peer_server(name, model_dir, port + offset, vllm_mlx=vllm_mlx, scratch=tmp)
-            results.append(run_peer(peer, port + offset, bench, startup_timeout_s=startup_timeout_s,
-                                    log_dir=pathlib.Path(tmp)))  # fmt: skip
+            results.append(
+                run_peer(peer, port + offset, bench, startup_timeout_s=startup_timeout_s, log_dir=pathlib.Path(tmp))
+            )
     return results

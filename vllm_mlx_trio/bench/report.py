@@ -9,10 +9,24 @@ from .machine import format_machine
 
 #: Column order of the throughput tables; columns a row lacks are left out.
 COLUMNS = (
-    "path", "conc", "reqs", "tok_per_req", "prompt_tok", "agg_tok_s", "req_tok_s",
-    "samples", "ttft_p50_ms", "ttft_p95_ms", "ttft_max_ms", "vs_ceiling_ms", "itl_p50_ms", "itl_p95_ms",
-    "vs_ceiling", "count_from", "peak_rss_mib",
-)  # fmt: skip
+    "path",
+    "conc",
+    "reqs",
+    "tok_per_req",
+    "prompt_tok",
+    "agg_tok_s",
+    "req_tok_s",
+    "samples",
+    "ttft_p50_ms",
+    "ttft_p95_ms",
+    "ttft_max_ms",
+    "vs_ceiling_ms",
+    "itl_p50_ms",
+    "itl_p95_ms",
+    "vs_ceiling",
+    "count_from",
+    "peak_rss_mib",
+)
 
 
 def _cell(value) -> str:
@@ -44,13 +58,15 @@ def format_seeds(seeds: dict) -> str:
     """The seeds workload: one at a time vs all at once, and the speedup."""
     rows = [seeds["sequential"], seeds["concurrent"]]
     columns = ["path", "conc", "reqs", "tok_per_req", "agg_tok_s", "ttft_p50_ms", "itl_p50_ms", "count_from"]
-    return "\n".join([
-        f"seeds workload ({len(seeds['prompts'])} prompts, max_tokens {seeds['max_tokens']}): "
-        f"all at once vs one at a time: speedup {_cell(seeds['speedup'])}x",
-        format_table(rows, [c for c in columns if any(c in r for r in rows)]),
-        "note: completion tokens only are counted (vllm-mlx's own table counts prompt tokens too);",
-        "note: the seed prompts repeat (warm-up, then each run), so a prefix cache may shorten TTFT",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            f"seeds workload ({len(seeds['prompts'])} prompts, max_tokens {seeds['max_tokens']}): "
+            f"all at once vs one at a time: speedup {_cell(seeds['speedup'])}x",
+            format_table(rows, [c for c in columns if any(c in r for r in rows)]),
+            "note: completion tokens only are counted (vllm-mlx's own table counts prompt tokens too);",
+            "note: the seed prompts repeat (warm-up, then each run), so a prefix cache may shorten TTFT",
+        ]
+    )
 
 
 def write_json(path: str, payload: dict) -> None:

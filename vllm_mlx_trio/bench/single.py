@@ -20,7 +20,7 @@ from ..config import EngineConfig
 from ..core.params import SamplingParams
 from ..engine import open_engine
 from ..local_server import open_local_server
-from .ceiling_process import CeilingProcess
+from .ceiling.process import CeilingProcess
 from .report import format_table as _format_table
 from .workload import SEED_PROMPTS
 
@@ -68,9 +68,13 @@ async def _http_timings(cfg: EngineConfig, max_tokens: int) -> list[Timing]:
     async with open_local_server(cfg) as srv, httpx.AsyncClient(timeout=600) as http:
         for prompt in (PROMPTS[0], *PROMPTS):
             body = {
-                "model": cfg.model_name, "messages": _chat(prompt), "max_tokens": max_tokens,
-                "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
-            }  # fmt: skip
+                "model": cfg.model_name,
+                "messages": _chat(prompt),
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
             timings.append(await _http_one(http, f"{srv.url}/v1/chat/completions", body))
     return timings[1:]
 
@@ -106,9 +110,7 @@ def run_single(cfg: EngineConfig, *, max_tokens: int) -> list[dict]:
     """Run the three paths; return one row per path (the ceiling first)."""
     with CeilingProcess(cfg) as process:
         ceiling = process.single([_chat(p) for p in PROMPTS], num_tokens=max_tokens)
-    ceiling_timings = [
-        Timing(num_tokens=len(r.token_ids), ttft_s=r.ttft_s, total_s=r.total_s) for r in ceiling
-    ]
+    ceiling_timings = [Timing(num_tokens=len(r.token_ids), ttft_s=r.ttft_s, total_s=r.total_s) for r in ceiling]
     ceiling_tps = statistics.median(t.decode_tps for t in ceiling_timings)
     engine = trio.run(_engine_timings, cfg, max_tokens)
     http = trio.run(_http_timings, cfg, max_tokens)

@@ -95,9 +95,7 @@ def tokens_per_request(traces: Sequence[RequestTrace]) -> str:
     return str(low) if low == high else f"{low}-{high}"
 
 
-def summarize(
-    path: str, concurrency: int, traces: Sequence[RequestTrace], *, wall_s: float | None = None
-) -> dict:
+def summarize(path: str, concurrency: int, traces: Sequence[RequestTrace], *, wall_s: float | None = None) -> dict:
     """One table row: aggregate and per-request speed, TTFT and inter-token latency."""
     if wall_s is None and traces:
         wall_s = max(t.finish for t in traces) - min(t.start for t in traces)

@@ -14,9 +14,9 @@ import attrs
 import trio
 
 from ..config import EngineConfig
-from .ceiling_bench import CeilingResult, run_ceiling_bench
-from .engine_bench import MODES, run_engine_bench
-from .http_bench import bench_own_server, bench_url, http_notes
+from .ceiling.run import CeilingResult, run_ceiling_bench
+from .engine import MODES, run_engine_bench
+from .http import bench_own_server, bench_url, http_notes
 from .machine import machine_info
 from .report import format_section, format_seeds, format_table
 from .stats import add_ratio
@@ -45,9 +45,14 @@ def ceiling_section(cfg: EngineConfig, workload, out: Printer = _print) -> tuple
 
 
 def engine_section(
-    cfg: EngineConfig, workload, ceiling: CeilingResult | None, *, modes: Sequence[str] = MODES,
-    executor_factory=None, out: Printer = _print,
-) -> dict:  # fmt: skip
+    cfg: EngineConfig,
+    workload,
+    ceiling: CeilingResult | None,
+    *,
+    modes: Sequence[str] = MODES,
+    executor_factory=None,
+    out: Printer = _print,
+) -> dict:
     rows = run_engine_bench(cfg, workload, modes=modes, ceiling=ceiling, executor_factory=executor_factory)
     section = {"kind": "engine", "model": cfg.model.path, "machine": machine_info(), "rows": rows}
     notes = [workload_note(cfg, workload), "SamplingParams(temperature=0, ignore_eos=True); see tok_per_req"]
@@ -56,17 +61,30 @@ def engine_section(
 
 
 def http_section(
-    cfg: EngineConfig, workload, *, url: str | None = None, model: str | None = None,
-    ignore_eos: str = "auto", seeds: bool = True, ceiling: CeilingResult | None = None,
-    server_pid: int | None = None, label: str = "http", executor_factory=None, out: Printer = _print,
-) -> dict:  # fmt: skip
+    cfg: EngineConfig,
+    workload,
+    *,
+    url: str | None = None,
+    model: str | None = None,
+    ignore_eos: str = "auto",
+    seeds: bool = True,
+    ceiling: CeilingResult | None = None,
+    server_pid: int | None = None,
+    label: str = "http",
+    executor_factory=None,
+    out: Printer = _print,
+) -> dict:
     """``url`` None: our server in-process on ``cfg``; else any OpenAI-compatible server."""
     if url is None:
-        result = trio.run(lambda: bench_own_server(cfg, workload, ignore_eos=ignore_eos, seeds=seeds,
-                                                   executor_factory=executor_factory))  # fmt: skip
+        result = trio.run(
+            lambda: bench_own_server(
+                cfg, workload, ignore_eos=ignore_eos, seeds=seeds, executor_factory=executor_factory
+            )
+        )
     else:
-        result = trio.run(lambda: bench_url(url, workload, model=model, ignore_eos=ignore_eos,
-                                            label=label, seeds=seeds))  # fmt: skip
+        result = trio.run(
+            lambda: bench_url(url, workload, model=model, ignore_eos=ignore_eos, label=label, seeds=seeds)
+        )
     for row in result["rows"]:
         add_ratio(row, ceiling.reference(row["conc"]) if ceiling else None)
     machine = machine_info(server_pid=server_pid)
@@ -90,19 +108,26 @@ def run_all(cfg: EngineConfig, workload, models: Sequence[str], out: Printer = _
 
 def resolve_model_dir(path: str, cfg: EngineConfig) -> str:
     """A local directory for ``demo:<size>`` (built once, cached), else ``path`` unchanged."""
-    from ..worker.demo_model import is_demo_path, resolve_demo_model
+    from ..worker.demo.model import is_demo_path, resolve_demo_model
 
     return str(resolve_demo_model(path, cfg.model.demo_cache_dir)) if is_demo_path(path) else path
 
 
-def peer_bench(
-    cfg: EngineConfig, workload, *, ignore_eos: str = "auto", seeds: bool = True, out: Printer = _print
-):
+def peer_bench(cfg: EngineConfig, workload, *, ignore_eos: str = "auto", seeds: bool = True, out: Printer = _print):
     """The benchmark ``run_peers`` runs against each started server."""
 
     def bench(base_url: str, model: str | None, pid: int, name: str) -> dict:
-        return http_section(cfg, workload, url=base_url, model=model, ignore_eos=ignore_eos,
-                            seeds=seeds, server_pid=pid, label=name, out=out)  # fmt: skip
+        return http_section(
+            cfg,
+            workload,
+            url=base_url,
+            model=model,
+            ignore_eos=ignore_eos,
+            seeds=seeds,
+            server_pid=pid,
+            label=name,
+            out=out,
+        )
 
     return bench
 
@@ -127,5 +152,13 @@ def print_peers(results: Sequence[dict], out: Printer = _print) -> None:
             out(f"{r['peer']}: {r['error']}\n  command: {' '.join(r['argv'])}\n{r.get('log_tail', '')}")
 
 
-_PEER_COLUMNS = ("conc", "tok_per_req", "agg_tok_s", "req_tok_s", "ttft_p50_ms", "itl_p50_ms", "count_from",
-                 "peak_rss_mib")  # fmt: skip
+_PEER_COLUMNS = (
+    "conc",
+    "tok_per_req",
+    "agg_tok_s",
+    "req_tok_s",
+    "ttft_p50_ms",
+    "itl_p50_ms",
+    "count_from",
+    "peak_rss_mib",
+)

@@ -57,7 +57,7 @@ class SamplingParams:
     #: ``constraint`` compiled for this model: set by admission (off the event loop), used by
     #: the MLX thread; opaque here (``structured.CompiledConstraint``).
     grammar: CompiledGrammar | None = attrs.field(default=None, eq=False, repr=False)
-    # vLLM's extension fields (http/extensions.py): output text, prompt rendering, queue order.
+    # vLLM's extension fields (http/openai/extensions.py): output text, prompt rendering, queue order.
     #: Keep a matched stop string at the end of the text (vLLM's ``include_stop_str_in_output``).
     include_stop_str_in_output: bool = False
     #: Drop special tokens from the text (False: ``<|im_end|>`` and the like appear as text).
@@ -91,9 +91,7 @@ class SamplingParams:
         if self.seed is not None:
             _check_range("seed", self.seed, -MAX_SEED - 1, MAX_SEED)
         if self.max_tokens is not None and self.max_tokens < 1:
-            raise InvalidRequestError(
-                f"max_tokens must be at least 1, got {self.max_tokens}.", param="max_tokens"
-            )
+            raise InvalidRequestError(f"max_tokens must be at least 1, got {self.max_tokens}.", param="max_tokens")
         if len(self.stop) > max_stop_sequences:
             raise InvalidRequestError(
                 f"At most {max_stop_sequences} stop sequences are allowed, got {len(self.stop)}.",
@@ -142,14 +140,10 @@ class SamplingParams:
         return tuple(sorted(set(eos) | set(self.stop_token_ids)))
 
 
-def _check_range(
-    name: str, value: float, low: float, high: float, *, low_open: bool = False
-) -> None:
+def _check_range(name: str, value: float, low: float, high: float, *, low_open: bool = False) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         raise InvalidRequestError(f"{name} must be a finite number, got {value}.", param=name)
     too_low = value <= low if low_open else value < low
     if too_low or value > high:
         bracket = "(" if low_open else "["
-        raise InvalidRequestError(
-            f"{name} must be in {bracket}{low}, {high}], got {value}.", param=name
-        )
+        raise InvalidRequestError(f"{name} must be in {bracket}{low}, {high}], got {value}.", param=name)

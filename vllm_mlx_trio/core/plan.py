@@ -165,7 +165,7 @@ class StepResult:
     #: Of a new sequence's ``num_cached_tokens``, how many the executor recomputed after all
     #: (disk-tier blocks it could not read back): its reported ``cached_tokens`` drop by those.
     recomputed: tuple[tuple[RequestId, int], ...] = ()
-    #: What speculative decoding did in this step (worker/spec_runner.py); None when it did nothing.
+    #: What speculative decoding did in this step (worker/speculative/runner.py); None when it did nothing.
     spec_decode: SpecDecodeCounts | None = None
     #: The plan ran in the next plan's step (core/plan_join.py): that step's result follows.
     ran_in_next: bool = False

@@ -151,9 +151,7 @@ class Request:
         """True once the client closed its end of the outbox (disconnect, break, cancel)."""
         return self.outbox.statistics().open_receive_channels == 0
 
-    def append_tokens(
-        self, token_ids: tuple[int, ...], logprobs: tuple[TokenLogprob, ...] = ()
-    ) -> None:
+    def append_tokens(self, token_ids: tuple[int, ...], logprobs: tuple[TokenLogprob, ...] = ()) -> None:
         """Record one step's accepted tokens (k >= 1 of them), stopping by :class:`Termination`.
 
         Tokens after the one that ends the request are dropped, and their logprobs. A stop

@@ -221,8 +221,11 @@ class Scheduler:
     def _streaming_before(self, request: Request) -> tuple[RequestId, ...]:
         """The running requests whose first token came before ``request`` arrived."""
         arrived = request.arrival_time
-        return tuple(rid for rid, other in self.running.items()
-                     if other.first_token_time is not None and other.first_token_time < arrived)  # fmt: skip
+        return tuple(
+            rid
+            for rid, other in self.running.items()
+            if other.first_token_time is not None and other.first_token_time < arrived
+        )
 
     def abort(self, request_id: RequestId, status: RequestStatus) -> Request | None:
         """Take a request out of the batch (or the queue). Unknown or finished: a no-op."""

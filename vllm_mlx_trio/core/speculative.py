@@ -4,10 +4,10 @@ The envelope is where speculation is exact and worth it: one request running (a 
 busy, and ragged acceptance across rows is where batched speculation goes wrong elsewhere), greedy decoding (the
 verify forward's argmax *is* the normal path's token) or, with a drafter that supports it, unseeded sampling
 through speculative rejection sampling (the output is distributed as the target's own sampling;
-worker/spec_sampling.py), no request-local logits processors (they would have to run once per draft position, in
+worker/speculative/sampling.py), no request-local logits processors (they would have to run once per draft position, in
 order, and a constraint's state would have to roll back), and no logprobs (the normal path reports them).
 Anything else runs the normal batched path; the runner moves a sequence between the two when the envelope changes
-(worker/spec_runner.py).
+(worker/speculative/runner.py).
 """
 
 from __future__ import annotations

@@ -17,10 +17,10 @@ from .cache_routes import register_cache_routes
 from .close_connection import close_after_last_body
 from .cors import CorsPolicy, register_cors
 from .errors import describe, error_body
-from .openai_responses import register_responses_routes
+from .openai.routes import register_routes
 from .ops_routes import ThroughputMeter, register_ops_routes
 from .request_log import REQUEST_ID_HEADER, request_id_from
-from .routes import register_routes
+from .responses import register_responses_routes
 
 logger = logging.getLogger(__name__)
 

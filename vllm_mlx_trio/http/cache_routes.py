@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import quart
 
-from ..actors.cache_manager import CacheStatistics
+from ..actors.prefix.cache_manager import CacheStatistics
 from ..engine import Engine
 
 

@@ -30,8 +30,8 @@ from ..engine import Engine
 from ..errors import VllmMlxTrioError
 from ..messages import ChatMessage
 from ..stream import Delta, RequestStream
+from .openai.routes import SSE_HEADERS
 from .request_log import REQUEST_ID_HEADER, EngineIds, RequestRecord, error_code, request_id_from
-from .routes import SSE_HEADERS
 
 logger = logging.getLogger(__name__)
 
@@ -113,9 +113,7 @@ class EventStreamBody(ResponseBody):
     and logs the request's line (``aborted`` on a disconnect).
     """
 
-    def __init__(
-        self, stream: RequestStream, source: EventSource, record: RequestRecord, *, ping_interval_s: float
-    ):
+    def __init__(self, stream: RequestStream, source: EventSource, record: RequestRecord, *, ping_interval_s: float):
         self._stream = stream
         self._source = source
         self._record = record

@@ -19,7 +19,7 @@ import quart
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ..actors.scheduler_stats import RequestSnapshot
+from ..actors.scheduler.stats import RequestSnapshot
 from ..core.speculative import SpecDecodeCounts
 from ..engine import Engine
 from .cache_routes import cache_stats_body

@@ -23,7 +23,7 @@ from ..logs import FIELDS, logfmt
 from ..metrics import EngineMetrics
 from ..stream import RequestStream
 from .errors import describe
-from .responses import combined_usage
+from .openai.responses import combined_usage
 
 logger = logging.getLogger(__name__)
 
@@ -93,9 +93,7 @@ class RequestRecord:
     the SSE body cancelled) also counts ``vllm:http_requests_client_disconnected``.
     """
 
-    def __init__(
-        self, request_id: str, endpoint: str, metrics: EngineMetrics, *, on_finish: Callable[[], None]
-    ):
+    def __init__(self, request_id: str, endpoint: str, metrics: EngineMetrics, *, on_finish: Callable[[], None]):
         self.request_id = request_id
         self.endpoint = endpoint
         self.streams: list[RequestStream] = []

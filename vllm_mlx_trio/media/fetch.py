@@ -47,9 +47,16 @@ def direct_connector(ip: str, port: int, timeout_s: float) -> socket.socket:
 
 
 def fetch_url(
-    url: str, *, where: str, max_bytes: int, timeout_s: float, max_redirects: int, allow_private: bool,
-    resolver: Resolver | None = None, connector: Connector | None = None,
-) -> bytes:  # fmt: skip
+    url: str,
+    *,
+    where: str,
+    max_bytes: int,
+    timeout_s: float,
+    max_redirects: int,
+    allow_private: bool,
+    resolver: Resolver | None = None,
+    connector: Connector | None = None,
+) -> bytes:
     """The body of ``url`` (after at most ``max_redirects`` redirects), or a 400 naming ``where``."""
     deadline = time.monotonic() + timeout_s
     hop = _Hop(where, max_bytes, deadline, allow_private, resolver or system_resolver, connector or direct_connector)
@@ -78,9 +85,14 @@ class _Hop:
     """One request of a fetch: check the URL and its addresses, connect, read the answer."""
 
     def __init__(
-        self, where: str, max_bytes: int, deadline: float, allow_private: bool, resolver: Resolver,
+        self,
+        where: str,
+        max_bytes: int,
+        deadline: float,
+        allow_private: bool,
+        resolver: Resolver,
         connector: Connector,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.where, self.max_bytes, self.deadline = where, max_bytes, deadline
         self.allow_private, self.resolver, self.connector = allow_private, resolver, connector
 
@@ -128,9 +140,10 @@ class _Hop:
             reason = forbidden_reason(address)
             if reason is not None and not self.allow_private:
                 raise refuse(
-                    self.where, f"the URL's host resolves to {reason}, which this server does not fetch from "
-                    "(mllm.allow_private_urls)."
-                )  # fmt: skip
+                    self.where,
+                    f"the URL's host resolves to {reason}, which this server does not fetch from "
+                    "(mllm.allow_private_urls).",
+                )
         return tuple(addresses)
 
     def read_body(self, response: http.client.HTTPResponse) -> bytes:

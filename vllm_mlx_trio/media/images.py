@@ -23,9 +23,15 @@ from .loaded import refuse
 IMAGE_FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP")
 #: What a corrupt file can make Pillow raise, all mapped to a 400.
 DECODE_ERRORS = (
-    UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError, struct.error, IndexError,
+    UnidentifiedImageError,
+    OSError,
+    ValueError,
+    SyntaxError,
+    EOFError,
+    struct.error,
+    IndexError,
     Image.DecompressionBombError,
-)  # fmt: skip
+)
 
 
 def decode_image(data: bytes, *, max_pixels: int, max_decoded_pixels: int, where: str) -> Image.Image:

@@ -6,7 +6,7 @@ import math
 import time
 from collections.abc import Iterator
 
-from ..config_sections import MllmSection
+from ..config.sections import MllmSection
 from ..errors import InvalidRequestError
 from ..messages import ChatPrompt, ImagePart, MediaPart, VideoPart
 from .fetch import Connector, Resolver
@@ -86,15 +86,24 @@ class MediaLoader:
         cfg = self._cfg
         raw = self._read(ref, "video", cfg.max_video_bytes, where)
         frames = decode_video(
-            raw.data, fps=fps, max_frames=max_frames, max_pixels=cfg.max_image_pixels,
-            max_decoded_pixels=cfg.max_decoded_pixels, where=where,
-        )  # fmt: skip
+            raw.data,
+            fps=fps,
+            max_frames=max_frames,
+            max_pixels=cfg.max_image_pixels,
+            max_decoded_pixels=cfg.max_decoded_pixels,
+            where=where,
+        )
         key = video_cache_key(raw.data, fps=fps, max_frames=max_frames, max_pixels=cfg.max_image_pixels)
         seconds = time.perf_counter() - start
         return LoadedVideo(where=where, frames=frames, fps=fps, max_frames=max_frames, cache_key=key, seconds=seconds)
 
     def _read(self, ref: bytes | str, kind: str, max_bytes: int, where: str) -> RawMedia:
         return read_source(
-            ref, kind=kind, max_bytes=max_bytes, cfg=self._cfg, where=where, resolver=self._resolver,
+            ref,
+            kind=kind,
+            max_bytes=max_bytes,
+            cfg=self._cfg,
+            where=where,
+            resolver=self._resolver,
             connector=self._connector,
-        )  # fmt: skip
+        )

@@ -13,7 +13,7 @@ from urllib.parse import unquote, urlsplit
 
 import attrs
 
-from ..config_sections import MllmSection
+from ..config.sections import MllmSection
 from .fetch import Connector, Resolver, fetch_url
 from .loaded import refuse
 
@@ -30,9 +30,15 @@ class RawMedia:
 
 
 def read_source(
-    ref: bytes | str, *, kind: str, max_bytes: int, cfg: MllmSection, where: str,
-    resolver: Resolver | None = None, connector: Connector | None = None,
-) -> RawMedia:  # fmt: skip
+    ref: bytes | str,
+    *,
+    kind: str,
+    max_bytes: int,
+    cfg: MllmSection,
+    where: str,
+    resolver: Resolver | None = None,
+    connector: Connector | None = None,
+) -> RawMedia:
     """The bytes of ``ref`` (``kind``: "image" or "video", the family a declared type must be in)."""
     if isinstance(ref, bytes):
         return _checked_size(ref, None, max_bytes, where)
@@ -43,9 +49,15 @@ def read_source(
         if not cfg.allow_url_fetch:
             raise refuse(where, "fetching media URLs is turned off on this server (mllm.allow_url_fetch).")
         fetched = fetch_url(
-            ref, where=where, max_bytes=max_bytes, timeout_s=cfg.fetch_timeout_s, max_redirects=cfg.max_redirects,
-            allow_private=cfg.allow_private_urls, resolver=resolver, connector=connector,
-        )  # fmt: skip
+            ref,
+            where=where,
+            max_bytes=max_bytes,
+            timeout_s=cfg.fetch_timeout_s,
+            max_redirects=cfg.max_redirects,
+            allow_private=cfg.allow_private_urls,
+            resolver=resolver,
+            connector=connector,
+        )
         return RawMedia(data=fetched, declared_type=None)
     if scheme == "file" or ref.startswith("/"):
         path = unquote(urlsplit(ref).path) if scheme == "file" else ref

@@ -57,8 +57,14 @@ def decode_video(
     try:
         with os.fdopen(fd, "wb") as file:
             file.write(data)
-        return _sample_file(path, fps=fps, max_frames=max_frames, max_pixels=max_pixels,
-                            max_decoded_pixels=max_decoded_pixels, where=where)  # fmt: skip
+        return _sample_file(
+            path,
+            fps=fps,
+            max_frames=max_frames,
+            max_pixels=max_pixels,
+            max_decoded_pixels=max_decoded_pixels,
+            where=where,
+        )
     except _cv2_error() as exc:
         raise refuse(where, f"the video cannot be decoded ({type(exc).__name__}).") from None
     finally:

@@ -113,8 +113,13 @@ class StreamedCall:
             logger.warning(
                 "%s tool parser: call %r kept with the %d characters of arguments already streamed (%s); "
                 "markup: %.300r; not sent: %.200r",
-                fmt_name, self.name, len(self.arguments), problem, self.head + self.arguments + self.tail, self.tail,
-            )  # fmt: skip
+                fmt_name,
+                self.name,
+                len(self.arguments),
+                problem,
+                self.head + self.arguments + self.tail,
+                self.tail,
+            )
             return []
         assert not isinstance(calls, MarkupError)
         return calls[1:]

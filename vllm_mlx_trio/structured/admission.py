@@ -1,6 +1,6 @@
 """The admission step of structured output: compile a request's constraint for this model.
 
-Called by ``actors/admission.py`` in a preprocessing thread, with that thread's tokenizer
+Called by ``actors/admission/actor.py`` in a preprocessing thread, with that thread's tokenizer
 copy (never the event loop's tokenizer, never on the event loop: the first constrained
 request builds the llguidance tokenizer, ~1 s at a 151 k vocabulary).
 """

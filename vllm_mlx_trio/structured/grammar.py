@@ -94,4 +94,3 @@ _BODY_BUILDERS: dict[str, Callable[[ConstraintSpec], dict[str, Any]]] = {
     "grammar": _grammar_body,
     "tool_calls": _tool_calls_body,
 }
-

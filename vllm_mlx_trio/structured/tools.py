@@ -60,8 +60,13 @@ def tool_calls_lark(spec: ConstraintSpec) -> str:
         )
     tools = _tools(spec.body)
     rules = [
-        _rule("start", _lit(markup.before), "call", f"({_lit(markup.between)} call)*" if spec.parallel else "",
-              _lit(markup.after)),
+        _rule(
+            "start",
+            _lit(markup.before),
+            "call",
+            f"({_lit(markup.between)} call)*" if spec.parallel else "",
+            _lit(markup.after),
+        ),
         "call: " + " | ".join(f"tool_{i}" for i in range(len(tools))),
     ]
     for i, (tool_name, parameters) in enumerate(tools):

@@ -173,10 +173,7 @@ class FakeExecutor:
         )
 
     def _record_kv(self) -> None:
-        lengths = [
-            len(seq.prompt_token_ids) - seq.num_output_tokens + index
-            for seq, index in self.sequences.values()
-        ]
+        lengths = [len(seq.prompt_token_ids) - seq.num_output_tokens + index for seq, index in self.sequences.values()]
         if lengths:
             self.peak_kv_tokens = max(self.peak_kv_tokens, len(lengths) * max(lengths))
 

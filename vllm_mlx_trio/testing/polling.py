@@ -18,9 +18,7 @@ import trio
 T = TypeVar("T")
 
 
-async def wait_until(
-    probe: Callable[[], T | Awaitable[T]], *, poll_s: float, until: Callable[[T], Any] = bool
-) -> T:
+async def wait_until(probe: Callable[[], T | Awaitable[T]], *, poll_s: float, until: Callable[[T], Any] = bool) -> T:
     """Call ``probe`` (plain or async) every ``poll_s`` seconds until ``until(value)`` holds
     (by default: until the value is true); return that value.
 

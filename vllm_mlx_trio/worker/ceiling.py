@@ -6,7 +6,7 @@ greedy and never stop at EOS (``generate_step`` does not check it; the ``BatchGe
 built without stop tokens), so every request yields exactly ``num_tokens`` tokens.
 
 They run in a process of their own, ``python -m vllm_mlx_trio.worker.ceiling``, on its main
-thread: the benchmark (``bench/ceiling_process.py``) sends one JSON command per line on its
+thread: the benchmark (``bench/ceiling/process.py``) sends one JSON command per line on its
 stdin and reads one JSON reply per line from its stdout. So the benchmark's own process runs
 MLX only on its engines' executor threads, and the ceiling never shares MLX state (streams,
 buffer cache) with an engine. These are the only benchmark functions that import MLX.
@@ -34,7 +34,7 @@ WARMUP_TOKENS = 4
 class CeilingModel:
     """A model loaded on the calling thread, to run mlx-lm's loops on chat prompts.
 
-    Each run is a dict of ``bench.ceiling_process.CeilingRun``'s fields (token ids, prompt
+    Each run is a dict of ``bench.ceiling.process.CeilingRun``'s fields (token ids, prompt
     length, TTFT, total, start and one ``time.perf_counter`` time per token).
     """
 

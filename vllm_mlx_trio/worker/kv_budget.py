@@ -69,6 +69,8 @@ def kv_budget_tokens(model: Any, engine: EngineSection) -> tuple[int, int]:
     tokens = budget // per_token
     logger.info(
         "KV budget for running sequences: %d tokens (%.1f MiB at %d bytes per token)",
-        tokens, budget / MIB, per_token,
-    )  # fmt: skip
+        tokens,
+        budget / MIB,
+        per_token,
+    )
     return tokens, per_token

@@ -15,7 +15,7 @@ from ..config import EngineSection, ModelConfig
 from ..core.text import byte_level_table
 from ..errors import ModelLoadError
 from ..messages import ModelInfo
-from .demo_model import is_demo_path, resolve_demo_model
+from .demo.model import is_demo_path, resolve_demo_model
 from .kv_budget import kv_budget_tokens
 
 logger = logging.getLogger(__name__)
@@ -81,9 +81,7 @@ def load_model(model_cfg: ModelConfig) -> tuple[Any, Any, dict]:
             return_config=True,
         )
     except Exception as exc:  # boundary: hub, filesystem, safetensors and mlx-lm errors
-        raise ModelLoadError(
-            f"could not load model {model_cfg.path!r}: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise ModelLoadError(f"could not load model {model_cfg.path!r}: {type(exc).__name__}: {exc}") from exc
     if _SHARDING is not None:
         _shard(model, model_cfg)
     if model_cfg.chat_template is not None:

@@ -12,19 +12,19 @@ import importlib
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
 if TYPE_CHECKING:
-    from ..config_sections import EngineConfig, EngineSection
+    from ..config.sections import EngineConfig, EngineSection
     from ..messages import ModelInfo, StepPlan, StepResult
 
 #: name -> "module:Class". Ordered: the first is listed first in errors and docs.
 RUNNERS: dict[str, str] = {
     "simple": "vllm_mlx_trio.worker.simple_runner:SimpleRunner",
-    "batched": "vllm_mlx_trio.worker.batch_runner:BatchRunner",
+    "batched": "vllm_mlx_trio.worker.batched.runner:BatchRunner",
     # one model sharded over mlx.launch's ranks, each running "batched" on its shard (docs/distributed.md)
     "distributed": "vllm_mlx_trio.worker.distributed_runner:DistributedRunner",
-    # a vision-language model (mlx-vlm, the vlm extra) batched with text (worker/vlm_runner.py)
-    "vlm": "vllm_mlx_trio.worker.vlm_runner:VlmRunner",
+    # a vision-language model (mlx-vlm, the vlm extra) batched with text (worker/vlm/runner.py)
+    "vlm": "vllm_mlx_trio.worker.vlm.runner:VlmRunner",
     # "batched" plus draft -> verify rounds for a request alone in the batch; selected by speculative.method
-    "speculative": "vllm_mlx_trio.worker.spec_runner:SpecRunner",
+    "speculative": "vllm_mlx_trio.worker.speculative.runner:SpecRunner",
 }
 #: The kind ``speculative.method`` (when not "off") runs instead of "batched".
 SPECULATIVE = "speculative"

@@ -20,7 +20,7 @@ from ..core.termination import Termination
 from ..messages import KVReady, ModelInfo, NewSequence, RequestId, StepPlan, StepResult, TokenLogprob
 
 if TYPE_CHECKING:
-    from ..config_sections import EngineConfig, EngineSection
+    from ..config.sections import EngineConfig, EngineSection
 
 
 @attrs.define(slots=True, eq=False)
@@ -194,8 +194,7 @@ class RunnerBase:
             self._drop((live.request_id,), already_ended=emission.ended)
         elif emission.ended:  # the runner's own stop logic disagrees with the rule
             self.failures[live.request_id] = (
-                f"the runner ended the sequence after {live.num_output_tokens} tokens, "
-                "before its termination rule did"
+                f"the runner ended the sequence after {live.num_output_tokens} tokens, before its termination rule did"
             )
             del self._live[live.request_id]
         return tokens, num_top, ready

@@ -91,13 +91,9 @@ def make_request_processors(
     if params.min_tokens > len(generated) and stop_ids:
         processors.append(_min_tokens(params.min_tokens - len(generated), stop_ids))
     if params.presence_penalty or params.frequency_penalty:
-        processors.append(
-            _output_penalties(params.presence_penalty, params.frequency_penalty, generated)
-        )
+        processors.append(_output_penalties(params.presence_penalty, params.frequency_penalty, generated))
     if params.repetition_penalty != 1.0:
-        processors.append(
-            make_repetition_penalty(params.repetition_penalty, REPETITION_CONTEXT_SIZE)
-        )
+        processors.append(make_repetition_penalty(params.repetition_penalty, REPETITION_CONTEXT_SIZE))
     if params.thinking_budget is not None:
         processors.append(thinking_budget_processor(params.thinking_budget, generated))
     if params.constraint is not None:
@@ -160,9 +156,7 @@ def _min_tokens(min_tokens: int, stop_ids: tuple[int, ...]) -> LogitsProcessor:
     return ban_stops
 
 
-def _output_penalties(
-    presence: float, frequency: float, generated: tuple[int, ...] = ()
-) -> LogitsProcessor:
+def _output_penalties(presence: float, frequency: float, generated: tuple[int, ...] = ()) -> LogitsProcessor:
     """OpenAI's penalties over the generated tokens only (the prompt is not penalised)."""
     counts: mx.array | None = None
 

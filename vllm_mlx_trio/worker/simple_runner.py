@@ -14,8 +14,8 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
 from ..messages import KVReady, ModelInfo, TokenLogprob
-from .kv_store import PrefixBlocks
 from .loading import load_for_serving, mlx_memory
+from .prefix.kv_store import PrefixBlocks
 from .runner_base import Advance, Emission, LiveSequence, RunnerBase
 from .sampling import guard_processors, make_request_processors, make_request_sampler, token_logprobs
 from .thread_streams import enter_mlx_thread, leave_mlx_thread

@@ -13,8 +13,8 @@ import logging
 
 import trio
 
-from ...actors.admission import PREPROCESS_INLINE_CHARS
-from ...actors.chat_template import (
+from ...actors.admission.actor import PREPROCESS_INLINE_CHARS
+from ...actors.admission.chat_template import (
     ChatTemplateOptions,
     Tokenizer,
     as_prompt,

@@ -121,8 +121,9 @@ class MessageEvents:
         stop_sequence = stream.stop_sequence
         reason = stop_reason(stream.finish_reason, stop_sequence, called=self._blocks.called)
         delta = {"stop_reason": reason, "stop_sequence": stop_sequence}
-        events += sse_event("message_delta", {"type": "message_delta", "delta": delta,
-                                              "usage": usage_json(stream.usage)})  # fmt: skip
+        events += sse_event(
+            "message_delta", {"type": "message_delta", "delta": delta, "usage": usage_json(stream.usage)}
+        )
         return events + sse_event("message_stop", {"type": "message_stop"})
 
     def on_error(self, exc: VllmMlxTrioError) -> str:

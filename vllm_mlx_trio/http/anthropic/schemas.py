@@ -21,11 +21,22 @@ UNSUPPORTED_FIELDS = {
     "diagnostics": "prompt-cache diagnostics",
 }
 #: Content block types (server tools' results, documents with citations...) refused by name.
-UNSUPPORTED_BLOCKS = frozenset({
-    "document", "search_result", "server_tool_use", "web_search_tool_result", "web_fetch_tool_result",
-    "code_execution_tool_result", "bash_code_execution_tool_result", "text_editor_code_execution_tool_result",
-    "mcp_tool_use", "mcp_tool_result", "container_upload", "tool_search_tool_result",
-})  # fmt: skip
+UNSUPPORTED_BLOCKS = frozenset(
+    {
+        "document",
+        "search_result",
+        "server_tool_use",
+        "web_search_tool_result",
+        "web_fetch_tool_result",
+        "code_execution_tool_result",
+        "bash_code_execution_tool_result",
+        "text_editor_code_execution_tool_result",
+        "mcp_tool_use",
+        "mcp_tool_result",
+        "container_upload",
+        "tool_search_tool_result",
+    }
+)
 #: A client tool's ``type``; any other (``web_search_20250305``, ``bash_20250124``...) is a server tool.
 CLIENT_TOOL_TYPE = "custom"
 

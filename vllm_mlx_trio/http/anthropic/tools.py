@@ -152,8 +152,7 @@ def _effort_kwargs(config: schemas.OutputConfig | None) -> dict[str, Any]:
         return {}
     if effort not in TEMPLATE_EFFORTS:
         raise InvalidRequestError(
-            f"output_config.effort: {effort!r} has no meaning here; chat templates know "
-            f"{', '.join(TEMPLATE_EFFORTS)}.",
+            f"output_config.effort: {effort!r} has no meaning here; chat templates know {', '.join(TEMPLATE_EFFORTS)}.",
             param="output_config.effort",
         )
     return {"reasoning_effort": effort}

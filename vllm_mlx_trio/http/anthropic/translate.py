@@ -19,7 +19,7 @@ from ...errors import InvalidRequestError, ModelNotFoundError
 from ...messages import CalledTool, ChatMessage, ChatPrompt, ContentPart, ImagePart, TextPart
 from ...output_format import OutputFormat
 from ..agent_output import OutputSpec
-from ..requests import _content_hash
+from ..openai.requests import _content_hash
 from . import schemas
 from .tools import MarkerIds, tool_arguments, tool_plan, tool_result_content
 

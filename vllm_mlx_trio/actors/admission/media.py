@@ -1,0 +1,86 @@
+"""Admission's media step: a chat prompt with images or videos, for a model that takes them.
+
+Runs in a preprocessing thread (blocking: fetch, decode, resize, frame sampling, the numpy
+image processor): the loader (``vllm_mlx_trio.media.MediaLoader``, iface13) turns the prompt's
+media parts into pixels, the chat template renders the turns with one placeholder per part,
+and the model's prompt processor (``ModelInfo.media_processor``, worker/vlm/processor.py)
+expands each placeholder to the item's tokens and gives the vision tower's inputs. The
+result: the prompt's token ids, the :class:`MediaInput` items the runner encodes, and the
+media keys (start position, cache key) that keep two different images from sharing KV.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Protocol
+
+import attrs
+
+from ...messages import ChatPrompt, MediaInput
+
+
+class MediaLoader(Protocol):
+    """iface13's loader: every media part of a prompt, loaded, in prompt order (raises
+    ``InvalidRequestError`` naming the part for bad input)."""
+
+    def load_prompt_media(self, prompt: ChatPrompt) -> tuple[Any, ...]: ...
+
+
+class PromptProcessor(Protocol):
+    """The model's side (worker/vlm/processor.py:VlmPromptProcessor)."""
+
+    def expand(self, text: str, loaded: tuple[Any, ...]) -> tuple[str, list]: ...
+
+    def media_inputs(self, token_ids: list[int], items: list, loaded: tuple[Any, ...]) -> tuple[MediaInput, ...]: ...
+
+
+def make_media_loader(cfg: Any) -> MediaLoader:
+    """MEDIA's loader for the ``[mllm]`` settings (imported only for a model that takes media)."""
+    from ...media import MediaLoader as Loader
+
+    return Loader(cfg)
+
+
+@attrs.frozen(kw_only=True)
+class MediaPrompt:
+    """A media prompt after preprocessing."""
+
+    token_ids: list[int]
+    media: tuple[MediaInput, ...]
+    #: What the loader gave (``media.LoadedImage`` / ``LoadedVideo``: kind, seconds), for the metrics.
+    loaded: tuple[Any, ...] = ()
+    #: Seconds spent loading the media (fetch/decode/resize) and in the image processor.
+    load_s: float = 0.0
+    process_s: float = 0.0
+
+    @property
+    def media_keys(self) -> tuple[tuple[int, str], ...]:
+        return tuple((item.start, item.cache_key) for item in self.media)
+
+    @property
+    def num_images(self) -> int:
+        return sum(item.kind == "image" for item in self.media)
+
+    @property
+    def num_videos(self) -> int:
+        return sum(item.kind == "video" for item in self.media)
+
+
+def process_media_prompt(
+    loader: MediaLoader, processor: PromptProcessor, render: Any, encode: Any, prompt: ChatPrompt
+) -> MediaPrompt:
+    """Load, template, expand and tokenize. ``render(prompt) -> text`` applies the chat template;
+    ``encode(text) -> ids`` tokenizes without adding special tokens (both admission's own)."""
+    started = time.perf_counter()
+    loaded = tuple(loader.load_prompt_media(prompt))
+    loaded_at = time.perf_counter()
+    text, items = processor.expand(render(prompt), loaded)
+    token_ids = encode(text)
+    media = processor.media_inputs(token_ids, items, loaded)
+    return MediaPrompt(
+        token_ids=token_ids,
+        media=media,
+        loaded=loaded,
+        load_s=loaded_at - started,
+        process_s=time.perf_counter() - loaded_at,
+    )

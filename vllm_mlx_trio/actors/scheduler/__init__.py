@@ -1,0 +1,1 @@
+"""The scheduler actor: plans steps, delivers outputs, answers control messages."""

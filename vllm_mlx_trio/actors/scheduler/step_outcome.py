@@ -1,0 +1,71 @@
+"""What a step's result does to the requests, on the scheduler actor's side: counters corrected,
+metrics observed, tokens delivered, failures and departures turned into finishes, and the
+newest requests preempted when the batch must grow. Plain functions over the actor's core
+scheduler, its :class:`Delivery` and its metrics; they never await."""
+
+from __future__ import annotations
+
+import logging
+
+from ...core.request import Request, RequestStatus
+from ...core.scheduler import Scheduler
+from ...errors import RequestProcessingError
+from ...messages import StepResult
+from ...metrics import EngineMetrics
+from .delivery import Delivery
+
+logger = logging.getLogger(__name__)
+
+
+def apply_result(
+    result: StepResult, *, scheduler: Scheduler, delivery: Delivery, metrics: EngineMetrics | None, model_step: bool
+) -> None:
+    """Everything ``result`` says about the running requests (``model_step``: it ran a model step,
+    not a join plan's placeholder)."""
+    running = scheduler.running
+    for request_id, recomputed in result.recomputed:  # disk blocks the executor could not read
+        request = running.get(request_id)
+        if request is not None and result.step_id >= request.first_valid_step:
+            request.num_cached_tokens -= recomputed
+    if metrics is not None and model_step:
+        metrics.on_step(sum(len(tokens) for rid, tokens in result.sampled if rid in running), result.elapsed_s)
+        metrics.on_vision_encode(result.vision_encode_s)
+        if result.spec_decode is not None:
+            metrics.on_spec_decode(result.spec_decode)
+    for request in scheduler.apply(result):
+        delivery.time_request(request)
+        deliver(request, scheduler=scheduler, delivery=delivery)
+    for request_id, message in result.failed:
+        request = scheduler.running.get(request_id)
+        if request is not None and result.step_id >= request.first_valid_step:
+            scheduler.abort(request_id, RequestStatus.FINISHED_ERROR)
+            delivery.fail(request, RequestProcessingError(f"The request failed: {message}"))
+
+
+def deliver(request: Request, *, scheduler: Scheduler, delivery: Delivery) -> None:
+    """Hand the request's tokens out; a client found gone aborts the request."""
+    if not delivery.deliver(request):
+        if not request.status.is_finished:
+            scheduler.abort(request.request_id, RequestStatus.FINISHED_ABORTED)
+        delivery.finish_aborted(request)
+
+
+def abort_departed(*, scheduler: Scheduler, delivery: Delivery) -> None:
+    """Abort every request whose client has gone, queued or running."""
+    departed = [r for r in (*scheduler.waiting, *scheduler.running.values()) if r.client_gone]
+    for request in departed:
+        scheduler.abort(request.request_id, RequestStatus.FINISHED_ABORTED)
+        delivery.finish_aborted(request)
+
+
+def preempt_for_growth(scheduler: Scheduler, metrics: EngineMetrics | None) -> None:
+    """Make room for the batch to grow: the newest running requests go back to the queue."""
+    for request in scheduler.preempt_for_growth():
+        logger.info(
+            "preempted request %s to stay within the KV budget (%d tokens held, run %d)",
+            request.request_id,
+            request.num_tokens,
+            request.num_preemptions,
+        )
+        if metrics is not None:
+            metrics.on_preemption()

@@ -1,0 +1,217 @@
+"""``bench http``: streaming chat completions against any OpenAI-compatible server.
+
+Works with ours, vllm-mlx and ``mlx_lm.server``. Completion tokens come from the final usage
+chunk when the server sends one (we ask with ``stream_options.include_usage``), otherwise
+from the number of content chunks; the ``count_from`` column says which. Each chunk's share
+of tokens (for ITL) is the request's completion tokens over its content chunks.
+
+``ignore_eos`` is not part of OpenAI's API: in ``auto`` mode a short warm-up request probes
+whether the server accepts it, and it is sent only if it does.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+
+import attrs
+import httpx
+import trio
+
+from ..errors import VllmMlxTrioError
+from .stats import RequestTrace, summarize
+from .workload import SEED_MAX_TOKENS, SEED_PROMPTS, WARMUP_TOKENS, PromptBlocks, Workload, chat
+
+#: Warm-up prompts come from far into the prompt sequence (no prefix shared with a measured one).
+WARMUP_FIRST_PROMPT = 5000
+IGNORE_EOS_MODES = ("auto", "on", "off")
+
+
+class BenchError(VllmMlxTrioError):
+    """A benchmark could not run (the server refused a request, or never came up)."""
+
+
+@attrs.define(kw_only=True)
+class HttpTarget:
+    """Where to send requests, and what the server turned out to accept."""
+
+    base_url: str
+    model: str | None = None
+    ignore_eos: str = "auto"
+    #: Resolved by :func:`prepare`: whether requests carry ``ignore_eos: true``.
+    send_ignore_eos: bool = False
+    count_sources: set[str] = attrs.Factory(set)
+
+    @property
+    def chat_url(self) -> str:
+        return f"{self.base_url.rstrip('/')}/v1/chat/completions"
+
+    def body(self, prompt: str, max_tokens: int, *, ignore_eos: bool | None = None) -> dict:
+        body = {
+            "model": self.model,
+            "messages": chat(prompt),
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.send_ignore_eos if ignore_eos is None else ignore_eos:
+            body["ignore_eos"] = True
+        return body
+
+
+def _content(chunk: dict) -> bool:
+    """Whether a streamed chunk carries generated text."""
+    choices = chunk.get("choices") or []
+    delta = choices[0].get("delta") or {} if choices else {}
+    return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"))
+
+
+async def _stream(http: httpx.AsyncClient, url: str, body: dict) -> tuple[float, list[float], dict | None, float]:
+    """POST a streaming request: (start, content chunk times, usage or None, end)."""
+    start, times, usage = time.perf_counter(), [], None
+    async with http.stream("POST", url, json=body) as resp:
+        if resp.status_code != 200:
+            text = (await resp.aread()).decode(errors="replace")[:300]
+            raise BenchError(f"{url} answered {resp.status_code}: {text}")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if "error" in chunk:
+                raise BenchError(f"{url} failed mid-stream: {chunk['error']}")
+            if _content(chunk):
+                times.append(time.perf_counter())
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+    return start, times, usage, time.perf_counter()
+
+
+async def traced_request(http: httpx.AsyncClient, target: HttpTarget, prompt: str, max_tokens: int) -> RequestTrace:
+    start, times, usage, end = await _stream(http, target.chat_url, target.body(prompt, max_tokens))
+    if usage and usage.get("completion_tokens") is not None:
+        target.count_sources.add("usage")
+        completion, prompt_tokens = int(usage["completion_tokens"]), usage.get("prompt_tokens")
+    else:
+        target.count_sources.add("chunks")
+        completion, prompt_tokens = len(times), None
+    share = completion / len(times) if times else 0.0
+    return RequestTrace(
+        start=start,
+        arrivals=tuple((t, share) for t in times),
+        completion_tokens=completion,
+        prompt_tokens=prompt_tokens,
+        end=end,
+    )
+
+
+async def closed_loop(
+    http: httpx.AsyncClient, target: HttpTarget, prompts: Sequence[str], concurrency: int, max_tokens: int
+) -> list[RequestTrace]:
+    """``concurrency`` clients share the prompts; each sends one request at a time."""
+    traces: list[RequestTrace] = []
+    queue: Iterable[str] = iter(prompts)
+
+    async def client() -> None:
+        for prompt in queue:
+            traces.append(await traced_request(http, target, prompt, max_tokens))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(min(concurrency, len(prompts))):
+            nursery.start_soon(client)
+    return traces
+
+
+async def prepare(http: httpx.AsyncClient, target: HttpTarget) -> None:
+    """Name the model (the server's first, if not given) and settle ``ignore_eos``."""
+    if target.model is None:
+        resp = await http.get(f"{target.base_url.rstrip('/')}/v1/models")
+        resp.raise_for_status()
+        target.model = resp.json()["data"][0]["id"]
+    target.send_ignore_eos = target.ignore_eos == "on"
+    if target.ignore_eos == "auto":
+        probe = target.body(SEED_PROMPTS[0], WARMUP_TOKENS, ignore_eos=True)
+        async with http.stream("POST", target.chat_url, json=probe) as resp:
+            await resp.aread()
+            target.send_ignore_eos = resp.status_code == 200
+
+
+def _count_from(target: HttpTarget) -> str:
+    return "+".join(sorted(target.count_sources)) or "-"
+
+
+async def run_levels(http: httpx.AsyncClient, target: HttpTarget, workload: Workload, label: str) -> list[dict]:
+    """Every concurrency level of the workload, each after a warm-up of short requests."""
+    blocks, warmups = PromptBlocks(), PromptBlocks(WARMUP_FIRST_PROMPT)
+    rows = []
+    for concurrency in workload.concurrency:
+        prompts = blocks.take(workload.num_requests(concurrency))
+        await closed_loop(http, target, warmups.take(concurrency), concurrency, WARMUP_TOKENS)
+        target.count_sources.clear()
+        traces = await closed_loop(http, target, prompts, concurrency, workload.max_tokens)
+        row = summarize(label, concurrency, traces)
+        row["count_from"] = _count_from(target)
+        rows.append(row)
+    return rows
+
+
+async def run_seeds(http: httpx.AsyncClient, target: HttpTarget, label: str, max_tokens: int = SEED_MAX_TOKENS) -> dict:
+    """vllm-mlx's five prompts: one at a time, then all at once; the speedup of the second."""
+    await closed_loop(http, target, SEED_PROMPTS, len(SEED_PROMPTS), WARMUP_TOKENS)
+    result: dict = {"prompts": list(SEED_PROMPTS), "max_tokens": max_tokens}
+    for key, concurrency in (("sequential", 1), ("concurrent", len(SEED_PROMPTS))):
+        target.count_sources.clear()
+        traces = await closed_loop(http, target, SEED_PROMPTS, concurrency, max_tokens)
+        result[key] = summarize(f"{label} seeds", concurrency, traces) | {"count_from": _count_from(target)}
+    seq, conc = result["sequential"]["agg_tok_s"], result["concurrent"]["agg_tok_s"]
+    result["speedup"] = round(conc / seq, 2) if seq and conc else None
+    return result
+
+
+async def bench_url(
+    base_url: str,
+    workload: Workload,
+    *,
+    model: str | None = None,
+    ignore_eos: str = "auto",
+    label: str = "http",
+    seeds: bool = True,
+) -> dict:
+    """Run the levels and the seeds workload against ``base_url``; rows, seeds and settings."""
+    target = HttpTarget(base_url=base_url, model=model, ignore_eos=ignore_eos)
+    limits = httpx.Limits(max_connections=max(workload.concurrency) + 8)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as http:
+        await prepare(http, target)
+        rows = await run_levels(http, target, workload, label)
+        seeds_result = await run_seeds(http, target, label) if seeds else None
+    return {
+        "url": base_url,
+        "model": target.model,
+        "ignore_eos_sent": target.send_ignore_eos,
+        "rows": rows,
+        "seeds": seeds_result,
+    }
+
+
+async def bench_own_server(
+    cfg, workload: Workload, *, ignore_eos: str = "auto", seeds: bool = True, executor_factory=None
+) -> dict:
+    """Start our server in-process on a free port and run :func:`bench_url` against it."""
+    from ..local_server import open_local_server
+
+    cfg = attrs.evolve(cfg, server=attrs.evolve(cfg.server, port=0, drain_timeout_s=1.0))
+    async with open_local_server(cfg, executor_factory=executor_factory) as srv:
+        label = f"our HTTP ({cfg.engine.mode})"
+        return await bench_url(srv.url, workload, model=cfg.model_name, ignore_eos=ignore_eos, label=label, seeds=seeds)
+
+
+def http_notes(result: dict) -> list[str]:
+    if result["ignore_eos_sent"]:
+        sent = "sent (a server may accept and ignore it: see tok_per_req)"
+    else:
+        sent = "not sent (not accepted or turned off): requests may stop at EOS"
+    return [
+        f"url {result['url']}, model {result['model']}, greedy, ignore_eos {sent}",
+        "count_from: usage = the server's final usage chunk; chunks = one token per content chunk",
+    ]

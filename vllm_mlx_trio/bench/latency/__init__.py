@@ -1,0 +1,1 @@
+"""``bench latency``: TTFT and ITL, ours against the peers."""

@@ -1,0 +1,265 @@
+"""``bench latency``: TTFT and ITL, ours against the peers, in one run.
+
+Every server (ours, variants of ours with other settings, ``mlx_lm.server``, vllm-mlx) runs
+in its own process, all started up front; this process is only the client. For each
+repetition and each concurrency level, every server gets the same kind of work in turn (the
+order rotates from one repetition and level to the next, so drifts of the machine are
+shared): ``level`` clients, each sending its next streamed chat when the last one ends,
+``max(level, len(lengths))`` fresh prompts cycling through the lengths. A table gives, per
+server and level, the median over the repetitions of each figure with its spread (min-max).
+
+With a ceiling (mlx-lm's ``generate_step`` in a child process, ``--peers ...,ceiling``) each
+repetition of level 1 also runs the same kind of prompts through it, and every level-1 row gets
+``vs_ceiling``: its ``agg_tok_s`` over the ceiling's (medians), and ``paired_vs_ceiling``: the
+median over the repetitions of that ratio within each (the ceiling runs right after the servers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import pathlib
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+
+import attrs
+import httpx
+import trio
+
+from ..ceiling.process import CeilingProcess
+from ..ceiling.run import path_name, traces_from_runs
+from ..http import HttpTarget, closed_loop, prepare
+from ..peers import PeerServer, peak_rss_mib, peer_server, port_free, stop, wait_ready
+from ..stats import summarize
+from ..workload import chat
+from .arrival import ArrivalWorkload, measure_arrival, median_arrival_rows
+from .prompts import PromptMaker
+
+#: The figures a level reports, each as median (min-max) over the repetitions.
+FIGURES = ("ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms", "agg_tok_s")
+WARMUP_MAX_TOKENS = 4
+
+
+@attrs.frozen(kw_only=True)
+class LatencyWorkload:
+    levels: tuple[int, ...] = (1, 5, 16)
+    lengths: tuple[int, ...] = (50, 500, 2000)
+    max_tokens: int = 32
+    repetitions: int = 3
+
+    def num_requests(self, level: int) -> int:
+        return max(level, len(self.lengths))
+
+
+#: ``--quick``: minutes, to iterate.
+QUICK = LatencyWorkload(levels=(1, 5), lengths=(50, 500), max_tokens=16, repetitions=2)
+
+
+def ours_variant(
+    label: str, settings: Sequence[str], model_dir: str, port: int, *, checkout: str | None = None
+) -> PeerServer:
+    """Our server with extra ``--set key=value`` settings, named ``label`` in the tables; run
+    from ``checkout`` (another copy of this repository: before/after in one run) if given."""
+    base = peer_server("ours", model_dir, port)
+    extra = tuple(arg for kv in settings for arg in ("--set", kv))
+    env = base.env if checkout is None else {**base.env, "PYTHONPATH": checkout}
+    return attrs.evolve(base, name=label, argv=base.argv + extra, env=env)
+
+
+@attrs.define
+class Running:
+    peer: PeerServer
+    proc: subprocess.Popen
+    base_url: str
+
+
+@contextlib.contextmanager
+def started(
+    peers: Sequence[PeerServer], first_port: int, log_dir: pathlib.Path, timeout_s: float
+) -> Iterator[list[Running]]:
+    """Start every server (port ``first_port + i``), wait until all answer; stop them after."""
+    running: list[Running] = []
+    try:
+        for offset, peer in enumerate(peers):
+            port = first_port + offset
+            if not port_free(port):
+                raise RuntimeError(f"port {port} is in use")
+            with open(log_dir / f"{offset}-{peer.name}.log", "wb") as log:
+                proc = subprocess.Popen(
+                    peer.argv,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    env={**os.environ, **peer.env},
+                )
+            running.append(Running(peer, proc, f"http://127.0.0.1:{port}"))
+        for server in running:
+            wait_ready(server.proc, server.base_url, timeout_s)
+        yield running
+    finally:
+        for server in running:
+            stop(server.proc)
+
+
+async def _one_level(
+    server: Running, target: HttpTarget, prompts: list[str], level: int, max_tokens: int, http: httpx.AsyncClient
+) -> dict:
+    start = time.perf_counter()
+    traces = await closed_loop(http, target, prompts, level, max_tokens)
+    row = summarize(server.peer.name, level, traces, wall_s=time.perf_counter() - start)
+    return row
+
+
+def _rotated(items: Sequence, by: int) -> list:
+    by %= len(items)
+    return [*items[by:], *items[:by]]
+
+
+async def _warm_targets(
+    http: httpx.AsyncClient, servers: Sequence[Running], lengths: Sequence[int], maker: PromptMaker
+) -> dict[str, HttpTarget]:
+    targets = {}
+    for server in servers:
+        target = HttpTarget(base_url=server.base_url, model=server.peer.model)
+        await prepare(http, target)
+        warm = maker.batch(f"warm-{server.peer.name}", lengths, len(lengths))
+        await closed_loop(http, target, warm, 1, WARMUP_MAX_TOKENS)
+        targets[server.peer.name] = target
+    return targets
+
+
+async def measure_long_arrival(servers: Sequence[Running], work: ArrivalWorkload, maker: PromptMaker) -> list[dict]:
+    """The long-arrival scenario's rows (see bench/latency/arrival.py)."""
+    limits = httpx.Limits(max_connections=work.streams + 8)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits) as http:
+        targets = await _warm_targets(http, servers, (work.stream_prompt_tokens, work.long_tokens), maker)
+        return await measure_arrival(list(targets.items()), http, work, maker)
+
+
+async def _ceiling_row(ceiling: CeilingProcess, prompts: list[str], max_tokens: int) -> dict:
+    """One repetition of level 1 through mlx-lm's ``generate_step`` (no EOS stop)."""
+    runs = await trio.to_thread.run_sync(lambda: ceiling.single([chat(p) for p in prompts], num_tokens=max_tokens))
+    return summarize(path_name(1), 1, traces_from_runs(runs))
+
+
+async def measure(
+    servers: Sequence[Running],
+    workload: LatencyWorkload,
+    maker: PromptMaker,
+    progress=print,
+    ceiling: CeilingProcess | None = None,
+) -> list[dict]:
+    """Every (repetition, level, server) row, servers alternating (the ceiling after them)."""
+    limits = httpx.Limits(max_connections=max(workload.levels) + 8)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits) as http:
+        targets = await _warm_targets(http, servers, workload.lengths, maker)
+        rows = []
+        for rep in range(workload.repetitions):
+            for index, level in enumerate(workload.levels):
+                for server in _rotated(servers, rep + index):
+                    tag = f"r{rep}-c{level}-{server.peer.name}"
+                    prompts = maker.batch(tag, workload.lengths, workload.num_requests(level))
+                    row = await _one_level(server, targets[server.peer.name], prompts, level, workload.max_tokens, http)
+                    row["rep"] = rep
+                    rows.append(row)
+                    progress(
+                        f"rep {rep} conc {level} {server.peer.name}: ttft p50 {row['ttft_p50_ms']} ms, "
+                        f"itl p50 {row['itl_p50_ms']} ms, {row['agg_tok_s']} tok/s"
+                    )
+                if ceiling is not None and level == 1:
+                    prompts = maker.batch(f"r{rep}-ceiling", workload.lengths, workload.num_requests(1))
+                    rows.append({**await _ceiling_row(ceiling, prompts, workload.max_tokens), "rep": rep})
+    return rows
+
+
+def _spread(values: list[float]) -> str | None:
+    if not values:
+        return None
+    median = statistics.median(values)
+    return f"{median:.1f} ({min(values):.1f}-{max(values):.1f})" if len(values) > 1 else f"{median:.1f}"
+
+
+def median_rows(rows: Sequence[dict]) -> list[dict]:
+    """Per (server, level): each figure's median over the repetitions, with its spread, and the
+    server's TTFT p50 over the best other server's (``ttft_vs_best``; < 1 is ahead)."""
+    keys = sorted(dict.fromkeys((r["path"], r["conc"]) for r in rows), key=lambda k: (k[1], k[0]))
+    table = []
+    for path, conc in keys:
+        mine = [r for r in rows if (r["path"], r["conc"]) == (path, conc)]
+        counts = sorted({r["tok_per_req"] for r in mine})  # a server that stops at EOS shows here
+        out = {
+            "path": path,
+            "conc": conc,
+            "reps": len(mine),
+            "reqs": mine[0]["reqs"],
+            "prompt_tok": mine[0]["prompt_tok"],
+            "tok_per_req": ",".join(counts),
+        }
+        for figure in FIGURES:
+            values = [r[figure] for r in mine if r.get(figure) is not None]
+            out[figure] = _spread(values)
+            out[f"_{figure}"] = statistics.median(values) if values else None
+        table.append(out)
+    for row in table:
+        others = [
+            r["_ttft_p50_ms"]
+            for r in table
+            if r["conc"] == row["conc"]
+            and r["path"] != row["path"]
+            and r["_ttft_p50_ms"]
+            and not r["path"].startswith("ours")
+            and r["path"] != path_name(1)
+        ]
+        mine = row["_ttft_p50_ms"]
+        ours = row["path"] != path_name(1)  # the ceiling is no server
+        row["ttft_vs_best_peer"] = round(mine / min(others), 2) if others and mine and ours else None
+        ceiling = [r["_agg_tok_s"] for r in table if r["conc"] == row["conc"] and r["path"] == path_name(1)]
+        row["vs_ceiling"] = round(row["_agg_tok_s"] / ceiling[0], 2) if ceiling and row["_agg_tok_s"] else None
+        row["paired_vs_ceiling"] = paired_ratio(rows, row["path"], path_name(1), row["conc"])
+    return table
+
+
+def paired_ratio(rows: Sequence[dict], path: str, baseline: str, conc: int) -> float | None:
+    """Median over the repetitions of ``path``'s agg_tok_s over ``baseline``'s in the same repetition (they
+    ran back to back, so the machine's drift between repetitions cancels); None without a common one."""
+    by_rep: dict[int, dict[str, float]] = {}
+    for r in rows:
+        if r["conc"] == conc and r["path"] in (path, baseline) and r.get("agg_tok_s"):
+            by_rep.setdefault(r["rep"], {})[r["path"]] = r["agg_tok_s"]
+    ratios = [v[path] / v[baseline] for v in by_rep.values() if path in v and baseline in v]
+    return round(statistics.median(ratios), 2) if ratios else None
+
+
+def missing_executable(peer: PeerServer) -> bool:
+    import shutil
+
+    return not shutil.which(peer.argv[0]) and not os.path.exists(peer.argv[0])
+
+
+def run_latency(
+    peers: Sequence[PeerServer],
+    workload: LatencyWorkload | ArrivalWorkload,
+    maker: PromptMaker,
+    *,
+    first_port: int,
+    startup_timeout_s: float,
+    ceiling_cfg=None,
+) -> dict:
+    """Start the servers, measure ``workload`` (levels, or the long-arrival scenario), stop them.
+    ``ceiling_cfg`` (an EngineConfig): also mlx-lm's ``generate_step`` at level 1."""
+    arrival = isinstance(workload, ArrivalWorkload)
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-latency-"))
+        ceiling = None if arrival or ceiling_cfg is None else stack.enter_context(CeilingProcess(ceiling_cfg))
+        with started(peers, first_port, pathlib.Path(tmp), startup_timeout_s) as servers:
+            if arrival:
+                rows = trio.run(measure_long_arrival, servers, workload, maker)
+            else:
+                rows = trio.run(functools.partial(measure, ceiling=ceiling), servers, workload, maker)
+            rss = {s.peer.name: peak_rss_mib(s.proc.pid) for s in servers}
+    table = median_arrival_rows(rows) if arrival else median_rows(rows)
+    return {"rows": rows, "table": table, "peak_rss_mib": rss, "argv": {p.name: list(p.argv) for p in peers}}

@@ -1,0 +1,1 @@
+"""``bench mllm``: image request phases, and text ITL while a large image prefills."""

@@ -1,0 +1,1 @@
+"""``bench soak``: thousands of mixed requests, then a leak check."""

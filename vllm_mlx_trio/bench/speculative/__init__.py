@@ -1,0 +1,1 @@
+"""``bench speculative``: tokens/s with speculative decoding on vs off."""

@@ -1,0 +1,55 @@
+"""Server configuration: its sections (``sections``), their field kinds (``fields``), and loading
+from TOML, the environment and ``--set`` and dumping back to TOML (``load``).
+
+Import the public names from here: ``from vllm_mlx_trio.config import EngineConfig, load_config``.
+"""
+
+from vllm_mlx_trio.config.load import (
+    API_KEYS_ENV,
+    DEMO_SIZES,
+    ENGINE_MODES,
+    ENV_PREFIX,
+    LOG_FORMATS,
+    LOG_LEVELS,
+    NONE_LITERAL,
+    RESERVED_ENV_VARS,
+    SECTIONS,
+    CacheConfig,
+    DistributedConfig,
+    EngineConfig,
+    EngineSection,
+    LimitsConfig,
+    LoggingConfig,
+    MetricsConfig,
+    ModelConfig,
+    ServerConfig,
+    config_from_dict,
+    config_to_dict,
+    config_to_toml,
+    load_config,
+)
+
+__all__ = [
+    "API_KEYS_ENV",
+    "DEMO_SIZES",
+    "ENGINE_MODES",
+    "ENV_PREFIX",
+    "LOG_FORMATS",
+    "LOG_LEVELS",
+    "NONE_LITERAL",
+    "RESERVED_ENV_VARS",
+    "SECTIONS",
+    "CacheConfig",
+    "DistributedConfig",
+    "EngineConfig",
+    "EngineSection",
+    "LimitsConfig",
+    "LoggingConfig",
+    "MetricsConfig",
+    "ModelConfig",
+    "ServerConfig",
+    "config_from_dict",
+    "config_to_dict",
+    "config_to_toml",
+    "load_config",
+]

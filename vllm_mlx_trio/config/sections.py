@@ -1,0 +1,375 @@
+"""The configuration tree: one frozen attrs class per TOML section, defaults and checks.
+
+``config/load.py`` loads and dumps it; docs/configuration.md is the user-facing reference and a
+test keeps it in step with these classes.
+"""
+
+import attrs
+
+from vllm_mlx_trio.config.fields import (
+    _FieldError,
+    _in_range,
+    _model_path,
+    _non_empty,
+    _one_of,
+    _option,
+    _origins,
+    _to_float,
+    _to_tuple,
+)
+from vllm_mlx_trio.worker.registry import RUNNERS
+
+#: Runner kinds by name (a live view: kinds registered later are accepted too).
+ENGINE_MODES = RUNNERS.keys()
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+UNKNOWN_FIELDS = ("reject", "ignore")
+DISTRIBUTED_BACKENDS = ("any", "ring", "jaccl", "mpi")
+#: What mx.quantize supports for stored prefix blocks.
+KV_BITS = (4, 8)
+KV_GROUP_SIZES = (32, 64, 128)
+
+
+def _int_in(choices: tuple[int, ...]):
+    """Validator: an int, when given, is one of ``choices``."""
+
+    def check(inst, attribute: attrs.Attribute, value) -> None:
+        if value is not None and value not in choices:
+            allowed = ", ".join(map(str, choices))
+            raise _FieldError(type(inst), attribute.name, f"must be one of {allowed}, got {value!r}")
+
+    return check
+
+
+#: The output-parser settings that are not parser names.
+PARSER_AUTO, PARSER_NONE = "auto", "none"
+
+
+def _parser_name(kind: str):
+    """Validator: "auto", "none" or a registered tool / reasoning parser's name."""
+
+    def check(inst, attribute, value):
+        from vllm_mlx_trio import parsers  # pure; imported here so loading a config stays light
+
+        names = parsers.TOOL_PARSERS if kind == "tool" else parsers.REASONING_PARSERS
+        _one_of((PARSER_AUTO, PARSER_NONE, *names))(inst, attribute, value)
+
+    return check
+
+
+# --- the configuration tree -----------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ServerConfig:
+    """``[server]``: the HTTP listener."""
+
+    #: Interface to bind; 127.0.0.1 keeps the server local, 0.0.0.0 exposes it.
+    host: str = _option("127.0.0.1", _non_empty)
+    #: TCP port, 0..65535; 0 picks a free port.
+    port: int = _option(8000, _in_range(0, 65535))
+    #: On SIGINT/SIGTERM, in-flight streams get this many seconds to finish (>= 0).
+    drain_timeout_s: float = _option(30.0, _in_range(0), converter=_to_float)
+    #: The model name /v1/models reports and requests must use; None means model.path.
+    served_model_name: str | None = _option(None, _non_empty)
+    #: A file of API keys, one per line (blank lines and # comments skipped); with it, or with
+    #: keys in $VLLM_MLX_TRIO_API_KEYS, every route but /health needs "Authorization: Bearer".
+    api_key_file: str | None = _option(None, _non_empty)
+    #: Origins allowed to call the API from a browser (CORS), e.g. ["https://app.example.com"];
+    #: "*" allows any. Empty: no CORS headers are sent.
+    cors_origins: tuple[str, ...] = _option((), _origins, converter=_to_tuple)
+    #: Connections the listener queues before the server accepts them (>= 1; the OS caps it at
+    #: its somaxconn). Too small, and a burst of clients gets connection resets, not answers.
+    backlog: int = _option(2048, _in_range(1))
+    #: A request field neither OpenAI's nor a known vLLM extension: "reject" (a 400 naming it)
+    #: or "ignore" (dropped, one DEBUG line), for clients that send their own extras.
+    unknown_fields: str = _option("reject", _one_of(UNKNOWN_FIELDS))
+
+
+@attrs.frozen(kw_only=True)
+class ModelConfig:
+    """``[model]``: what to load."""
+
+    #: Hub id, local directory, or "demo:<size>" (tiny, small) for the built-in random model.
+    path: str = _option("demo:tiny", _non_empty, _model_path)
+    #: Hub revision (branch, tag or commit); None means the default branch.
+    revision: str | None = _option(None, _non_empty)
+    #: Allow model code from the hub to run; only for repositories you trust.
+    trust_remote_code: bool = _option(False)
+    #: A Jinja chat template that replaces the tokenizer's own; None keeps the tokenizer's.
+    chat_template: str | None = _option(None, _non_empty)
+    #: Where demo models are built; None means ~/.cache/vllm-mlx-trio/demo.
+    demo_cache_dir: str | None = _option(None, _non_empty)
+    #: How tool calls are read from the model's output (vLLM's --tool-call-parser names: hermes,
+    #: qwen3_coder, llama3_json, mistral, deepseek_v3, openai, glm45, kimi_k2); "auto" picks one
+    #: from the chat template, "none" turns tool calling off (requests with tools get a 400).
+    tool_parser: str = _option("auto", _parser_name("tool"))
+    #: How the thinking block is split from the answer (qwen3, deepseek_r1, openai_gptoss);
+    #: "auto" picks one from the chat template, "none" leaves the thinking in ``content``.
+    reasoning_parser: str = _option("auto", _parser_name("reasoning"))
+
+
+@attrs.frozen(kw_only=True)
+class EngineSection:
+    """``[engine]``: how requests are run."""
+
+    #: "batched" (continuous batching: requests join and leave a shared batch between steps)
+    #: or "simple" (one request at a time through mlx-lm's generate_step).
+    mode: str = _option("batched", _one_of(ENGINE_MODES))
+    #: Prompt tokens per forward pass during prefill (>= 1); in batched mode a long prompt is
+    #: prefilled in chunks of this size between decode steps.
+    prefill_step_size: int = _option(512, _in_range(1))
+    #: Batched mode: the prefill chunk while other rows decode (>= 1; none: prefill_step_size).
+    #: Smaller keeps the running streams' inter-token latency while a long prompt arrives, at
+    #: the cost of its time to first token; a prompt prefilled alone takes full chunks.
+    prefill_step_size_decoding: int | None = _option(32, _in_range(1))
+    #: Batched mode: the runner prefills prompts itself, one at a time, and sizes the chunk
+    #: beside streams that were running before the prompt came by measured time: a step with
+    #: a chunk costs about (1 + this) decode steps, chunks of 4 to prefill_step_size_decoding
+    #: tokens (>= 0.01; none: mlx-lm's BatchGenerator prefills, prefill_batch_size prompts
+    #: together, in fixed chunks).
+    prefill_time_ratio: float | None = _option(1.0, _in_range(0.01), converter=_to_float)
+    #: Batched mode: most decode steps one plan runs back to back while every row decodes and
+    #: nothing waits (run-ahead; each plan also stays under run_ahead_ms), so one streamed chunk
+    #: carries up to this many tokens and the event loop handles them together (>= 1; 1: off).
+    run_ahead_steps: int = _option(8, _in_range(1))
+    #: Batched mode: another run-ahead step joins a plan only while the plan stays under this many
+    #: milliseconds (>= 0): a longer step never runs ahead, and tokens reach the client at least
+    #: this often. A plan beside a timed prompt chunk keeps its own 32 ms.
+    run_ahead_ms: float = _option(16.0, _in_range(0), converter=_to_float)
+    #: Batched mode: run_ahead_steps and run_ahead_ms for a plan whose batch holds one sequence
+    #: (a lone stream: fewer, larger chunks, less event-loop work per token; an arriving request
+    #: still ends the plan at the next step). run_ahead_steps = 1 turns run-ahead off here too.
+    solo_run_ahead_steps: int = _option(16, _in_range(1))
+    solo_run_ahead_ms: float = _option(32.0, _in_range(0), converter=_to_float)
+    #: VLM mode (engine.mode = "vlm"): prompt tokens per step of a media prompt's language prefill (>= 1; none:
+    #: prefill_step_size). Its vision encoding is one step, then a chunk per step, so running
+    #: text streams keep getting tokens while a large image or video prefills.
+    mllm_prefill_step_size: int | None = _option(None, _in_range(1))
+    #: Batched mode: most sequences in the model at once (>= 1); the rest wait in the queue.
+    max_num_seqs: int = _option(32, _in_range(1))
+    #: Batched mode: token budget of one step (>= 1; none: no budget): a decoding row counts
+    #: one, a prompt being prefilled its chunk (at most prefill_step_size). A waiting prompt
+    #: starts only if its chunk fits beside them, so the first arrivals are prefilled first.
+    max_num_batched_tokens: int | None = _option(1024, _in_range(1))
+    #: Batched mode: most prompts prefilled together in one forward pass (>= 1).
+    prefill_batch_size: int = _option(8, _in_range(1))
+    #: Batched mode: most sequences decoded together; while this many decode, new prompts
+    #: wait (>= 1; raised to prefill_batch_size if lower).
+    completion_batch_size: int = _option(32, _in_range(1))
+    #: Tokens per streamed chunk after the first (>= 1); a request may override it with the
+    #: ``stream_interval`` extension field. The first token is always sent at once.
+    stream_interval: int = _option(1, _in_range(1))
+    #: max_tokens for requests that do not say; None means the room left in the context.
+    default_max_tokens: int | None = _option(None, _in_range(1))
+    #: Budget in MiB for the KV caches of running sequences; none means kv_memory_percent of
+    #: the memory available once the model is loaded. A request whose prompt + max_tokens can
+    #: never fit is refused; when running sequences outgrow it, the newest is preempted and
+    #: recomputed later.
+    kv_memory_mb: int | None = _option(None, _in_range(1))
+    #: Share of the memory available after loading for running sequences' KV, when
+    #: kv_memory_mb is not set.
+    kv_memory_percent: float = _option(0.50, _in_range(0.01, 1.0), converter=_to_float)
+
+
+@attrs.frozen(kw_only=True)
+class CacheConfig:
+    """``[cache]``: the paged prefix cache (shared KV blocks of common prompt prefixes)."""
+
+    #: Reuse the KV of prompt prefixes other requests computed (false: every prompt is prefilled).
+    enabled: bool = _option(True)
+    #: Tokens per cached block (>= 1), the unit of sharing; a hit may also end inside one.
+    block_size: int = _option(64, _in_range(1))
+    #: Budget in MiB for cached blocks; none means memory_percent of the memory available at start.
+    memory_mb: int | None = _option(None, _in_range(1))
+    #: Share of the memory available at start for cached blocks, when memory_mb is not set.
+    memory_percent: float = _option(0.20, _in_range(0.0, 1.0), converter=_to_float)
+    #: Budget by bytes (true) or, legacy, by number of blocks (max_entries).
+    memory_aware: bool = _option(True)
+    #: Most cached entries (blocks and checkpoints) when memory_aware is false (>= 1).
+    max_entries: int = _option(4096, _in_range(1))
+    #: Also cache the full blocks of prompt + output when a request finishes (multi-turn reuse).
+    store_generated: bool = _option(True)
+    #: Publish block stored/removed events in vLLM's KV-event format (ZMQ PUB, msgpack) at this
+    #: ZMQ endpoint, e.g. "tcp://*:5557", for vllm-router's kv_aware policy; none: not published.
+    kv_events_endpoint: str | None = _option(None, _non_empty)
+    #: Keep stored full blocks quantized to this many bits (4 or 8; none: as computed).
+    kv_bits: int | None = _option(None, _int_in(KV_BITS))
+    #: Values per quantization group of a stored block (32, 64 or 128).
+    kv_group_size: int = _option(64, _int_in(KV_GROUP_SIZES))
+    #: A JSON list of prompts (strings) or chats (message lists) prefilled into the cache at
+    #: startup, after the model loads and before the server says it is ready; none: no warm-up.
+    warm_prompts_file: str | None = _option(None, _non_empty)
+    #: Directory of the disk tier: full blocks evicted from memory are written there (one
+    #: safetensors file each) and read back on a hit, also after a restart; none: no disk tier.
+    disk_dir: str | None = _option(None, _non_empty)
+    #: Budget in MiB of the disk tier's files (least recently used deleted beyond it).
+    disk_mb: int = _option(1024, _in_range(1))
+    #: Models with sliding-window or recurrent layers: snapshot those layers every this many
+    #: blocks inside a prompt's prefill, so a prompt sharing only a prefix (a system prompt, a
+    #: different question) reuses it up to the last snapshot (>= 0; 0: only whole prompts).
+    state_snapshot_blocks: int = _option(8, _in_range(0))
+
+
+@attrs.frozen(kw_only=True)
+class LimitsConfig:
+    """``[limits]``: admission and request-size limits."""
+
+    #: Requests queued behind the running one (>= 0); beyond it a request gets 429.
+    max_waiting: int = _option(64, _in_range(0))
+    #: Largest accepted request body in bytes (>= 1024); beyond it a request is refused.
+    max_body_bytes: int = _option(4 * 1024 * 1024, _in_range(1024))
+    #: Most stop sequences one request may give (>= 0).
+    max_stop_sequences: int = _option(16, _in_range(0))
+    #: Seconds a client may take to send its whole request body (> 0); slower gets HTTP 408.
+    body_timeout_s: float = _option(30.0, _in_range(0.001), converter=_to_float)
+    #: Seconds one model step may take before the engine is declared stalled and fails
+    #: every request (> 0); none disables the watchdog.
+    engine_stall_timeout_s: float | None = _option(300.0, _in_range(0.001), converter=_to_float)
+    #: Largest ``n`` (choices per request) accepted (>= 1); each choice takes an engine slot.
+    max_n: int = _option(8, _in_range(1))
+    #: Threads that apply chat templates and tokenize long prompts, off the event loop
+    #: (>= 0). One keeps admission in arrival order; more let a short prompt overtake a long
+    #: one. 0 does it on the event loop, stalling every stream meanwhile (for comparison).
+    preprocess_threads: int = _option(1, _in_range(0))
+    #: Responses kept in memory for ``/v1/responses`` (``store``, ``previous_response_id``,
+    #: ``GET``/``DELETE``), least recently used evicted first (>= 0; 0 keeps none).
+    max_stored_responses: int = _option(1000, _in_range(0))
+
+
+@attrs.frozen(kw_only=True)
+class DistributedConfig:
+    """``[distributed]``: one model sharded over the ranks ``mlx.launch`` starts
+    (with ``engine.mode = "distributed"``)."""
+
+    #: mx.distributed backend: "ring" (TCP or Thunderbolt), "jaccl" (RDMA), "mpi", or "any".
+    backend: str = _option("any", _one_of(DISTRIBUTED_BACKENDS))
+    #: Ranks a layer's weights are split over (tensor parallel); 0: all of them.
+    tensor: int = _option(0, _in_range(0))
+    #: Stages the layers are split into (pipeline parallel); tensor x pipeline = ranks.
+    pipeline: int = _option(1, _in_range(1))
+    #: Seconds one step (plan broadcast and model step) may take on a rank before that rank
+    #: exits 1: a rank that hangs must not hang the others forever (> 0).
+    collective_timeout_s: float = _option(60.0, _in_range(0.001), converter=_to_float)
+
+
+#: ``[speculative]`` methods: off, a separate draft model, or the model's own MTP heads.
+SPECULATIVE_METHODS = ("off", "draft", "mtp")
+#: Most draft tokens one speculative step proposes (a verify forward is num_draft_tokens + 1 long).
+MAX_DRAFT_TOKENS = 16
+
+
+def _draft_model_for_method(inst, attribute, value) -> None:
+    """Validator: method = "draft" needs a draft_model; a demo one names a built-in size."""
+    if inst.method == "draft" and value is None:
+        raise _FieldError(type(inst), attribute.name, 'must be set when method = "draft"')
+    if value is not None:
+        _model_path(inst, attribute, value)
+
+
+@attrs.frozen(kw_only=True)
+class SpeculativeConfig:
+    """``[speculative]``: speculative decoding (issue 16) for a request alone in the batch, greedy, no processors."""
+
+    #: "off", "draft" (a separate draft model with the same tokenizer) or "mtp" (the model's own MTP heads).
+    #: Anything but "off" runs the batched engine through the speculative runner.
+    method: str = _option("off", _one_of(SPECULATIVE_METHODS))
+    #: method = "draft": the draft model (hub id, local directory, or "demo:spec-draft").
+    draft_model: str | None = _option(None, _non_empty, _draft_model_for_method)
+    #: Draft tokens proposed per step (1..MAX_DRAFT_TOKENS); a step emits 1..num_draft_tokens + 1 tokens.
+    num_draft_tokens: int = _option(4, _in_range(1, MAX_DRAFT_TOKENS))
+    #: method = "mtp": which target hidden states feed the MTP head, "post_norm" or "pre_norm";
+    #: none: the model's text_config ``mtp_hidden_state_mode``, else post_norm.
+    hidden_state_mode: str | None = _option(None, _non_empty)
+    #: method = "mtp": most of a sequence's latest positions (prompt and output) whose target hidden states the
+    #: MTP head reads when the sequence enters speculation, as its context (>= 1; 1: none but the last).
+    mtp_context_tokens: int = _option(2048, _in_range(1))
+    #: method = "mtp": hand a thinking request back to MTP once its reasoning has ended (also
+    #: VLLM_MLX_ENABLE_THINKING_RETIREMENT_RESUME=1).
+    thinking_retirement_resume: bool = _option(False)
+
+
+@attrs.frozen(kw_only=True)
+class MetricsConfig:
+    """``[metrics]``: the Prometheus endpoint."""
+
+    #: Serve ``GET /metrics`` (Prometheus text format, vLLM's metric names); false: 404.
+    enabled: bool = _option(True)
+
+
+@attrs.frozen(kw_only=True)
+class LoggingConfig:
+    """``[logging]``: what gets logged."""
+
+    #: One of debug, info, warning, error.
+    level: str = _option("info", _one_of(LOG_LEVELS))
+    #: "text" (one human-readable line per record) or "json" (one JSON object per line).
+    format: str = _option("text", _one_of(LOG_FORMATS))
+
+
+@attrs.frozen(kw_only=True)
+class MllmSection:
+    """``[mllm]``: image and video input (vllm_mlx_trio/media): where media may come from,
+    size limits, and how video is sampled. Only read when the model takes media."""
+
+    #: Frames per second sampled from a video when a request sets no ``video_fps`` (> 0).
+    video_fps: float = _option(2.0, _in_range(0.001), converter=_to_float)
+    #: Most frames sampled from one video when a request sets no ``video_max_frames`` (>= 2).
+    video_max_frames: int = _option(32, _in_range(2))
+    #: Largest ``video_fps`` a request may ask for (> 0).
+    max_request_video_fps: float = _option(30.0, _in_range(0.001), converter=_to_float)
+    #: Largest ``video_max_frames`` a request may ask for (>= 2).
+    max_request_video_frames: int = _option(128, _in_range(2))
+    #: Fetch http(s) media URLs (false: only data: URLs and allowed local files).
+    allow_url_fetch: bool = _option(True)
+    #: Total seconds one URL fetch may take, redirects and all (> 0); beyond it a 400.
+    fetch_timeout_s: float = _option(10.0, _in_range(0.001), converter=_to_float)
+    #: Redirects followed per URL, each re-checked like the first URL (>= 0).
+    max_redirects: int = _option(3, _in_range(0))
+    #: Fetch URLs whose host resolves to loopback, private, link-local, metadata or other
+    #: non-public addresses (false: refused before connecting).
+    allow_private_urls: bool = _option(False)
+    #: Largest encoded image in bytes (data: URL, download or file); beyond it a 400.
+    max_image_bytes: int = _option(20 * 1024 * 1024, _in_range(1))
+    #: Largest encoded video in bytes; beyond it a 400.
+    max_video_bytes: int = _option(100 * 1024 * 1024, _in_range(1))
+    #: Directories local file paths may name (resolved, symlinks followed); empty: no local files.
+    allowed_local_dirs: tuple[str, ...] = _option((), converter=_to_tuple)
+    #: Most images (and videos) in one request (>= 0); the first one over is named in the 400.
+    max_images_per_request: int = _option(8, _in_range(0))
+    #: Images and video frames larger than this many pixels are scaled down to it, aspect kept
+    #: (default 1280*28*28, Qwen-VL's usual max_pixels).
+    max_image_pixels: int = _option(1280 * 28 * 28, _in_range(1))
+    #: Images declaring more pixels than this are refused before decoding (decompression bombs).
+    max_decoded_pixels: int = _option(64 * 1024 * 1024, _in_range(1))
+
+
+@attrs.frozen(kw_only=True)
+class EngineConfig:
+    """The whole configuration: one attribute per TOML section."""
+
+    #: ``[server]``: host, port, shutdown drain, served model name.
+    server: ServerConfig = _option(attrs.Factory(ServerConfig))
+    #: ``[model]``: what to load and how.
+    model: ModelConfig = _option(attrs.Factory(ModelConfig))
+    #: ``[engine]``: scheduling mode, prefill step, default max_tokens.
+    engine: EngineSection = _option(attrs.Factory(EngineSection))
+    #: ``[cache]``: the paged prefix cache.
+    cache: CacheConfig = _option(attrs.Factory(CacheConfig))
+    #: ``[limits]``: queue depth and request-size limits.
+    limits: LimitsConfig = _option(attrs.Factory(LimitsConfig))
+    #: ``[distributed]``: sharded serving over mlx.launch's ranks.
+    distributed: DistributedConfig = _option(attrs.Factory(DistributedConfig))
+    #: ``[metrics]``: the Prometheus endpoint.
+    metrics: MetricsConfig = _option(attrs.Factory(MetricsConfig))
+    #: ``[logging]``: log level and format.
+    logging: LoggingConfig = _option(attrs.Factory(LoggingConfig))
+    #: ``[mllm]``: image and video input: sources, size limits, video sampling.
+    mllm: MllmSection = _option(attrs.Factory(MllmSection))
+    #: ``[speculative]``: speculative decoding (draft model or MTP).
+    speculative: SpeculativeConfig = _option(attrs.Factory(SpeculativeConfig))
+
+    @property
+    def model_name(self) -> str:
+        """The name the server answers to: server.served_model_name, else model.path."""
+        return self.server.served_model_name or self.model.path

@@ -1,0 +1,52 @@
+"""Run-ahead in batched mode: several decode steps in one plan, and their tokens as one advance.
+
+While every row decodes (no prompt in the generator or the runner's prefill but one taking timed
+chunks), a plan runs more decode steps back to back ("run-ahead"), up to ``engine.run_ahead_steps``
+and while the plan has taken less than ``engine.run_ahead_ms`` (16 ms; with one row in the batch
+``engine.solo_run_ahead_steps`` and ``_ms``, 16 and 32 ms: a lone stream delays no other, and an
+arrival still ends the plan), and within the KV budget with the scheduler's headroom for one token a
+plan left whole (:func:`kv_fits`: its accounting, which catches up when the result arrives, holds as
+with one step a plan): where a step is short (a small model), the Trio side's per-plan work (result
+hand-off, scheduling, delivery, one streamed chunk) is shared by several tokens instead of paid by
+each; a long step runs alone as before. A row that ends stops it, and so does a request waiting to
+start (a queued plan starts it, or the scheduler said one was admitted: the executor tells). A step
+that gives a row its first token ends the plan, so the token leaves at once (time to first token).
+Not when sharded: every rank must run the same steps. The loop itself is ``BatchRunner._advance``
+(worker/batched/runner.py); ``BatchRunner._run_ahead_bounds`` picks the bounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..runner_base import Advance, Emission, LiveSequence
+
+#: A plan that carries a timed prompt chunk may run decode steps for this long (seconds; the chunk's
+#: own time apart), whatever ``engine.run_ahead_ms``: the chunk's fixed cost (a second forward pass,
+#: about one decode step of demo:tiny) is then paid once for about twice the decode steps of a 16 ms
+#: plan, so the prompt is prefilled faster for the same cost per token to the streams. Not longer:
+#: with 64 ms (twice a 32 ms window) a 2000-token prompt arriving beside 4 streams got its first token
+#: 2.1x later and the streams' ITL p95 over their p50 alone rose from 1.4 to 1.8 (docs/benchmarks.md).
+CHUNK_PLAN_RUN_AHEAD_S = 0.032
+
+
+def joined(first: Advance, then: Advance) -> Advance:
+    """Two decode steps of the same rows as one advance: each row's tokens (and logprob rows)
+    in order; ``ended`` and ``final`` are the later step's."""
+    later = {e.request_id: e for e in then.emissions}
+    emissions = [
+        Emission(e.request_id, e.tokens + n.tokens, e.rows + n.rows, ended=n.ended, final=n.final)
+        if (n := later.pop(e.request_id, None)) is not None
+        else e
+        for e in first.emissions
+    ]
+    return Advance([*emissions, *later.values()], [*first.prompts_done, *then.prompts_done])
+
+
+def kv_fits(live: Sequence[LiveSequence], steps: int, budget: int | None, headroom: int) -> bool:
+    """``live`` grown by ``steps`` tokens each, plus ``headroom`` tokens each (the scheduler's: a
+    token for each plan in flight and the next), fits the KV ``budget`` (rows x longest row)."""
+    if budget is None or not live:
+        return True
+    longest = max(len(s.seq.prompt_token_ids) + len(s.emitted) for s in live)
+    return len(live) * (longest + steps + headroom) <= budget

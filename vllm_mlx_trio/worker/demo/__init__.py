@@ -1,0 +1,1 @@
+"""The built-in demo models (random weights in real architectures), built locally."""

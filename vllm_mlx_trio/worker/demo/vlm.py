@@ -1,0 +1,248 @@
+"""The demo vision-language model: a tiny Qwen2-VL (M-RoPE) with random weights.
+
+``build_demo_vlm`` writes a directory in Hugging Face layout that ``mlx_vlm.load`` reads
+exactly like a downloaded checkpoint: ``config.json`` (text + vision config), random
+``model.safetensors`` in the checkpoint's own names (``model.*``, ``visual.*``), the demo
+tokenizer (same BPE as ``demo:tiny``) extended by the vision specials, a ChatML template that
+emits ``<|vision_start|><|image_pad|><|vision_end|>`` (``<|video_pad|>``) for media parts, and
+local ``preprocessor_config.json`` / ``video_preprocessor_config.json`` (mlx-vlm's numpy
+processors; no hub, no torch). The same seed always gives the same files.
+
+Shares the text demo's corpus, tokenizer recipe, safetensors writer and install step
+(worker/demo/model.py); this module only adds what a VLM needs. Imports no MLX at module level.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+import shutil
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from . import files
+from . import model as text_demo
+
+#: The size name ``demo:vlm-tiny`` / ``demo build --size vlm-tiny`` selects.
+VLM_SIZE = text_demo.VLM_SIZE
+#: Bump when anything below changes, so older cached builds are rebuilt.
+VLM_FORMAT_VERSION = 2
+
+VISION_START = "<|vision_start|>"
+VISION_END = "<|vision_end|>"
+IMAGE_PAD = "<|image_pad|>"
+VIDEO_PAD = "<|video_pad|>"
+VISION_TOKENS = (VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD)
+
+#: Tiny shapes: a 2-layer text model (head_dim 16, M-RoPE sections 2+3+3 = head_dim/2) and a
+#: 1-block vision tower with 14-pixel patches merged 2x2 (one token per 28x28 pixels).
+TEXT_SHAPE = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 128,
+    "max_position_embeddings": 4096,
+}
+MROPE_SECTION = [2, 3, 3]
+VISION_SHAPE = {
+    "depth": 1,
+    "embed_dim": 32,
+    "num_heads": 2,
+    "mlp_ratio": 2,
+    "patch_size": 14,
+    "spatial_patch_size": 14,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "in_channels": 3,
+}
+#: Image sizes the processor resizes into: at least 56x56 (4 tokens), at most 448x448 (256 tokens).
+MIN_PIXELS = 56 * 56
+MAX_PIXELS = 448 * 448
+#: Video frames are kept small: at most 112x112 per frame pair (16 tokens).
+VIDEO_MAX_PIXELS = 112 * 112
+IMAGE_MEAN = [0.48145466, 0.4578275, 0.40821073]
+IMAGE_STD = [0.26862954, 0.26130258, 0.27577711]
+
+#: The text demo's ChatML template, with media parts rendered as Qwen2-VL placeholders.
+CHAT_TEMPLATE = text_demo.CHAT_TEMPLATE.replace(
+    "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}",
+    "{%- if part['type'] == 'text' %}{{- part['text'] }}"
+    "{%- elif part['type'] == 'image' %}{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- elif part['type'] == 'video' %}{{- '<|vision_start|><|video_pad|><|vision_end|>' }}"
+    "{%- endif %}",
+)
+
+
+def template_hash() -> str:
+    """What a build records so that a build with another template or format is rebuilt."""
+    return hashlib.sha256(f"{VLM_FORMAT_VERSION}:{CHAT_TEMPLATE}".encode()).hexdigest()
+
+
+def resolve_demo_vlm(root: pathlib.Path) -> pathlib.Path:
+    """The cached build under ``root`` (built on first use, rebuilt when outdated)."""
+    target = root / f"{VLM_SIZE}-seed0-v{VLM_FORMAT_VERSION}"
+    if (target / text_demo.DEMO_MARKER).is_file():
+        if text_demo._built_template_hash(target) == template_hash():
+            return target
+        return build_demo_vlm(target, replace=True)
+    return build_demo_vlm(target, replace=False)
+
+
+def build_demo_vlm(
+    out_dir: str | pathlib.Path, *, seed: int = 0, dtype: str = text_demo.DEFAULT_DTYPE, replace: bool = True
+) -> pathlib.Path:
+    """Build the tiny VLM into ``out_dir`` (through a temporary sibling, as the text demo does)."""
+    if dtype not in files.DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; valid dtypes: {', '.join(files.DTYPES)}")
+    out = pathlib.Path(out_dir).absolute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        tmp.chmod(0o755)
+        _write_files(tmp, seed=seed, dtype=dtype)
+        text_demo._install(tmp, out, replace=replace)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _write_files(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
+    tokenizer = files.train_tokenizer(text_demo.DEMO_SIZES["tiny"].vocab_size)
+    tokenizer.add_special_tokens(list(VISION_TOKENS))
+    ids = {token: tokenizer.token_to_id(token) for token in (*files.SPECIAL_TOKENS, *VISION_TOKENS)}
+    (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
+    config = _config(tokenizer.get_vocab_size(), dtype, ids)
+    weights = _random_weights(config, seed, files.damped_ids(tokenizer))
+    files.write_safetensors(directory / "model.safetensors", weights, dtype)
+    files.write_json(directory / "config.json", config)
+    end = ids[files.IM_END], ids[files.ENDOFTEXT]
+    generation = {"bos_token_id": end[1], "pad_token_id": end[1], "eos_token_id": list(end)}
+    files.write_json(directory / "generation_config.json", generation)
+    files.write_json(directory / "tokenizer_config.json", _tokenizer_config())
+    special = {"eos_token": files.IM_END, "pad_token": files.ENDOFTEXT}
+    files.write_json(directory / "special_tokens_map.json", special)
+    files.write_json(directory / "preprocessor_config.json", _image_processor_config())
+    files.write_json(directory / "video_preprocessor_config.json", _video_processor_config())
+    # Present so mlx-vlm's processor loader never asks the hub for it.
+    files.write_json(directory / "processor_config.json", {"processor_class": "Qwen2VLProcessor"})
+    marker = {"format_version": VLM_FORMAT_VERSION, "size": VLM_SIZE, "seed": seed, "dtype": dtype}
+    files.write_json(directory / text_demo.DEMO_MARKER, {**marker, "chat_template_sha256": template_hash()})
+
+
+def _config(vocab_size: int, dtype: str, ids: dict[str, int]) -> dict[str, Any]:
+    """``config.json`` of a Qwen2-VL checkpoint (text fields at the top level, as Qwen2-VL has them)."""
+    return {
+        **TEXT_SHAPE,
+        "model_type": "qwen2_vl",
+        "architectures": ["Qwen2VLForConditionalGeneration"],
+        "vocab_size": vocab_size,
+        "rms_norm_eps": text_demo.RMS_NORM_EPS,
+        "rope_theta": text_demo.ROPE_THETA,
+        "rope_scaling": {"type": "mrope", "mrope_section": MROPE_SECTION},
+        "tie_word_embeddings": True,
+        "torch_dtype": dtype,
+        "use_cache": True,
+        "hidden_act": "silu",
+        "vision_config": {**VISION_SHAPE, "hidden_size": TEXT_SHAPE["hidden_size"], "model_type": "qwen2_vl"},
+        "image_token_id": ids[IMAGE_PAD],
+        "video_token_id": ids[VIDEO_PAD],
+        "vision_start_token_id": ids[VISION_START],
+        "vision_end_token_id": ids[VISION_END],
+        "bos_token_id": ids[files.ENDOFTEXT],
+        "pad_token_id": ids[files.ENDOFTEXT],
+        "eos_token_id": ids[files.IM_END],
+    }
+
+
+def _tokenizer_config() -> dict[str, Any]:
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": CHAT_TEMPLATE,
+        "eos_token": files.IM_END,
+        "pad_token": files.ENDOFTEXT,
+        "bos_token": None,
+        "unk_token": None,
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "split_special_tokens": False,
+        "clean_up_tokenization_spaces": False,
+        "errors": "replace",
+        "model_max_length": TEXT_SHAPE["max_position_embeddings"],
+    }
+
+
+def _processor_common() -> dict[str, Any]:
+    return {
+        "patch_size": VISION_SHAPE["patch_size"],
+        "temporal_patch_size": VISION_SHAPE["temporal_patch_size"],
+        "merge_size": VISION_SHAPE["spatial_merge_size"],
+        "image_mean": IMAGE_MEAN,
+        "image_std": IMAGE_STD,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+        "processor_class": "Qwen2VLProcessor",
+    }
+
+
+def _image_processor_config() -> dict[str, Any]:
+    common = _processor_common()
+    return {
+        **common,
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "min_pixels": MIN_PIXELS,
+        "max_pixels": MAX_PIXELS,
+    }
+
+
+def _video_processor_config() -> dict[str, Any]:
+    common = _processor_common()
+    return {
+        **common,
+        "video_processor_type": "Qwen2VLVideoProcessor",
+        "min_pixels": MIN_PIXELS,
+        "max_pixels": VIDEO_MAX_PIXELS,
+        "fps": 2.0,
+        "min_frames": 2,
+        "max_frames": 16,
+    }
+
+
+def _parameter_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Checkpoint names (``model.*``, ``visual.*``, as Hugging Face stores Qwen2-VL) and shapes."""
+    from mlx.utils import tree_flatten
+    from mlx_vlm.models import qwen2_vl
+
+    model_config = qwen2_vl.ModelConfig.from_dict(dict(config))
+    model_config.vision_config = qwen2_vl.VisionConfig.from_dict(config["vision_config"])
+    model_config.text_config = qwen2_vl.TextConfig.from_dict(model_config.text_config)
+    model = qwen2_vl.Model(model_config)
+    shapes = {}
+    for name, p in tree_flatten(model.parameters()):
+        name = name.replace("language_model.model.", "model.").replace("vision_tower.", "visual.")
+        shapes[name] = tuple(p.shape)
+    return shapes
+
+
+def _random_weights(config: dict[str, Any], seed: int, damped_ids: list[int]) -> dict[str, np.ndarray]:
+    """As the text demo draws them (sorted names, one rng): normal matrices, constant norms,
+    the final norm scaling logits to ``LOGIT_STD``, damped special/byte rows."""
+    rng = np.random.default_rng(seed)
+    hidden = config["hidden_size"]
+    weights: dict[str, np.ndarray] = {}
+    for name, shape in sorted(_parameter_shapes(config).items()):
+        if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight")):
+            final = name == "model.norm.weight"
+            scale = text_demo.LOGIT_STD / (text_demo.EMBED_STD * hidden**0.5) if final else 1.0
+            weights[name] = np.full(shape, scale, dtype=np.float32)
+        elif len(shape) == 1:  # biases
+            weights[name] = np.zeros(shape, dtype=np.float32)
+        else:
+            std = text_demo.EMBED_STD if name == text_demo.EMBED else int(np.prod(shape[1:])) ** -0.5
+            weights[name] = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
+    weights[text_demo.EMBED][damped_ids] *= np.float32(text_demo.SPECIAL_ROW_SCALE)
+    return weights

@@ -1,0 +1,1 @@
+"""The prefix cache's MLX side: the block store, per-layer KV state, and the disk tier."""

@@ -1,0 +1,1 @@
+"""Speculative decoding: draft -> verify rounds with a draft model or an MTP head."""

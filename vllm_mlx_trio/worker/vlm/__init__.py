@@ -1,0 +1,1 @@
+"""The vision-language runner on mlx-vlm: processor, model wrapper and its cache."""

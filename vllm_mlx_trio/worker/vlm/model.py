@@ -1,0 +1,151 @@
+"""A Qwen-VL model as mlx-lm's BatchGenerator drives it, and one media prompt's prefill.
+
+:class:`LanguageAdapter` is what the generator calls: token ids in, logits out, every row at
+its own M-RoPE position (cache offset + the row's delta, ``worker/vlm/cache.py``); its caches
+are :class:`RopeKVCache`. A prompt with media does not go through the generator's prefill:
+:class:`MediaPrefill` encodes its images / videos with the vision tower, merges the features
+into the token embeddings and prefills ``prompt[:-1]`` from those embeddings into a cache, one
+unit of work per step (an item's encoding, or a chunk of prefill) so the running rows keep
+decoding, placing each token at the M-RoPE position ``get_rope_index`` gives it. The runner
+then inserts the last prompt token with that cache beside the text rows. With a prefix hit
+only what is not cached is embedded, and only media whose tokens reach past the hit are
+encoded; the rope delta is recomputed from the whole prompt (a pure function of the token ids
+and the media grids), so a hit continues exactly as a cold prefill would.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import attrs
+import mlx.core as mx
+import numpy as np
+
+from ...messages import MediaInput, NewSequence
+from .cache import RopeKVCache, row_positions
+
+
+class LanguageAdapter:
+    """The language half of a VLM with mlx-lm's model interface (``__call__`` -> logits,
+    ``layers``, ``make_cache``), placing every row at its own M-RoPE position."""
+
+    def __init__(self, model: Any):
+        self.vlm = model
+        self.language_model = model.language_model
+
+    @property
+    def layers(self) -> list[Any]:
+        return self.language_model.model.layers
+
+    def make_cache(self) -> list[RopeKVCache]:
+        return [RopeKVCache() for _ in self.layers]
+
+    def __call__(self, inputs: mx.array, cache: list[Any] | None = None, **_: Any) -> mx.array:
+        assert cache is not None, "the adapter decodes from a cache"
+        positions = row_positions(cache[0], inputs.shape[1])
+        return self.language_model(inputs, cache=cache, position_ids=positions).logits
+
+    def parameters(self) -> Any:
+        return self.vlm.parameters()
+
+
+@attrs.define(eq=False)
+class MediaPrefill:
+    """One media prompt's way into a cache: encode, then prefill chunk by chunk.
+
+    ``cache`` starts holding ``start`` cached tokens (a prefix hit) or none; when :attr:`done`
+    it holds ``prompt[:-1]`` and its layers carry the prompt's rope delta."""
+
+    seq: NewSequence
+    cache: list[Any]
+    start: int
+    chunk: int
+    #: (3, 1, L) M-RoPE positions of the whole prompt, and the delta after it.
+    positions: mx.array | None = None
+    rope_delta: int = 0
+    embeds: mx.array | None = None  # (1, L - 1 - start, hidden): the tokens still to prefill
+    cursor: int = 0
+    encode_s: float = 0.0
+    prefill_s: float = 0.0
+    #: Media items the vision tower encoded (those wholly inside a prefix hit are not).
+    num_encoded: int = 0
+    #: Items still to encode, one per step (those reaching past the cached prefix).
+    to_encode: list[MediaInput] = attrs.field(factory=list)
+    #: This step encoded the last item (the runner reports ``encode_s`` then).
+    encoding_finished: bool = False
+
+    @property
+    def end(self) -> int:
+        return len(self.seq.prompt_token_ids) - 1
+
+    @property
+    def done(self) -> bool:
+        return self.embeds is not None and not self.to_encode and self.start + self.cursor >= self.end
+
+    def step(self, adapter: LanguageAdapter) -> None:
+        """One unit of work: one media item's vision encoding while any is left, else one
+        chunk of language prefill."""
+        started = time.perf_counter()
+        self.encoding_finished = False
+        if self.embeds is None:
+            self._start(adapter.vlm)
+        if self.to_encode:
+            self._encode(adapter.vlm, self.to_encode.pop(0))
+            self.encoding_finished = not self.to_encode
+            self.encode_s += time.perf_counter() - started
+        else:
+            self._prefill_chunk(adapter.language_model)
+            self.prefill_s += time.perf_counter() - started
+        if self.done:  # the next tokens are placed after the prompt's M-RoPE grid
+            for layer in self.cache:
+                layer.rope_delta = self.rope_delta
+
+    def _prefill_chunk(self, lm: Any) -> None:
+        a, b = self.start + self.cursor, min(self.end, self.start + self.cursor + self.chunk)
+        if a < b:
+            ids = mx.array(self.seq.prompt_token_ids[a:b])[None]
+            embeds = self.embeds[:, self.cursor : self.cursor + (b - a)]
+            lm(ids, inputs_embeds=embeds, cache=self.cache, position_ids=self.positions[..., a:b])
+            mx.eval([c.state for c in self.cache])
+        self.cursor += b - a
+
+    def _start(self, model: Any) -> None:
+        """Positions for the whole prompt (its delta with them); token embeddings of the
+        uncached part; which media items reach into it."""
+        ids = mx.array(self.seq.prompt_token_ids)[None]
+        media = self.seq.media
+        grids = {kind: _grids(media, kind) for kind in ("image", "video")}
+        self.positions, deltas = model.language_model.get_rope_index(ids, grids["image"], grids["video"])
+        self.rope_delta = int(np.asarray(deltas).reshape(-1)[0])
+        self.embeds = model.language_model.model.embed_tokens(ids[:, self.start : self.end])
+        self.to_encode = [
+            item for item in media if max(item.start, self.start) < min(item.start + item.num_tokens, self.end)
+        ]
+
+    def _encode(self, model: Any, item: MediaInput) -> None:
+        """One item's features, written over its placeholder tokens' embeddings (the uncached ones)."""
+        lo, hi = max(item.start, self.start), min(item.start + item.num_tokens, self.end)
+        features = encode_media(model, item)
+        self.embeds[:, lo - self.start : hi - self.start] = features[lo - item.start : hi - item.start][None]
+        mx.eval(self.embeds)
+        self.num_encoded += 1
+
+
+def encode_media(model: Any, item: MediaInput) -> mx.array:
+    """The vision tower's features of one image or video: (num_tokens, hidden)."""
+    tower = model.vision_tower
+    pixels = mx.array(item.pixels).astype(tower.patch_embed.proj.weight.dtype)
+    features = tower(pixels, mx.array([item.grid_thw]), output_hidden_states=False)
+    assert features.shape[0] == item.num_tokens, (features.shape, item.num_tokens)
+    return features
+
+
+def _grids(media: tuple[MediaInput, ...], kind: str) -> mx.array | None:
+    grids = [item.grid_thw for item in media if item.kind == kind]
+    return mx.array(grids) if grids else None
+
+
+def new_prefill(seq: NewSequence, cache: list[Any] | None, adapter: LanguageAdapter, chunk: int) -> MediaPrefill:
+    """The prefill of a media prompt, from its prefix hit's cache (or an empty one)."""
+    return MediaPrefill(seq=seq, cache=cache or adapter.make_cache(), start=seq.num_cached_tokens, chunk=chunk)

@@ -1,0 +1,106 @@
+"""A VLM's prompt processor: templated text + loaded media -> token ids + vision inputs.
+
+Built on the MLX thread when the model loads (from the processor ``mlx_vlm.load`` returns)
+and handed to admission in :class:`ModelInfo`; its methods use numpy only, so admission runs
+them in its preprocessing threads, never on the event loop or the MLX thread. mlx-vlm's own
+``processor(...)`` call returns mx arrays, so this calls its numpy image / video processors
+directly and expands the placeholders itself, as the processor does: each ``<|image_pad|>``
+(``<|video_pad|>``) becomes one token per ``merge_size**2`` patches of that item's grid.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import attrs
+import numpy as np
+
+from ...errors import InvalidRequestError
+from ...messages import MediaInput
+
+#: What a loaded item is, by the attribute it has (iface13: LoadedImage.image, LoadedVideo.frames).
+IMAGE, VIDEO = "image", "video"
+
+
+@attrs.frozen(kw_only=True)
+class VlmPromptProcessor:
+    """The numpy half of a Qwen-VL processor, with the placeholder tokens it expands."""
+
+    image_processor: Any = attrs.field(repr=False)
+    video_processor: Any = attrs.field(repr=False)
+    image_pad: str
+    video_pad: str
+    image_pad_id: int
+    video_pad_id: int
+    merge_size: int
+
+    @classmethod
+    def of(cls, processor: Any) -> VlmPromptProcessor:
+        """From the processor ``mlx_vlm.load`` returned (Qwen2-VL family)."""
+        tokenizer = processor.tokenizer
+        return cls(
+            image_processor=processor.image_processor,
+            video_processor=processor.video_processor or processor.image_processor,
+            image_pad=processor.image_token,
+            video_pad=processor.video_token,
+            image_pad_id=tokenizer.convert_tokens_to_ids(processor.image_token),
+            video_pad_id=tokenizer.convert_tokens_to_ids(processor.video_token),
+            merge_size=processor.image_processor.merge_size,
+        )
+
+    def vision_inputs(self, item: Any) -> tuple[str, np.ndarray, tuple[int, int, int]]:
+        """(kind, patches, grid) of one loaded image or video."""
+        if hasattr(item, "frames"):
+            out = self.video_processor(videos=[list(item.frames)])
+            return VIDEO, np.asarray(out["pixel_values_videos"]), tuple(int(x) for x in out["video_grid_thw"][0])
+        out = self.image_processor(images=[item.image])
+        return IMAGE, np.asarray(out["pixel_values"]), tuple(int(x) for x in out["image_grid_thw"][0])
+
+    def expand(self, text: str, loaded: tuple[Any, ...]) -> tuple[str, list[tuple[str, np.ndarray, tuple]]]:
+        """The templated text with each placeholder repeated for its item's tokens, and each
+        item's (kind, patches, grid) in prompt order. The template must emit exactly one
+        placeholder per media part, in order."""
+        pads = [m.group(0) for m in re.finditer(f"{re.escape(self.image_pad)}|{re.escape(self.video_pad)}", text)]
+        kinds = [IMAGE if pad == self.image_pad else VIDEO for pad in pads]
+        items = [self.vision_inputs(item) for item in loaded]
+        if kinds != [kind for kind, _, _ in items]:
+            message = f"the chat template placed {len(pads)} media placeholders for {len(items)} media parts"
+            raise InvalidRequestError(message, param="messages")
+        pieces = re.split(f"({re.escape(self.image_pad)}|{re.escape(self.video_pad)})", text)
+        out, index = [], 0
+        for piece in pieces:
+            if piece in (self.image_pad, self.video_pad):
+                out.append(piece * self.num_tokens(items[index][2]))
+                index += 1
+            else:
+                out.append(piece)
+        return "".join(out), items
+
+    def num_tokens(self, grid_thw: tuple[int, int, int]) -> int:
+        t, h, w = grid_thw
+        return t * h * w // self.merge_size**2
+
+    def media_inputs(
+        self, token_ids: list[int], items: list[tuple[str, np.ndarray, tuple]], loaded: tuple[Any, ...]
+    ) -> tuple[MediaInput, ...]:
+        """Each item with where its run of placeholder tokens starts in ``token_ids``."""
+        pad_ids = {self.image_pad_id, self.video_pad_id}
+        pad_positions = [i for i, t in enumerate(token_ids) if t in pad_ids]
+        media, cursor = [], 0
+        for (kind, pixels, grid), item in zip(items, loaded, strict=True):
+            num_tokens = self.num_tokens(grid)
+            if cursor + num_tokens > len(pad_positions):
+                raise InvalidRequestError("the prompt's media placeholders did not tokenize", param="messages")
+            media.append(
+                MediaInput(
+                    kind=kind,
+                    start=pad_positions[cursor],
+                    num_tokens=num_tokens,
+                    pixels=pixels,
+                    grid_thw=grid,
+                    cache_key=item.cache_key,
+                )
+            )
+            cursor += num_tokens
+        return tuple(media)

@@ -1,0 +1,201 @@
+"""The ``vlm`` runner: a vision-language model (Qwen-VL family, through mlx-vlm) batched with text.
+
+It is the batched runner with a different model and one more kind of row. The model is loaded
+by ``mlx_vlm.load`` (imported here, on the MLX thread, only when this runner is configured)
+and driven through :class:`LanguageAdapter`, so text rows go through mlx-lm's
+``BatchGenerator`` exactly as in batched mode. A row whose prompt has media is first
+prefilled here (:class:`MediaPrefill`: one image or video's vision encoding per step, then
+``engine.mllm_prefill_step_size`` tokens of language prefill per step, oldest prompt first), then its
+last prompt token is inserted into the generator with the prefilled cache, beside the text
+rows, and it decodes with them. Its prompt KV goes to the prefix store when the prefill ends.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import pathlib
+from collections import deque
+
+import attrs
+
+from ...errors import ModelLoadError
+from ...messages import KVReady, ModelInfo, NewSequence, RequestId, StepPlan, StepResult
+from ..batched.runner import BatchRunner
+from ..kv_budget import kv_budget_tokens
+from ..loading import context_length, resolve_model_path
+from ..runner_base import Advance, LiveSequence
+from ..thread_streams import enter_mlx_thread
+from .model import LanguageAdapter, MediaPrefill, new_prefill
+from .processor import VlmPromptProcessor
+
+logger = logging.getLogger(__name__)
+
+#: The model families this runner drives: Qwen2-VL (M-RoPE, the demo VLM's architecture). Others
+#: (Qwen2.5-VL's windowed tower and video time scale, 1-D RoPE VLMs) are not verified here yet.
+SUPPORTED_MODEL_TYPES = ("qwen2_vl",)
+#: What a request may send to such a model.
+MEDIA_KINDS = frozenset({"image_url", "video_url"})
+
+
+def require_vlm_extra() -> None:
+    """Fail at startup, in one line, when mlx-vlm is not installed."""
+    if importlib.util.find_spec("mlx_vlm") is None:
+        raise ModelLoadError(
+            "engine.mode = 'vlm' needs mlx-vlm: install the vlm extra (pip install 'vllm-mlx-trio[vlm]')"
+        )
+
+
+def load_vlm(model_cfg) -> tuple[object, object, dict]:
+    """(model, processor, config dict) through ``mlx_vlm.load``, as a downloaded model loads."""
+    require_vlm_extra()
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # Here, on the MLX thread and only for a VLM: importing mlx-vlm has side effects.
+    import mlx_vlm
+    from mlx_vlm.utils import load_config
+
+    try:
+        path = resolve_model_path(model_cfg)
+        config = load_config(path)
+        if config.get("model_type") not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"model_type {config.get('model_type')!r} is not one of {SUPPORTED_MODEL_TYPES}")
+        trust = model_cfg.trust_remote_code
+        model, processor = mlx_vlm.load(path, revision=model_cfg.revision, trust_remote_code=trust)
+    except Exception as exc:  # boundary: hub, filesystem, transformers and mlx-vlm errors
+        raise ModelLoadError(f"could not load model {model_cfg.path!r}: {type(exc).__name__}: {exc}") from exc
+    return model, processor, config
+
+
+class VlmRunner(BatchRunner):
+    """Batched mode for a VLM: text rows and media rows in one BatchGenerator."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self._adapter: LanguageAdapter | None = None
+        self._prefills: deque[MediaPrefill] = deque()
+        self._ready: dict[RequestId, KVReady | None] = {}
+        #: Seconds spent in the vision tower since the last step result (the executor reads them).
+        self.vision_encode_s: list[float] = []
+
+    def _load(self) -> ModelInfo:
+        enter_mlx_thread()
+        model, processor, config = load_vlm(self._cfg.model)
+        self._adapter = adapter = LanguageAdapter(model)
+        self._start(adapter)  # text rows are batched and prefilled as in batched mode
+        return self._model_info(adapter, processor, config)
+
+    def _model_info(self, adapter: LanguageAdapter, processor, config: dict) -> ModelInfo:
+        from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+        from ...core.text import byte_level_table
+
+        # The same tokenizer files, wrapped as mlx-lm wraps a text model's (streaming
+        # detokenizer, eos ids from generation_config), so admission and detokenizing are shared.
+        tokenizer = load_tokenizer(pathlib.Path(resolve_model_path(self._cfg.model)))
+        if self._cfg.model.chat_template is not None:
+            tokenizer._tokenizer.chat_template = self._cfg.model.chat_template
+        budget_tokens, bytes_per_token = kv_budget_tokens(adapter, self._cfg.engine)
+        return ModelInfo(
+            model_path=resolve_model_path(self._cfg.model),
+            max_context_tokens=context_length(config),
+            vocab_size=int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size")),
+            eos_token_ids=tuple(sorted(tokenizer.eos_token_ids)),
+            tokenizer=tokenizer,
+            token_bytes=byte_level_table(tokenizer),
+            kv_budget_tokens=budget_tokens,
+            kv_bytes_per_token=bytes_per_token,
+            media_kinds=MEDIA_KINDS,
+            media_processor=VlmPromptProcessor.of(processor),
+        )
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        result = super().execute(plan)
+        encoded, self.vision_encode_s = tuple(self.vision_encode_s), []
+        return attrs.evolve(result, vision_encode_s=encoded) if encoded else result
+
+    def _insert(self, live: list[LiveSequence]) -> None:
+        text = [sequence for sequence in live if not sequence.seq.media]
+        if text:
+            super()._insert(text)
+        chunk = self._cfg.engine.mllm_prefill_step_size or self._cfg.engine.prefill_step_size
+        for sequence in live:
+            if sequence.seq.media:
+                seq, cache = self._media_hit(sequence.seq)
+                self._prefills.append(new_prefill(seq, cache, self._adapter, chunk))
+
+    def _media_hit(self, seq: NewSequence) -> tuple[NewSequence, list | None]:
+        """The sequence as it is prefilled, and its prefix hit's cache. A spilled block the disk
+        tier cannot give back drops the whole hit (the store's own recompute runs token ids
+        through the language model, which would miss the image features): it is prefilled
+        again from the start, media included, and reported as recomputed."""
+        if not self._prefix.read_back_whole(seq):
+            return attrs.evolve(seq, num_cached_tokens=0, cached_block_ids=(), disk_blocks=()), None
+        return seq, self._prefix.cache_for(attrs.evolve(seq, disk_blocks=()))
+
+    def _advance(self, live: list[LiveSequence]) -> Advance:
+        """One unit of media prefill (if any is pending), then the generator's step."""
+        finished = self._media_prefill_step()
+        advance = super()._advance(live)
+        return Advance(advance.emissions, (*advance.prompts_done, *finished))
+
+    def _may_run_ahead(self, advance: Advance, live: list[LiveSequence], steps: int) -> bool:
+        """No extra decode steps while a media prompt waits for its next prefill unit."""
+        return not self._prefills and super()._may_run_ahead(advance, live, steps)
+
+    def _media_prefill_step(self) -> list[RequestId]:
+        if not self._prefills:
+            return []
+        prefill = self._prefills[0]
+        try:
+            prefill.step(self._adapter)
+            if prefill.encoding_finished:
+                self.vision_encode_s.append(prefill.encode_s)
+        except Exception as exc:  # boundary: one request's media the model cannot take fails that request
+            self._prefills.popleft()
+            self.failures[prefill.seq.request_id] = f"media prefill failed: {type(exc).__name__}: {exc}"
+            return []
+        if not prefill.done:
+            return []
+        self._prefills.popleft()
+        return [self._start_decoding(prefill)]
+
+    def _start_decoding(self, prefill: MediaPrefill) -> RequestId:
+        """Put the prefilled row into the generator: its last prompt token, with its cache."""
+        seq = prefill.seq
+        live = self._live[seq.request_id]
+        first_block = seq.num_cached_tokens // self._prefix.block_size
+        if self._prefix.enabled:
+            self._ready[seq.request_id] = self._prefix.ready(
+                seq.request_id, seq.prompt_token_ids, prefill.cache, first_block
+            )
+        sampler, processors, stops = self._row(live)
+        (uid,) = self._generator.insert(
+            [[seq.prompt_token_ids[-1]]],
+            caches=[prefill.cache],
+            all_tokens=[list(seq.prompt_token_ids[:-1])],
+            max_tokens=[seq.max_new_tokens],
+            samplers=[sampler],
+            logits_processors=[processors],
+            stop_sequences=[stops],
+        )
+        live.handle = uid
+        self._request_ids[uid] = seq.request_id
+        return seq.request_id
+
+    def _prompt_ready(self, live: LiveSequence) -> KVReady | None:
+        if live.seq.media:
+            return self._ready.pop(live.request_id, None)
+        return super()._prompt_ready(live)
+
+    def _remove(self, live: list[LiveSequence]) -> None:
+        gone = {sequence.request_id for sequence in live}
+        self._prefills = deque(p for p in self._prefills if p.seq.request_id not in gone)
+        for request_id in gone:
+            self._ready.pop(request_id, None)
+        super()._remove([sequence for sequence in live if sequence.handle is not None])
+
+    def _close(self) -> None:
+        self._prefills.clear()
+        self._adapter = None
+        super()._close()
