@@ -55,6 +55,6 @@ def demo_cfg(demo_cache_dir):
 def float32_dir(tmp_path_factory) -> str:
     """The tiny demo model in float32, built once: a greedy row's tokens then do not depend
     on what else is in the batch."""
-    from vllm_mlx_trio.worker.demo.model import build_demo_model  # imports mlx
+    from vllm_mlx_trio.worker.demo import build_demo_model  # imports mlx
 
     return str(build_demo_model(tmp_path_factory.mktemp("f32") / "tiny", size="tiny", dtype="float32"))

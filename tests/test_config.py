@@ -7,6 +7,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from vllm_mlx_trio import cli
 from vllm_mlx_trio.config import (
     SECTIONS,
     CacheConfig,
@@ -316,6 +317,44 @@ def test_range_error_from_file_names_the_file(tmp_path):
     assert config_error(path=path) == expected
 
 
+@pytest.mark.parametrize("mode", ["simple", "vlm", "distributed"])
+def test_speculation_with_another_mode_names_both_keys(tmp_path, mode):
+    message = config_error(overrides=[f"engine.mode={mode}", "speculative.method=mtp"])
+    assert message == (
+        f'speculative.method = "mtp" needs engine.mode = "batched" (engine.mode is "{mode}") '
+        f"(from --set speculative.method=mtp, --set engine.mode={mode})"
+    )
+    path = write(tmp_path, f'[engine]\nmode = "{mode}"\n')
+    message = config_error(path=path, overrides=["speculative.method=draft", "speculative.draft_model=demo:spec-draft"])
+    assert message.startswith(f'speculative.method = "draft" needs engine.mode = "batched" (engine.mode is "{mode}")')
+    assert f"config file {path}" in message
+
+
+def test_the_speculative_mode_needs_a_method():
+    message = config_error(overrides=["engine.mode=speculative"])
+    assert message == (
+        'engine.mode = "speculative" needs speculative.method = "draft" or "mtp" (it is "off") '
+        "(from --set engine.mode=speculative)"
+    )
+    for mode in ("batched", "speculative"):  # "speculative" is the kind a method runs in place of "batched"
+        cfg = load_config(environ={}, overrides=[f"engine.mode={mode}", "speculative.method=mtp"])
+        assert (cfg.engine.mode, cfg.speculative.method) == (mode, "mtp")
+
+
+def test_speculation_and_mode_are_checked_when_built_in_code_too():
+    cfg = EngineConfig()
+    with pytest.raises(ValueError, match='needs engine.mode = "batched"'):
+        attrs.evolve(cfg, engine=EngineSection(mode="simple"), speculative=SpeculativeConfig(method="mtp"))
+
+
+def test_engine_mode_may_name_a_kind_the_caller_runs():
+    cfg = load_config(environ={}, overrides=["engine.mode=mine"], engine_modes=("batched", "mine"))
+    assert cfg.engine.mode == "mine"
+    assert config_from_dict({"engine": {"mode": "mine"}}, engine_modes=("mine",)).engine.mode == "mine"
+    message = config_error(overrides=["engine.mode=batched"], engine_modes=("mine",))
+    assert message == "engine.mode: must be 'mine', got 'batched' (from --set engine.mode=batched)"
+
+
 def test_edge_values_are_accepted():
     cfg = load_config(
         environ={},
@@ -344,8 +383,20 @@ def test_missing_file(tmp_path):
     assert config_error(path=tmp_path / "nope.toml").startswith("config file not found: ")
 
 
-def test_config_error_is_a_package_error():
-    assert issubclass(ConfigError, VllmMlxTrioError)
+def test_a_config_error_is_handled_as_a_package_error(tmp_path, monkeypatch, capsys):
+    """What being a package error buys: a caller catching the package's root error catches a
+    bad config, and the CLI reports one raised inside a Trio task (so wrapped in an exception
+    group, which its own ``except ConfigError`` misses) as one line, exit 1."""
+    with pytest.raises(VllmMlxTrioError) as caught:
+        load_config(tmp_path / "nope.toml", environ={})
+    assert type(caught.value) is ConfigError
+
+    def serve_failing(args):
+        raise ExceptionGroup("serve", [ConfigError("server.api_key_file: no such file")])
+
+    monkeypatch.setattr(cli, "_run", serve_failing)
+    assert cli.main(["serve"]) == 1
+    assert capsys.readouterr().err == "vllm-mlx-trio: server.api_key_file: no such file\n"
 
 
 # --- dumping --------------------------------------------------------------------------------
@@ -381,7 +432,7 @@ def test_round_trip_with_every_option_set():
             "reasoning_parser": "none",
         },
         "engine": {
-            "mode": "simple",
+            "mode": "speculative",
             "prefill_step_size": 64,
             "max_num_seqs": 3,
             "max_num_batched_tokens": 99,

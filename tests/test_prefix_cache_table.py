@@ -9,7 +9,16 @@ import trio
 
 from vllm_mlx_trio.actors.prefix.cache_manager import CacheStatistics
 from vllm_mlx_trio.bench.prefix_cache import run as bench
-from vllm_mlx_trio.bench.prefix_cache.run import Outcome, Row, check_prefix_cache, format_rows, lookup_kind
+from vllm_mlx_trio.bench.prefix_cache.run import check_prefix_cache
+from vllm_mlx_trio.bench.prefix_cache.table import (
+    SHORT_REPEAT_TOKENS,
+    Outcome,
+    Row,
+    format_rows,
+    lookup_kind,
+    request_row,
+    same_tokens_row,
+)
 from vllm_mlx_trio.cli import main
 from vllm_mlx_trio.core.prefix.block_pool import BlockPool
 
@@ -55,7 +64,7 @@ async def test_every_row_passes_on_demo_tiny(demo_cfg):
     assert by_step["2a"].actual == "PREFIX_HIT"
     assert 0 < by_step["2a"].cached_tokens <= by_step["1b"].cached_tokens
     # the short exact repeat: 5 at once, each reusing 47 of its 48 tokens; its TTFT ratio is read
-    assert by_step["2e"].cached_tokens == bench.SHORT_REPEAT_TOKENS - 1 and by_step["2e"].passed
+    assert by_step["2e"].cached_tokens == SHORT_REPEAT_TOKENS - 1 and by_step["2e"].passed
     assert by_step["2f"].info and by_step["2f"].cells()[-1] == "INFO"
     # a restarted engine over the same disk directory: prompt 1 read back from disk, same output
     assert by_step["6a"].cached_tokens > 0 and "blocks read from disk" in by_step["6a"].actual
@@ -109,12 +118,12 @@ def test_lookup_kind_from_counter_deltas():
 
 def test_request_row_checks_kind_and_cached_tokens_agree():
     hit = Outcome(kind="HIT", cached_tokens=128, token_ids=(1, 2))
-    assert bench.request_row("1b", "Same prompt", ("HIT",), hit).passed
-    assert not bench.request_row("1b", "Same prompt", ("HIT",), attrs.evolve(hit, cached_tokens=0)).passed
+    assert request_row("1b", "Same prompt", ("HIT",), hit).passed
+    assert not request_row("1b", "Same prompt", ("HIT",), attrs.evolve(hit, cached_tokens=0)).passed
     miss = Outcome(kind="MISS", cached_tokens=0, token_ids=(1, 2))
-    assert bench.request_row("1c", "Other", ("MISS", "PREFIX_HIT"), miss).passed
-    assert not bench.request_row("1c", "Other", ("MISS",), attrs.evolve(miss, cached_tokens=64)).passed
-    assert not bench.same_tokens_row("1e", "Same", (hit, attrs.evolve(hit, token_ids=(1, 3)))).passed
+    assert request_row("1c", "Other", ("MISS", "PREFIX_HIT"), miss).passed
+    assert not request_row("1c", "Other", ("MISS",), attrs.evolve(miss, cached_tokens=64)).passed
+    assert not same_tokens_row("1e", "Same", (hit, attrs.evolve(hit, token_ids=(1, 3)))).passed
 
 
 def test_table_format():

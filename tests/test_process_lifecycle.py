@@ -22,9 +22,9 @@ import trio
 
 from vllm_mlx_trio.serve import FAILURE_LINGER_S
 from vllm_mlx_trio.testing.harness import free_port
+from vllm_mlx_trio.testing.requests import chat_body
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-CHAT = [{"role": "user", "content": "hello"}]
 READY_DEADLINE_S = 60.0  # two busy cores may be slow to import MLX and load the model
 
 pytestmark = pytest.mark.mlx
@@ -92,15 +92,9 @@ async def wait_ready(server: Server) -> None:
     assert all(s in ("no listener", (503, {"status": "loading"})) for s in seen), seen
 
 
-def chat_body(max_tokens: int, *, stream: bool = True) -> dict[str, object]:
-    return {
-        "model": "demo:tiny",
-        "messages": CHAT,
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "stream": stream,
-        "stream_interval": 1,
-    }
+def hello_body(max_tokens: int, *, stream: bool = True) -> dict[str, object]:
+    """A request for exactly ``max_tokens`` tokens, streamed one per event by default."""
+    return chat_body("hello", max_tokens=max_tokens, ignore_eos=True, stream=stream, stream_interval=1)
 
 
 @attrs.define
@@ -120,7 +114,7 @@ async def read_stream(url: str, max_tokens: int, stream: Stream) -> None:
     """POST a streaming chat completion and collect its lines until the server ends it."""
     try:
         async with httpx.AsyncClient(timeout=30) as client:
-            async with client.stream("POST", f"{url}/v1/chat/completions", json=chat_body(max_tokens)) as r:
+            async with client.stream("POST", f"{url}/v1/chat/completions", json=hello_body(max_tokens)) as r:
                 assert r.status_code == 200
                 async for line in r.aiter_lines():
                     if line:
@@ -167,7 +161,7 @@ async def test_sigterm_drains_in_flight_streams_refuses_new_ones_and_exits_0(tmp
                 with trio.fail_after(5):
                     await wait_draining(srv.url)
                 async with httpx.AsyncClient(timeout=5) as client:
-                    refused = await client.post(f"{srv.url}/v1/chat/completions", json=chat_body(5, stream=False))
+                    refused = await client.post(f"{srv.url}/v1/chat/completions", json=hello_body(5, stream=False))
                 assert not stream.done.is_set(), "the stream ended before the drain could be seen"
             code, exit_s = await wait_exit(srv.proc, sent, 15)
     assert refused.status_code == 503, refused.text

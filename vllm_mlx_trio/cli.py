@@ -146,7 +146,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _demo_build(args: argparse.Namespace) -> int:
-    from .worker.demo.model import build_demo_model
+    from .worker.demo import build_demo_model
 
     kwargs = {"dtype": args.dtype} if args.dtype else {}
     path = build_demo_model(args.out_dir, size=args.size, seed=args.seed, **kwargs)

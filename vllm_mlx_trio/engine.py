@@ -9,6 +9,7 @@ on the control channel, and reads the actors' ``statistics()``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import uuid
@@ -23,12 +24,15 @@ from .actors.scheduler.stats import SchedulerStatistics
 from .actors.topology import ExecutorFactory, Topology, max_running, mlx_executor_factory, open_topology
 from .config import EngineConfig
 from .core.params import SamplingParams
+from .core.prefix.pool_types import BlockInfo
 from .core.prefix.warm_prompts import warm_prefix_cache
 from .core.text import with_special_markup
 from .errors import EngineClosedError, QueueFullError, VllmMlxTrioError
-from .messages import ChatMessage, ChatPrompt, ClearPrefixCache, FailAll, ModelInfo, RequestId, Submit
+from .health import DrainStarted, HealthSnapshot
+from .messages import ChatMessage, ChatPrompt, ClearPrefixCache, Departed, FailAll, ModelInfo, RequestId, Submit
 from .output_format import OutputFormat
 from .stream import Delta, RequestStream
+from .worker.registry import RUNNERS, RunnerTable
 
 __all__ = ["Engine", "EngineStatistics", "ExecutorFactory", "max_running", "mlx_executor_factory", "open_engine"]
 
@@ -51,16 +55,22 @@ class EngineStatistics:
 
 
 @contextlib.asynccontextmanager
-async def open_engine(cfg: EngineConfig, *, executor_factory: ExecutorFactory | None = None) -> AsyncIterator[Engine]:
+async def open_engine(
+    cfg: EngineConfig, *, executor_factory: ExecutorFactory | None = None, runners: RunnerTable = RUNNERS
+) -> AsyncIterator[Engine]:
     """Load the model and run the actors; yields a ready :class:`Engine` (with
     ``cache.warm_prompts_file``, once its prompts are in the prefix cache).
+
+    ``runners``: the runner kinds ``engine.mode`` may name (worker/registry.py's ``RUNNERS``, or a
+    table of the program's own, e.g. ``with_runner("mine", MyRunner)``).
 
     Leaving the block stops admissions and waits for the requests already inside to finish
     (cancel the surrounding scope to stop at once). If the executor fails, every request in
     the engine fails with the cause, new ones are refused (``engine.health``), and leaving the
     block raises the cause.
     """
-    async with open_topology(cfg, executor_factory or mlx_executor_factory(cfg)) as topology:
+    factory = executor_factory or mlx_executor_factory(cfg, runners)
+    async with open_topology(cfg, factory, runners) as topology:
         engine = Engine(cfg, topology)
         if cfg.cache.warm_prompts_file is not None and cfg.cache.enabled:
             await warm_prefix_cache(engine, cfg.cache.warm_prompts_file)
@@ -80,10 +90,11 @@ class Engine:
         self._chat_token_bytes = _chat_token_bytes(self.model_info, self.output_format)
         self._submit_send = topology.submit_send
         self._control_send = topology.control_send
+        self._depart_send = topology.depart_send
         self._scheduler = topology.scheduler
         self._cache = topology.cache
         self.metrics = topology.metrics
-        self.health = topology.health
+        self._health = topology.health
         self.capacity = cfg.limits.max_waiting + topology.max_running
         self._slots = trio.Semaphore(self.capacity, max_value=self.capacity)
         #: Set whenever the last request inside has left; replaced when a waiter needs a new one.
@@ -92,14 +103,26 @@ class Engine:
         #: Cache clears go one at a time, so at most one is queued on the control channel.
         self._clear_lock = trio.Lock()
         self.started_at = trio.current_time()
-        #: Set when a shutdown begins: new requests are refused, the ones inside go on.
-        self.draining = False
         self._ids = itertools.count()
+
+    @property
+    def health(self) -> HealthSnapshot:
+        """The engine's health now: its failure, if any, and whether a drain has begun."""
+        return self._health.snapshot()
+
+    @property
+    def draining(self) -> bool:
+        """Whether a shutdown has begun: new requests are refused, the ones inside go on."""
+        return self.health.draining
+
+    async def wait_failed(self) -> VllmMlxTrioError:
+        """Wait until the engine fails; the cause."""
+        return await self._health.wait_failed()
 
     def start_draining(self) -> None:
         """Refuse new requests from now on (503); the ones inside go on. ``serve`` calls it
         when a shutdown begins."""
-        self.draining = True
+        self._health.report(DrainStarted())
 
     def fail_requests(self, error: VllmMlxTrioError) -> None:
         """Fail every request in the engine now with ``error`` (their streams raise it); new
@@ -149,14 +172,23 @@ class Engine:
                 self._empty = trio.Event()
             await self._empty.wait()
 
-    def _release_slot(self) -> None:
+    def _stream_closed(self, request_id: RequestId, ended: bool) -> None:
+        """A stream's close: the scheduler hears of a client that left before the end (it drops
+        the request before its next step), and the request's slot is free again."""
+        if not ended:
+            try:
+                self._depart_send.send_nowait(Departed(request_id=request_id))
+            except trio.WouldBlock:
+                pass  # the scheduler still notices it, when a send to the closed outbox fails
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # the scheduler has stopped: nothing is left to drop
         self._slots.release()
         if not self.num_requests:
             self._empty.set()
 
     def holds_request(self, request_id: str) -> bool:
-        """Whether a request with this id is still in the scheduler (queued or running), without
-        building a statistics snapshot: HTTP checks this for every new request's id."""
+        """Whether a request with this id is still in the scheduler (queued or running): a set
+        lookup, no snapshot built and no queue scanned (HTTP checks every new request's id)."""
         return self._scheduler.holds(request_id)
 
     def statistics(self) -> EngineStatistics:
@@ -165,6 +197,11 @@ class Engine:
             scheduler=self._scheduler.statistics(),
             cache=self._cache.statistics(),
         )
+
+    def prefix_blocks(self) -> tuple[BlockInfo, ...]:
+        """A snapshot of every block in the prefix cache, by id: its bytes, whether it is a tail,
+        how many requests lease it (O(blocks): for benchmarks and tests)."""
+        return self._cache.blocks()
 
     async def submit(
         self,
@@ -210,9 +247,10 @@ class Engine:
 
     def _take_slot(self) -> None:
         """One of the engine's request slots, or the error that says why there is none."""
-        if self.health.error is not None:
-            raise EngineClosedError(f"The engine has failed: {self.health.error}")
-        if self.draining:
+        health = self.health
+        if health.error is not None:
+            raise EngineClosedError(f"The engine has failed: {health.error}")
+        if health.draining:
             raise EngineClosedError("The server is shutting down; not accepting new requests.")
         try:
             self._slots.acquire_nowait()
@@ -237,7 +275,7 @@ class Engine:
             self.model_info.tokenizer,
             params.stop,
             token_bytes=self.model_info.token_bytes if isinstance(prompt, str) else self._chat_token_bytes,
-            on_close=self._release_slot,
+            on_close=functools.partial(self._stream_closed, rid),
             timer=self.metrics.request_timer(trio.current_time(), endpoint),
             min_tokens=params.min_tokens,
             include_stop=params.include_stop_str_in_output,

@@ -276,3 +276,14 @@ class ClearPrefixCache:
 
 
 ControlCommand: TypeAlias = FailAll | ClearPrefixCache
+
+
+# -- engine facade -> SchedulerActor (departures) -----------------------------------------
+
+
+@_frozen
+class Departed:
+    """A client closed its stream before the output ended: the scheduler drops the request
+    before its next step, whether it is queued, prefilling or between two deliveries."""
+
+    request_id: RequestId

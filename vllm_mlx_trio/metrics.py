@@ -95,7 +95,7 @@ STEP_TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 #: data: URL takes milliseconds, a fetched video seconds, a fetch ends at mllm.fetch_timeout_s.
 MEDIA_PREPROCESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 FINISH_REASONS = ("stop", "length", "abort", "error")
-#: The HTTP routes that run requests: the ``endpoint`` label of the per-request metrics (issue 15). A request
+#: The HTTP routes that run requests: the ``endpoint`` label of the per-request metrics. A request
 #: submitted to the engine directly (benchmarks, tests) has the empty endpoint.
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
 #: Per-request histograms, labelled by ``endpoint`` as well as ``model_name``.
@@ -211,7 +211,7 @@ class EngineMetrics:
                     "Time to read, fetch, decode and sample one image or video, off the event loop.",
                     MEDIA_PREPROCESS_BUCKETS,
                 ),
-                # VLM: the vision tower's time for one prompt's images / videos (issue 13)
+                # VLM: the vision tower's time for one prompt's images / videos
                 ("vllm_mlx_trio_vision_encode_seconds", "Vision encoding of one media prompt.", STEP_TIME_BUCKETS),
             )
         }
@@ -219,7 +219,7 @@ class EngineMetrics:
         self._spec_decode_metrics()
 
     def _spec_decode_metrics(self) -> None:
-        """Speculative decoding's counters (issue 16), vLLM's names; zero while speculation is off."""
+        """Speculative decoding's counters, vLLM's names; zero while speculation is off."""
         for name, help_text in (
             ("vllm:spec_decode_num_drafts", "Speculative verify rounds (one sequence each)."),
             ("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed."),

@@ -132,7 +132,7 @@ def _or_engine_failure(engine: Engine, trigger: Callable[[], Awaitable[None]] | 
                 nursery.cancel_scope.cancel()
 
             async def failed() -> None:
-                await engine.health.failed.wait()
+                await engine.wait_failed()
                 await trio.sleep(FAILURE_LINGER_S)
 
             if trigger is not None:

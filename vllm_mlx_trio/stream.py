@@ -45,11 +45,12 @@ class Delta:
 class RequestStream:
     """Async iterator of :class:`Delta` over one request's outbox.
 
-    Closing it (sync, cancel-safe) is how a client aborts: the scheduler sees the closed
-    outbox and drops the request before its next step. A stop string ends the stream with
-    ``finish_reason == "stop"`` and closes it the same way; the tokens after the one that
-    completed it (an output may carry several) are dropped, with their logprobs. As in vLLM,
-    only the text of tokens past the first ``min_tokens`` is searched for stop strings.
+    Closing it (sync, cancel-safe) is how a client aborts: the scheduler hears of it and drops
+    the request before its next step. Whoever opens a stream closes it (``with stream:``); one
+    dropped unclosed keeps its engine slot and its request runs to its end. A stop string ends
+    the stream with ``finish_reason == "stop"`` and closes it the same way; the tokens after the
+    one that completed it (an output may carry several) are dropped, with their logprobs. As in
+    vLLM, only the text of tokens past the first ``min_tokens`` is searched for stop strings.
     """
 
     def __init__(
@@ -60,7 +61,7 @@ class RequestStream:
         stop: tuple[str, ...],
         *,
         token_bytes: tuple[bytes, ...] | None = None,
-        on_close: Callable[[], None] | None = None,
+        on_close: Callable[[bool], None] | None = None,
         timer: RequestTimer | None = None,
         min_tokens: int = 0,
         include_stop: bool = False,
@@ -108,16 +109,15 @@ class RequestStream:
         self.starts_in_reasoning = output.starts_in_reasoning
 
     def close(self) -> None:
-        """Abort (if still running) and release the request's engine slot. Idempotent."""
+        """Abort (if still running) and release the request's engine slot. Idempotent.
+
+        ``on_close`` is called once, with whether the output had ended (its last delta, an
+        error, or the engine's stop) before the close."""
         self._record_finish("abort")
         self._outbox_recv.close()
         on_close, self._on_close = self._on_close, None
         if on_close is not None:
-            on_close()
-
-    def __del__(self) -> None:
-        # Safety net for a stream dropped unclosed (e.g. a response never sent): sync close.
-        self.close()
+            on_close(self._finished)
 
     def __enter__(self) -> RequestStream:
         return self

@@ -9,12 +9,13 @@ import trio.testing
 from vllm_mlx_trio import SamplingParams
 from vllm_mlx_trio.testing.fake_executor import StepGate, text_script
 from vllm_mlx_trio.testing.harness import open_fake_engine
+from vllm_mlx_trio.testing.requests import chat
 
 CHAT = [{"role": "user", "content": "hello"}]
 
 
-def chat(i: int) -> list[dict]:
-    return [{"role": "user", "content": f"q{i}"}]
+#: The question of request number i: ``chat(QUESTION.format(i))``.
+QUESTION = "q{}"
 
 
 async def delta_sizes(engine, params, prompt=CHAT) -> list[int]:
@@ -44,7 +45,7 @@ async def test_batch_holds_at_most_max_num_seqs_in_arrival_order(autojump_clock)
         ) as fake:
             async with trio.open_nursery() as nursery:
                 for i in range(5):
-                    nursery.start_soon(delta_sizes, fake.engine, None, chat(i))
+                    nursery.start_soon(delta_sizes, fake.engine, None, chat(QUESTION.format(i)))
                     await trio.testing.wait_all_tasks_blocked()
                 queued = fake.engine.statistics().scheduler  # admissions are queued mid-step
                 gate.allow(1)
@@ -56,7 +57,7 @@ async def test_batch_holds_at_most_max_num_seqs_in_arrival_order(autojump_clock)
     assert (stats.num_running, stats.num_waiting) == (3, 2)
     assert max(len(p.new_seqs) + len(p.decode_ids) for p in plans) == 3
     tokenizer = fake.engine.model_info.tokenizer
-    prompts = [tuple(tokenizer.encode(tokenizer.apply_chat_template(chat(i)))) for i in range(5)]
+    prompts = [tuple(tokenizer.encode(tokenizer.apply_chat_template(chat(QUESTION.format(i))))) for i in range(5)]
     assert [s.prompt_token_ids for p in plans for s in p.new_seqs] == prompts  # FCFS
 
 
@@ -64,9 +65,9 @@ async def test_slow_consumer_is_coalesced_and_never_blocks_the_batch(autojump_cl
     script = text_script("0123456789" * 5, then_eos=False)
     with trio.fail_after(30):
         async with open_fake_engine(script=script, step_s=0.01) as fake:
-            slow = await fake.engine.submit(chat(1), SamplingParams(max_tokens=50))
+            slow = await fake.engine.submit(chat(QUESTION.format(1)), SamplingParams(max_tokens=50))
             with slow:
-                fast = await delta_sizes(fake.engine, SamplingParams(max_tokens=50), chat(2))
+                fast = await delta_sizes(fake.engine, SamplingParams(max_tokens=50), chat(QUESTION.format(2)))
                 # the fast request finished while nobody read the slow one's outbox
                 slow_sizes = [len(d.token_ids) async for d in slow]
     assert sum(fast) == 50 and len(fast) > 10
@@ -89,7 +90,9 @@ async def test_break_in_batched_mode_frees_the_request_after_one_step(autojump_c
 
     with trio.fail_after(10):
         async with open_fake_engine(gate=gate, step_s=0) as fake:
-            others = [await fake.engine.submit(chat(i), SamplingParams(max_tokens=100)) for i in (1, 2)]
+            others = [
+                await fake.engine.submit(chat(QUESTION.format(i)), SamplingParams(max_tokens=100)) for i in (1, 2)
+            ]
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(consume_one_delta, fake.engine)
                 while "plans_at_break" not in seen:

@@ -17,19 +17,20 @@ import pytest
 import trio
 
 from vllm_mlx_trio import SamplingParams
-from vllm_mlx_trio.core.request import Request, RequestStatus
+from vllm_mlx_trio.core.request import RequestStatus
 from vllm_mlx_trio.core.scheduler import Scheduler
-from vllm_mlx_trio.messages import Admit, RequestId, StepResult
+from vllm_mlx_trio.messages import RequestId, StepResult
 from vllm_mlx_trio.testing.fake_executor import FakeTokenizer, letters_script
 from vllm_mlx_trio.testing.harness import open_fake_engine
+from vllm_mlx_trio.testing.requests import chat, make_request
 
 STEP_S = 0.01
 MAX_TOKENS = 40
 CANCEL_MODES = ("break", "move_on", "raise", "scope")
 
 
-def chat(i: int) -> list[dict]:
-    return [{"role": "user", "content": f"storm prompt number {i}"}]
+#: The question of request number i: ``chat(QUESTION.format(i))``.
+QUESTION = "storm prompt number {}"
 
 
 class ConsumerGaveUp(Exception):
@@ -76,20 +77,20 @@ async def consume(engine, i: int, out: Outcome) -> None:
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
     rid = f"r{i}"
     if out.mode == "full":
-        stream = await engine.submit(chat(i), params, request_id=rid)
+        stream = await engine.submit(chat(QUESTION.format(i)), params, request_id=rid)
         with stream:
             async for delta in stream:
                 out.add(delta)
         out.finish_reason, out.usage = stream.finish_reason, stream.usage
     elif out.mode == "break":  # the public async generator, closed promptly by aclosing
-        async with contextlib.aclosing(engine.generate(chat(i), params, request_id=rid)) as deltas:
+        async with contextlib.aclosing(engine.generate(chat(QUESTION.format(i)), params, request_id=rid)) as deltas:
             async for delta in deltas:
                 out.add(delta)
                 assert delta.finish_reason is None
                 if out.deltas == out.arg:
                     break
     elif out.mode == "move_on":  # a deadline while blocked waiting for the next delta
-        stream = await engine.submit(chat(i), params, request_id=rid)
+        stream = await engine.submit(chat(QUESTION.format(i)), params, request_id=rid)
         with stream:
             with trio.move_on_after(out.arg) as scope:
                 async for delta in stream:
@@ -99,7 +100,7 @@ async def consume(engine, i: int, out: Outcome) -> None:
             out.finish_reason = stream.finish_reason
     elif out.mode == "raise":  # an exception in the loop body of open_request
         with pytest.raises(ConsumerGaveUp) as raised:
-            async with engine.open_request(chat(i), params, request_id=rid) as stream:
+            async with engine.open_request(chat(QUESTION.format(i)), params, request_id=rid) as stream:
                 async for delta in stream:
                     out.add(delta)
                     if out.deltas == out.arg:
@@ -108,7 +109,7 @@ async def consume(engine, i: int, out: Outcome) -> None:
         out.finish_reason = stream.finish_reason
     elif out.mode == "scope":  # the consumer cancels its own scope mid-iteration
         with trio.CancelScope() as scope:
-            async with contextlib.aclosing(engine.generate(chat(i), params, request_id=rid)) as deltas:
+            async with contextlib.aclosing(engine.generate(chat(QUESTION.format(i)), params, request_id=rid)) as deltas:
                 async for delta in deltas:
                     out.add(delta)
                     if out.deltas == out.arg:
@@ -221,7 +222,9 @@ async def test_cancellation_storm_then_a_fresh_request_runs_promptly(autojump_cl
             engine = fake.engine
 
             async def give_up(i: int) -> None:
-                stream = await engine.submit(chat(i), SamplingParams(max_tokens=2000), request_id=f"s{i}")
+                stream = await engine.submit(
+                    chat(QUESTION.format(i)), SamplingParams(max_tokens=2000), request_id=f"s{i}"
+                )
                 with stream, trio.move_on_after(rng.uniform(0.005, 0.3)) as scope:
                     async for _delta in stream:
                         pass
@@ -235,7 +238,9 @@ async def test_cancellation_storm_then_a_fresh_request_runs_promptly(autojump_cl
 
             plans_before = len(fake.executor.plans)
             started_at = trio.current_time()
-            stream = await engine.submit(chat(999), SamplingParams(max_tokens=5, temperature=0), request_id="fresh")
+            stream = await engine.submit(
+                chat(QUESTION.format(999)), SamplingParams(max_tokens=5, temperature=0), request_id="fresh"
+            )
             with stream:
                 fresh["tokens"] = tuple([t async for d in stream for t in d.token_ids])
             fresh["elapsed"] = trio.current_time() - started_at
@@ -249,7 +254,7 @@ async def test_cancellation_storm_then_a_fresh_request_runs_promptly(autojump_cl
     assert caught == [True] * num_storm
     # the fresh request ran within a few steps and saw no trace of the storm
     tokenizer = FakeTokenizer()
-    prompt = tokenizer.encode(tokenizer.apply_chat_template(chat(999)))
+    prompt = tokenizer.encode(tokenizer.apply_chat_template(chat(QUESTION.format(999))))
     seq = types.SimpleNamespace(prompt_token_ids=prompt)
     assert fresh["tokens"] == tuple(letters_script(seq, k) for k in range(5))
     assert fresh["reason"] == "length"
@@ -279,22 +284,10 @@ async def test_cancellation_storm_then_a_fresh_request_runs_promptly(autojump_cl
 # -- the pure Scheduler: aborts of finished / unknown requests are no-ops ---------------
 
 
-def make_request(rid: str, max_tokens: int = 2) -> Request:
-    send, _recv = trio.open_memory_channel(4)
-    admit = Admit(
-        request_id=RequestId(rid),
-        prompt_token_ids=(10, 11, 12),
-        params=SamplingParams(max_tokens=max_tokens),
-        outbox=send,
-        arrival_time=0.0,
-    )
-    return Request(admit, eos_token_ids=(2,))
-
-
 def test_scheduler_abort_is_idempotent_and_ignores_unknown_ids():
     aborted = RequestStatus.FINISHED_ABORTED
     scheduler = Scheduler(max_running=2)
-    a, b, c = (make_request(rid) for rid in "abc")
+    a, b, c = (make_request(rid, prompt=3, max_tokens=2) for rid in "abc")
     for request in (a, b, c):
         scheduler.add(request)
     for request in scheduler.pop_startable():
@@ -337,7 +330,7 @@ def test_scheduler_abort_of_a_request_not_yet_sent_to_the_model():
     """Started (a slot taken) but aborted before its first plan: the plan never starts it and
     names it once among the drops; a second abort is a no-op."""
     scheduler = Scheduler(max_running=4)
-    d = make_request("d")
+    d = make_request("d", prompt=3, max_tokens=2)
     scheduler.add(d)
     for request in scheduler.pop_startable():
         scheduler.start(request, num_cached_tokens=0)

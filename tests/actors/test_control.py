@@ -4,6 +4,8 @@ stops the scheduler's stepping, and the facade's cheap questions (``wait_empty``
 
 from __future__ import annotations
 
+import collections
+
 import attrs
 import pytest
 import trio
@@ -16,7 +18,7 @@ from vllm_mlx_trio.actors.scheduler.control_inbox import ControlInbox
 from vllm_mlx_trio.actors.scheduler.settings import SchedulerSettings
 from vllm_mlx_trio.actors.topology import CONTROL_BUFFER
 from vllm_mlx_trio.errors import EngineClosedError, EngineStalledError
-from vllm_mlx_trio.health import EngineHealth
+from vllm_mlx_trio.health import EngineFailed, EngineHealth
 from vllm_mlx_trio.http.request_log import EngineIds
 from vllm_mlx_trio.messages import Admit, ClearPrefixCache, FailAll, PrefixLookup, RequestFailed, RequestId
 from vllm_mlx_trio.testing.fake_executor import IM_END, StepGate, text_script
@@ -106,6 +108,7 @@ class Wired:
     health: EngineHealth
     admit_send: trio.MemorySendChannel
     control_send: trio.MemorySendChannel
+    depart_send: trio.MemorySendChannel
     plan_recv: trio.MemoryReceiveChannel
     result_send: trio.MemorySendChannel
     cache_recv: trio.MemoryReceiveChannel
@@ -116,6 +119,7 @@ class Wired:
         health = EngineHealth()
         admit_send, admit_recv = trio.open_memory_channel(1)
         control_send, control_recv = trio.open_memory_channel(1)
+        depart_send, depart_recv = trio.open_memory_channel(4)
         plan_send, plan_recv = trio.open_memory_channel(0)
         result_send, result_recv = trio.open_memory_channel(1)
         cache_send, cache_recv = trio.open_memory_channel(8)
@@ -123,6 +127,7 @@ class Wired:
         scheduler = SchedulerActor(
             admit_recv=admit_recv,
             control_recv=control_recv,
+            depart_recv=depart_recv,
             plan_send=plan_send,
             result_recv=result_recv,
             cache_send=cache_send,
@@ -130,7 +135,9 @@ class Wired:
             settings=SchedulerSettings(eos_token_ids=(IM_END,)),
             health=health,
         )
-        return cls(scheduler, health, admit_send, control_send, plan_recv, result_send, cache_recv, match_send)
+        return cls(
+            scheduler, health, admit_send, control_send, depart_send, plan_recv, result_send, cache_recv, match_send
+        )
 
     async def admit(self) -> trio.MemoryReceiveChannel:
         """Admit one request; its outbox."""
@@ -154,37 +161,37 @@ async def test_a_failure_in_health_stops_a_step_that_never_returns(autojump_cloc
     wired = Wired.build()
     cfg = load_config(None, environ={}).cache
     cache = CacheManagerActor(command_recv=wired.cache_recv, reply_send=wired.match_send, cfg=cfg)
-    with trio.fail_after(10), wired.plan_recv, wired.result_send:
+    with trio.fail_after(10), wired.depart_send, wired.plan_recv, wired.result_send:
         async with trio.open_nursery() as nursery:
             await nursery.start(cache.run)
             await nursery.start(wired.scheduler.run)
             outbox = await wired.admit()
             plan = await wired.plan_recv.receive()  # a step in flight, never answered
             assert [s.request_id for s in plan.new_seqs] == ["r"]
-            wired.health.fail(EngineStalledError("stuck"))
+            wired.health.report(EngineFailed(error=EngineStalledError("stuck")))
             failed = await outbox.receive()
             reply_send, reply_recv = trio.open_memory_channel[int](1)
             await wired.control_send.send(ClearPrefixCache(reply=reply_send))
             with pytest.raises(trio.EndOfChannel):
                 await reply_recv.receive()
             wired.admit_send.close()
-    assert isinstance(failed, RequestFailed) and failed.error is wired.health.error
+    assert isinstance(failed, RequestFailed) and failed.error is wired.health.snapshot().error
 
 
 async def test_a_failure_during_a_prefix_lookup_still_fails_the_request(autojump_clock):
     """The stepping is cancelled while a request is between the queue and the batch (its
     prefix lookup unanswered): it must not be lost, its client gets the cause."""
     wired = Wired.build()
-    with trio.fail_after(10), wired.plan_recv, wired.result_send, wired.cache_recv, wired.match_send:
+    with trio.fail_after(10), wired.depart_send, wired.plan_recv, wired.result_send, wired.cache_recv, wired.match_send:
         async with trio.open_nursery() as nursery:
             await nursery.start(wired.scheduler.run)
             outbox = await wired.admit()
             lookup = await wired.cache_recv.receive()  # never answered
             assert isinstance(lookup, PrefixLookup)
-            wired.health.fail(EngineStalledError("stuck"))
+            wired.health.report(EngineFailed(error=EngineStalledError("stuck")))
             failed = await outbox.receive()
             wired.admit_send.close()
-    assert isinstance(failed, RequestFailed) and failed.error is wired.health.error
+    assert isinstance(failed, RequestFailed) and failed.error is wired.health.snapshot().error
 
 
 async def test_wait_empty_wakes_when_the_last_stream_closes(autojump_clock):
@@ -219,7 +226,7 @@ async def test_holds_request_follows_the_scheduler_without_a_snapshot(autojump_c
         raise AssertionError("statistics() built for a request id")
 
     with trio.fail_after(10):
-        async with open_fake_engine(gate=gate) as fake:
+        async with open_fake_engine(gate=gate, step_s=0) as fake:
             engine = fake.engine
             monkeypatch.setattr(SchedulerActor, "statistics", no_snapshots)
             stream = await engine.submit(CHAT, request_id="abc")
@@ -229,8 +236,38 @@ async def test_holds_request_follows_the_scheduler_without_a_snapshot(autojump_c
             reserved = (ids.reserve("abc", 1), ids.reserve("other", 2), ids.reserve("other", 1))
             stream.close()
             gate.allow(100)
-            await trio.sleep(1)
+            await trio.testing.wait_all_tasks_blocked()  # steps take no time: the scheduler has let go
             gone = engine.holds_request("abc")
     assert held == (True, False)
     assert reserved == (["abc~2"], ["other-0", "other-1"], ["other"])
     assert gone is False
+
+
+class _NoScan(collections.deque):
+    """A waiting queue that fails the test if anyone walks it."""
+
+    def __iter__(self):
+        raise AssertionError("the waiting queue was scanned for a request id")
+
+
+async def test_holds_request_looks_the_id_up_without_scanning_the_queue(autojump_clock):
+    gate = StepGate()
+    with trio.fail_after(10):
+        async with open_fake_engine(overrides=ONE_RUNNING, gate=gate) as fake:
+            engine = fake.engine
+            streams = [await engine.submit(CHAT, request_id=rid) for rid in ("running", "q0", "q1")]
+            await trio.testing.wait_all_tasks_blocked()
+            core = engine._scheduler._scheduler
+            assert len(core.waiting) == 2
+            waiting, core.waiting = core.waiting, _NoScan(core.waiting)
+            try:
+                held = [engine.holds_request(rid) for rid in ("running", "q0", "q1", "other")]
+            finally:
+                core.waiting = waiting
+            for stream in streams:
+                stream.close()
+            gate.allow(100)
+            await trio.sleep(1)
+            gone = [engine.holds_request(rid) for rid in ("running", "q0", "q1")]
+    assert held == [True, True, True, False]
+    assert gone == [False, False, False]

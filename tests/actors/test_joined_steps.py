@@ -62,7 +62,7 @@ async def test_the_executor_answers_each_plan_of_a_joined_step_in_order():
     runner = FakeRunner(block_at_step=0)
     plan_send, plan_recv = trio.open_memory_channel[StepPlan](0)
     result_send, result_recv = trio.open_memory_channel(3)
-    actor = ExecutorActor(plan_recv=plan_recv, result_send=result_send, runner_factory=lambda: runner)
+    actor = ExecutorActor(plan_recv=plan_recv, result_send=result_send, runner_factory=lambda _waiting: runner)
     with trio.fail_after(TIMEOUT_S):
         async with trio.open_nursery() as nursery:
             await nursery.start(actor.run)
@@ -79,7 +79,7 @@ async def test_the_executor_answers_each_plan_of_a_joined_step_in_order():
     assert [p.step_id for p in runner.plans] == [0, 2]
 
 
-async def _two_requests(cfg, first_prompt: str, *, before_release) -> tuple[FakeRunner, dict[str, list[int]]]:
+async def _two_requests(cfg, runners, first_prompt: str, *, before_release) -> tuple[FakeRunner, dict[str, list[int]]]:
     """``first_prompt``'s first step blocks; a second request ("h") arrives meanwhile; the step
     goes on once ``before_release(engine)`` returns. The runner (its plans) and the outputs."""
     outputs: dict[str, list[int]] = {}
@@ -89,7 +89,7 @@ async def _two_requests(cfg, first_prompt: str, *, before_release) -> tuple[Fake
             outputs[name] = [t async for d in stream for t in d.token_ids]
 
     with trio.fail_after(TIMEOUT_S):
-        async with open_engine(cfg) as engine, trio.open_nursery() as nursery:
+        async with open_engine(cfg, runners=runners) as engine, trio.open_nursery() as nursery:
             nursery.start_soon(run, engine, "first", first_prompt)
             [runner] = BlockingRunner.instances
             await trio.to_thread.run_sync(runner.blocked.wait, abandon_on_cancel=True)
@@ -101,12 +101,14 @@ async def _two_requests(cfg, first_prompt: str, *, before_release) -> tuple[Fake
 
 
 async def test_a_request_arriving_mid_step_starts_in_the_plan_queued_behind_it(fake_cfg, blocking_kind):
-    cfg = attrs.evolve(fake_cfg, engine=attrs.evolve(fake_cfg.engine, mode=blocking_kind))
+    mode, runners = blocking_kind
+    cfg = attrs.evolve(fake_cfg, engine=attrs.evolve(fake_cfg.engine, mode=mode))
 
     async def joined(engine):
         await wait_until(lambda: engine.statistics().scheduler.plans_in_flight == 3, poll_s=0.005)
 
-    runner, outputs = await _two_requests(cfg, "h", before_release=joined)  # one prompt token: nothing to compute
+    # one prompt token: nothing to compute
+    runner, outputs = await _two_requests(cfg, runners, "h", before_release=joined)
     second_step = runner.plans[1]
     assert second_step.step_id == 2 and len(second_step.new_seqs) == 1  # the newcomer starts in the second step
     assert len(second_step.decode_ids) == 1
@@ -114,12 +116,13 @@ async def test_a_request_arriving_mid_step_starts_in_the_plan_queued_behind_it(f
 
 
 async def test_while_a_prompt_is_computed_arrivals_wait_for_its_result(fake_cfg, blocking_kind):
-    cfg = attrs.evolve(fake_cfg, engine=attrs.evolve(fake_cfg.engine, mode=blocking_kind))
+    mode, runners = blocking_kind
+    cfg = attrs.evolve(fake_cfg, engine=attrs.evolve(fake_cfg.engine, mode=mode))
 
     async def queued(engine):
         await wait_until(lambda: engine.statistics().scheduler.num_waiting == 1, poll_s=0.005)
 
-    runner, outputs = await _two_requests(cfg, "hello", before_release=queued)  # a prompt to compute: its
+    runner, outputs = await _two_requests(cfg, runners, "hello", before_release=queued)  # a prompt to compute: its
     # blocks may serve the newcomer once it is done
     assert [p.step_id for p in runner.plans[:2]] == [0, 1] and runner.plans[1].new_seqs == ()
     assert len(runner.plans[2].new_seqs) == 1

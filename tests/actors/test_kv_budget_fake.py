@@ -13,19 +13,20 @@ from vllm_mlx_trio import SamplingParams
 from vllm_mlx_trio.errors import PromptTooLongError
 from vllm_mlx_trio.testing.fake_executor import StepGate
 from vllm_mlx_trio.testing.harness import open_fake_engine
+from vllm_mlx_trio.testing.requests import chat
 
 LONG = SamplingParams(max_tokens=120, ignore_eos=True)
 
 
-def chat(i: int) -> list[dict]:
-    return [{"role": "user", "content": f"question {i}"}]
+#: The question of request number i: ``chat(QUESTION.format(i))``.
+QUESTION = "question {}"
 
 
 async def run_many(engine, num_requests: int, params: SamplingParams = LONG) -> dict[int, list[int]]:
     outputs: dict[int, list[int]] = {}
 
     async def one(i: int) -> None:
-        outputs[i] = [t async for d in engine.generate(chat(i), params) for t in d.token_ids]
+        outputs[i] = [t async for d in engine.generate(chat(QUESTION.format(i)), params) for t in d.token_ids]
 
     async with trio.open_nursery() as nursery:
         for i in range(num_requests):
@@ -82,7 +83,7 @@ async def test_a_client_leaving_while_preempted_frees_everything(autojump_clock)
     with trio.fail_after(30):
         async with open_fake_engine(step_s=0, gate=gate, kv_budget_tokens=200) as fake:
             async with trio.open_nursery() as nursery:
-                streams = [await fake.engine.submit(chat(i), LONG) for i in range(3)]
+                streams = [await fake.engine.submit(chat(QUESTION.format(i)), LONG) for i in range(3)]
                 gate.allow(1)
                 await trio.testing.wait_all_tasks_blocked()
                 while fake.engine.statistics().scheduler.num_preemptions == 0:

@@ -32,10 +32,10 @@ def gauge(text: str, name: str) -> float:
 async def usage_with_two_running(**fake_kwargs) -> tuple[float, float, int, int | None]:
     gate = StepGate()
     with trio.fail_after(10):
-        async with open_fake_engine(overrides=("engine.max_num_seqs=4",), gate=gate, **fake_kwargs) as fake:
+        async with open_fake_engine(overrides=("engine.max_num_seqs=4",), gate=gate, step_s=0, **fake_kwargs) as fake:
             streams = [await fake.engine.submit([{"role": "user", "content": f"q{i}"}]) for i in range(2)]
             gate.allow(3)  # both requests are in the batch by the third step, whenever each arrived
-            await trio.sleep(1)  # virtual time: the three steps run, then the gate holds the fourth
+            await trio.testing.wait_all_tasks_blocked()  # the three steps ran; the gate holds the fourth
             stats = fake.engine.statistics().scheduler
             text = fake.engine.metrics.render().decode()
             for stream in streams:

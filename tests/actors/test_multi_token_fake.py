@@ -12,14 +12,14 @@ from vllm_mlx_trio import SamplingParams
 from vllm_mlx_trio.testing.fake_executor import FakeTokenizer, text_script
 from vllm_mlx_trio.testing.fake_runner import FakeRunner
 from vllm_mlx_trio.testing.harness import open_fake_engine
-from vllm_mlx_trio.worker.registry import RUNNERS, register_runner
+from vllm_mlx_trio.worker.registry import with_runner
 
 CHAT = [{"role": "user", "content": "hello"}]
 TOKENIZER = FakeTokenizer()
 
 
 class SpeculativeKind(FakeRunner):
-    """A registered kind that may give 4 tokens a step (the scheduler reads its attributes)."""
+    """A kind that may give 4 tokens a step (the scheduler reads its shape)."""
 
     plans_in_flight = 1
     max_tokens_per_step = 4
@@ -27,9 +27,7 @@ class SpeculativeKind(FakeRunner):
 
 @pytest.fixture
 def speculative_kind():
-    register_runner("fake-speculative", SpeculativeKind)
-    yield "fake-speculative"
-    del RUNNERS["fake-speculative"]
+    return "fake-speculative", with_runner("fake-speculative", SpeculativeKind)
 
 
 async def collect(engine, params, prompt=CHAT):
@@ -100,12 +98,13 @@ async def test_stream_interval_coalesces_tokens_not_steps(autojump_clock):
 
 
 async def test_kv_lookahead_counts_tokens_per_step(autojump_clock, fake_cfg, speculative_kind):
-    cfg = attrs.evolve(fake_cfg, engine=attrs.evolve(fake_cfg.engine, mode=speculative_kind, max_num_seqs=6))
+    mode, runners = speculative_kind
+    cfg = attrs.evolve(fake_cfg, engine=attrs.evolve(fake_cfg.engine, mode=mode, max_num_seqs=6))
     params = SamplingParams(max_tokens=120, ignore_eos=True)
 
     async def run_all(**kwargs):
         outputs = {}
-        async with open_fake_engine(cfg, step_s=0.01, tokens_per_step=4, **kwargs) as fake:
+        async with open_fake_engine(cfg, runners=runners, step_s=0.01, tokens_per_step=4, **kwargs) as fake:
             async with trio.open_nursery() as nursery:
                 for i in range(6):
                     nursery.start_soon(one, fake.engine, i, outputs)

@@ -18,10 +18,10 @@ from vllm_mlx_trio import SamplingParams
 from vllm_mlx_trio.actors.executor import ExecutorActor, _Inbox
 from vllm_mlx_trio.engine import open_engine
 from vllm_mlx_trio.errors import EngineStalledError, ExecutorCrashedError
-from vllm_mlx_trio.messages import NewSequence, RequestId, StepPlan
+from vllm_mlx_trio.messages import NewSequence, RequestId, RequestWaiting, StepPlan
 from vllm_mlx_trio.testing.fake_executor import IM_END, letters_script, text_script
 from vllm_mlx_trio.testing.fake_runner import BlockingRunner, FakeRunner
-from vllm_mlx_trio.worker.registry import RUNNERS, register_runner
+from vllm_mlx_trio.worker.registry import with_runner
 
 A, B = RequestId("a"), RequestId("b")
 TIMEOUT_S = 10
@@ -37,7 +37,7 @@ async def running_executor(runner: FakeRunner):
     """The real ExecutorActor on ``runner``: yields (plan_send, result_recv)."""
     plan_send, plan_recv = trio.open_memory_channel[StepPlan](0)
     result_send, result_recv = trio.open_memory_channel(runner.plans_in_flight)
-    actor = ExecutorActor(plan_recv=plan_recv, result_send=result_send, runner_factory=lambda: runner)
+    actor = ExecutorActor(plan_recv=plan_recv, result_send=result_send, runner_factory=lambda _waiting: runner)
     async with trio.open_nursery() as nursery:
         info = await nursery.start(actor.run)
         assert info.model_path == "fake-runner"
@@ -167,23 +167,17 @@ async def test_stop_id_mid_step_respects_min_tokens():
 
 
 class TwoTokenKind(FakeRunner):
-    """A runner kind as a program embedding the engine would register it."""
+    """A runner kind as a program embedding the engine would pass it."""
 
     tokens_per_step = (2,)
     script = staticmethod(text_script("Hello from a fake runner."))
 
 
-@pytest.fixture
-def two_token_kind():
-    register_runner("fake-two-token", TwoTokenKind)
-    yield "fake-two-token"
-    del RUNNERS["fake-two-token"]
-
-
-async def test_open_engine_runs_a_registered_kind(fake_cfg, two_token_kind):
-    cfg = attrs.evolve(fake_cfg, engine=attrs.evolve(fake_cfg.engine, mode=two_token_kind))
+async def test_open_engine_runs_a_kind_it_is_given(fake_cfg):
+    runners = with_runner("fake-two-token", TwoTokenKind)
+    cfg = attrs.evolve(fake_cfg, engine=attrs.evolve(fake_cfg.engine, mode="fake-two-token"))
     with trio.fail_after(TIMEOUT_S):
-        async with open_engine(cfg) as engine:  # the registry builds it on the executor thread
+        async with open_engine(cfg, runners=runners) as engine:  # built from the table on the executor thread
             assert engine.model_info.model_path == "fake-runner"
             with await engine.submit("hi", SamplingParams(max_tokens=9, logprobs=0)) as stream:
                 deltas = [d async for d in stream]
@@ -195,14 +189,15 @@ async def test_open_engine_runs_a_registered_kind(fake_cfg, two_token_kind):
 
 
 async def test_a_stalled_runner_is_abandoned_and_fails_the_engine(fake_cfg, blocking_kind):
+    mode, runners = blocking_kind
     cfg = attrs.evolve(
         fake_cfg,
-        engine=attrs.evolve(fake_cfg.engine, mode=blocking_kind),
+        engine=attrs.evolve(fake_cfg.engine, mode=mode),
         limits=attrs.evolve(fake_cfg.limits, engine_stall_timeout_s=0.2),
     )
     with trio.fail_after(TIMEOUT_S):
         with pytest.raises(EngineStalledError):
-            async with open_engine(cfg) as engine:
+            async with open_engine(cfg, runners=runners) as engine:
                 with pytest.raises(EngineStalledError):
                     async for _delta in engine.generate("hi", SamplingParams(max_tokens=4)):
                         pass
@@ -223,13 +218,34 @@ def test_the_inbox_tells_whether_a_queued_plan_starts_a_sequence():
     assert [p.step_id for p in inbox.next_plans()] == [1] and not inbox.starts_waiting()
 
 
-async def test_the_executor_lets_the_runner_ask_its_inbox():
-    runner = FakeRunner()
-    assert not runner.starts_waiting()
+async def test_the_executor_builds_the_runner_with_the_event_a_waiting_request_sets():
+    """The runner is given the inbox's event when it is built (nothing is patched onto it
+    later); a ``RequestWaiting`` sent mid-plan sets it, and the next plan taken clears it."""
+    made: list[FakeRunner] = []
+
+    def build(request_waiting: threading.Event) -> FakeRunner:
+        made.append(FakeRunner(block_at_step=0, request_waiting=request_waiting))
+        return made[-1]
+
+    plan_send, plan_recv = trio.open_memory_channel[StepPlan | RequestWaiting](0)
+    result_send, result_recv = trio.open_memory_channel(FakeRunner.plans_in_flight)
+    actor = ExecutorActor(plan_recv=plan_recv, result_send=result_send, runner_factory=build)
     with trio.fail_after(TIMEOUT_S):
-        async with running_executor(runner) as (plans, results):
-            await step(plans, results, StepPlan(step_id=0, new_seqs=(new_seq(A),)))
-            assert isinstance(runner.starts_waiting.__self__, _Inbox)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(actor.run)
+            with plan_send, result_recv:
+                [runner] = made
+                await plan_send.send(StepPlan(step_id=0, new_seqs=(new_seq(A),)))
+                await trio.to_thread.run_sync(runner.blocked.wait)  # mid-plan
+                before = runner.starts_waiting()
+                await plan_send.send(RequestWaiting())
+                await trio.testing.wait_all_tasks_blocked()  # the executor has put it in the inbox
+                during = runner.starts_waiting()
+                runner.release.set()
+                await result_recv.receive()
+                await step(plan_send, result_recv, StepPlan(step_id=1, decode_ids=(A,)))
+                after = runner.starts_waiting()
+    assert (before, during, after) == (False, True, False)
 
 
 def test_the_inbox_hears_that_a_request_waits_until_the_next_plan_is_taken():
@@ -243,9 +259,10 @@ def test_the_inbox_hears_that_a_request_waits_until_the_next_plan_is_taken():
 async def test_a_request_admitted_mid_plan_ends_the_plans_run_ahead(fake_cfg, blocking_kind):
     """The scheduler, holding a plan in flight, tells the executor (RequestWaiting on the plan
     edge) when a request arrives; the runner's ``starts_waiting`` then says so mid-plan."""
-    cfg = attrs.evolve(fake_cfg, engine=attrs.evolve(fake_cfg.engine, mode=blocking_kind))
+    mode, runners = blocking_kind
+    cfg = attrs.evolve(fake_cfg, engine=attrs.evolve(fake_cfg.engine, mode=mode))
     with trio.fail_after(TIMEOUT_S):
-        async with open_engine(cfg) as engine, trio.open_nursery() as nursery:
+        async with open_engine(cfg, runners=runners) as engine, trio.open_nursery() as nursery:
             first = await engine.submit("hi", SamplingParams(max_tokens=3))
             [runner] = BlockingRunner.instances
             await trio.to_thread.run_sync(runner.blocked.wait)  # mid-plan now

@@ -5,13 +5,12 @@ modules import their helpers by name.)"""
 
 from __future__ import annotations
 
+import functools
 import json
 
-import openai
-
 from vllm_mlx_trio.config import load_config
-from vllm_mlx_trio.testing.fake_executor import text_script
-from vllm_mlx_trio.testing.harness import fake_executor_factory, open_server
+from vllm_mlx_trio.testing.clients import openai_client
+from vllm_mlx_trio.testing.harness import fake_server
 
 MODEL = "demo:tiny"
 WEATHER = {
@@ -51,15 +50,11 @@ def parser_cfg(tool_parser: str = "hermes", reasoning_parser: str = "none"):
     return load_config(None, overrides=overrides, environ={})
 
 
-def scripted_server(cfg, text: str, **kwargs):
-    """A server whose every request generates ``text`` then EOS."""
-    kwargs.setdefault("step_s", 0.001)
-    kwargs.setdefault("tokens_per_step", (1, 3, 2))  # several tokens per output: splits markup anywhere
-    return open_server(cfg, executor_factory=fake_executor_factory(script=text_script(text), **kwargs))
-
-
-def client(url: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+#: A server whose every request generates ``text`` then EOS, a few tokens a step (1, 3, 2,
+#: cycled): the markup is split anywhere.
+scripted_server = functools.partial(fake_server, tokens_per_step=(1, 3, 2))
+#: The OpenAI SDK's client for a test server (the agent tests import it from here).
+client = openai_client
 
 
 def streamed_message(chunks) -> dict:

@@ -11,7 +11,7 @@ from vllm_mlx_trio.config import load_config
 from vllm_mlx_trio.errors import ConfigError
 from vllm_mlx_trio.output_format import OutputFormat, resolve_output_format
 from vllm_mlx_trio.testing.harness import open_fake_engine
-from vllm_mlx_trio.worker.demo.model import CHAT_TEMPLATE
+from vllm_mlx_trio.worker.demo import CHAT_TEMPLATE
 
 QWEN3_LIKE = "{{ '<tool_call>' }}{%- if enable_thinking is false %}{{ '<think>\\n\\n</think>' }}{%- endif %}"
 

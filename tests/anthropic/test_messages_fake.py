@@ -18,24 +18,14 @@ from vllm_mlx_trio.config import API_KEYS_ENV
 from vllm_mlx_trio.errors import ExecutorCrashedError
 from vllm_mlx_trio.http.anthropic import routes as anthropic_routes
 from vllm_mlx_trio.http.auth import INVALID_KEY_MESSAGE, MISSING_KEY_MESSAGE, ApiKeys
-from vllm_mlx_trio.testing.fake_executor import StepGate, text_script
-from vllm_mlx_trio.testing.harness import fake_executor_factory, open_server
+from vllm_mlx_trio.testing.clients import anthropic_client
+from vllm_mlx_trio.testing.fake_executor import StepGate
+from vllm_mlx_trio.testing.harness import fake_server
 from vllm_mlx_trio.testing.polling import engine_idle, wait_until
 
 MODEL = "demo:tiny"
 USER = [{"role": "user", "content": "hi"}]
 KEY = "sk-test-anthropic-key-0123456789"
-
-
-def server(cfg, text="Hello, world!", *, then_eos=True, **kwargs):
-    kwargs.setdefault("step_s", 0.001)
-    factory = fake_executor_factory(script=text_script(text, then_eos=then_eos), **kwargs)
-    return open_server(cfg, executor_factory=factory)
-
-
-def client(url, **kwargs) -> anthropic.AsyncAnthropic:
-    kwargs.setdefault("api_key", "unused")
-    return anthropic.AsyncAnthropic(base_url=url, max_retries=0, **kwargs)
 
 
 def sse_events(raw: str) -> list[tuple[str | None, dict | None]]:
@@ -57,7 +47,7 @@ def sse_events(raw: str) -> list[tuple[str | None, dict | None]]:
 async def test_create_returns_a_message_with_usage_equal_to_count_tokens(fake_cfg):
     system = [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}]
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, client(srv.url) as c:
+        async with fake_server(fake_cfg) as srv, anthropic_client(srv.url) as c:
             message = await c.messages.create(model=MODEL, max_tokens=100, messages=USER, system=system)
             counted = await c.messages.count_tokens(model=MODEL, messages=USER, system=system)
             without_system = await c.messages.count_tokens(model=MODEL, messages=USER)
@@ -74,7 +64,7 @@ async def test_create_returns_a_message_with_usage_equal_to_count_tokens(fake_cf
 async def test_count_tokens_accepts_beta_query(fake_cfg):
     body = {"model": MODEL, "messages": USER}
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg) as srv, httpx.AsyncClient() as http:
             plain = await http.post(f"{srv.url}/v1/messages/count_tokens", json=body)
             beta = await http.post(f"{srv.url}/v1/messages/count_tokens?beta=true", json=body)
     assert plain.status_code == beta.status_code == 200
@@ -83,7 +73,7 @@ async def test_count_tokens_accepts_beta_query(fake_cfg):
 
 async def test_stream_helper_final_message_matches_the_text(fake_cfg):
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, client(srv.url) as c:
+        async with fake_server(fake_cfg) as srv, anthropic_client(srv.url) as c:
             async with c.messages.stream(model=MODEL, max_tokens=100, messages=USER) as stream:
                 texts = [text async for text in stream.text_stream]
                 final = await stream.get_final_message()
@@ -96,7 +86,7 @@ async def test_stream_helper_final_message_matches_the_text(fake_cfg):
 async def test_stream_event_protocol_on_the_wire(fake_cfg):
     body = {"model": MODEL, "max_tokens": 3, "messages": USER, "stream": True}
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg) as srv, httpx.AsyncClient() as http:
             resp = await http.post(f"{srv.url}/v1/messages", json=body)
     assert resp.headers["content-type"].startswith("text/event-stream")
     events = sse_events(resp.text)
@@ -120,7 +110,7 @@ async def test_stream_event_protocol_on_the_wire(fake_cfg):
 @pytest.mark.parametrize("stream", [False, True])
 async def test_stop_sequence_is_reported(fake_cfg, stream):
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, client(srv.url) as c:
+        async with fake_server(fake_cfg) as srv, anthropic_client(srv.url) as c:
             kwargs = {"model": MODEL, "max_tokens": 100, "messages": USER, "stop_sequences": ["zz", ", w"]}
             if stream:
                 async with c.messages.stream(**kwargs) as s:
@@ -162,7 +152,7 @@ async def test_claude_code_style_request_is_accepted(fake_cfg):
         "thinking": {"type": "disabled"},
     }
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg) as srv, httpx.AsyncClient() as http:
             resp = await http.post(f"{srv.url}/v1/messages", json=body, headers={"anthropic-version": "2023-06-01"})
     assert resp.status_code == 200, resp.text
     assert resp.json()["content"][0]["text"] == "Hello, world!"
@@ -247,7 +237,7 @@ BAD = [
 @pytest.mark.parametrize(("what", "change", "needle"), BAD, ids=[b[0] for b in BAD])
 async def test_bad_requests_get_anthropic_errors(fake_cfg, what, change, needle):
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, client(srv.url) as c:
+        async with fake_server(fake_cfg) as srv, anthropic_client(srv.url) as c:
             with pytest.raises(anthropic.BadRequestError) as caught:  # extra_body replaces fields as given
                 await c.messages.create(model=MODEL, max_tokens=10, messages=USER, extra_body=change)
     error = caught.value.body
@@ -257,7 +247,7 @@ async def test_bad_requests_get_anthropic_errors(fake_cfg, what, change, needle)
 
 async def test_unknown_model_and_path_are_not_found_errors(fake_cfg):
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, client(srv.url) as c, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg) as srv, anthropic_client(srv.url) as c, httpx.AsyncClient() as http:
             with pytest.raises(anthropic.NotFoundError) as caught:
                 await c.messages.create(model="claude-nope", max_tokens=5, messages=USER)
             path = await http.post(f"{srv.url}/v1/messages/nothing", json={})
@@ -271,13 +261,13 @@ async def test_x_api_key_and_bearer_both_authenticate(fake_cfg, monkeypatch):
     monkeypatch.setenv(API_KEYS_ENV, KEY)
     body = {"model": MODEL, "max_tokens": 5, "messages": USER}
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, httpx.AsyncClient() as http:
-            async with client(srv.url, api_key=KEY) as c:  # the SDK sends x-api-key
+        async with fake_server(fake_cfg) as srv, httpx.AsyncClient() as http:
+            async with anthropic_client(srv.url, api_key=KEY) as c:  # the SDK sends x-api-key
                 by_sdk = await c.messages.create(**body)
             bearer = await http.post(f"{srv.url}/v1/messages", json=body, headers={"Authorization": f"Bearer {KEY}"})
             x_api_key = await http.post(f"{srv.url}/v1/messages", json=body, headers={"x-api-key": KEY})
             on_chat = await http.get(f"{srv.url}/v1/models", headers={"x-api-key": KEY})
-            async with client(srv.url, api_key="sk-wrong") as c:
+            async with anthropic_client(srv.url, api_key="sk-wrong") as c:
                 with pytest.raises(anthropic.AuthenticationError) as caught:
                     await c.messages.create(**body)
             missing = await http.post(f"{srv.url}/v1/messages", json=body)
@@ -297,7 +287,7 @@ async def test_full_engine_is_a_rate_limit_error(fake_cfg):
     gate = StepGate()
     body = {"model": MODEL, "max_tokens": 5, "messages": USER, "stream": True}
     with trio.fail_after(20):
-        async with server(cfg, gate=gate) as srv, client(srv.url) as c, httpx.AsyncClient() as http:
+        async with fake_server(cfg, gate=gate) as srv, anthropic_client(srv.url) as c, httpx.AsyncClient() as http:
             async with http.stream("POST", f"{srv.url}/v1/messages", json=body) as first:
                 lines = first.aiter_lines()
                 assert (await lines.__anext__()) == "event: message_start"
@@ -311,7 +301,7 @@ async def test_full_engine_is_a_rate_limit_error(fake_cfg):
 
 async def test_failure_mid_stream_is_an_error_event(fake_cfg):
     with trio.fail_after(20), pytest.raises(ExecutorCrashedError):  # the server exits with its engine
-        async with server(fake_cfg, fail_at_step=3) as srv, client(srv.url) as c:
+        async with fake_server(fake_cfg, fail_at_step=3) as srv, anthropic_client(srv.url) as c:
             with pytest.raises(anthropic.APIStatusError) as caught:
                 async with c.messages.stream(model=MODEL, max_tokens=100, messages=USER) as stream:
                     await stream.get_final_message()
@@ -323,7 +313,7 @@ async def test_ping_while_a_long_prefill_runs(fake_cfg, monkeypatch):
     gate = StepGate()  # no step runs until allowed: the "prefill" takes as long as the test wants
     body = {"model": MODEL, "max_tokens": 3, "messages": USER, "stream": True}
     with trio.fail_after(20):
-        async with server(fake_cfg, gate=gate) as srv, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg, gate=gate) as srv, httpx.AsyncClient() as http:
             async with http.stream("POST", f"{srv.url}/v1/messages", json=body) as resp:
                 lines = resp.aiter_lines()
                 seen = []
@@ -338,7 +328,7 @@ async def test_ping_while_a_long_prefill_runs(fake_cfg, monkeypatch):
 async def test_disconnect_mid_stream_frees_the_request(fake_cfg):
     body = {"model": MODEL, "messages": USER, "stream": True, "max_tokens": 4000}
     with trio.fail_after(20):
-        async with server(fake_cfg, text="abc", then_eos=False) as srv:
+        async with fake_server(fake_cfg, text="abc", then_eos=False) as srv:
             async with httpx.AsyncClient() as http:
                 async with http.stream("POST", f"{srv.url}/v1/messages", json=body) as resp:
                     lines = resp.aiter_lines()

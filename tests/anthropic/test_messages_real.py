@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-import anthropic
 import attrs
 import httpx
 import pytest
 import trio
 
+from vllm_mlx_trio.testing.clients import anthropic_client
 from vllm_mlx_trio.testing.harness import open_server
 
 pytestmark = pytest.mark.mlx
@@ -27,7 +27,7 @@ async def test_create_stream_and_count_tokens_agree(demo_cfg):
     kwargs = {"model": MODEL, "max_tokens": 24, "system": SYSTEM, "messages": USER, "extra_body": {"temperature": 0}}
     with trio.fail_after(TIMEOUT_S):
         async with open_server(demo_cfg) as srv:
-            async with anthropic.AsyncAnthropic(base_url=srv.url, api_key="unused", max_retries=0) as c:
+            async with anthropic_client(srv.url) as c:
                 counted = await c.messages.count_tokens(model=MODEL, system=SYSTEM, messages=USER)
                 whole = await c.messages.create(**kwargs)  # a cold cache: the first request
                 async with c.messages.stream(**kwargs) as stream:
@@ -61,7 +61,7 @@ async def test_forced_tool_use_and_tool_result_round_trip(demo_cfg):
     forced = {"type": "tool", "name": "get_weather"}
     with trio.fail_after(TIMEOUT_S):
         async with open_server(demo_cfg) as srv:
-            async with anthropic.AsyncAnthropic(base_url=srv.url, api_key="unused", max_retries=0) as c:
+            async with anthropic_client(srv.url) as c:
                 message = await c.messages.create(
                     model=MODEL, max_tokens=200, messages=ask, tools=[WEATHER], tool_choice=forced
                 )
@@ -102,7 +102,7 @@ async def test_prefill_is_continued_as_the_chat_route_continues_it(demo_cfg):
     closed_body = {**chat_body, "continue_final_message": False, "add_generation_prompt": True}
     with trio.fail_after(TIMEOUT_S):
         async with open_server(demo_cfg) as srv:
-            async with anthropic.AsyncAnthropic(base_url=srv.url, api_key="unused", max_retries=0) as c:
+            async with anthropic_client(srv.url) as c:
                 message = await c.messages.create(
                     model=MODEL, max_tokens=12, messages=prefill, extra_body={"temperature": 0}
                 )
@@ -130,7 +130,7 @@ async def test_output_config_format_constrains_the_reply_to_the_schema(demo_cfg)
     kwargs = {"model": MODEL, "max_tokens": 40, "messages": USER, "extra_body": {"temperature": 0}}
     with trio.fail_after(TIMEOUT_S):
         async with open_server(demo_cfg) as srv:
-            async with anthropic.AsyncAnthropic(base_url=srv.url, api_key="unused", max_retries=0) as c:
+            async with anthropic_client(srv.url) as c:
                 message = await c.messages.create(**kwargs, output_config=config)
                 async with c.messages.stream(**kwargs, output_config=config) as stream:
                     streamed = await stream.get_final_message()
@@ -150,7 +150,7 @@ async def test_thinking_budget_closes_the_block(demo_cfg, budgeted):
     thinking = {"type": "enabled", "budget_tokens": 1024} if budgeted else None
     with trio.fail_after(TIMEOUT_S):
         async with open_server(cfg) as srv:
-            async with anthropic.AsyncAnthropic(base_url=srv.url, api_key="unused", max_retries=0) as c:
+            async with anthropic_client(srv.url) as c:
                 message = await c.messages.create(
                     model=MODEL, max_tokens=1100, messages=opened, extra_body={"temperature": 0, "thinking": thinking}
                 )

@@ -8,6 +8,7 @@ produced a few tokens per step, so markup is split anywhere; the anthropic SDK m
 
 from __future__ import annotations
 
+import functools
 import json
 
 import anthropic
@@ -15,8 +16,9 @@ import pytest
 import trio
 
 from vllm_mlx_trio.config import load_config
-from vllm_mlx_trio.testing.fake_executor import FakeExecutor, FakeTokenizer, text_script
-from vllm_mlx_trio.testing.harness import open_server
+from vllm_mlx_trio.testing.clients import anthropic_client
+from vllm_mlx_trio.testing.fake_executor import FakeExecutor, FakeTokenizer
+from vllm_mlx_trio.testing.harness import fake_server
 
 MODEL = "demo:tiny"
 WEATHER = {
@@ -42,20 +44,9 @@ def cfg(tool_parser="hermes", reasoning_parser="none"):
     return load_config(None, overrides=overrides, environ={})
 
 
-def server(config, text: str, executors: list | None = None):
-    def factory(plan_recv, result_send):
-        executor = FakeExecutor(
-            plan_recv, result_send, script=text_script(text), step_s=0.001, tokens_per_step=(1, 3, 2)
-        )
-        if executors is not None:
-            executors.append(executor)
-        return executor
-
-    return open_server(config, executor_factory=factory)
-
-
-def client(url) -> anthropic.AsyncAnthropic:
-    return anthropic.AsyncAnthropic(base_url=url, api_key="unused", max_retries=0)
+#: Every request generates the text then EOS, a few tokens a step (1, 3, 2, cycled): the
+#: markup is split anywhere.
+server = functools.partial(fake_server, tokens_per_step=(1, 3, 2))
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -63,7 +54,7 @@ async def test_tool_use_blocks(stream):
     reply = "Let me check." + call_markup("get_weather", {"city": "Paris"})
     kwargs = {"model": MODEL, "max_tokens": 200, "messages": ASK, "tools": [WEATHER]}
     with trio.fail_after(20):
-        async with server(cfg(), reply) as srv, client(srv.url) as c:
+        async with server(cfg(), reply) as srv, anthropic_client(srv.url) as c:
             if stream:
                 async with c.messages.stream(**kwargs) as s:
                     message = await s.get_final_message()
@@ -83,7 +74,7 @@ async def test_arguments_stream_as_input_json_delta():
     reply = call_markup("get_weather", arguments)
     kwargs = {"model": MODEL, "max_tokens": 400, "messages": ASK, "tools": [WEATHER]}
     with trio.fail_after(20):
-        async with server(cfg(), reply) as srv, client(srv.url) as c, c.messages.stream(**kwargs) as s:
+        async with server(cfg(), reply) as srv, anthropic_client(srv.url) as c, c.messages.stream(**kwargs) as s:
             events = [event async for event in s]
             message = await s.get_final_message()
     fragments = [
@@ -100,7 +91,7 @@ async def test_arguments_stream_as_input_json_delta():
 async def test_disable_parallel_tool_use_keeps_the_first_call():
     reply = call_markup("get_weather", {"city": "Paris"}) + call_markup("get_weather", {"city": "Rome"})
     with trio.fail_after(20):
-        async with server(cfg(), reply) as srv, client(srv.url) as c:
+        async with server(cfg(), reply) as srv, anthropic_client(srv.url) as c:
             both = await c.messages.create(model=MODEL, max_tokens=200, messages=ASK, tools=[WEATHER])
             one = await c.messages.create(
                 model=MODEL,
@@ -116,7 +107,7 @@ async def test_disable_parallel_tool_use_keeps_the_first_call():
 async def test_tool_choice_none_renders_tools_but_parses_no_call():
     reply = call_markup("get_weather", {"city": "Paris"})
     with trio.fail_after(20):
-        async with server(cfg(), reply) as srv, client(srv.url) as c:
+        async with server(cfg(), reply) as srv, anthropic_client(srv.url) as c:
             message = await c.messages.create(
                 model=MODEL, max_tokens=200, messages=ASK, tools=[WEATHER], tool_choice={"type": "none"}
             )
@@ -143,7 +134,7 @@ async def test_tool_result_round_trip_reaches_the_prompt():
         },
     ]
     with trio.fail_after(20):
-        async with server(cfg(), "It is sunny.", executors) as srv, client(srv.url) as c:
+        async with server(cfg(), "It is sunny.", executors=executors) as srv, anthropic_client(srv.url) as c:
             message = await c.messages.create(model=MODEL, max_tokens=50, messages=history, tools=[WEATHER])
             counted = await c.messages.count_tokens(model=MODEL, messages=history, tools=[WEATHER])
     [seq] = [seq for plan in executors[0].plans for seq in plan.new_seqs]
@@ -159,7 +150,7 @@ async def test_thinking_becomes_a_thinking_block(stream):
     thinking = {"type": "enabled", "budget_tokens": 1024}
     kwargs = {"model": MODEL, "max_tokens": 2000, "messages": ASK, "thinking": thinking}
     with trio.fail_after(20):
-        async with server(cfg("none", "qwen3"), reply) as srv, client(srv.url) as c:
+        async with server(cfg("none", "qwen3"), reply) as srv, anthropic_client(srv.url) as c:
             if stream:
                 async with c.messages.stream(**kwargs) as s:
                     kinds = [event.type async for event in s]
@@ -191,7 +182,7 @@ BAD = [
 @pytest.mark.parametrize(("change", "needle"), BAD)
 async def test_bad_tool_requests(change, needle):
     with trio.fail_after(20):
-        async with server(cfg(), "x") as srv, client(srv.url) as c:
+        async with server(cfg(), "x") as srv, anthropic_client(srv.url) as c:
             with pytest.raises(anthropic.BadRequestError) as caught:
                 await c.messages.create(
                     model=MODEL, max_tokens=2000, messages=ASK, extra_body={"tools": [WEATHER], **change}
@@ -201,7 +192,7 @@ async def test_bad_tool_requests(change, needle):
 
 async def test_tools_need_a_tool_parser():
     with trio.fail_after(20):
-        async with server(cfg("none"), "x") as srv, client(srv.url) as c:
+        async with server(cfg("none"), "x") as srv, anthropic_client(srv.url) as c:
             with pytest.raises(anthropic.BadRequestError) as caught:
                 await c.messages.create(model=MODEL, max_tokens=20, messages=ASK, tools=[WEATHER])
     assert "no tool parser" in caught.value.body["error"]["message"]

@@ -1,6 +1,6 @@
 """Media-position keys in the prefix cache: text before an image is shared, nothing after it.
 
-The rule (iface13): block ``i`` folds the key of every media item starting inside it (and so,
+The rule: block ``i`` folds the key of every media item starting inside it (and so,
 through the hash chain, every later block); a tail at ``t`` folds the keys starting before
 ``t``; a key never folds into an entry ending at or before its start.
 """
@@ -134,9 +134,9 @@ def test_kv_events_publish_the_hashes_the_pool_keys_blocks_by():
     expected = [external_hash(h) for h in chain_hashes(tokens, (), media, SIZE, 3)]
     assert [e[1][0] for e in events] == expected
     assert [e[2] for e in events] == [None, expected[0], expected[1]]  # parents follow the media chain
-    held = actor.pool.cached_prefix(tokens, (), media)
-    assert [external_hash(actor.pool.block_info(b).block_hash) for b in held] == expected
-    assert actor.pool.cached_prefix(tokens) == held[:1]  # without the image only block 0 matches
+    held = actor._pool.cached_prefix(tokens, (), media)
+    assert [external_hash(actor._pool.block_info(b).block_hash) for b in held] == expected
+    assert actor._pool.cached_prefix(tokens) == held[:1]  # without the image only block 0 matches
 
 
 def _cache_config():

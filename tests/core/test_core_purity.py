@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from vllm_mlx_trio.testing.imports import imported_modules
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 NO_TRIO_NO_MLX = (
@@ -57,14 +59,15 @@ def test_an_unknown_name_is_an_attribute_error():
 
 
 def test_core_imports_nothing_above_it_but_the_error_tree():
-    """core/ plans with its own data (core/plan.py); only errors.py, a leaf, comes from above."""
-    import ast
-
-    above = set()
-    for path in (REPO / "vllm_mlx_trio" / "core").glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level >= 2:
-                above.add(node.module)
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("vllm_mlx_trio."):
-                above.add(node.module)
-    assert above <= {"errors"}, above
+    """core/ plans with its own data (core/plan.py); only errors.py, a leaf, comes from above.
+    Every module of core/, core/prefix/ too; imports inside functions count."""
+    core = REPO / "vllm_mlx_trio" / "core"
+    paths = sorted(core.rglob("*.py"))
+    assert core / "prefix" / "block_pool.py" in paths
+    above = {
+        module
+        for path in paths
+        for _, module in imported_modules(path, REPO)
+        if module.startswith("vllm_mlx_trio.") and not (module + ".").startswith("vllm_mlx_trio.core.")
+    }
+    assert above <= {"vllm_mlx_trio.errors"}, above

@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import trio
+import functools
 
-from vllm_mlx_trio.core.params import SamplingParams
-from vllm_mlx_trio.core.request import Request, RequestStatus
+from vllm_mlx_trio.core.request import RequestStatus
 from vllm_mlx_trio.core.scheduler import Scheduler
-from vllm_mlx_trio.messages import Admit, RequestId, StepResult
+from vllm_mlx_trio.messages import RequestId, StepResult
+from vllm_mlx_trio.testing.requests import make_request
 
 EOS = 2
 
 
-def make_request(name: str, max_tokens: int = 3) -> Request:
-    send, _recv = trio.open_memory_channel(4)
-    admit = Admit(
-        request_id=RequestId(name),
-        prompt_token_ids=(10, 11),
-        params=SamplingParams(max_tokens=max_tokens, stop_token_ids=(7,)),
-        outbox=send,
-        arrival_time=0.0,
-    )
-    return Request(admit, (EOS,))
+#: This file's requests: 2 prompt tokens, at most 3 out, token 7 a stop token.
+new_request = functools.partial(make_request, eos_token_ids=(EOS,), max_tokens=3, stop_token_ids=(7,))
 
 
 def start_all(scheduler: Scheduler) -> list[str]:
@@ -34,7 +26,7 @@ def start_all(scheduler: Scheduler) -> list[str]:
 
 def test_one_runs_at_a_time_in_arrival_order():
     s = Scheduler(max_running=1)
-    a, b = make_request("a"), make_request("b")
+    a, b = new_request("a"), new_request("b")
     s.add(a)
     s.add(b)
     assert start_all(s) == ["a"]
@@ -47,7 +39,7 @@ def test_one_runs_at_a_time_in_arrival_order():
 
 def test_finish_reasons_and_drop_in_next_plan():
     s = Scheduler(max_running=1)
-    a = make_request("a", max_tokens=2)
+    a = new_request("a", max_tokens=2)
     s.add(a)
     start_all(s)
     s.build_plan()
@@ -62,7 +54,7 @@ def test_finish_reasons_and_drop_in_next_plan():
 
 def test_eos_and_stop_token_ids_stop():
     for token in (EOS, 7):
-        request = make_request("a", max_tokens=10)
+        request = new_request("a", max_tokens=10)
         request.status = RequestStatus.RUNNING
         request.append_tokens((4, token, 9))
         assert request.finish_reason == "stop"
@@ -72,7 +64,7 @@ def test_eos_and_stop_token_ids_stop():
 def test_abort_is_a_noop_for_unknown_or_finished():
     s = Scheduler(max_running=1)
     assert s.abort(RequestId("nope"), RequestStatus.FINISHED_ABORTED) is None
-    a = make_request("a")
+    a = new_request("a")
     s.add(a)
     start_all(s)
     assert s.abort(RequestId("a"), RequestStatus.FINISHED_ABORTED) is a
@@ -84,7 +76,7 @@ def test_abort_is_a_noop_for_unknown_or_finished():
 
 def test_tokens_for_an_aborted_request_are_dropped():
     s = Scheduler(max_running=1)
-    s.add(make_request("a"))
+    s.add(new_request("a"))
     start_all(s)
     s.build_plan()
     s.abort(RequestId("a"), RequestStatus.FINISHED_ABORTED)

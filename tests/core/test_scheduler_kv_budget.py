@@ -3,26 +3,20 @@ a preempted request comes back. Exact plans for scripted events, no Trio, no MLX
 
 from __future__ import annotations
 
-import trio
+import functools
 
-from vllm_mlx_trio.core.params import SamplingParams
-from vllm_mlx_trio.core.request import Request, RequestStatus
+from vllm_mlx_trio.core.request import RequestStatus
 from vllm_mlx_trio.core.scheduler import ADMIT_HEADROOM_TOKENS, Scheduler
-from vllm_mlx_trio.messages import Admit, RequestId, StepResult
+from vllm_mlx_trio.messages import StepResult
+from vllm_mlx_trio.testing.requests import make_request
 
 EOS = 2
 
 
-def make_request(name: str, prompt_len: int = 10, max_tokens: int = 100) -> Request:
-    send, _recv = trio.open_memory_channel(4)
-    admit = Admit(
-        request_id=RequestId(name),
-        prompt_token_ids=tuple(range(10, 10 + prompt_len)),
-        params=SamplingParams(max_tokens=max_tokens, min_tokens=1, presence_penalty=0.5),
-        outbox=send,
-        arrival_time=0.0,
-    )
-    return Request(admit, (EOS,))
+#: This file's requests: 10 prompt tokens, at most 100 out, and params a preemption must keep.
+new_request = functools.partial(
+    make_request, prompt=10, eos_token_ids=(EOS,), max_tokens=100, min_tokens=1, presence_penalty=0.5
+)
 
 
 def start_all(scheduler: Scheduler) -> list[str]:
@@ -48,30 +42,30 @@ def test_a_request_joins_only_with_headroom_for_every_row():
     tight = Scheduler(max_running=8, kv_budget_tokens=need - 1)
     roomy = Scheduler(max_running=8, kv_budget_tokens=need)
     for s in (tight, roomy):
-        s.add(make_request("a"))
-        s.add(make_request("b"))
+        s.add(new_request("a"))
+        s.add(new_request("b"))
     assert start_all(tight) == ["a"] and [r.request_id for r in tight.waiting] == ["b"]
     assert start_all(roomy) == ["a", "b"]
 
 
 def test_the_head_of_the_queue_is_never_overtaken():
     s = Scheduler(max_running=8, kv_budget_tokens=100)
-    s.add(make_request("a", prompt_len=40))
-    s.add(make_request("big", prompt_len=60))
-    s.add(make_request("small", prompt_len=2))  # would fit, but arrived after "big"
+    s.add(new_request("a", prompt=40))
+    s.add(new_request("big", prompt=60))
+    s.add(new_request("small", prompt=2))  # would fit, but arrived after "big"
     assert start_all(s) == ["a"]
     assert [r.request_id for r in s.waiting] == ["big", "small"]
 
 
 def test_the_oldest_request_runs_alone_whatever_its_size():
     s = Scheduler(max_running=8, kv_budget_tokens=50)
-    s.add(make_request("a", prompt_len=45))
+    s.add(new_request("a", prompt=45))
     assert start_all(s) == ["a"]
 
 
 def test_growth_preempts_the_newest_and_it_resumes_from_prompt_plus_output():
     s = Scheduler(max_running=8, kv_budget_tokens=2 * (10 + ADMIT_HEADROOM_TOKENS), lookahead_tokens=2)
-    a, b = make_request("a"), make_request("b")
+    a, b = new_request("a"), new_request("b")
     s.add(a)
     s.add(b)
     assert start_all(s) == ["a", "b"]
@@ -98,7 +92,7 @@ def test_growth_preempts_the_newest_and_it_resumes_from_prompt_plus_output():
 
 def test_results_of_steps_planned_before_a_preemption_are_ignored():
     s = Scheduler(max_running=8, kv_budget_tokens=1000)
-    a, b = make_request("a"), make_request("b")
+    a, b = new_request("a"), new_request("b")
     s.add(a)
     s.add(b)
     start_all(s)
@@ -119,7 +113,7 @@ def test_results_of_steps_planned_before_a_preemption_are_ignored():
 def test_without_a_budget_nothing_is_preempted():
     s = Scheduler(max_running=8)
     for name in "abcd":
-        s.add(make_request(name, prompt_len=1000))
+        s.add(new_request(name, prompt=1000))
     assert start_all(s) == ["a", "b", "c", "d"]
     step(s)
     assert s.preempt_for_growth() == [] and s.kv_tokens_held == 4 * 1001
@@ -127,8 +121,8 @@ def test_without_a_budget_nothing_is_preempted():
 
 def test_kv_tokens_held_is_rows_times_the_longest_row():
     s = Scheduler(max_running=8, kv_budget_tokens=10_000)
-    s.add(make_request("a", prompt_len=30))
-    s.add(make_request("b", prompt_len=10))
+    s.add(new_request("a", prompt=30))
+    s.add(new_request("b", prompt=10))
     start_all(s)
     assert s.kv_tokens_held == 2 * 30
     step(s)
@@ -137,7 +131,7 @@ def test_kv_tokens_held_is_rows_times_the_longest_row():
 
 def test_usage_keeps_the_first_runs_cached_tokens():
     s = Scheduler(max_running=8, kv_budget_tokens=1000)
-    a, b = make_request("a"), make_request("b")
+    a, b = new_request("a"), new_request("b")
     s.add(a)
     s.add(b)
     for request in s.pop_startable():

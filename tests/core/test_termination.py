@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-import trio
 
 from vllm_mlx_trio.core.params import SamplingParams
-from vllm_mlx_trio.core.request import Request, RequestStatus
+from vllm_mlx_trio.core.request import RequestStatus
 from vllm_mlx_trio.core.termination import LENGTH, STOP, Termination, stop_strings_from
-from vllm_mlx_trio.messages import Admit, RequestId, TokenLogprob
+from vllm_mlx_trio.messages import TokenLogprob
+from vllm_mlx_trio.testing.requests import make_request
 
 EOS = 2
 
@@ -42,24 +42,12 @@ def test_stop_strings_count_only_past_min_tokens(min_tokens, before, new, expect
     assert stop_strings_from(min_tokens, before, new) == expected
 
 
-def make_request(**params) -> Request:
-    send, _recv = trio.open_memory_channel(4)
-    admit = Admit(
-        request_id=RequestId("r"),
-        prompt_token_ids=(10, 11),
-        params=SamplingParams(**params),
-        outbox=send,
-        arrival_time=0.0,
-    )
-    return Request(admit, (EOS,))
-
-
 def logprobs(tokens) -> tuple[TokenLogprob, ...]:
     return tuple(TokenLogprob(token_id=t, logprob=-1.0) for t in tokens)
 
 
 def test_request_keeps_every_token_of_a_step_until_one_ends_it():
-    request = make_request(max_tokens=6, logprobs=0)
+    request = make_request(eos_token_ids=(EOS,), max_tokens=6, logprobs=0)
     request.append_tokens((5, 6, 7), logprobs((5, 6, 7)))
     assert request.status == RequestStatus.WAITING and request.num_output_tokens == 3
     request.append_tokens((8, 9, 10, 11), logprobs((8, 9, 10, 11)))
@@ -69,7 +57,7 @@ def test_request_keeps_every_token_of_a_step_until_one_ends_it():
 
 
 def test_request_stop_id_mid_step_drops_the_rest_and_their_logprobs():
-    request = make_request(max_tokens=20, min_tokens=2)
+    request = make_request(eos_token_ids=(EOS,), max_tokens=20, min_tokens=2)
     request.append_tokens((EOS, 5, EOS, 6), logprobs((EOS, 5, EOS, 6)))
     assert request.status == RequestStatus.FINISHED_STOPPED and request.finish_reason == "stop"
     assert request.take_undelivered() == ((EOS, 5, EOS), logprobs((EOS, 5, EOS)))

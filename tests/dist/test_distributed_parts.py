@@ -1,6 +1,10 @@
-"""The distributed runner's pure parts: seeds fixed by rank 0, the shape of the launch."""
+"""The distributed runner's parts that need no second rank: seeds fixed by rank 0, the shape of
+the launch, the collective watchdog (with its exit replaced)."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 import pytest
 
@@ -40,3 +44,37 @@ def test_tensor_times_pipeline_must_match_the_ranks(monkeypatch):
         distributed_runner.init_group(cfg)
     ok = load_config(None, overrides=["engine.mode=distributed", "distributed.tensor=2", "distributed.pipeline=2"])
     assert distributed_runner.init_group(ok).size() == 4
+
+
+def _watchdog(timeout_s: float) -> tuple[distributed_runner.CollectiveWatchdog, list[str], threading.Event]:
+    """A watchdog that records the expired section instead of exiting the process."""
+    expired: list[str] = []
+    fired = threading.Event()
+
+    def on_expire(what: str) -> None:
+        expired.append(what)
+        fired.set()
+
+    return distributed_runner.CollectiveWatchdog(timeout_s, rank=0, on_expire=on_expire), expired, fired
+
+
+def test_the_collective_watchdog_fires_at_the_deadline_not_at_a_polling_tick():
+    watchdog, expired, fired = _watchdog(0.02)
+    started = time.monotonic()
+    with watchdog.guard("step 7"):
+        assert fired.wait(timeout=10)
+    waited = time.monotonic() - started
+    assert expired == ["step 7"]
+    assert waited < 0.4, waited  # woken by its deadline, not by a sleep loop's next look
+    watchdog.close()
+
+
+def test_a_section_that_ends_in_time_wakes_the_watchdog_and_is_not_fired():
+    watchdog, expired, fired = _watchdog(0.2)
+    for step in range(20):
+        with watchdog.guard(f"step {step}"):
+            pass
+    watchdog.close()
+    watchdog._thread.join(timeout=10)
+    assert not watchdog._thread.is_alive()  # closing ends its wait at once
+    assert expired == [] and not fired.is_set()

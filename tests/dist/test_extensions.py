@@ -10,15 +10,13 @@ import pytest
 import trio
 
 from vllm_mlx_trio.actors.admission.chat_template import ChatTemplateOptions, tokenize_prompt
-from vllm_mlx_trio.core.params import SamplingParams
-from vllm_mlx_trio.core.request import Request
 from vllm_mlx_trio.core.scheduler import Scheduler
 from vllm_mlx_trio.errors import InvalidRequestError
 from vllm_mlx_trio.http.openai import extensions
 from vllm_mlx_trio.http.openai.requests import parse_chat, parse_completion
-from vllm_mlx_trio.messages import Admit, ChatMessage, RequestId, TextPart
-from vllm_mlx_trio.testing.fake_executor import FakeExecutor, text_script
-from vllm_mlx_trio.testing.harness import open_server
+from vllm_mlx_trio.messages import ChatMessage, TextPart
+from vllm_mlx_trio.testing.harness import fake_server
+from vllm_mlx_trio.testing.requests import chat_body, make_request, post_chat
 
 MODEL = "demo:tiny"
 #: The fake tokenizer's EOS as text.
@@ -26,8 +24,8 @@ EOS_TEXT = "<|im_end|>"
 CHAT = [{"role": "user", "content": "hi"}]
 
 
-def chat(**fields):
-    return parse_chat({"model": MODEL, "messages": CHAT, **fields}, model_name=MODEL, max_n=4)
+def parsed_chat(**fields):
+    return parse_chat(chat_body(**fields), model_name=MODEL, max_n=4)
 
 
 def completion(**fields):
@@ -38,17 +36,17 @@ def completion(**fields):
 
 
 def test_router_body_with_no_stop_trim_is_accepted_and_keeps_stop_strings():
-    assert chat(no_stop_trim=True).params.include_stop_str_in_output
+    assert parsed_chat(no_stop_trim=True).params.include_stop_str_in_output
     assert completion(include_stop_str_in_output=True).params.include_stop_str_in_output
-    assert not chat(no_stop_trim=False).params.include_stop_str_in_output
+    assert not parsed_chat(no_stop_trim=False).params.include_stop_str_in_output
 
 
 def test_honoured_fields_reach_the_params():
-    params = chat(skip_special_tokens=False, priority=-3, add_generation_prompt=False).params
+    params = parsed_chat(skip_special_tokens=False, priority=-3, add_generation_prompt=False).params
     assert (params.skip_special_tokens, params.priority, params.add_generation_prompt) == (False, -3, False)
-    params = chat(continue_final_message=True).params
+    params = parsed_chat(continue_final_message=True).params
     assert params.continue_final_message and not params.add_generation_prompt
-    defaults = chat().params
+    defaults = parsed_chat().params
     assert (defaults.skip_special_tokens, defaults.add_generation_prompt, defaults.priority) == (True, True, 0)
 
 
@@ -66,7 +64,7 @@ def test_honoured_fields_reach_the_params():
 )
 def test_bad_or_unhonoured_extensions_are_a_400_naming_them(fields, param, code):
     with pytest.raises(InvalidRequestError) as caught:
-        chat(**fields)
+        parsed_chat(**fields)
     assert (caught.value.param, caught.value.code) == (param, code)
 
 
@@ -81,8 +79,8 @@ def test_chat_only_extensions_stay_refused_on_completions():
 
 def test_listed_fields_are_ignored_and_off_values_accepted(caplog):
     caplog.set_level("DEBUG", logger=extensions.__name__)
-    parsed = chat(spaces_between_special_tokens=False, kv_transfer_params={"x": 1}, use_beam_search=False)
-    assert parsed.params == chat().params
+    parsed = parsed_chat(spaces_between_special_tokens=False, kv_transfer_params={"x": 1}, use_beam_search=False)
+    assert parsed.params == parsed_chat().params
     assert "ignoring spaces_between_special_tokens" in caplog.text
     assert set(extensions.IGNORED).isdisjoint(extensions.HONOURED)
 
@@ -100,17 +98,10 @@ def test_unknown_fields_ignore_policy_drops_them_but_still_checks_known_ones():
 # -- behaviour -----------------------------------------------------------------------------
 
 
-def _request(name: str, priority: int) -> Request:
-    send, _recv = trio.open_memory_channel(1)
-    params = SamplingParams(max_tokens=2, priority=priority)
-    admit = Admit(request_id=RequestId(name), prompt_token_ids=(10,), params=params, outbox=send, arrival_time=0.0)
-    return Request(admit, (2,))
-
-
 def test_priority_orders_the_queue_first_come_first_served_within_one():
     scheduler = Scheduler(max_running=1)
     for name, priority in [("a", 0), ("b", 5), ("c", 0), ("d", -1), ("e", 5)]:
-        scheduler.add(_request(name, priority))
+        scheduler.add(make_request(name, prompt=(10,), max_tokens=2, priority=priority))
     assert [r.request_id for r in scheduler.waiting] == ["d", "a", "c", "b", "e"]
 
 
@@ -133,40 +124,27 @@ def test_template_options_reach_the_chat_template():
     tokenizer = TemplateTokenizer()
     tokenize_prompt(tokenizer, prompt, ChatTemplateOptions(add_generation_prompt=False))
     assert tokenizer.kwargs == {"add_generation_prompt": False}
-    tokenize_prompt(tokenizer, prompt, ChatTemplateOptions.of(chat(continue_final_message=True).params))
+    tokenize_prompt(tokenizer, prompt, ChatTemplateOptions.of(parsed_chat(continue_final_message=True).params))
     assert tokenizer.kwargs == {"add_generation_prompt": False, "continue_final_message": True}
     tokenize_prompt(tokenizer, prompt)
     assert tokenizer.kwargs == {"add_generation_prompt": True}
 
 
-def server(cfg, text):
-    def factory(plan_recv, result_send):
-        return FakeExecutor(plan_recv, result_send, script=text_script(text), step_s=0.001)
-
-    return open_server(cfg, executor_factory=factory)
-
-
-async def _post(http, url, body):
-    resp = await http.post(f"{url}/v1/chat/completions", json={"model": MODEL, **body})
-    assert resp.status_code == 200, resp.text
-    return resp.json()
-
-
 async def test_stop_string_is_kept_with_include_stop_str_in_output(fake_cfg):
     with trio.fail_after(30):
-        async with server(fake_cfg, "Hello, world!") as srv, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg, "Hello, world!") as srv, httpx.AsyncClient() as http:
             base = {"messages": CHAT, "stop": ["world"]}
-            trimmed = await _post(http, srv.url, base)
-            kept = await _post(http, srv.url, {**base, "no_stop_trim": True})
+            trimmed = await post_chat(http, srv.url, **base)
+            kept = await post_chat(http, srv.url, **base, no_stop_trim=True)
     assert trimmed["choices"][0]["message"]["content"] == "Hello, "
     assert kept["choices"][0]["message"]["content"] == "Hello, world"
 
 
 async def test_special_tokens_are_text_when_not_skipped(fake_cfg):
     with trio.fail_after(30):
-        async with server(fake_cfg, "a<|im_start|>b") as srv, httpx.AsyncClient() as http:
-            skipped = await _post(http, srv.url, {"messages": CHAT})
-            kept = await _post(http, srv.url, {"messages": CHAT, "skip_special_tokens": False})
+        async with fake_server(fake_cfg, "a<|im_start|>b") as srv, httpx.AsyncClient() as http:
+            skipped = await post_chat(http, srv.url)
+            kept = await post_chat(http, srv.url, skip_special_tokens=False)
             body = {"messages": CHAT, "skip_special_tokens": False, "include_stop_str_in_output": True, "stream": True}
             async with http.stream("POST", f"{srv.url}/v1/chat/completions", json={"model": MODEL, **body}) as resp:
                 streamed = (await resp.aread()).decode()
@@ -180,7 +158,7 @@ async def test_special_tokens_are_text_when_not_skipped(fake_cfg):
 async def test_request_id_echo_and_token_ids(fake_cfg):
     turns = [*CHAT, {"role": "assistant", "content": "Sure: "}]
     with trio.fail_after(30):
-        async with server(fake_cfg, "ok") as srv, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg, "ok") as srv, httpx.AsyncClient() as http:
             body = {
                 "messages": turns,
                 "echo": True,
@@ -188,7 +166,7 @@ async def test_request_id_echo_and_token_ids(fake_cfg):
                 "logprobs": True,
                 "return_tokens_as_token_ids": True,
             }
-            full = await _post(http, srv.url, body)
+            full = await post_chat(http, srv.url, **body)
             async with http.stream(
                 "POST", f"{srv.url}/v1/chat/completions", json={"model": MODEL, **body, "stream": True}
             ) as resp:
@@ -203,9 +181,9 @@ async def test_request_id_echo_and_token_ids(fake_cfg):
 async def test_unknown_fields_ignore_is_a_server_option(fake_cfg):
     cfg = attrs.evolve(fake_cfg, server=attrs.evolve(fake_cfg.server, unknown_fields="ignore"))
     with trio.fail_after(30):
-        async with server(cfg, "ok") as srv, httpx.AsyncClient() as http:
-            answer = await _post(http, srv.url, {"messages": CHAT, "my_extra": {"a": 1}})
-        async with server(fake_cfg, "ok") as srv, httpx.AsyncClient() as http:
+        async with fake_server(cfg, "ok") as srv, httpx.AsyncClient() as http:
+            answer = await post_chat(http, srv.url, my_extra={"a": 1})
+        async with fake_server(fake_cfg, "ok") as srv, httpx.AsyncClient() as http:
             refused = await http.post(
                 f"{srv.url}/v1/chat/completions", json={"model": MODEL, "messages": CHAT, "my_extra": 1}
             )

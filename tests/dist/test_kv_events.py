@@ -53,7 +53,8 @@ def test_stored_blocks_are_one_batch_in_vllms_array_layout():
     ts, events, rank = decode(sent[0])
     assert isinstance(ts, float) and rank is None
     first, second = events
-    hashes = [external_hash(actor.pool.block_info(b).block_hash) for b in actor.pool.cached_prefix(tokens)]
+    full = sorted((b for b in actor.blocks() if not b.is_tail), key=lambda b: b.block_index)
+    hashes = [external_hash(b.block_hash) for b in full]
     assert first == ["BlockStored", [hashes[0]], None, [10, 11, 12, 13], BLOCK, None, "GPU", None]
     assert second == ["BlockStored", [hashes[1]], hashes[0], [14, 15, 16, 17], BLOCK, None, "GPU", None]
     assert all(0 <= h < 2**64 for h in hashes)

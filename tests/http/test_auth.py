@@ -16,8 +16,8 @@ from vllm_mlx_trio.config import API_KEYS_ENV
 from vllm_mlx_trio.errors import ConfigError
 from vllm_mlx_trio.http.auth import ApiKeys, load_api_keys
 from vllm_mlx_trio.serve import serve
-from vllm_mlx_trio.testing.fake_executor import SlowLoadingExecutor, text_script
-from vllm_mlx_trio.testing.harness import fake_executor_factory, free_port, open_server
+from vllm_mlx_trio.testing.fake_executor import text_script
+from vllm_mlx_trio.testing.harness import fake_executor_factory, fake_server, free_port, slow_loading_factory
 
 MODEL = "demo:tiny"
 CHAT = [{"role": "user", "content": "hi"}]
@@ -25,11 +25,6 @@ KEY = "sk-test-right-key-0123456789"
 OTHER_KEY = "sk-test-second-key-abcdef"
 WRONG_KEY = "sk-test-WRONG-key-9876543210"
 CHAT_BODY = {"model": MODEL, "messages": CHAT, "max_tokens": 5}
-
-
-def server(cfg):
-    factory = fake_executor_factory(script=text_script("Hello, world!"), step_s=0.001)
-    return open_server(cfg, executor_factory=factory)
 
 
 def with_key_file(cfg, path):
@@ -53,7 +48,7 @@ def assert_401(resp: httpx.Response, *, request_id: bool = True) -> dict:
 
 async def test_no_keys_means_no_auth(fake_cfg):
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg) as srv, httpx.AsyncClient() as http:
             models = await http.get(f"{srv.url}/v1/models")
             chat = await http.post(f"{srv.url}/v1/chat/completions", json=CHAT_BODY)
             status = await http.get(f"{srv.url}/v1/status", headers=bearer(WRONG_KEY))
@@ -64,7 +59,7 @@ async def test_no_keys_means_no_auth(fake_cfg):
 async def test_env_keys_guard_every_route_but_health(fake_cfg, monkeypatch):
     monkeypatch.setenv(API_KEYS_ENV, KEY)
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg) as srv, httpx.AsyncClient() as http:
             missing = await http.get(f"{srv.url}/v1/models", headers={"X-Request-Id": "abc"})
             wrong = await http.get(f"{srv.url}/v1/models", headers=bearer(WRONG_KEY))
             basic = await http.get(f"{srv.url}/v1/models", headers={"Authorization": f"Basic {KEY}"})
@@ -97,7 +92,7 @@ async def test_completions_with_a_key_streaming_and_not(fake_cfg, monkeypatch):
     monkeypatch.setenv(API_KEYS_ENV, KEY)
     url = "/v1/chat/completions"
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, httpx.AsyncClient(base_url=srv.url) as http:
+        async with fake_server(fake_cfg) as srv, httpx.AsyncClient(base_url=srv.url) as http:
             refused = await http.post(url, json=CHAT_BODY, headers=bearer(WRONG_KEY))
             # the refused request's body did not spoil the connection for the next one
             plain = await http.post(url, json=CHAT_BODY, headers=bearer(KEY))
@@ -119,7 +114,7 @@ async def test_file_keys_with_comments_and_env_keys_all_work(fake_cfg, monkeypat
     key_file.write_text(f"# production keys\n\n  {KEY}  \n# {WRONG_KEY} retired\n{OTHER_KEY}\n")
     monkeypatch.setenv(API_KEYS_ENV, " sk-from-env , ")
     with trio.fail_after(20):
-        async with server(with_key_file(fake_cfg, key_file)) as srv, httpx.AsyncClient() as http:
+        async with fake_server(with_key_file(fake_cfg, key_file)) as srv, httpx.AsyncClient() as http:
             statuses = {
                 key: (await http.get(f"{srv.url}/v1/models", headers=bearer(key))).status_code
                 for key in (KEY, OTHER_KEY, "sk-from-env", WRONG_KEY, "#", "production")
@@ -130,7 +125,7 @@ async def test_file_keys_with_comments_and_env_keys_all_work(fake_cfg, monkeypat
 async def test_openai_client_with_right_and_wrong_key(fake_cfg, monkeypatch):
     monkeypatch.setenv(API_KEYS_ENV, f"{KEY},{OTHER_KEY}")
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv:
+        async with fake_server(fake_cfg) as srv:
             async with openai.AsyncOpenAI(base_url=f"{srv.url}/v1", api_key=OTHER_KEY, max_retries=0) as c:
                 reply = await c.chat.completions.create(model=MODEL, messages=CHAT)
                 stream = await c.chat.completions.create(model=MODEL, messages=CHAT, stream=True)
@@ -148,7 +143,7 @@ async def test_keys_never_reach_the_logs(fake_cfg, monkeypatch, caplog):
     monkeypatch.setenv(API_KEYS_ENV, KEY)
     body = {**CHAT_BODY, "stream": True}
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, httpx.AsyncClient(base_url=srv.url) as http:
+        async with fake_server(fake_cfg) as srv, httpx.AsyncClient(base_url=srv.url) as http:
             await http.post("/v1/chat/completions", json=body, headers=bearer(WRONG_KEY))
             await http.get("/v1/models", headers={"Authorization": WRONG_KEY})
             await http.post("/v1/chat/completions", json=body, headers=bearer(KEY))
@@ -225,24 +220,15 @@ async def test_while_loading_health_is_open_and_the_api_needs_a_key(fake_cfg, mo
     monkeypatch.setenv(API_KEYS_ENV, KEY)
     port = free_port()
     cfg = attrs.evolve(fake_cfg, server=attrs.evolve(fake_cfg.server, port=port))
-    loaded, stop = trio.Event(), trio.Event()
-
-    def factory(plan_recv, result_send):
-        executor = SlowLoadingExecutor(plan_recv, result_send)
-        executor.loaded = loaded
-        return executor
-
+    loading, loaded, stop = trio.Event(), trio.Event(), trio.Event()
+    factory = slow_loading_factory(loading, loaded)
     url = f"http://127.0.0.1:{port}"
     with trio.fail_after(20):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(lambda: serve(cfg, shutdown_trigger=stop.wait, executor_factory=factory))
             async with httpx.AsyncClient(base_url=url, timeout=5) as client:
-                while True:  # the loading app binds first
-                    try:
-                        health = await client.get("/health")
-                        break
-                    except httpx.ConnectError:
-                        await trio.sleep(0.02)
+                await loading.wait()  # the model load has begun: the loading app listens
+                health = await client.get("/health")
                 refused = await client.get("/v1/models", headers=bearer(WRONG_KEY))
                 loading = await client.get("/v1/models", headers=bearer(KEY))
             loaded.set()

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from vllm_mlx_trio.core.params import SamplingParams
 from vllm_mlx_trio.http.openai.requests import parse_chat, parse_completion
 from vllm_mlx_trio.testing.fake_executor import FakeTokenizer, letters_script
-from vllm_mlx_trio.testing.harness import fake_executor_factory, open_server
+from vllm_mlx_trio.testing.harness import fake_server
 
 MODEL = "demo:tiny"
 CHAT = "/v1/chat/completions"
@@ -684,9 +684,8 @@ async def run_good(http: httpx.AsyncClient, url: str, path: str, body: dict) -> 
     return ("full", normalized(raw))
 
 
-def fake_server(cfg, **kwargs):
-    kwargs.setdefault("step_s", 0.002)
-    return open_server(cfg, executor_factory=fake_executor_factory(script=letters_script, **kwargs))
+#: The server of this corpus: letters for every request, 2 ms a step.
+letters_server = functools.partial(fake_server, script=letters_script, step_s=0.002)
 
 
 def check_error(resp: httpx.Response, bad: Bad) -> dict:
@@ -753,7 +752,7 @@ async def test_bad_input_corpus_under_load_with_good_requests(fake_cfg, caplog):
     caplog.set_level(logging.WARNING)
     limits = httpx.Limits(max_connections=CONCURRENCY + len(goods), max_keepalive_connections=CONCURRENCY)
     with trio.fail_after(60):
-        async with fake_server(fake_cfg) as srv:
+        async with letters_server(fake_cfg) as srv:
             async with httpx.AsyncClient(timeout=30, limits=limits) as http:
                 async with trio.open_nursery() as nursery:
                     for i in range(len(goods)):
@@ -761,7 +760,7 @@ async def test_bad_input_corpus_under_load_with_good_requests(fake_cfg, caplog):
                     for i, bad in enumerate(corpus):
                         nursery.start_soon(send_bad, i, bad)
             stats = srv.engine.statistics()
-        async with fake_server(fake_cfg) as quiet, httpx.AsyncClient(timeout=30) as http:
+        async with letters_server(fake_cfg) as quiet, httpx.AsyncClient(timeout=30) as http:
             quiet_out: dict[int, tuple] = {}
 
             async def send_quiet(i: int) -> None:
@@ -886,7 +885,7 @@ async def test_hypothesis_wrong_values_one_by_one(fake_cfg, caplog):
     caplog.set_level(logging.WARNING)
     seen = []
     with trio.fail_after(30):
-        async with fake_server(fake_cfg) as srv, httpx.AsyncClient(timeout=10) as http:
+        async with letters_server(fake_cfg) as srv, httpx.AsyncClient(timeout=10) as http:
             for field, value in cases:
                 body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, field: value}
                 bad = Bad(
@@ -972,7 +971,7 @@ async def test_known_bad_inputs_get_a_small_4xx(fake_cfg, caplog, raw, status):
     caplog.set_level(logging.WARNING)
     bad = Bad("known bug", CHAT, raw, status)
     with trio.fail_after(20):
-        async with fake_server(fake_cfg) as srv, httpx.AsyncClient(timeout=10) as http:
+        async with letters_server(fake_cfg) as srv, httpx.AsyncClient(timeout=10) as http:
             resp = await post(http, srv.url, bad)
     check_error(resp, bad)
     assert error_records(caplog) == []

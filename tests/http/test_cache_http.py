@@ -8,8 +8,8 @@ import httpx
 import pytest
 import trio
 
-from vllm_mlx_trio.testing.fake_executor import text_script
-from vllm_mlx_trio.testing.harness import fake_executor_factory, open_server
+from vllm_mlx_trio.testing.harness import fake_server, open_server
+from vllm_mlx_trio.testing.requests import post_chat
 
 MODEL = "demo:tiny"
 TIMEOUT_S = 120
@@ -22,16 +22,9 @@ SYSTEM = (
 LONG_CHAT = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Any good books on rivers?"}]
 
 
-def fake_server(cfg):
-    factory = fake_executor_factory(script=text_script("Hello!", then_eos=True), step_s=0.001)
-    return open_server(cfg, executor_factory=factory)
-
-
-async def chat(http: httpx.AsyncClient, url: str, messages=LONG_CHAT) -> dict:
-    body = {"model": MODEL, "messages": messages, "max_tokens": 4, "temperature": 0}
-    resp = await http.post(f"{url}/v1/chat/completions", json=body)
-    assert resp.status_code == 200, resp.text
-    return resp.json()
+async def ask(http: httpx.AsyncClient, url: str, messages=LONG_CHAT) -> dict:
+    """A short greedy answer to ``messages`` (the long library chat by default)."""
+    return await post_chat(http, url, messages=messages, max_tokens=4, temperature=0)
 
 
 async def stats(http: httpx.AsyncClient, url: str) -> dict:
@@ -42,7 +35,7 @@ async def stats(http: httpx.AsyncClient, url: str) -> dict:
 
 async def test_stats_shape_on_a_fresh_server(fake_cfg):
     with trio.fail_after(20):
-        async with fake_server(fake_cfg) as srv, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg, "Hello!") as srv, httpx.AsyncClient() as http:
             body = await stats(http, srv.url)
     assert list(body) == [
         "enabled",
@@ -70,8 +63,8 @@ async def test_stats_shape_on_a_fresh_server(fake_cfg):
 async def test_stats_count_lookups_and_legacy_budget_is_blocks(fake_cfg):
     cfg = attrs.evolve(fake_cfg, cache=attrs.evolve(fake_cfg.cache, memory_aware=False, max_entries=7))
     with trio.fail_after(20):
-        async with fake_server(cfg) as srv, httpx.AsyncClient() as http:
-            await chat(http, srv.url)
+        async with fake_server(cfg, "Hello!") as srv, httpx.AsyncClient() as http:
+            await ask(http, srv.url)
             body = await stats(http, srv.url)
     # The fake executor computes no KV, so nothing is cached: every lookup is a miss.
     assert (body["queries"], body["misses"], body["hits"], body["hit_rate"]) == (1, 1, 0, 0.0)
@@ -80,7 +73,7 @@ async def test_stats_count_lookups_and_legacy_budget_is_blocks(fake_cfg):
 
 async def test_delete_on_an_empty_cache_and_wrong_methods(fake_cfg):
     with trio.fail_after(20):
-        async with fake_server(fake_cfg) as srv, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg, "Hello!") as srv, httpx.AsyncClient() as http:
             cleared = await http.delete(f"{srv.url}/v1/cache")
             post = await http.post(f"{srv.url}/v1/cache/stats")
             get = await http.get(f"{srv.url}/v1/cache")
@@ -96,12 +89,12 @@ async def test_delete_on_an_empty_cache_and_wrong_methods(fake_cfg):
 async def test_repeated_prompt_hits_and_delete_makes_it_miss(demo_cfg):
     with trio.fail_after(TIMEOUT_S):
         async with open_server(demo_cfg) as srv, httpx.AsyncClient(timeout=60) as http:
-            first = await chat(http, srv.url)
-            second = await chat(http, srv.url)
+            first = await ask(http, srv.url)
+            second = await ask(http, srv.url)
             hit = await stats(http, srv.url)
             cleared = await http.delete(f"{srv.url}/v1/cache")
             emptied = await stats(http, srv.url)
-            third = await chat(http, srv.url)
+            third = await ask(http, srv.url)
             missed = await stats(http, srv.url)
     block = demo_cfg.cache.block_size
     prompt_tokens = first["usage"]["prompt_tokens"]

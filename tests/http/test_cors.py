@@ -12,8 +12,7 @@ from vllm_mlx_trio.config import API_KEYS_ENV
 from vllm_mlx_trio.http.auth import ApiKeys
 from vllm_mlx_trio.http.cors import DEFAULT_ALLOW_HEADERS, CorsPolicy, allowed_headers
 from vllm_mlx_trio.http.loading_app import create_loading_app
-from vllm_mlx_trio.testing.fake_executor import text_script
-from vllm_mlx_trio.testing.harness import fake_executor_factory, open_server
+from vllm_mlx_trio.testing.harness import fake_server
 
 MODEL = "demo:tiny"
 CHAT_BODY = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
@@ -22,10 +21,9 @@ OTHER = "https://evil.example.net"
 KEY = "sk-cors-test-key"
 
 
-def server(cfg, *origins: str):
-    cfg = attrs.evolve(cfg, server=attrs.evolve(cfg.server, cors_origins=origins))
-    factory = fake_executor_factory(script=text_script("Hello, world!"), step_s=0.001)
-    return open_server(cfg, executor_factory=factory)
+def with_origins(cfg, *origins: str):
+    """``cfg`` allowing cross-origin requests from ``origins``."""
+    return attrs.evolve(cfg, server=attrs.evolve(cfg.server, cors_origins=origins))
 
 
 def cors_headers(resp: httpx.Response) -> dict[str, str]:
@@ -44,7 +42,7 @@ def assert_allowed(resp: httpx.Response, origin: str = APP) -> None:
 
 async def test_no_origins_means_no_cors_headers(fake_cfg):
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, httpx.AsyncClient(base_url=srv.url) as http:
+        async with fake_server(fake_cfg) as srv, httpx.AsyncClient(base_url=srv.url) as http:
             get = await http.get("/v1/models", headers={"Origin": APP})
             post = await http.post("/v1/chat/completions", json=CHAT_BODY, headers={"Origin": APP})
             bad = await http.post("/v1/chat/completions", json={"model": MODEL}, headers={"Origin": APP})
@@ -59,7 +57,7 @@ async def test_a_listed_origin_gets_headers_on_every_response(fake_cfg, monkeypa
     monkeypatch.setenv(API_KEYS_ENV, KEY)
     auth = {"Authorization": f"Bearer {KEY}", "Origin": APP}
     with trio.fail_after(20):
-        async with server(fake_cfg, APP, "https://other.example.com:8443") as srv:
+        async with fake_server(with_origins(fake_cfg, APP, "https://other.example.com:8443")) as srv:
             async with httpx.AsyncClient(base_url=srv.url) as http:
                 get = await http.get("/v1/models", headers=auth)
                 post = await http.post("/v1/chat/completions", json=CHAT_BODY, headers=auth)
@@ -82,7 +80,7 @@ async def test_a_listed_origin_gets_headers_on_every_response(fake_cfg, monkeypa
 async def test_preflight_is_answered_without_a_key(fake_cfg, monkeypatch):
     monkeypatch.setenv(API_KEYS_ENV, KEY)
     with trio.fail_after(20):
-        async with server(fake_cfg, APP) as srv, httpx.AsyncClient(base_url=srv.url) as http:
+        async with fake_server(with_origins(fake_cfg, APP)) as srv, httpx.AsyncClient(base_url=srv.url) as http:
             answered = await http.options("/v1/chat/completions", headers=preflight(APP))
             garbage = await http.options("/v1/models", headers=preflight(APP, "GET", "x-ok, bad header\x7f"))
             unlisted = await http.options("/v1/chat/completions", headers=preflight(OTHER))
@@ -100,7 +98,7 @@ async def test_preflight_is_answered_without_a_key(fake_cfg, monkeypatch):
 
 async def test_an_unlisted_origin_gets_no_cors_headers(fake_cfg):
     with trio.fail_after(20):
-        async with server(fake_cfg, APP) as srv, httpx.AsyncClient(base_url=srv.url) as http:
+        async with fake_server(with_origins(fake_cfg, APP)) as srv, httpx.AsyncClient(base_url=srv.url) as http:
             other = await http.get("/v1/models", headers={"Origin": OTHER})
             post = await http.post("/v1/chat/completions", json=CHAT_BODY, headers={"Origin": OTHER})
             none = await http.get("/v1/models")
@@ -111,7 +109,7 @@ async def test_an_unlisted_origin_gets_no_cors_headers(fake_cfg):
 
 async def test_any_origin_with_a_star(fake_cfg):
     with trio.fail_after(20):
-        async with server(fake_cfg, "*") as srv, httpx.AsyncClient(base_url=srv.url) as http:
+        async with fake_server(with_origins(fake_cfg, "*")) as srv, httpx.AsyncClient(base_url=srv.url) as http:
             get = await http.get("/v1/models", headers={"Origin": OTHER})
             answered = await http.options("/v1/models", headers=preflight(OTHER, "GET"))
             no_origin = await http.get("/v1/models")

@@ -8,6 +8,7 @@ import json
 import attrs
 import httpx
 import trio
+import trio.testing
 
 from vllm_mlx_trio.serve import _drain_first
 from vllm_mlx_trio.testing.fake_executor import StepGate, text_script
@@ -60,13 +61,17 @@ async def test_while_draining_new_requests_get_503_and_health_says_draining(fake
                 url = srv.url
 
                 async def probe_during_drain() -> None:
-                    await trio.sleep(0.1)  # the drain has begun (the block below is exiting)
+                    # Leaving the block below sets the shutdown trigger, and nothing waits
+                    # between that and the drain's start: once every task waits, it has begun.
+                    await trio.testing.wait_all_tasks_blocked()
+                    seen["draining"] = srv.engine.draining
                     async with httpx.AsyncClient(timeout=5) as client:
                         seen["health"] = await client.get(f"{url}/health")
                         body = {"model": "demo:tiny", "messages": CHAT, "max_tokens": 5}
                         seen["new"] = await client.post(f"{url}/v1/chat/completions", json=body)
 
                 nursery.start_soon(probe_during_drain)
+    assert seen["draining"]
     assert seen["health"].status_code == 503 and seen["health"].json() == {"status": "draining"}
     assert seen["new"].status_code == 503
     assert lines[-1] == "data: [DONE]"  # the stream inside finished normally

@@ -5,32 +5,21 @@ from __future__ import annotations
 import json
 
 import httpx
-import openai
 import pytest
 import trio
 
-from vllm_mlx_trio.testing.fake_executor import text_script
-from vllm_mlx_trio.testing.harness import fake_executor_factory, open_server
+from vllm_mlx_trio.testing.clients import openai_client
+from vllm_mlx_trio.testing.harness import fake_server
 from vllm_mlx_trio.testing.polling import engine_idle, wait_until
 
 MODEL = "demo:tiny"
 CHAT = [{"role": "user", "content": "hi"}]
 
 
-def server(cfg, text="Hello, world!", *, then_eos=True, **kwargs):
-    kwargs.setdefault("step_s", 0.001)
-    script = text_script(text, then_eos=then_eos)
-    return open_server(cfg, executor_factory=fake_executor_factory(script=script, **kwargs))
-
-
-def client(url):
-    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-
-
 async def test_openai_chat_non_streaming(fake_cfg):
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv:
-            async with client(srv.url) as c:
+        async with fake_server(fake_cfg) as srv:
+            async with openai_client(srv.url) as c:
                 reply = await c.chat.completions.create(model=MODEL, messages=CHAT)
     assert reply.choices[0].message.content == "Hello, world!"
     assert reply.choices[0].message.role == "assistant"
@@ -42,8 +31,8 @@ async def test_openai_chat_non_streaming(fake_cfg):
 
 async def test_openai_chat_streaming_with_usage(fake_cfg):
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv:
-            async with client(srv.url) as c:
+        async with fake_server(fake_cfg) as srv:
+            async with openai_client(srv.url) as c:
                 stream = await c.chat.completions.create(
                     model=MODEL, messages=CHAT, stream=True, stream_options={"include_usage": True}
                 )
@@ -60,7 +49,7 @@ async def test_openai_chat_streaming_with_usage(fake_cfg):
 async def test_raw_sse_framing_ends_with_done(fake_cfg):
     body = {"model": MODEL, "messages": CHAT, "stream": True, "max_tokens": 5}
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg) as srv, httpx.AsyncClient() as http:
             async with http.stream("POST", f"{srv.url}/v1/chat/completions", json=body) as resp:
                 raw = (await resp.aread()).decode()
                 headers = resp.headers
@@ -74,8 +63,8 @@ async def test_raw_sse_framing_ends_with_done(fake_cfg):
 
 async def test_completions_endpoint_and_stop_strings(fake_cfg):
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv:
-            async with client(srv.url) as c:
+        async with fake_server(fake_cfg) as srv:
+            async with openai_client(srv.url) as c:
                 reply = await c.completions.create(model=MODEL, prompt="Say:", stop=[", w"])
                 stream = await c.completions.create(model=MODEL, prompt="Say:", max_tokens=4, stream=True)
                 streamed = [chunk async for chunk in stream]
@@ -86,7 +75,7 @@ async def test_completions_endpoint_and_stop_strings(fake_cfg):
 
 async def test_models_and_health(fake_cfg):
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg) as srv, httpx.AsyncClient() as http:
             models = (await http.get(f"{srv.url}/v1/models")).json()
             health = await http.get(f"{srv.url}/health")
     assert [m["id"] for m in models["data"]] == [MODEL]
@@ -141,11 +130,11 @@ BAD_REQUESTS = [
 async def test_bad_input_gets_openai_shaped_error(fake_cfg, what, body, status, param):
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg) as srv, httpx.AsyncClient() as http:
             resp = await http.post(
                 f"{srv.url}/v1/chat/completions", content=content, headers={"content-type": "application/json"}
             )
-            async with client(srv.url) as c:
+            async with openai_client(srv.url) as c:
                 good = await c.chat.completions.create(model=MODEL, messages=CHAT)
     assert resp.status_code == status, resp.text
     error = resp.json()["error"]
@@ -157,7 +146,7 @@ async def test_bad_input_gets_openai_shaped_error(fake_cfg, what, body, status, 
 
 async def test_oversized_body_and_unknown_route(fake_cfg):
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg) as srv, httpx.AsyncClient() as http:
             big = await http.post(f"{srv.url}/v1/chat/completions", content=b"x" * (5 * 1024 * 1024))
             missing = await http.get(f"{srv.url}/v2/nothing")
     assert big.status_code == 413 and big.json()["error"]["type"] == "request_too_large"
@@ -167,7 +156,7 @@ async def test_oversized_body_and_unknown_route(fake_cfg):
 async def test_disconnect_mid_stream_frees_the_request(fake_cfg):
     body = {"model": MODEL, "messages": CHAT, "stream": True, "max_tokens": 4000}
     with trio.fail_after(20):
-        async with server(fake_cfg, text="abc", then_eos=False) as srv:
+        async with fake_server(fake_cfg, text="abc", then_eos=False) as srv:
             async with httpx.AsyncClient() as http:
                 async with http.stream("POST", f"{srv.url}/v1/chat/completions", json=body) as resp:
                     lines = resp.aiter_lines()

@@ -9,20 +9,14 @@ import httpx
 import trio
 
 from vllm_mlx_trio.serve import serve
-from vllm_mlx_trio.testing.fake_executor import SlowLoadingExecutor
-from vllm_mlx_trio.testing.harness import free_port
+from vllm_mlx_trio.testing.harness import free_port, slow_loading_factory
 
 
 async def test_health_says_loading_until_the_model_is_ready(fake_cfg):
     port = free_port()
     cfg = attrs.evolve(fake_cfg, server=attrs.evolve(fake_cfg.server, port=port))
-    loaded, stop = trio.Event(), trio.Event()
-
-    def factory(plan_recv, result_send):
-        executor = SlowLoadingExecutor(plan_recv, result_send)
-        executor.loaded = loaded
-        return executor
-
+    loading, loaded, stop = trio.Event(), trio.Event(), trio.Event()
+    factory = slow_loading_factory(loading, loaded)
     url = f"http://127.0.0.1:{port}"
     serving = trio.Event()  # serve() reports started once the real app listens
 
@@ -34,18 +28,14 @@ async def test_health_says_loading_until_the_model_is_ready(fake_cfg):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run_server, nursery)
             async with httpx.AsyncClient(timeout=5) as client:
-                while True:  # the loading app binds first
-                    try:
-                        loading = await client.get(f"{url}/health")
-                        break
-                    except httpx.ConnectError:
-                        await trio.sleep(0.02)
+                await loading.wait()  # the model load has begun: the loading app listens
+                while_loading = await client.get(f"{url}/health")
                 models = await client.get(f"{url}/v1/models")
                 loaded.set()
                 await serving.wait()
                 ready = await _health(client, url)
             stop.set()
-    assert (loading.status_code, loading.json()) == (503, {"status": "loading"})
+    assert (while_loading.status_code, while_loading.json()) == (503, {"status": "loading"})
     assert models.status_code == 503 and models.headers["retry-after"]
     assert models.json()["error"]["code"] == "model_loading"
     assert ready is not None and ready.status_code == 200

@@ -6,11 +6,11 @@ import threading
 
 import attrs
 import httpx
-import openai
 import pytest
 import trio
 
 from vllm_mlx_trio import SamplingParams, open_engine
+from vllm_mlx_trio.testing.clients import openai_client
 from vllm_mlx_trio.testing.harness import open_server
 from vllm_mlx_trio.testing.polling import engine_idle, wait_until
 
@@ -21,13 +21,9 @@ CHAT = [{"role": "user", "content": "What is 2+2?"}]
 TIMEOUT_S = 120
 
 
-def client(url):
-    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-
-
 async def test_streamed_text_equals_non_streamed_text(demo_cfg):
     with trio.fail_after(TIMEOUT_S):
-        async with open_server(demo_cfg) as srv, client(srv.url) as c:
+        async with open_server(demo_cfg) as srv, openai_client(srv.url) as c:
             whole = await c.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=40, temperature=0)
             stream = await c.chat.completions.create(
                 model=MODEL,
@@ -47,7 +43,7 @@ async def test_streamed_text_equals_non_streamed_text(demo_cfg):
 
 async def test_max_tokens_gives_length(demo_cfg):
     with trio.fail_after(TIMEOUT_S):
-        async with open_server(demo_cfg) as srv, client(srv.url) as c:
+        async with open_server(demo_cfg) as srv, openai_client(srv.url) as c:
             reply = await c.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=3, temperature=0)
     assert reply.usage.completion_tokens == 3
     assert reply.choices[0].finish_reason == "length"
@@ -55,7 +51,7 @@ async def test_max_tokens_gives_length(demo_cfg):
 
 async def test_stop_string_is_trimmed(demo_cfg):
     with trio.fail_after(TIMEOUT_S):
-        async with open_server(demo_cfg) as srv, client(srv.url) as c:
+        async with open_server(demo_cfg) as srv, openai_client(srv.url) as c:
             full = await c.completions.create(model=MODEL, prompt="Once upon a time", max_tokens=30, temperature=0)
             text = full.choices[0].text
             stop = text[len(text) // 2 :][:3]
@@ -71,7 +67,7 @@ async def test_stop_string_is_trimmed(demo_cfg):
 async def test_seeded_sampling_is_reproducible(demo_cfg):
     params = {"model": MODEL, "messages": CHAT, "max_tokens": 20, "temperature": 1.0, "top_p": 0.9, "seed": 7}
     with trio.fail_after(TIMEOUT_S):
-        async with open_server(demo_cfg) as srv, client(srv.url) as c:
+        async with open_server(demo_cfg) as srv, openai_client(srv.url) as c:
             first = await c.chat.completions.create(**params)
             second = await c.chat.completions.create(**params)
             other = await c.chat.completions.create(**{**params, "seed": 8})
@@ -90,7 +86,7 @@ async def test_disconnect_mid_stream_leaves_no_state(demo_cfg):
                         await lines.__anext__()
             await wait_until(srv.engine.statistics, until=engine_idle, poll_s=0.05)
             stats = srv.engine.statistics()
-            async with client(srv.url) as c:  # and the engine still serves
+            async with openai_client(srv.url) as c:  # and the engine still serves
                 after = await c.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5)
     assert stats.scheduler.num_aborted == 1 and stats.cache.num_leased == 0
     assert after.usage.completion_tokens == 5

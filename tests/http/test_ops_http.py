@@ -18,12 +18,13 @@ from vllm_mlx_trio.config import LoggingConfig, load_config
 from vllm_mlx_trio.http.ops_routes import ThroughputMeter
 from vllm_mlx_trio.http.request_log import MAX_REQUEST_ID_CHARS, request_id_from
 from vllm_mlx_trio.logs import FIELDS, TextFormatter, configure_logging, escape_control, logfmt, make_formatter
-from vllm_mlx_trio.testing.fake_executor import StepGate, text_script
-from vllm_mlx_trio.testing.harness import fake_executor_factory, open_server
+from vllm_mlx_trio.testing.fake_executor import StepGate
+from vllm_mlx_trio.testing.harness import FAKE_TEXT, fake_server
 from vllm_mlx_trio.testing.polling import wait_until
+from vllm_mlx_trio.testing.requests import chat_body
 
 MODEL = "demo:tiny"
-TEXT = "Hello, world!"
+TEXT = FAKE_TEXT  # what fake_server generates
 SECRET = "SECRET-PROMPT-TEXT"
 REQUEST_LOGGER = "vllm_mlx_trio.http.request_log"
 CHAT = {"endpoint": "/v1/chat/completions"}
@@ -31,16 +32,6 @@ CHAT = {"endpoint": "/v1/chat/completions"}
 
 def config(*overrides: str):
     return load_config(None, overrides=["server.port=0", "server.drain_timeout_s=5", *overrides], environ={})
-
-
-def server(cfg, *, then_eos=True, **kwargs):
-    kwargs.setdefault("step_s", 0.001)
-    script = text_script(TEXT, then_eos=then_eos)
-    return open_server(cfg, executor_factory=fake_executor_factory(script=script, **kwargs))
-
-
-def chat(content="hi", **fields):
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}], **fields}
 
 
 def metric(text: str, name: str, **labels: str) -> float | None:
@@ -73,10 +64,10 @@ def request_lines(caplog) -> list[logging.LogRecord]:
 
 async def test_metrics_expose_vllm_names_and_move_after_requests():
     with trio.fail_after(20):
-        async with server(config()) as srv, httpx.AsyncClient() as http:
+        async with fake_server(config()) as srv, httpx.AsyncClient() as http:
             before = await scrape(http, srv.url)
             for _ in range(2):
-                assert (await http.post(f"{srv.url}/v1/chat/completions", json=chat())).status_code == 200
+                assert (await http.post(f"{srv.url}/v1/chat/completions", json=chat_body())).status_code == 200
             resp = await http.get(f"{srv.url}/metrics")
     after = resp.text
     assert resp.headers["content-type"] == CONTENT_TYPE_LATEST
@@ -94,7 +85,7 @@ async def test_metrics_expose_vllm_names_and_move_after_requests():
 
 async def test_metrics_disabled_is_a_404():
     with trio.fail_after(20):
-        async with server(config("metrics.enabled=false")) as srv, httpx.AsyncClient() as http:
+        async with fake_server(config("metrics.enabled=false")) as srv, httpx.AsyncClient() as http:
             resp = await http.get(f"{srv.url}/metrics")
             status = await http.get(f"{srv.url}/v1/status")
     assert resp.status_code == 404
@@ -103,10 +94,10 @@ async def test_metrics_disabled_is_a_404():
 
 
 async def test_request_metrics_carry_the_endpoint_label():
-    """Each route's requests count under its own ``endpoint``; the others stay at zero (issue 15)."""
+    """Each route's requests count under its own ``endpoint``; the others stay at zero."""
     messages = {"model": MODEL, "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}
     with trio.fail_after(20):
-        async with server(config()) as srv, httpx.AsyncClient() as http:
+        async with fake_server(config()) as srv, httpx.AsyncClient() as http:
             for _ in range(2):
                 assert (await http.post(f"{srv.url}/v1/messages", json=messages)).status_code == 200
             for path, body in (("/v1/completions", {"prompt": "hi"}), ("/v1/responses", {"input": "hi"})):
@@ -126,9 +117,9 @@ async def test_request_metrics_carry_the_endpoint_label():
 
 async def test_streaming_disconnect_counts_and_logs_aborted(caplog):
     caplog.set_level(logging.INFO, logger=REQUEST_LOGGER)
-    body = chat(stream=True, max_tokens=4000)
+    body = chat_body(stream=True, max_tokens=4000)
     with trio.fail_after(20):
-        async with server(config(), then_eos=False) as srv, httpx.AsyncClient() as http:
+        async with fake_server(config(), then_eos=False) as srv, httpx.AsyncClient() as http:
             headers = {"X-Request-Id": "leaving-early"}
             async with http.stream("POST", f"{srv.url}/v1/chat/completions", json=body, headers=headers) as resp:
                 lines = resp.aiter_lines()
@@ -148,9 +139,9 @@ async def test_streaming_disconnect_counts_and_logs_aborted(caplog):
 async def test_non_streaming_disconnect_counts():
     gate = StepGate()
     with trio.fail_after(20):
-        async with server(config(), gate=gate) as srv, httpx.AsyncClient() as http:
+        async with fake_server(config(), gate=gate) as srv, httpx.AsyncClient() as http:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(lambda: http.post(f"{srv.url}/v1/chat/completions", json=chat()))
+                nursery.start_soon(lambda: http.post(f"{srv.url}/v1/chat/completions", json=chat_body()))
                 await poll(lambda: status(http, srv.url), lambda s: s["running"] == 1)
                 nursery.cancel_scope.cancel()  # the client gives up: its connection closes
             text = await poll(
@@ -178,14 +169,14 @@ async def test_status_shows_phases_while_a_gate_holds_steps():
     gate = StepGate()
     replies = {}
     with trio.fail_after(20):
-        async with server(config("engine.mode=simple"), gate=gate) as srv, httpx.AsyncClient() as http:
+        async with fake_server(config("engine.mode=simple"), gate=gate) as srv, httpx.AsyncClient() as http:
             async with trio.open_nursery() as nursery:
                 for name in ("first", "second"):
 
                     async def ask(name=name):
                         headers = {"X-Request-Id": name}
                         url = f"{srv.url}/v1/chat/completions"
-                        replies[name] = await http.post(url, json=chat(), headers=headers)
+                        replies[name] = await http.post(url, json=chat_body(), headers=headers)
 
                     nursery.start_soon(ask)
                     await poll(lambda: status(http, srv.url), lambda s, name=name: name in by_id(s))
@@ -219,7 +210,7 @@ async def test_status_shows_phases_while_a_gate_holds_steps():
 
 async def test_version():
     with trio.fail_after(20):
-        async with server(config()) as srv, httpx.AsyncClient() as http:
+        async with fake_server(config()) as srv, httpx.AsyncClient() as http:
             resp = await http.get(f"{srv.url}/version")
     body = resp.json()
     assert set(body) == {"version", "mlx", "mlx_lm"}
@@ -252,16 +243,16 @@ async def test_throughput_meter_window(autojump_clock):
 async def test_request_id_is_honoured_and_echoed_everywhere():
     long_id = "x" * (MAX_REQUEST_ID_CHARS + 1)
     with trio.fail_after(20):
-        async with server(config()) as srv, httpx.AsyncClient() as http:
+        async with fake_server(config()) as srv, httpx.AsyncClient() as http:
             url = f"{srv.url}/v1/chat/completions"
-            plain = await http.post(url, json=chat(), headers={"X-Request-Id": "client-7"})
-            async with http.stream("POST", url, json=chat(stream=True), headers={"X-Request-Id": "s-1"}) as resp:
+            plain = await http.post(url, json=chat_body(), headers={"X-Request-Id": "client-7"})
+            async with http.stream("POST", url, json=chat_body(stream=True), headers={"X-Request-Id": "s-1"}) as resp:
                 await resp.aread()
                 streamed = resp.headers
             error = await http.post(url, json={"model": "nope", "messages": []}, headers={"X-Request-Id": "e-1"})
             missing = await http.get(f"{srv.url}/v2/none", headers={"X-Request-Id": "404"})
-            bad = await http.post(url, json=chat(), headers={"X-Request-Id": long_id})
-            latin = await http.post(url, json=chat(), headers={"X-Request-Id": "caf\xe9".encode("latin-1")})
+            bad = await http.post(url, json=chat_body(), headers={"X-Request-Id": long_id})
+            latin = await http.post(url, json=chat_body(), headers={"X-Request-Id": "caf\xe9".encode("latin-1")})
             none = await http.get(f"{srv.url}/health")
     assert plain.headers["x-request-id"] == "client-7"
     assert streamed["x-request-id"] == "s-1"
@@ -284,12 +275,12 @@ def test_request_id_sanitising():
 async def test_engine_ids_follow_the_header_and_stay_unique():
     gate = StepGate()
     with trio.fail_after(20):
-        async with server(config(), gate=gate) as srv, httpx.AsyncClient() as http:
+        async with fake_server(config(), gate=gate) as srv, httpx.AsyncClient() as http:
             async with trio.open_nursery() as nursery:
                 for rid, n in (("dup", 1), ("dup", 1), ("multi", 2)):
                     nursery.start_soon(
                         lambda rid=rid, n=n: http.post(
-                            f"{srv.url}/v1/chat/completions", json=chat(n=n), headers={"X-Request-Id": rid}
+                            f"{srv.url}/v1/chat/completions", json=chat_body(n=n), headers={"X-Request-Id": rid}
                         )
                     )
                     await trio.testing.wait_all_tasks_blocked()
@@ -304,10 +295,10 @@ async def test_engine_ids_follow_the_header_and_stay_unique():
 async def test_request_log_line_has_the_fields_and_no_text(caplog):
     caplog.set_level(logging.INFO)
     with trio.fail_after(20):
-        async with server(config()) as srv, httpx.AsyncClient() as http:
+        async with fake_server(config()) as srv, httpx.AsyncClient() as http:
             url = f"{srv.url}/v1/chat/completions"
-            await http.post(url, json=chat(SECRET), headers={"X-Request-Id": "log-1"})
-            async with http.stream("POST", url, json=chat(SECRET, stream=True, n=2)) as resp:
+            await http.post(url, json=chat_body(SECRET), headers={"X-Request-Id": "log-1"})
+            async with http.stream("POST", url, json=chat_body(SECRET, stream=True, n=2)) as resp:
                 await resp.aread()
             await http.post(url, json={"model": "nope", "messages": [{"role": "user", "content": SECRET}]})
     plain, streamed, failed = (getattr(r, FIELDS) for r in request_lines(caplog))
@@ -328,7 +319,7 @@ async def test_request_log_line_has_the_fields_and_no_text(caplog):
 async def test_startup_summary_line(caplog):
     caplog.set_level(logging.INFO, logger="vllm_mlx_trio.serve")
     with trio.fail_after(20):
-        async with server(config("cache.memory_mb=64")) as srv:
+        async with fake_server(config("cache.memory_mb=64")) as srv:
             pass
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ready:")]
     assert f"model={MODEL} mode=batched max_num_seqs=32 kv_budget_tokens=None prefix_cache_bytes={64 * 2**20}" in line
@@ -352,8 +343,8 @@ async def test_json_log_lines_parse(caplog):
     caplog.set_level(logging.INFO)
     try:
         with trio.fail_after(20):
-            async with server(config()) as srv, httpx.AsyncClient() as http:
-                await http.post(f"{srv.url}/v1/chat/completions", json=chat(), headers={"X-Request-Id": "j-1"})
+            async with fake_server(config()) as srv, httpx.AsyncClient() as http:
+                await http.post(f"{srv.url}/v1/chat/completions", json=chat_body(), headers={"X-Request-Id": "j-1"})
     finally:
         package.removeHandler(handler)
     lines = [json.loads(line) for line in stream.getvalue().splitlines()]

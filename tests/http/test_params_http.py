@@ -18,32 +18,15 @@ from vllm_mlx_trio.http.openai.responses import ChoiceResult, ResponseBuilder
 from vllm_mlx_trio.http.openai.routes import ChoicesSseBody, choice_params
 from vllm_mlx_trio.messages import Accepted, RequestFailed, RequestId, RequestOutput, TokenLogprob
 from vllm_mlx_trio.stream import RequestStream, Usage
-from vllm_mlx_trio.testing.fake_executor import FakeExecutor, FakeTokenizer, text_script
-from vllm_mlx_trio.testing.harness import open_server
+from vllm_mlx_trio.testing.fake_executor import FakeExecutor, FakeTokenizer
+from vllm_mlx_trio.testing.harness import FAKE_TEXT, fake_server
 from vllm_mlx_trio.testing.polling import engine_idle, wait_until
+from vllm_mlx_trio.testing.requests import chat_body
 
 MODEL = "demo:tiny"
 CHAT = [{"role": "user", "content": "hi"}]
-TEXT = "Hello, world!"
+TEXT = FAKE_TEXT  # what fake_server generates
 TOKENIZER = FakeTokenizer()
-
-
-def server(cfg, *, text=TEXT, then_eos=True, executors=None, **kwargs):
-    """A server over a FakeExecutor; the executor is appended to ``executors`` if given."""
-    kwargs.setdefault("step_s", 0.001)
-    script = text_script(text, then_eos=then_eos)
-
-    def factory(plan_recv, result_send):
-        executor = FakeExecutor(plan_recv, result_send, script=script, **kwargs)
-        if executors is not None:
-            executors.append(executor)
-        return executor
-
-    return open_server(cfg, executor_factory=factory)
-
-
-def chat_body(**fields):
-    return {"model": MODEL, "messages": CHAT, **fields}
 
 
 def completion_body(**fields):
@@ -163,7 +146,7 @@ BAD_FIELDS = [
 async def test_bad_values_get_400_naming_the_param(fake_cfg):
     wrong = []
     with trio.fail_after(60):
-        async with server(fake_cfg) as srv, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg) as srv, httpx.AsyncClient() as http:
             for route, fields, param in BAD_FIELDS:
                 chat = route == "chat"
                 body = chat_body(**fields) if chat else completion_body(**fields)
@@ -192,7 +175,7 @@ async def test_every_field_reaches_the_engine(fake_cfg):
         seed=7,
     )
     with trio.fail_after(20):
-        async with server(fake_cfg, executors=executors) as srv, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg, executors=executors) as srv, httpx.AsyncClient() as http:
             resp = await http.post(f"{srv.url}/v1/chat/completions", json=body)
     assert resp.status_code == 200, resp.text
     [seq] = [s for plan in executors[0].plans for s in plan.new_seqs]
@@ -219,7 +202,7 @@ async def test_n_choices_non_streaming(fake_cfg, route):
     fields = {"n": 3, "seed": 100}
     body = chat_body(**fields) if route.startswith("chat") else completion_body(**fields)
     with trio.fail_after(20):
-        async with server(fake_cfg, executors=executors) as srv, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg, executors=executors) as srv, httpx.AsyncClient() as http:
             single = (await http.post(f"{srv.url}/v1/{route}", json={**body, "n": 1})).json()
             resp = await http.post(f"{srv.url}/v1/{route}", json=body)
     assert resp.status_code == 200, resp.text
@@ -241,7 +224,7 @@ async def test_n_choices_streaming(fake_cfg, route):
     fields = {"n": 3, "stream": True, "stream_options": {"include_usage": True}}
     body = chat_body(**fields) if route.startswith("chat") else completion_body(**fields)
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg) as srv, httpx.AsyncClient() as http:
             events = await post_stream(http, srv.url, route, body)
     assert events[-1] == "[DONE]"
     usage = events[-2]
@@ -269,7 +252,7 @@ async def test_n_beyond_capacity_is_429_and_frees_the_choices_opened():
     )
     assert cfg.limits.max_n >= 3
     with trio.fail_after(20):
-        async with server(cfg) as srv, httpx.AsyncClient() as http:
+        async with fake_server(cfg) as srv, httpx.AsyncClient() as http:
             refused = await http.post(f"{srv.url}/v1/chat/completions", json=chat_body(n=3))
             stats = srv.engine.statistics()
             fits = await http.post(f"{srv.url}/v1/chat/completions", json=chat_body(n=2))
@@ -282,7 +265,7 @@ async def test_n_beyond_capacity_is_429_and_frees_the_choices_opened():
 async def test_disconnect_mid_stream_aborts_every_choice(fake_cfg):
     body = chat_body(n=3, stream=True, max_tokens=4000)
     with trio.fail_after(20):
-        async with server(fake_cfg, text="abc", then_eos=False) as srv:
+        async with fake_server(fake_cfg, text="abc", then_eos=False) as srv:
             async with httpx.AsyncClient() as http:
                 async with http.stream("POST", f"{srv.url}/v1/chat/completions", json=body) as resp:
                     lines = resp.aiter_lines()
@@ -376,7 +359,7 @@ def test_no_logprobs_when_not_asked():
 async def test_chat_logprobs_end_to_end(fake_cfg):
     body = chat_body(logprobs=True, top_logprobs=2)
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg) as srv, httpx.AsyncClient() as http:
             plain = (await http.post(f"{srv.url}/v1/chat/completions", json=body)).json()
             events = await post_stream(http, srv.url, "chat/completions", {**body, "stream": True})
             off = (await http.post(f"{srv.url}/v1/chat/completions", json=chat_body())).json()
@@ -396,7 +379,7 @@ async def test_chat_logprobs_end_to_end(fake_cfg):
 async def test_completion_logprobs_end_to_end_with_n(fake_cfg):
     body = completion_body(logprobs=1, n=2)
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg) as srv, httpx.AsyncClient() as http:
             plain = (await http.post(f"{srv.url}/v1/completions", json=body)).json()
             events = await post_stream(http, srv.url, "completions", {**body, "stream": True})
     for choice in plain["choices"]:

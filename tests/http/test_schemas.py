@@ -10,13 +10,13 @@ from vllm_mlx_trio.errors import InvalidRequestError
 from vllm_mlx_trio.http.openai import schemas
 from vllm_mlx_trio.http.openai.requests import parse_chat, parse_completion
 from vllm_mlx_trio.messages import ImagePart, TextPart, VideoPart
+from vllm_mlx_trio.testing.requests import MODEL, chat_body
 
-MODEL = "demo:tiny"
 USER = {"role": "user", "content": "hi"}
 
 
-def chat(**fields):
-    return parse_chat({"model": MODEL, "messages": [USER], **fields}, model_name=MODEL, max_n=8)
+def parsed_chat(**fields):
+    return parse_chat(chat_body(**fields), model_name=MODEL, max_n=8)
 
 
 def refused(parse=parse_chat, **fields) -> InvalidRequestError:
@@ -58,7 +58,7 @@ def test_malformed_agent_fields_name_the_field(field, value):
 
 
 def test_off_values_are_accepted():
-    parsed = chat(
+    parsed = parsed_chat(
         response_format={"type": "text"},
         tools=[],
         tool_choice="none",
@@ -143,7 +143,7 @@ def test_msgspec_errors_in_our_words(fields, message, param):
 
 
 def test_big_ints_reach_the_range_checks_unchanged():
-    assert chat(max_tokens=10**40).params.max_tokens == 10**40  # refused by admission, value quoted
+    assert parsed_chat(max_tokens=10**40).params.max_tokens == 10**40  # refused by admission, value quoted
 
 
 def test_field_kinds_come_from_the_declarations():

@@ -8,7 +8,7 @@ import pytest
 
 from vllm_mlx_trio.cli import main
 from vllm_mlx_trio.parsers import detect_reasoning_parser, detect_tool_parser
-from vllm_mlx_trio.worker.demo.model import CHAT_TEMPLATE as DEMO_TEMPLATE
+from vllm_mlx_trio.worker.demo import CHAT_TEMPLATE as DEMO_TEMPLATE
 
 # The lines of each family's chat template that carry its markup (shortened from the models' templates).
 QWEN3 = (
@@ -65,7 +65,7 @@ KIMI_K2 = (
         (GPT_OSS, "openai", "openai_gptoss"),
         (GLM45, "glm45", "qwen3"),
         (KIMI_K2, "kimi_k2", None),
-        (DEMO_TEMPLATE, "hermes", None),  # the demo model calls tools Qwen-style (issue 14, part 5)
+        (DEMO_TEMPLATE, "hermes", None),  # the demo model calls tools Qwen-style
         (None, None, None),
     ],
 )

@@ -64,18 +64,17 @@ async def test_spilled_blocks_are_read_back_and_survive_a_restart(float32_dir, t
         async with open_engine(config(float32_dir, disk, mode=mode)) as engine:
             first = await run(engine, PROMPT)
             await run(engine, OTHER)  # pushes the rest of PROMPT's blocks out of memory
-            pool = engine._cache.pool
-            assert pool.num_on_disk > 0
+            assert engine.statistics().cache.pool.num_on_disk > 0
             again = await run(engine, PROMPT)
         assert first == (expected, 0)
         assert again[0] == expected and again[1] >= 48  # blocks came back from disk
         assert files(disk)
         async with open_engine(config(float32_dir, disk)) as restarted:  # a new engine, same dir
-            assert restarted._cache.pool.num_on_disk > 0
+            assert restarted.statistics().cache.pool.num_on_disk > 0
             tokens, cached = await run(restarted, PROMPT)
             assert tokens == expected and cached >= 48
             await restarted.clear_prefix_cache()
-            assert restarted._cache.pool.num_on_disk == 0
+            assert restarted.statistics().cache.pool.num_on_disk == 0
             await wait_until(lambda: not files(disk), poll_s=0.005)  # the runner empties the directory
             assert (await run(restarted, PROMPT)) == (expected, 0)  # both tiers were empty
 

@@ -14,6 +14,7 @@ from prefix_zoo import ARCHITECTURES, WINDOW
 
 from vllm_mlx_trio import SamplingParams, open_engine
 from vllm_mlx_trio.config import load_config
+from vllm_mlx_trio.testing.requests import chat
 
 pytestmark = pytest.mark.mlx
 
@@ -42,10 +43,6 @@ def text(tok, num_tokens: int, offset: int) -> str:
     return " ".join(words)
 
 
-def chat(system: str, question: str) -> list[dict]:
-    return [{"role": "system", "content": system}, {"role": "user", "content": question}]
-
-
 @attrs.frozen
 class Out:
     tokens: tuple[int, ...]
@@ -71,9 +68,9 @@ async def scenario(engine) -> dict[str, Out]:
     unaligned, aligned = text(tok, 3 * BS + 5, 200), None
     out: dict[str, Out] = {}
     for key, prompt in [
-        ("first", chat(system, "What is the sea?")),
-        ("repeat", chat(system, "What is the sea?")),
-        ("shared_system", chat(system, "Why are the stars so far away from us?")),
+        ("first", chat("What is the sea?", system=system)),
+        ("repeat", chat("What is the sea?", system=system)),
+        ("shared_system", chat("Why are the stars so far away from us?", system=system)),
         ("unaligned", unaligned),
         ("unaligned_repeat", unaligned),
         ("short", "The old town"),
@@ -82,13 +79,15 @@ async def scenario(engine) -> dict[str, Out]:
         out[key] = await run(engine, prompt)
     answer = tok.decode(out["first"].tokens)
     turn2 = [
-        *chat(system, "What is the sea?"),
+        *chat("What is the sea?", system=system),
         {"role": "assistant", "content": answer},
         {"role": "user", "content": "And the sky?"},
     ]
     out["turn2"] = await run(engine, turn2)
     ids = tok.apply_chat_template(turn2, add_generation_prompt=True, tokenize=False)
-    first_ids = tok.apply_chat_template(chat(system, "What is the sea?"), add_generation_prompt=True, tokenize=False)
+    first_ids = tok.apply_chat_template(
+        chat("What is the sea?", system=system), add_generation_prompt=True, tokenize=False
+    )
     seen = tok.encode(first_ids, add_special_tokens=False) + list(out["first"].tokens)
     round_trip = tok.encode(ids, add_special_tokens=False)[: len(seen)] == seen
     out["turn2"] = attrs.evolve(out["turn2"], round_trip=round_trip)
@@ -121,8 +120,8 @@ async def test_cache_on_equals_cache_off_and_repeats_reuse(zoo_dirs, arch, mode)
             off = await scenario(engine)
         async with open_engine(config(zoo_dirs[arch], mode)) as engine:
             on = await scenario(engine)
-            pool = engine._cache.pool
-            pool.check_invariants()
+            engine._cache.check_invariants()
+            num_tails = engine.statistics().cache.pool.num_tails
     for key in off:
         assert on[key].tokens == off[key].tokens, key
         assert on[key].logprobs == pytest.approx(off[key].logprobs, abs=1e-4), key
@@ -140,4 +139,4 @@ async def test_cache_on_equals_cache_off_and_repeats_reuse(zoo_dirs, arch, mode)
     assert all(on[f"batch_repeat_{i}"].cached_tokens == on["unaligned"].prompt_tokens - 1 for i in range(3))
     if arch in ALL_KV:  # a shared prefix ends anywhere; else only at a checkpoint
         assert on["shared_system"].cached_tokens > 2 * BS
-    assert pool.stats().num_tails > 0
+    assert num_tails > 0

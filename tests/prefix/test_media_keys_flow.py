@@ -5,29 +5,15 @@ from __future__ import annotations
 import trio
 
 from vllm_mlx_trio.actors.prefix.cache_client import CacheClient
-from vllm_mlx_trio.core.params import SamplingParams
 from vllm_mlx_trio.core.plan import KVReady
-from vllm_mlx_trio.core.request import Request
-from vllm_mlx_trio.messages import Admit, PrefixCommit, PrefixLookup, PrefixMatch, PrefixStored, RequestId
+from vllm_mlx_trio.messages import PrefixCommit, PrefixLookup, PrefixMatch, PrefixStored
+from vllm_mlx_trio.testing.requests import make_request
 
 MEDIA = ((3, "sha-cat"), (40, "sha-dog"))
 
 
-def _request() -> Request:
-    send, _ = trio.open_memory_channel(1)
-    admit = Admit(
-        request_id=RequestId("r"),
-        prompt_token_ids=tuple(range(50)),
-        params=SamplingParams(max_tokens=4),
-        outbox=send,
-        arrival_time=0.0,
-        media_keys=MEDIA,
-    )
-    return Request(admit, eos_token_ids=(1,))
-
-
 async def test_the_cache_client_sends_the_requests_media_keys():
-    request = _request()
+    request = make_request(prompt=range(50), max_tokens=4, media_keys=MEDIA, eos_token_ids=(1,))
     assert request.media_keys == MEDIA
     cache_send, cache_recv = trio.open_memory_channel(1)
     reply_send, reply_recv = trio.open_memory_channel(1)

@@ -56,7 +56,7 @@ async def roomy_and_tight(model_dir: str, *options: str, params: SamplingParams 
         async with open_engine(config(model_dir, "engine.kv_memory_mb=1", *options)) as engine:
             tight = await run_batch(engine, rows, params)
             stats = engine.statistics()
-            engine._cache.pool.check_invariants()
+            engine._cache.check_invariants()
     return roomy, tight, stats
 
 

@@ -51,9 +51,8 @@ async def test_quantized_blocks_are_smaller_and_a_hit_restores_them(float32_dir,
                 first = await run(engine)
                 again = await run(engine)
                 await wait_until(lambda: engine.statistics().cache.num_leased == 0, poll_s=0.005)
-                pool = engine._cache.pool
-                blocks = [b for b in pool.free_queue() if not pool.is_tail(b)]
-                results[bits] = (first, again, sum(pool.block_info(b).nbytes for b in blocks) / len(blocks))
+                blocks = [b for b in engine.prefix_blocks() if not b.is_tail and not b.ref_count]
+                results[bits] = (first, again, sum(b.nbytes for b in blocks) / len(blocks))
     (plain, plain_again, _), (q8, q8_again, _) = results[None], results[8]
     assert plain_again[2] == q8_again[2] == results[4][1][2] > 0  # every repeat hits all but one token
     assert q8[0] == plain[0] and q8_again[0] == plain[0]  # 8 bits: the same greedy tokens

@@ -53,7 +53,7 @@ async def test_a_pure_recurrent_model_is_cached_and_exact(recurrent_dirs, arch, 
         with caplog.at_level(logging.WARNING):
             async with open_engine(config(recurrent_dirs[arch], engine_mode, *options)) as engine:
                 on = await scenario(engine)
-                engine._cache.pool.check_invariants()
+                engine._cache.check_invariants()
     for key in off:
         assert on[key].tokens == off[key].tokens, key
         assert on[key].logprobs == pytest.approx(off[key].logprobs, abs=1e-4), key

@@ -45,7 +45,7 @@ async def test_a_shared_system_prompt_is_reused_up_to_a_snapshot(zoo_dirs, arch,
             off = await shared_prefix_scenario(engine)
         async with open_engine(config(zoo_dirs[arch], mode, "cache.state_snapshot_blocks=1")) as engine:
             on = await shared_prefix_scenario(engine)
-            engine._cache.pool.check_invariants()
+            engine._cache.check_invariants()
     common = on["common"]
     for key in ("first", "second", "batch_a", "batch_b"):
         assert on[key].tokens == off[key].tokens, key

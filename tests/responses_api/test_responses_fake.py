@@ -15,28 +15,12 @@ import pytest
 import trio
 
 from vllm_mlx_trio.errors import ExecutorCrashedError
-from vllm_mlx_trio.testing.fake_executor import FakeExecutor, FakeTokenizer, text_script
-from vllm_mlx_trio.testing.harness import open_server
+from vllm_mlx_trio.testing.clients import openai_client
+from vllm_mlx_trio.testing.fake_executor import FakeExecutor, FakeTokenizer
+from vllm_mlx_trio.testing.harness import fake_server
 from vllm_mlx_trio.testing.polling import engine_idle, wait_until
 
 MODEL = "demo:tiny"
-
-
-def server(cfg, text="Hello, world!", *, then_eos=True, executors: list | None = None, **kwargs):
-    """A server on a FakeExecutor; ``executors`` receives the executor (to see its prompts)."""
-    kwargs.setdefault("step_s", 0.001)
-
-    def factory(plan_recv, result_send):
-        executor = FakeExecutor(plan_recv, result_send, script=text_script(text, then_eos=then_eos), **kwargs)
-        if executors is not None:
-            executors.append(executor)
-        return executor
-
-    return open_server(cfg, executor_factory=factory)
-
-
-def client(url) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
 
 
 def prompts(executor: FakeExecutor) -> list[str]:
@@ -46,7 +30,7 @@ def prompts(executor: FakeExecutor) -> list[str]:
 
 async def test_create_returns_a_response_with_usage(fake_cfg):
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, client(srv.url) as c:
+        async with fake_server(fake_cfg) as srv, openai_client(srv.url) as c:
             response = await c.responses.create(model=MODEL, input="hi", instructions="Be brief.", temperature=0)
     assert response.id.startswith("resp_") and response.object == "response"
     assert response.status == "completed" and response.output_text == "Hello, world!"
@@ -61,7 +45,7 @@ async def test_create_returns_a_response_with_usage(fake_cfg):
 
 async def test_max_output_tokens_makes_it_incomplete(fake_cfg):
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, client(srv.url) as c:
+        async with fake_server(fake_cfg) as srv, openai_client(srv.url) as c:
             response = await c.responses.create(model=MODEL, input="hi", max_output_tokens=3)
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
     assert response.output_text == "Hel" and response.usage.output_tokens == 3
@@ -69,7 +53,7 @@ async def test_max_output_tokens_makes_it_incomplete(fake_cfg):
 
 async def test_stream_helper_accepts_the_event_sequence(fake_cfg):
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, client(srv.url) as c:
+        async with fake_server(fake_cfg) as srv, openai_client(srv.url) as c:
             async with c.responses.stream(model=MODEL, input=[{"role": "user", "content": "hi"}]) as stream:
                 kinds = [event.type async for event in stream]
                 final = await stream.get_final_response()
@@ -93,7 +77,7 @@ async def test_stream_helper_accepts_the_event_sequence(fake_cfg):
 async def test_stream_on_the_wire_has_one_id_and_increasing_sequence_numbers(fake_cfg):
     body = {"model": MODEL, "input": "hi", "stream": True, "max_output_tokens": 2}
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg) as srv, httpx.AsyncClient() as http:
             resp = await http.post(f"{srv.url}/v1/responses", json=body)
     blocks = [b for b in resp.text.split("\n\n") if b.strip()]
     events = []
@@ -112,7 +96,7 @@ async def test_stream_on_the_wire_has_one_id_and_increasing_sequence_numbers(fak
 async def test_previous_response_id_continues_the_conversation(fake_cfg, stream):
     executors: list[FakeExecutor] = []
     with trio.fail_after(20):
-        async with server(fake_cfg, executors=executors) as srv, client(srv.url) as c:
+        async with fake_server(fake_cfg, executors=executors) as srv, openai_client(srv.url) as c:
             first = await c.responses.create(model=MODEL, input="first question", instructions="OLD RULES")
             kwargs = {"model": MODEL, "input": "second question", "previous_response_id": first.id}
             if stream:
@@ -130,7 +114,7 @@ async def test_previous_response_id_continues_the_conversation(fake_cfg, stream)
 
 async def test_unknown_stored_and_deleted_ids_are_404(fake_cfg):
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, client(srv.url) as c:
+        async with fake_server(fake_cfg) as srv, openai_client(srv.url) as c:
             unstored = await c.responses.create(model=MODEL, input="hi", store=False)
             kept = await c.responses.create(model=MODEL, input="hi")
             await c.responses.delete(kept.id)
@@ -151,7 +135,7 @@ async def test_unknown_stored_and_deleted_ids_are_404(fake_cfg):
 async def test_the_store_evicts_the_least_recently_used(fake_cfg):
     cfg = attrs.evolve(fake_cfg, limits=attrs.evolve(fake_cfg.limits, max_stored_responses=2))
     with trio.fail_after(20):
-        async with server(cfg) as srv, client(srv.url) as c:
+        async with fake_server(cfg) as srv, openai_client(srv.url) as c:
             a, b = [await c.responses.create(model=MODEL, input="hi") for _ in range(2)]
             await c.responses.retrieve(a.id)  # a is now the most recently used
             await c.responses.create(model=MODEL, input="hi")
@@ -181,7 +165,7 @@ BAD = [
 @pytest.mark.parametrize(("what", "change", "param", "code"), BAD, ids=[b[0] for b in BAD])
 async def test_bad_requests_get_openai_errors(fake_cfg, what, change, param, code):
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, client(srv.url) as c:
+        async with fake_server(fake_cfg) as srv, openai_client(srv.url) as c:
             with pytest.raises(openai.BadRequestError) as caught:
                 await c.responses.create(model=MODEL, input="hi", extra_body=change)
     error = caught.value.body
@@ -191,7 +175,7 @@ async def test_bad_requests_get_openai_errors(fake_cfg, what, change, param, cod
 
 async def test_unknown_model_is_404(fake_cfg):
     with trio.fail_after(20):
-        async with server(fake_cfg) as srv, client(srv.url) as c:
+        async with fake_server(fake_cfg) as srv, openai_client(srv.url) as c:
             with pytest.raises(openai.NotFoundError) as caught:
                 await c.responses.create(model="gpt-nope", input="hi")
     assert caught.value.body["code"] == "model_not_found"
@@ -200,7 +184,7 @@ async def test_unknown_model_is_404(fake_cfg):
 async def test_failure_mid_stream_is_an_error_then_response_failed(fake_cfg):
     body = {"model": MODEL, "input": "hi", "stream": True, "max_output_tokens": 100}
     with trio.fail_after(20), pytest.raises(ExecutorCrashedError):  # the server exits with its engine
-        async with server(fake_cfg, fail_at_step=3) as srv, httpx.AsyncClient() as http:
+        async with fake_server(fake_cfg, fail_at_step=3) as srv, httpx.AsyncClient() as http:
             resp = await http.post(f"{srv.url}/v1/responses", json=body)
             names = [line.removeprefix("event: ") for line in resp.text.splitlines() if line.startswith("event: ")]
             failed = json.loads(resp.text.strip().split("\n")[-1].removeprefix("data: "))
@@ -211,7 +195,7 @@ async def test_failure_mid_stream_is_an_error_then_response_failed(fake_cfg):
 async def test_disconnect_mid_stream_frees_the_request(fake_cfg):
     body = {"model": MODEL, "input": "hi", "stream": True, "max_output_tokens": 4000}
     with trio.fail_after(20):
-        async with server(fake_cfg, text="abc", then_eos=False) as srv:
+        async with fake_server(fake_cfg, text="abc", then_eos=False) as srv:
             async with httpx.AsyncClient() as http:
                 async with http.stream("POST", f"{srv.url}/v1/responses", json=body) as resp:
                     lines = resp.aiter_lines()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 import trio
 
+from vllm_mlx_trio.testing.clients import openai_client
 from vllm_mlx_trio.testing.harness import open_server
 
 pytestmark = pytest.mark.mlx
@@ -21,7 +21,7 @@ async def test_create_stream_and_continue(demo_cfg):
     kwargs = {"model": MODEL, "input": "What is 2+2?", "instructions": rules, "temperature": 0, "max_output_tokens": 24}
     with trio.fail_after(TIMEOUT_S):
         async with open_server(demo_cfg) as srv:
-            async with openai.AsyncOpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0) as c:
+            async with openai_client(srv.url) as c:
                 whole = await c.responses.create(**kwargs)
                 # The random demo model runs to max_output_tokens: the stream ends with
                 # response.incomplete (as OpenAI's does), which the SDK's get_final_response()
@@ -66,7 +66,7 @@ async def test_forced_function_call_and_json_schema_output(demo_cfg):
     json_format = {"format": {"type": "json_schema", "name": "answer", "schema": SCHEMA, "strict": True}}
     with trio.fail_after(TIMEOUT_S):
         async with open_server(demo_cfg) as srv:
-            async with openai.AsyncOpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0) as c:
+            async with openai_client(srv.url) as c:
                 called = await c.responses.create(
                     model=MODEL, input="Weather in Paris?", tools=[WEATHER], tool_choice=forced, max_output_tokens=200
                 )

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
-import openai
 import pytest
 import trio
 
 from vllm_mlx_trio.config import load_config
-from vllm_mlx_trio.testing.fake_executor import FakeExecutor, FakeTokenizer, text_script
-from vllm_mlx_trio.testing.harness import open_server
+from vllm_mlx_trio.testing.clients import openai_client
+from vllm_mlx_trio.testing.fake_executor import FakeExecutor, FakeTokenizer
+from vllm_mlx_trio.testing.harness import fake_server
 
 MODEL = "demo:tiny"
 WEATHER = {
@@ -35,20 +36,9 @@ def cfg(tool_parser="hermes", reasoning_parser="none"):
     return load_config(None, overrides=overrides, environ={})
 
 
-def server(config, text: str, executors: list | None = None):
-    def factory(plan_recv, result_send):
-        executor = FakeExecutor(
-            plan_recv, result_send, script=text_script(text), step_s=0.001, tokens_per_step=(1, 3, 2)
-        )
-        if executors is not None:
-            executors.append(executor)
-        return executor
-
-    return open_server(config, executor_factory=factory)
-
-
-def client(url) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+#: Every request generates the text then EOS, a few tokens a step (1, 3, 2, cycled): the
+#: markup is split anywhere.
+server = functools.partial(fake_server, tokens_per_step=(1, 3, 2))
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -57,7 +47,7 @@ async def test_function_call_items(stream):
     reply += call_markup("get_weather", {"city": "Rome"})
     kwargs = {"model": MODEL, "input": "Weather in Paris and Rome?", "tools": [WEATHER]}
     with trio.fail_after(20):
-        async with server(cfg(), reply) as srv, client(srv.url) as c:
+        async with server(cfg(), reply) as srv, openai_client(srv.url) as c:
             if stream:
                 async with c.responses.stream(**kwargs) as s:
                     kinds = [event.type async for event in s]
@@ -81,7 +71,7 @@ async def test_function_call_arguments_stream_in_several_deltas():
     arguments = {"city": "Paris, the capital of France, on the Seine, in the north of the country"}
     kwargs = {"model": MODEL, "input": "Weather in Paris?", "tools": [WEATHER]}
     with trio.fail_after(20):
-        async with server(cfg(), call_markup("get_weather", arguments)) as srv, client(srv.url) as c:
+        async with server(cfg(), call_markup("get_weather", arguments)) as srv, openai_client(srv.url) as c:
             async with c.responses.stream(**kwargs) as s:
                 events = [event async for event in s]
                 response = await s.get_final_response()
@@ -95,7 +85,7 @@ async def test_function_call_output_round_trip_and_continuation():
     executors: list[FakeExecutor] = []
     with trio.fail_after(20):
         reply = call_markup("get_weather", {"city": "Paris"})
-        async with server(cfg(), reply, executors) as srv, client(srv.url) as c:
+        async with server(cfg(), reply, executors=executors) as srv, openai_client(srv.url) as c:
             first = await c.responses.create(model=MODEL, input="Weather in Paris?", tools=[WEATHER])
             call = first.output[-1]
             second = await c.responses.create(
@@ -127,7 +117,7 @@ async def test_reasoning_item(stream):
     reply = "<think>Think first.</think>The answer."
     kwargs = {"model": MODEL, "input": "Q?", "reasoning": {"effort": "low"}}
     with trio.fail_after(20):
-        async with server(cfg("none", "qwen3"), reply) as srv, client(srv.url) as c:
+        async with server(cfg("none", "qwen3"), reply) as srv, openai_client(srv.url) as c:
             if stream:
                 async with c.responses.stream(**kwargs) as s:
                     kinds = [event.type async for event in s]

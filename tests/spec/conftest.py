@@ -16,7 +16,7 @@ from vllm_mlx_trio.messages import NewSequence, RequestId, StepPlan
 @pytest.fixture(scope="session")
 def spec_pair(tmp_path_factory) -> tuple[str, str]:
     """``spec-target`` and ``spec-draft`` (the agreeing demo pair), built once."""
-    from vllm_mlx_trio.worker.demo.model import build_demo_model  # imports mlx
+    from vllm_mlx_trio.worker.demo import build_demo_model  # imports mlx
 
     root = tmp_path_factory.mktemp("spec")
     target = build_demo_model(root / "target", size="spec-target")

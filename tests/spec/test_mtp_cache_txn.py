@@ -8,7 +8,7 @@ import mlx_lm
 import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache
 
-from vllm_mlx_trio.worker.demo.model import resolve_demo_model
+from vllm_mlx_trio.worker.demo import resolve_demo_model
 from vllm_mlx_trio.worker.speculative.cache_txn import needs_transaction, open_transaction
 
 pytestmark = pytest.mark.mlx

@@ -22,7 +22,7 @@ PROMPT = tuple(range(40, 70))
 
 @pytest.fixture(scope="module")
 def mtp_dir(tmp_path_factory) -> str:
-    from vllm_mlx_trio.worker.demo.model import build_demo_model
+    from vllm_mlx_trio.worker.demo import build_demo_model
 
     return str(build_demo_model(tmp_path_factory.mktemp("mtp") / "mtp-tiny", size="mtp-tiny"))
 

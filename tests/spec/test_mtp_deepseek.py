@@ -16,8 +16,8 @@ from mlx.utils import tree_flatten
 
 from vllm_mlx_trio.cli import main
 from vllm_mlx_trio.errors import ModelLoadError
+from vllm_mlx_trio.worker.demo import DEMO_MARKER, resolve_demo_model
 from vllm_mlx_trio.worker.demo import mtp_dsv3 as demo_mtp_dsv3
-from vllm_mlx_trio.worker.demo.model import DEMO_MARKER, resolve_demo_model
 from vllm_mlx_trio.worker.speculative.mtp.drafter import MTPDrafter, mtp_layout_loader
 from vllm_mlx_trio.worker.speculative.mtp.head import safetensors_shapes
 from vllm_mlx_trio.worker.speculative.mtp.head_deepseek import DeepseekMTPHead, load_deepseek_mtp

@@ -28,7 +28,7 @@ PROMPT = tuple(range(40, 60))
 
 @pytest.fixture(scope="module")
 def dsv3_dir(tmp_path_factory) -> str:
-    from vllm_mlx_trio.worker.demo.model import build_demo_model
+    from vllm_mlx_trio.worker.demo import build_demo_model
 
     return str(build_demo_model(tmp_path_factory.mktemp("mtp-dsv3") / "mtp-dsv3", size="mtp-dsv3"))
 

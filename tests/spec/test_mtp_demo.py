@@ -12,7 +12,7 @@ import pytest
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 from vllm_mlx_trio.cli import main
-from vllm_mlx_trio.worker.demo.model import DEMO_MARKER, build_demo_model, resolve_demo_model
+from vllm_mlx_trio.worker.demo import DEMO_MARKER, build_demo_model, resolve_demo_model
 from vllm_mlx_trio.worker.speculative.mtp.head import safetensors_shapes
 
 pytestmark = pytest.mark.mlx

@@ -10,7 +10,7 @@ import mlx.core as mx
 import mlx_lm
 import pytest
 
-from vllm_mlx_trio.worker.demo.model import resolve_demo_model
+from vllm_mlx_trio.worker.demo import resolve_demo_model
 from vllm_mlx_trio.worker.speculative.hidden import target_forward
 from vllm_mlx_trio.worker.speculative.mtp.drafter import MTPDrafter
 from vllm_mlx_trio.worker.speculative.mtp.head import load_mtp_head

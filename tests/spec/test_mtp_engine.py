@@ -21,7 +21,7 @@ CHAT = [{"role": "user", "content": "Tell me about the sea and the ships."}]
 
 @pytest.fixture(scope="module")
 def mtp_dir(tmp_path_factory) -> str:
-    from vllm_mlx_trio.worker.demo.model import build_demo_model
+    from vllm_mlx_trio.worker.demo import build_demo_model
 
     return str(build_demo_model(tmp_path_factory.mktemp("mtp-engine") / "mtp-tiny", size="mtp-tiny"))
 

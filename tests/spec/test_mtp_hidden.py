@@ -14,7 +14,7 @@ import pytest
 
 from vllm_mlx_trio.config import config_from_dict
 from vllm_mlx_trio.messages import ModelInfo
-from vllm_mlx_trio.worker.demo.model import resolve_demo_model
+from vllm_mlx_trio.worker.demo import resolve_demo_model
 from vllm_mlx_trio.worker.speculative.hidden import POST_NORM, PRE_NORM, resolve_hidden_state_mode, target_forward
 from vllm_mlx_trio.worker.speculative.mtp.drafter import MTPDrafter, load_mtp_drafter
 

@@ -24,7 +24,7 @@ PROMPTS = (tuple(range(40, 60)), (300, 7, 250, 19, 88, 120, 64), tuple(range(200
 
 @pytest.fixture(scope="module")
 def mtp_dir(tmp_path_factory) -> str:
-    from vllm_mlx_trio.worker.demo.model import build_demo_model
+    from vllm_mlx_trio.worker.demo import build_demo_model
 
     return str(build_demo_model(tmp_path_factory.mktemp("mtp") / "mtp-tiny", size="mtp-tiny"))
 

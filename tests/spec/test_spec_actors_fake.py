@@ -13,7 +13,7 @@ from vllm_mlx_trio.core.speculative import SpecDecodeCounts
 from vllm_mlx_trio.errors import ConfigError
 from vllm_mlx_trio.http.ops_routes import ThroughputMeter, status_body
 from vllm_mlx_trio.testing.fake_runner import FakeRunner
-from vllm_mlx_trio.worker.registry import RUNNERS, register_runner, runner_for
+from vllm_mlx_trio.worker.registry import runner_for, with_runner
 
 TIMEOUT_S = 30
 
@@ -30,17 +30,12 @@ class CountingKind(FakeRunner):
         return attrs.evolve(result, spec_decode=total if total.num_drafts else None)
 
 
-@pytest.fixture
-def counting_cfg():
-    register_runner("fake-counting", CountingKind)
-    yield load_config(None, overrides=["engine.mode=fake-counting"], environ={})
-    del RUNNERS["fake-counting"]
-
-
-async def test_step_counts_reach_the_metrics_and_the_status(counting_cfg):
+async def test_step_counts_reach_the_metrics_and_the_status():
+    runners = with_runner("fake-counting", CountingKind)
+    cfg = load_config(None, overrides=["engine.mode=fake-counting"], environ={}, engine_modes=runners)
     params = SamplingParams(max_tokens=21, ignore_eos=True)
     with trio.fail_after(TIMEOUT_S):
-        async with open_engine(counting_cfg) as engine:
+        async with open_engine(cfg, runners=runners) as engine:
             tokens = [t async for d in engine.generate("hello", params) for t in d.token_ids]
             counts = engine.metrics.spec_decode
             rendered = engine.metrics.render().decode()
@@ -66,12 +61,12 @@ async def test_step_counts_reach_the_metrics_and_the_status(counting_cfg):
 
 
 def test_speculation_needs_the_batched_mode():
-    cfg = load_config(None, overrides=["engine.mode=simple", "speculative.method=mtp"], environ={})
     with pytest.raises(ConfigError, match='needs engine.mode = "batched"'):
-        runner_for(cfg)
-    cfg = load_config(None, overrides=["engine.mode=speculative"], environ={})
+        load_config(None, overrides=["engine.mode=simple", "speculative.method=mtp"], environ={})
     with pytest.raises(ConfigError, match="needs speculative.method"):
-        runner_for(cfg)
+        load_config(None, overrides=["engine.mode=speculative"], environ={})
+    speculative = load_config(None, overrides=["engine.mode=speculative", "speculative.method=mtp"], environ={})
+    assert runner_for(speculative).__name__ == "SpecRunner"
 
 
 def test_draft_method_needs_a_draft_model():
@@ -90,5 +85,6 @@ def test_the_speculative_runner_budgets_num_draft_tokens_plus_one():
         environ={},
     )
     runner = runner_for(cfg)
-    assert runner.__name__ == "SpecRunner" and runner.max_tokens_per_step == 7
-    assert runner_for(load_config(None, environ={})).max_tokens_per_step == 1
+    assert runner.__name__ == "SpecRunner" and runner.shape(cfg).max_tokens_per_step == 7
+    default = load_config(None, environ={})
+    assert runner_for(default).shape(default).max_tokens_per_step == 1

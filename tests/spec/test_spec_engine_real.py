@@ -9,7 +9,8 @@ import trio
 
 from vllm_mlx_trio import SamplingParams, open_engine
 from vllm_mlx_trio.errors import ModelLoadError
-from vllm_mlx_trio.worker.speculative import drafter as spec_drafter
+from vllm_mlx_trio.runner_kinds import SPECULATIVE
+from vllm_mlx_trio.worker.registry import with_runner
 
 from .conftest import BlockingDrafter, spec_config
 from .mtp_parts import generate
@@ -39,21 +40,21 @@ async def test_stop_strings_cut_the_same_text_with_speculation(float32_dir):
     assert drafts > 0
 
 
-async def test_cancelling_while_a_round_runs_frees_the_sequence(float32_dir, monkeypatch):
+async def test_cancelling_while_a_round_runs_frees_the_sequence(float32_dir):
+    from vllm_mlx_trio.worker.speculative.runner import SpecRunner
+
     made: list[BlockingDrafter] = []
 
-    def blocking_loader(cfg, target, info):
-        from vllm_mlx_trio.worker.speculative.draft_model import load_draft_model_drafter
+    class BlockingSpecRunner(SpecRunner):
+        def _load_drafter(self, info):
+            made.append(BlockingDrafter(super()._load_drafter(info), block_at=3))
+            return made[-1]
 
-        made.append(BlockingDrafter(load_draft_model_drafter(cfg, target, info), block_at=3))
-        return made[-1]
-
-    monkeypatch.setitem(spec_drafter.DRAFTER_LOADERS, "draft", f"{__name__}:_LOADER")
-    monkeypatch.setitem(globals(), "_LOADER", blocking_loader)
     with trio.fail_after(TIMEOUT_S):
         async with open_engine(spec_config(float32_dir, None)) as engine:
             _, reference, _ = await text_and_tokens(engine, GREEDY)
-        async with open_engine(spec_config(float32_dir, float32_dir)) as engine:
+        runners = with_runner(SPECULATIVE, BlockingSpecRunner)
+        async with open_engine(spec_config(float32_dir, float32_dir), runners=runners) as engine:
             (drafter,) = made
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(text_and_tokens, engine, GREEDY)

@@ -61,7 +61,8 @@ def first_new_draft_position(reference: list[int]) -> int:
 def test_the_runner_kind_is_chosen_by_the_method(runners):
     plain, spec = runners
     assert type(plain).__name__ == "BatchRunner"
-    assert type(spec).__name__ == "SpecRunner" and type(spec).max_tokens_per_step == 5  # num_draft_tokens + 1
+    assert type(spec).__name__ == "SpecRunner" and type(spec).shape(spec._cfg).max_tokens_per_step == 5  # k + 1
+    assert spec._kv_headroom == (2 + 1) * 5  # the plans in flight and the next, each a whole round
 
 
 @pytest.mark.parametrize("max_tokens", [40, 7, 1, 2])

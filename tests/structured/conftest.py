@@ -7,7 +7,7 @@ import pathlib
 import pytest
 from llguidance import LLTokenizer
 
-from vllm_mlx_trio.worker.demo.model import resolve_demo_model
+from vllm_mlx_trio.worker.demo import resolve_demo_model
 
 #: <|endoftext|> and <|im_end|> in the demo tokenizer.
 DEMO_EOS = (0, 2)

@@ -9,6 +9,7 @@ import openai
 import pytest
 import trio
 
+from vllm_mlx_trio.testing.clients import openai_client
 from vllm_mlx_trio.testing.harness import open_server
 
 pytestmark = pytest.mark.mlx
@@ -24,17 +25,13 @@ SCHEMA = {
 }
 
 
-def client(url):
-    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-
-
 def json_schema_format(schema: dict) -> dict:
     return {"type": "json_schema", "json_schema": {"name": "pick", "schema": schema, "strict": True}}
 
 
 async def test_response_format_json_schema_streamed_and_not(demo_cfg):
     with trio.fail_after(TIMEOUT_S):
-        async with open_server(demo_cfg) as srv, client(srv.url) as c:
+        async with open_server(demo_cfg) as srv, openai_client(srv.url) as c:
             args = dict(model=MODEL, messages=CHAT, max_tokens=120, temperature=1.0, seed=5)
             whole = await c.chat.completions.create(**args, response_format=json_schema_format(SCHEMA))
             stream = await c.chat.completions.create(**args, response_format=json_schema_format(SCHEMA), stream=True)
@@ -56,7 +53,7 @@ async def test_response_format_json_schema_streamed_and_not(demo_cfg):
 
 async def test_a_bad_schema_is_a_400_in_openais_error_shape(demo_cfg):
     with trio.fail_after(TIMEOUT_S):
-        async with open_server(demo_cfg) as srv, client(srv.url) as c:
+        async with open_server(demo_cfg) as srv, openai_client(srv.url) as c:
             with pytest.raises(openai.BadRequestError) as info:
                 await c.chat.completions.create(
                     model=MODEL,

@@ -15,6 +15,7 @@ from vllm_mlx_trio import SamplingParams, open_engine
 from vllm_mlx_trio.config import load_config
 from vllm_mlx_trio.core.constraint import ConstraintSpec, canonical_json
 from vllm_mlx_trio.errors import InvalidRequestError
+from vllm_mlx_trio.testing.requests import chat
 
 pytestmark = pytest.mark.mlx
 
@@ -52,8 +53,8 @@ def config(model: str, *overrides: str):
     return load_config(None, overrides=[f"model.path={model}", *overrides], environ={})
 
 
-def chat(i: int) -> list[dict]:
-    return [{"role": "user", "content": f"Describe the weather in city number {i}."}]
+#: The question of request number i: ``chat(QUESTION.format(i))``.
+QUESTION = "Describe the weather in city number {}."
 
 
 async def generate(engine, prompt, params) -> tuple[str, list[int], str | None]:
@@ -81,7 +82,10 @@ async def run_all(engine, jobs: dict) -> dict:
 async def test_json_schema_outputs_validate_or_end_with_length(demo_cache_dir, mode):
     constraint = ConstraintSpec(kind="json_schema", body=canonical_json(SCHEMA))
     jobs = {
-        seed: (chat(seed), SamplingParams(temperature=1.0, seed=seed, max_tokens=48, constraint=constraint))
+        seed: (
+            chat(QUESTION.format(seed)),
+            SamplingParams(temperature=1.0, seed=seed, max_tokens=48, constraint=constraint),
+        )
         for seed in range(4)
     }
     with trio.fail_after(TIMEOUT_S):
@@ -100,14 +104,14 @@ async def test_json_schema_outputs_validate_or_end_with_length(demo_cache_dir, m
 
 async def test_a_constrained_row_leaves_its_greedy_neighbours_unchanged(float32_dir):
     greedy = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
-    neighbours = {i: (chat(i), greedy) for i in range(3)}
+    neighbours = {i: (chat(QUESTION.format(i)), greedy) for i in range(3)}
     constrained = SamplingParams(
         temperature=1.0, seed=3, max_tokens=24, constraint=ConstraintSpec(kind="json_object", body="")
     )
     with trio.fail_after(TIMEOUT_S):
         async with open_engine(config(float32_dir, "engine.mode=batched")) as engine:
             without = await run_all(engine, neighbours)
-            with_row = await run_all(engine, {**neighbours, "json": (chat(9), constrained)})
+            with_row = await run_all(engine, {**neighbours, "json": (chat(QUESTION.format(9)), constrained)})
     assert {i: with_row[i][1] for i in neighbours} == {i: without[i][1] for i in neighbours}
     assert with_row["json"][0].startswith("{")
 
@@ -118,8 +122,11 @@ async def test_forced_tool_calls_parse_as_hermes_calls_whose_arguments_validate(
     required = ConstraintSpec(kind="tool_calls", body=json.dumps([WEATHER, PING]), tool_call_format="hermes")
     named = ConstraintSpec(kind="tool_calls", body=json.dumps([WEATHER]), tool_call_format="hermes", parallel=False)
     jobs = {
-        "required": (chat(1), SamplingParams(temperature=1.0, seed=1, max_tokens=256, constraint=required)),
-        "named": (chat(2), SamplingParams(temperature=1.0, seed=2, max_tokens=256, constraint=named)),
+        "required": (
+            chat(QUESTION.format(1)),
+            SamplingParams(temperature=1.0, seed=1, max_tokens=256, constraint=required),
+        ),
+        "named": (chat(QUESTION.format(2)), SamplingParams(temperature=1.0, seed=2, max_tokens=256, constraint=named)),
     }
     with trio.fail_after(TIMEOUT_S):
         async with open_engine(config(float32_dir, f"engine.mode={mode}")) as engine:
@@ -139,4 +146,4 @@ async def test_an_invalid_schema_is_refused_at_admission(demo_cache_dir):
     with trio.fail_after(TIMEOUT_S):
         async with open_engine(config("demo:tiny", f"model.demo_cache_dir={demo_cache_dir}")) as engine:
             with pytest.raises(InvalidRequestError, match="no-such-type"):
-                await generate(engine, chat(0), SamplingParams(max_tokens=4, constraint=bad))
+                await generate(engine, chat(QUESTION.format(0)), SamplingParams(max_tokens=4, constraint=bad))

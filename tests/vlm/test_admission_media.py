@@ -112,7 +112,7 @@ async def test_media_is_loaded_in_a_thread_and_travels_with_its_keys():
     assert isinstance(admit, Admit)
     [item] = admit.media
     assert admit.media_keys == ((item.start, "key-h1"),) and item.start == len(admit.prompt_token_ids) - 3
-    # the media key goes by position (PREFIX's hashing), not into the whole prompt's keys
+    # the media key goes by position (the prefix cache's block hashing), not into the whole prompt's keys
     assert admit.extra_keys == ()
     request = Request(admit, eos_token_ids=(1,))
     assert request.cache_keys == (("cache_salt", "s"),) and request.media == admit.media

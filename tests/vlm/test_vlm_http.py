@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import httpx
-import openai
 import pytest
 import trio
 from vlm_helpers import MODEL, image_message, image_url, media_position, video_message, video_url
 
 from vllm_mlx_trio.config import load_config
+from vllm_mlx_trio.testing.clients import openai_client
 from vllm_mlx_trio.testing.harness import open_server
 
 pytestmark = pytest.mark.mlx
@@ -16,10 +16,6 @@ pytestmark = pytest.mark.mlx
 TIMEOUT_S = 180
 #: Text before the image: more than two 16-token cache blocks.
 PREAMBLE = "You are a careful assistant. Look at the picture below and answer in one short sentence. " * 2
-
-
-def client(srv) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0)
 
 
 async def chat(c, messages, model=MODEL, **kwargs):
@@ -30,7 +26,7 @@ async def chat(c, messages, model=MODEL, **kwargs):
 async def test_image_streams_and_a_repeat_hits_the_cache_past_the_image(vlm_cfg):
     messages = [image_message(PREAMBLE, image_url(1))]
     with trio.fail_after(TIMEOUT_S):
-        async with open_server(vlm_cfg) as srv, client(srv) as c:
+        async with open_server(vlm_cfg) as srv, openai_client(srv.url) as c:
             stream = await c.chat.completions.create(
                 model=MODEL,
                 messages=messages,
@@ -66,7 +62,7 @@ async def test_same_text_with_another_image_reuses_only_the_text_before_it(vlm_c
     first = [image_message(PREAMBLE, image_url(1))]
     other = [image_message(PREAMBLE, image_url(2))]
     with trio.fail_after(TIMEOUT_S):
-        async with open_server(vlm_cfg) as srv, client(srv) as c:
+        async with open_server(vlm_cfg) as srv, openai_client(srv.url) as c:
             await chat(c, first)
             again = await chat(c, other)
     image_position = media_position(demo_cache_dir, PREAMBLE)
@@ -80,7 +76,7 @@ async def test_video_sampling_options_key_the_cache(vlm_cfg, demo_cache_dir):
     clip = video_url()
     messages = [video_message(PREAMBLE, clip)]
     with trio.fail_after(TIMEOUT_S):
-        async with open_server(vlm_cfg) as srv, client(srv) as c:
+        async with open_server(vlm_cfg) as srv, openai_client(srv.url) as c:
             first = await chat(c, messages, extra_body={"video_fps": 2, "video_max_frames": 4})
             same = await chat(c, messages, extra_body={"video_fps": 2, "video_max_frames": 4})
             slower = await chat(c, messages, extra_body={"video_fps": 1, "video_max_frames": 4})
@@ -113,7 +109,7 @@ async def test_a_greedy_image_request_alone_equals_it_inside_a_batch(vlm32_dir):
         [image_message("Once more:", image_url(7))],
     ]
     with trio.fail_after(TIMEOUT_S):
-        async with open_server(cfg) as srv, client(srv) as c:
+        async with open_server(cfg) as srv, openai_client(srv.url) as c:
             alone = await chat(c, target, max_tokens=12)
             results = {}
 
@@ -141,10 +137,10 @@ async def test_a_hit_past_the_image_continues_exactly(vlm32_dir, demo_cache_dir)
 
     answers = {}
     with trio.fail_after(TIMEOUT_S):
-        async with open_server(cfg()) as srv, client(srv) as c:
+        async with open_server(cfg()) as srv, openai_client(srv.url) as c:
             await chat(c, first)
             answers["hit"] = await chat(c, second, logprobs=True)
-        async with open_server(cfg("cache.enabled=false")) as srv, client(srv) as c:
+        async with open_server(cfg("cache.enabled=false")) as srv, openai_client(srv.url) as c:
             answers["cold"] = await chat(c, second, logprobs=True)
     image_position = media_position(demo_cache_dir, PREAMBLE)
     assert answers["hit"].usage.prompt_tokens_details.cached_tokens > image_position + 48

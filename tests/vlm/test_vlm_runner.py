@@ -18,7 +18,7 @@ from vllm_mlx_trio.worker.vlm.cache import RopeBatchKVCache, RopeKVCache, row_po
 
 pytestmark = pytest.mark.mlx
 
-LOADED = attrs.make_class("Loaded", ["image", "cache_key"])  # what MEDIA's loader gives, for an image
+LOADED = attrs.make_class("Loaded", ["image", "cache_key"])  # what the media loader gives, for an image
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=1)
 
 

@@ -60,7 +60,7 @@ def media_position(demo_cache_dir: str, text_before: str) -> int:
     ``text_before`` (the demo template: ``<|im_start|>user\\n`` + text + ``<|vision_start|>``)."""
     from tokenizers import Tokenizer
 
-    from vllm_mlx_trio.worker.demo.model import resolve_demo_model
+    from vllm_mlx_trio.worker.demo import resolve_demo_model
 
     tokenizer = Tokenizer.from_file(str(resolve_demo_model(MODEL, demo_cache_dir) / "tokenizer.json"))
     return len(tokenizer.encode(f"<|im_start|>user\n{text_before}<|vision_start|>").ids)

@@ -11,6 +11,7 @@ import trio
 
 from vllm_mlx_trio import SamplingParams, open_engine
 from vllm_mlx_trio.config import load_config
+from vllm_mlx_trio.testing.requests import chat
 
 pytestmark = pytest.mark.mlx
 
@@ -23,8 +24,8 @@ def config(model_dir: str, *overrides: str):
     return load_config(None, overrides=[f"model.path={model_dir}", *overrides], environ={})
 
 
-def chat(i: int) -> list[dict]:
-    return [{"role": "user", "content": f"Tell me about number {i} and the sea."}]
+#: The question of request number i: ``chat(QUESTION.format(i))``.
+QUESTION = "Tell me about number {} and the sea."
 
 
 async def tokens_of(engine, prompt, params, *, progress: trio.Event | None = None) -> list[int]:
@@ -51,16 +52,18 @@ async def run_all(engine, jobs) -> dict:
 async def test_greedy_is_the_same_alone_in_a_batch_of_8_and_arriving_mid_decode(float32_dir):
     with trio.fail_after(TIMEOUT_S):
         async with open_engine(config(float32_dir)) as engine:
-            alone = await tokens_of(engine, chat(3), GREEDY)
-            batch = await run_all(engine, {i: (chat(i), GREEDY) for i in range(8)})
+            alone = await tokens_of(engine, chat(QUESTION.format(3)), GREEDY)
+            batch = await run_all(engine, {i: (chat(QUESTION.format(i)), GREEDY) for i in range(8)})
             long = attrs.evolve(GREEDY, max_tokens=64)
             late = {}
             async with trio.open_nursery() as nursery:
                 started = trio.Event()
                 for i in range(4):
-                    nursery.start_soon(functools.partial(tokens_of, engine, chat(10 + i), long, progress=started))
+                    nursery.start_soon(
+                        functools.partial(tokens_of, engine, chat(QUESTION.format(10 + i)), long, progress=started)
+                    )
                 await started.wait()  # the others are mid-decode now
-                late["probe"] = await tokens_of(engine, chat(3), GREEDY)
+                late["probe"] = await tokens_of(engine, chat(QUESTION.format(3)), GREEDY)
     assert len(alone) == GREEDY.max_tokens
     assert batch[3] == alone
     assert late["probe"] == alone
@@ -72,20 +75,20 @@ async def test_each_parameter_is_honoured_inside_a_mixed_batch(float32_dir, mode
     forced = SamplingParams(temperature=0.0, max_tokens=6, logit_bias=((300, 100.0),))
     early_eos = SamplingParams(temperature=0.0, max_tokens=20, logit_bias=((EOS, 100.0),), min_tokens=4)
     jobs = {
-        "top_k1": (chat(1), SamplingParams(temperature=1.5, top_k=1, max_tokens=16, ignore_eos=True)),
-        "hot": (chat(2), SamplingParams(temperature=1.5, max_tokens=16, ignore_eos=True)),
-        "seeded": (chat(4), seeded),
-        "forced": (chat(5), forced),
-        "early_eos": (chat(6), early_eos),
-        "ignore_eos": (chat(7), attrs.evolve(early_eos, min_tokens=0, ignore_eos=True, max_tokens=5)),
-        "penalised": (chat(8), attrs.evolve(GREEDY, presence_penalty=2.0, frequency_penalty=2.0)),
+        "top_k1": (chat(QUESTION.format(1)), SamplingParams(temperature=1.5, top_k=1, max_tokens=16, ignore_eos=True)),
+        "hot": (chat(QUESTION.format(2)), SamplingParams(temperature=1.5, max_tokens=16, ignore_eos=True)),
+        "seeded": (chat(QUESTION.format(4)), seeded),
+        "forced": (chat(QUESTION.format(5)), forced),
+        "early_eos": (chat(QUESTION.format(6)), early_eos),
+        "ignore_eos": (chat(QUESTION.format(7)), attrs.evolve(early_eos, min_tokens=0, ignore_eos=True, max_tokens=5)),
+        "penalised": (chat(QUESTION.format(8)), attrs.evolve(GREEDY, presence_penalty=2.0, frequency_penalty=2.0)),
     }
     with trio.fail_after(TIMEOUT_S):
         async with open_engine(config(float32_dir, f"engine.mode={mode}")) as engine:
             mixed = await run_all(engine, jobs)
-            greedy_alone = await tokens_of(engine, chat(1), attrs.evolve(GREEDY, max_tokens=16))
-            seeded_alone = await tokens_of(engine, chat(4), seeded)
-            plain_alone = await tokens_of(engine, chat(8), GREEDY)
+            greedy_alone = await tokens_of(engine, chat(QUESTION.format(1)), attrs.evolve(GREEDY, max_tokens=16))
+            seeded_alone = await tokens_of(engine, chat(QUESTION.format(4)), seeded)
+            plain_alone = await tokens_of(engine, chat(QUESTION.format(8)), GREEDY)
     assert mixed["top_k1"] == greedy_alone  # top_k=1 is greedy whatever the temperature
     assert mixed["seeded"] == seeded_alone  # a seed reproduces its draws inside a batch
     assert mixed["forced"] == [300] * 6  # logit_bias +100 wins every step
@@ -101,7 +104,7 @@ async def test_logprobs_match_a_direct_model_call(float32_dir, mode):
     import mlx_lm
 
     model, tokenizer = mlx_lm.load(float32_dir)
-    text = tokenizer.apply_chat_template(chat(0), add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(chat(QUESTION.format(0)), add_generation_prompt=True, tokenize=False)
     ids = tokenizer.encode(text, add_special_tokens=False)
     logits = model(mx.array([ids]))[0, -1].astype(mx.float32)
     expected = (logits - mx.logsumexp(logits)).tolist()
@@ -109,11 +112,11 @@ async def test_logprobs_match_a_direct_model_call(float32_dir, mode):
     with trio.fail_after(TIMEOUT_S):
         async with open_engine(config(float32_dir, f"engine.mode={mode}")) as engine:
             params = SamplingParams(temperature=0.0, max_tokens=3, logprobs=3)
-            others = [engine.generate(chat(i), GREEDY) for i in (1, 2)]
+            others = [engine.generate(chat(QUESTION.format(i)), GREEDY) for i in (1, 2)]
             async with trio.open_nursery() as nursery:
                 for gen in others:
                     nursery.start_soon(_drain, gen)
-                deltas = [d async for d in engine.generate(chat(0), params)]
+                deltas = [d async for d in engine.generate(chat(QUESTION.format(0)), params)]
     first = deltas[0].logprobs[0]
     assert first.token_id == expected_top[0]
     assert first.logprob == pytest.approx(expected[first.token_id], abs=1e-4)
@@ -130,14 +133,14 @@ async def _drain(gen) -> None:
 async def test_aborting_one_request_leaves_the_others_unchanged(float32_dir):
     with trio.fail_after(TIMEOUT_S):
         async with open_engine(config(float32_dir)) as engine:
-            solo = {i: await tokens_of(engine, chat(i), GREEDY) for i in range(3)}
+            solo = {i: await tokens_of(engine, chat(QUESTION.format(i)), GREEDY) for i in range(3)}
             results = {}
 
             async def run(i):
-                results[i] = await tokens_of(engine, chat(i), GREEDY)
+                results[i] = await tokens_of(engine, chat(QUESTION.format(i)), GREEDY)
 
             async def abort_early():
-                async for _delta in engine.generate(chat(9), GREEDY):
+                async for _delta in engine.generate(chat(QUESTION.format(9)), GREEDY):
                     break
 
             async with trio.open_nursery() as nursery:
@@ -156,7 +159,7 @@ async def test_long_prompt_prefill_is_chunked_between_decode_steps(float32_dir):
     streaming = trio.Event()  # the short stream has its first 5 tokens
 
     async def short():
-        async for delta in engine.generate(chat(1), attrs.evolve(GREEDY, max_tokens=200)):
+        async for delta in engine.generate(chat(QUESTION.format(1)), attrs.evolve(GREEDY, max_tokens=200)):
             arrivals.extend("s" * len(delta.token_ids))
             if len(arrivals) >= 5:
                 streaming.set()
@@ -207,21 +210,21 @@ async def test_a_failing_logits_processor_ends_only_its_request(float32_dir, mod
     bad = attrs.evolve(GREEDY, min_tokens=3)
     with trio.fail_after(TIMEOUT_S):
         async with open_engine(config(float32_dir, f"engine.mode={mode}")) as engine:
-            solo = {i: await tokens_of(engine, chat(i), GREEDY) for i in (1, 2)}
+            solo = {i: await tokens_of(engine, chat(QUESTION.format(i)), GREEDY) for i in (1, 2)}
             results, errors = {}, []
 
             async def good(i):
-                results[i] = await tokens_of(engine, chat(i), GREEDY)
+                results[i] = await tokens_of(engine, chat(QUESTION.format(i)), GREEDY)
 
             async def failing():
                 with pytest.raises(RequestProcessingError, match="processor exploded") as info:
-                    await tokens_of(engine, chat(9), bad)
+                    await tokens_of(engine, chat(QUESTION.format(9)), bad)
                 errors.append(info.value)
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(good, 1)
                 nursery.start_soon(failing)
                 nursery.start_soon(good, 2)
-            after = await tokens_of(engine, chat(1), GREEDY)
+            after = await tokens_of(engine, chat(QUESTION.format(1)), GREEDY)
             healthy = engine.health.ok
     assert results == solo and after == solo[1] and errors and healthy

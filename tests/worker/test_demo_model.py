@@ -15,18 +15,23 @@ from mlx.utils import tree_flatten
 from mlx_lm.generate import generate_step
 from mlx_lm.models import qwen3
 
-from vllm_mlx_trio.worker.demo.model import (
+from vllm_mlx_trio.config import DEMO_SIZES as CONFIG_DEMO_SIZES
+from vllm_mlx_trio.config import load_config
+from vllm_mlx_trio.worker.demo import (
+    DEMO_BUILDERS,
     DEMO_MARKER,
     DEMO_PREFIX,
     DEMO_SIZES,
-    _build,
     build_demo_model,
     default_demo_cache_dir,
     is_demo_path,
     resolve_demo_model,
 )
+from vllm_mlx_trio.worker.demo.table import _build
 
 pytestmark = pytest.mark.mlx
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _digests(directory: pathlib.Path) -> dict[str, str]:
@@ -46,10 +51,18 @@ def tiny(tiny_dir):
     return mlx_lm.load(str(tiny_dir))
 
 
-def test_demo_paths():
-    assert DEMO_PREFIX == "demo:"
+def test_demo_paths(demo_cache_dir, tmp_path):
     assert is_demo_path("demo:tiny") and is_demo_path("demo:small")
     assert not is_demo_path("Qwen/Qwen3-0.6B") and not is_demo_path("/models/demo")
+    # the prefix and a size name a build, the one the shipped demo config serves
+    path = resolve_demo_model(f"{DEMO_PREFIX}tiny", demo_cache_dir)
+    assert (path / DEMO_MARKER).is_file()
+    assert resolve_demo_model(load_config(REPO / "config" / "demo.toml", environ={}).model.path, demo_cache_dir) == path
+    # any other path is refused before anything is built
+    for other in ("Qwen/Qwen3-0.6B", "/models/demo", "tiny"):
+        with pytest.raises(ValueError, match="not a demo model path"):
+            resolve_demo_model(other, tmp_path)
+    assert not any(tmp_path.iterdir())
 
 
 def test_tiny_has_hugging_face_layout(tiny_dir):
@@ -159,6 +172,10 @@ def test_concurrent_resolvers_share_one_build(tmp_path):
     assert _digests(results[0]) == kept
 
 
+def test_the_configuration_names_every_demo_the_table_builds():
+    assert tuple(DEMO_BUILDERS) == CONFIG_DEMO_SIZES
+
+
 def test_unknown_size_names_the_valid_ones(tmp_path):
     with pytest.raises(ValueError, match="tiny.*small"):
         resolve_demo_model("demo:huge", tmp_path)
@@ -208,7 +225,7 @@ def test_sampling_rarely_ends_at_once(tiny):
 
 
 def test_a_build_with_an_older_chat_template_is_rebuilt(tmp_path):
-    from vllm_mlx_trio.worker.demo.model import chat_template_hash
+    from vllm_mlx_trio.worker.demo import chat_template_hash
 
     path = resolve_demo_model("demo:tiny", tmp_path)
     marker = json.loads((path / DEMO_MARKER).read_text())

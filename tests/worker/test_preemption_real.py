@@ -9,6 +9,7 @@ import trio
 
 from vllm_mlx_trio import SamplingParams, open_engine
 from vllm_mlx_trio.config import load_config
+from vllm_mlx_trio.testing.requests import chat
 
 pytestmark = pytest.mark.mlx
 
@@ -23,8 +24,8 @@ def config(model_dir: str, *overrides: str):
     return load_config(None, overrides=[f"model.path={model_dir}", *overrides], environ={})
 
 
-def chat(i: int) -> list[dict]:
-    return [{"role": "user", "content": f"Number {i}, please."}]
+#: The question of request number i: ``chat(QUESTION.format(i))``.
+QUESTION = "Number {}, please."
 
 
 async def run_batch(engine) -> dict[int, list[int]]:
@@ -32,7 +33,7 @@ async def run_batch(engine) -> dict[int, list[int]]:
 
     async def one(i: int) -> None:
         params = SEEDED if i % 2 else GREEDY
-        outputs[i] = [t async for d in engine.generate(chat(i), params) for t in d.token_ids]
+        outputs[i] = [t async for d in engine.generate(chat(QUESTION.format(i)), params) for t in d.token_ids]
 
     async with trio.open_nursery() as nursery:
         for i in range(8):

@@ -44,8 +44,8 @@ def capture_runner(cfg, runners: list):
     else:
         from vllm_mlx_trio.worker.simple_runner import SimpleRunner as Runner
 
-    def make():
-        runner = Runner(cfg)
+    def make(request_waiting):
+        runner = Runner(cfg, request_waiting=request_waiting)
         runners.append(runner)
         return runner
 
@@ -198,18 +198,17 @@ async def settle(engine) -> None:
 async def assert_idle_and_consistent(engine, runner=None) -> None:
     """No request leases anything; the pool is consistent; the MLX store holds exactly its blocks."""
     await settle(engine)
-    pool = engine._cache.pool
-    pool.check_invariants()
+    engine._cache.check_invariants()
     stats = engine.statistics().cache
     assert stats.num_leased == 0
     assert stats.pool.num_in_use == 0 and stats.pool.num_shared == 0
     assert stats.pool.num_free == stats.pool.num_blocks
-    assert all(pool.ref_count(block_id) == 0 for block_id in pool.free_queue())
+    assert all(block.ref_count == 0 for block in engine.prefix_blocks())
     if runner is not None:
         prefix = runner._prefix
 
         def store_matches_pool() -> bool:
-            ids = pool.free_queue()
+            ids = [block.block_id for block in engine.prefix_blocks()]
             return (
                 len(prefix.store) == len(ids)
                 and all(block_id in prefix.store for block_id in ids)
@@ -217,8 +216,8 @@ async def assert_idle_and_consistent(engine, runner=None) -> None:
             )
 
         # the store is updated on the MLX thread by the next plan: give it a moment
-        assert await eventually(store_matches_pool), (len(prefix.store), len(pool.free_queue()))
-        assert prefix.store.nbytes == pool.stats().bytes_used
+        assert await eventually(store_matches_pool), (len(prefix.store), len(engine.prefix_blocks()))
+        assert prefix.store.nbytes == engine.statistics().cache.pool.bytes_used
 
 
 # -- 1 and 2: greedy outputs with the cache on equal those with it off; honest cached_tokens
@@ -544,7 +543,6 @@ async def test_clear_drops_unreferenced_blocks_from_pool_and_store(float32_dir, 
         cfg = cache_on(float32_dir, mode)
         async with open_engine(cfg, executor_factory=capture_runner(cfg, runners)) as engine:
             runner = runners[0]
-            tok = engine.model_info.tokenizer
             first = await run_one(engine, prompt)
             await assert_idle_and_consistent(engine, runner)
             num_blocks = engine.statistics().cache.pool.num_blocks
@@ -561,21 +559,20 @@ async def test_clear_drops_unreferenced_blocks_from_pool_and_store(float32_dir, 
             assert await engine.clear_prefix_cache() == 0  # nothing left to drop
 
             # blocks a running request leases survive a clear; the request is unaffected
-            pool = engine._cache.pool
             long_params = attrs.evolve(GREEDY, max_tokens=48)
             reference = await run_one(engine, convo(5, 1), long_params)
-            other = await run_one(engine, convo(6, 2))  # unleased blocks for the clear to drop
+            await run_one(engine, convo(6, 2))  # unleased blocks for the clear to drop
             await settle(engine)
             held_prompt = convo(5, 1)
             async with engine.open_request(held_prompt, long_params, request_id="held") as stream:
                 tokens = list((await stream.__anext__()).token_ids)  # running: its blocks are leased
-                held = pool.holders("held")
-                other_ids = (*chat_ids(tok, convo(6, 2)), *other.tokens)
-                other_blocks = set(pool.cached_prefix(other_ids)) - set(held)
+                blocks = engine.prefix_blocks()
+                held = {block.block_id for block in blocks if block.ref_count}  # the only request running
+                other_blocks = {block.block_id for block in blocks} - held  # every unleased one, the other's too
                 assert held and other_blocks
                 dropped = await engine.clear_prefix_cache()
-                assert all(block_id in pool for block_id in held)
-                assert not any(block_id in pool for block_id in other_blocks)
+                kept = {block.block_id for block in engine.prefix_blocks()}
+                assert held <= kept and not (other_blocks & kept)
                 async for delta in stream:
                     tokens.extend(delta.token_ids)
                 held_cached = stream.usage.cached_tokens

@@ -10,6 +10,7 @@ import trio
 
 from vllm_mlx_trio import SamplingParams, open_engine
 from vllm_mlx_trio.config import load_config
+from vllm_mlx_trio.testing.requests import chat
 from vllm_mlx_trio.worker.batched import runner as batch_runner
 from vllm_mlx_trio.worker.runner_base import LiveSequence
 
@@ -20,8 +21,8 @@ EOS = 2  # <|im_end|> in the demo tokenizer
 GREEDY = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
 
 
-def chat(i: int) -> list[dict]:
-    return [{"role": "user", "content": f"Tell me about number {i} and the sea."}]
+#: The question of request number i: ``chat(QUESTION.format(i))``.
+QUESTION = "Tell me about number {} and the sea."
 
 
 async def deltas_of(
@@ -46,9 +47,12 @@ def tokens(deltas: list) -> list[int]:
 
 
 JOBS = {
-    "alone": (chat(1), GREEDY),
-    "logprobs": (chat(2), SamplingParams(temperature=0.0, max_tokens=12, logprobs=2, ignore_eos=True)),
-    "eos": (chat(3), SamplingParams(temperature=0.0, max_tokens=30, logit_bias=((EOS, 100.0),), min_tokens=5)),
+    "alone": (chat(QUESTION.format(1)), GREEDY),
+    "logprobs": (chat(QUESTION.format(2)), SamplingParams(temperature=0.0, max_tokens=12, logprobs=2, ignore_eos=True)),
+    "eos": (
+        chat(QUESTION.format(3)),
+        SamplingParams(temperature=0.0, max_tokens=30, logit_bias=((EOS, 100.0),), min_tokens=5),
+    ),
 }
 
 

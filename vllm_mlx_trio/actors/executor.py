@@ -5,9 +5,10 @@ every step. Plans reach it through a thread-safe queue; results go back with the
 ``run_sync_soon(result_send.send_nowait, ...)``, fire and forget: it never blocks the
 thread, and never finds the channel full because the scheduler keeps at most
 the runner's ``plans_in_flight`` plans outstanding and the result channel holds that many.
-The runner can ask whether a queued plan starts a sequence, or the scheduler has said that a
-request waits for the next plan boundary (``RequestWaiting``, sent beside the plans): a batch
-runner then ends its run-ahead (``starts_waiting``), so a new request waits about one step.
+The runner is built with a ``threading.Event`` that is set while a queued plan starts a
+sequence, or the scheduler has said that a request waits for the next plan boundary
+(``RequestWaiting``, sent beside the plans): a batch runner then ends its run-ahead
+(``starts_waiting``), so a new request waits about one step.
 Plans queued back to back run as one step when they can (core/plan_join.py): a request's plan
 sent while another waits behind the running step starts it in that step.
 """
@@ -24,7 +25,6 @@ from ..core.plan_join import can_join, joined, placeholder_result
 from ..errors import ExecutorCrashedError, VllmMlxTrioError
 from ..messages import ModelInfo, PlanMessage, RequestWaiting, StepPlan, StepResult
 from ..worker.registry import Runner
-from ..worker.runner_base import RunnerBase
 
 #: The stop marker: the thread closes the runner and ends when it takes this from its inbox.
 _STOP = object()
@@ -38,28 +38,41 @@ class _Inbox:
     def __init__(self) -> None:
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._abandoned = threading.Event()
-        #: Queued plans that start sequences (the runner stops running ahead for them).
-        self._starting = 0
+        #: Set while a queued plan starts a sequence or a request waits for the next plan
+        #: boundary; the runner is built with it (it stops running ahead while it is set).
+        self.waiting = threading.Event()
         self._lock = threading.Lock()
-        #: The scheduler holds a request for the next plan boundary (cleared at the next plan).
-        self._request_waiting = False
+        #: Under the lock: queued plans that start sequences, and whether the scheduler holds a
+        #: request for the next plan boundary (forgotten when the next plan is taken).
+        self._starting = 0
+        self._hinted = False
         #: Taken from the queue but not joined to the step before it: the next step's first item.
         self._held: object | None = None
 
     def put(self, plan: StepPlan) -> None:
         if plan.new_seqs:
-            with self._lock:
-                self._starting += 1
+            self._change(starting=1)
         self._queue.put(plan)
 
     def request_waiting(self) -> None:
         """A request waits for the next plan boundary: the plan running now ends its run-ahead."""
-        self._request_waiting = True
+        self._change(hinted=True)
 
     def starts_waiting(self) -> bool:
-        """Whether a queued plan starts a sequence, or a request waits for the next plan
-        (called on the thread, between steps)."""
-        return self._starting > 0 or self._request_waiting
+        """Whether a queued plan starts a sequence, or a request waits for the next plan."""
+        return self.waiting.is_set()
+
+    def _change(self, *, starting: int = 0, hinted: bool | None = None) -> None:
+        """Count ``starting`` more (or fewer) queued plans that start sequences, set or forget
+        the hint, and let ``waiting`` say whether either is left."""
+        with self._lock:
+            self._starting += starting
+            if hinted is not None:
+                self._hinted = hinted
+            if self._starting or self._hinted:
+                self.waiting.set()
+            else:
+                self.waiting.clear()
 
     def stop(self) -> None:
         self._queue.put(_STOP)
@@ -76,7 +89,7 @@ class _Inbox:
             return None
         # The plan that ended for it has gone back; from here a queued plan that starts the
         # request (``_starting``) is what ends this one's run-ahead.
-        self._request_waiting = False
+        self._change(hinted=False)
         plans = [first]
         while (following := self._take(block=False)) is not None:
             if not isinstance(following, StepPlan) or not can_join(plans, following):
@@ -85,8 +98,7 @@ class _Inbox:
             plans.append(following)
         starting = sum(1 for plan in plans if plan.new_seqs)
         if starting:
-            with self._lock:
-                self._starting -= starting
+            self._change(starting=-starting)
         return plans
 
     def _take(self, *, block: bool) -> object | None:
@@ -116,8 +128,10 @@ class ExecutorActor:
         *,
         plan_recv: trio.MemoryReceiveChannel[PlanMessage],
         result_send: trio.MemorySendChannel[StepResult],
-        runner_factory: Callable[[], Runner],
+        runner_factory: Callable[[threading.Event], Runner],
     ):
+        """``runner_factory`` builds the runner, on the thread, given the event that is set while
+        a request waits for the next plan boundary."""
         self._plan_recv = plan_recv
         self._result_send = result_send
         self._runner_factory = runner_factory
@@ -153,11 +167,9 @@ class ExecutorActor:
             nursery.cancel_scope.cancel()
 
     def _thread_main(self, inbox: _Inbox, report_started: Callable[[ModelInfo], None]) -> None:
-        runner = self._runner_factory()
+        runner = self._runner_factory(inbox.waiting)
         try:
             model_info = runner.load()
-            if isinstance(runner, RunnerBase):
-                runner.starts_waiting = inbox.starts_waiting
             trio_token = trio.from_thread.run_sync(trio.lowlevel.current_trio_token)
             trio.from_thread.run_sync(report_started, model_info)
             while (plans := inbox.next_plans()) is not None:

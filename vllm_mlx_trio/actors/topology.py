@@ -5,12 +5,13 @@ outside ends that :func:`open_topology` yields.
 ```
 facade ──Submit──► admission ──Admit──► scheduler ◄──StepPlan/StepResult──► executor (MLX thread)
 facade ──FailAll / ClearPrefixCache──►      ▲ │
+facade ──Departed (a stream closed early)──►│ │
                               cache manager ┘ ▼ (PrefixLookup / Commit / Release / Clear)
 ```
 
-The runner kind (``engine.mode``) decides two facts of the wiring, read from the runner
-registry: how many plans may be in flight on the executor edge, and how many sequences run
-at once.
+The runner kind (``engine.mode``, looked up in the runner table the engine was given) decides
+facts of the wiring through its shape: how many plans may be in flight on the executor edge,
+how many tokens a step may give a sequence, and how many sequences run at once.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ import trio
 
 from ..config import EngineConfig
 from ..errors import ExecutorCrashedError, VllmMlxTrioError
-from ..health import EngineHealth
-from ..messages import Admit, ControlCommand, ModelInfo, StepPlan, StepResult, Submit
+from ..health import EngineFailed, EngineHealth
+from ..messages import Admit, ControlCommand, Departed, ModelInfo, StepPlan, StepResult, Submit
 from ..metrics import EngineMetrics, engine_snapshot
 from ..output_format import OutputFormat, resolve_output_format
-from ..worker.registry import runner_for
+from ..runner_kinds import RunnerShape
+from ..worker.registry import RUNNERS, RunnerTable, runner_for
 from .admission.actor import AdmissionActor, AdmissionLimits
 from .admission.media import make_media_loader
 from .prefix.cache_manager import CacheManagerActor
@@ -65,21 +67,25 @@ class ExecutorFactory(Protocol):
     ) -> Any: ...
 
 
-def mlx_executor_factory(cfg: EngineConfig) -> ExecutorFactory:
-    """The real executor: a dedicated MLX thread running the configured mode's runner."""
+def mlx_executor_factory(cfg: EngineConfig, runners: RunnerTable = RUNNERS) -> ExecutorFactory:
+    """The real executor: a dedicated MLX thread running the configured mode's runner from ``runners``."""
 
     def build(plan_recv, result_send):
         from .executor import ExecutorActor
 
-        Runner = runner_for(cfg)
-        return ExecutorActor(plan_recv=plan_recv, result_send=result_send, runner_factory=lambda: Runner(cfg))
+        Runner = runner_for(cfg, runners)
+        return ExecutorActor(
+            plan_recv=plan_recv,
+            result_send=result_send,
+            runner_factory=lambda request_waiting: Runner(cfg, request_waiting=request_waiting),
+        )
 
     return build
 
 
-def max_running(cfg: EngineConfig) -> int:
+def max_running(cfg: EngineConfig, runners: RunnerTable = RUNNERS) -> int:
     """Sequences in the model at once, as the configured runner kind holds them."""
-    return runner_for(cfg).max_running(cfg.engine)
+    return runner_for(cfg, runners).shape(cfg).max_running
 
 
 @attrs.frozen(kw_only=True)
@@ -90,6 +96,8 @@ class Topology:
     model_info: ModelInfo
     submit_send: trio.MemorySendChannel[Submit]
     control_send: trio.MemorySendChannel[ControlCommand]
+    #: Streams closed before their output ended tell the scheduler here.
+    depart_send: trio.MemorySendChannel[Departed]
     scheduler: SchedulerActor
     cache: CacheManagerActor
     metrics: EngineMetrics
@@ -101,25 +109,28 @@ class Topology:
 
 
 @contextlib.asynccontextmanager
-async def open_topology(cfg: EngineConfig, factory: ExecutorFactory) -> AsyncIterator[Topology]:
-    """Load the model and run the four actors in one nursery (one failure domain).
+async def open_topology(
+    cfg: EngineConfig, factory: ExecutorFactory, runners: RunnerTable = RUNNERS
+) -> AsyncIterator[Topology]:
+    """Load the model and run the four actors in one nursery (one failure domain); the scheduler
+    drives the configured kind of ``runners`` as its shape says.
 
-    Leaving the block closes the submit and control channels: admission stops, and the
+    Leaving the block closes the submit, control and departure channels: admission stops, and the
     scheduler finishes the requests already inside before the actors return. If the executor
     failed meanwhile, leaving the block raises its cause.
     """
+    shape = runner_for(cfg, runners).shape(cfg)
     async with trio.open_nursery() as nursery:
-        topology = await _start(cfg, nursery, factory)
-        with topology.submit_send, topology.control_send:
+        topology = await _start(cfg, nursery, factory, shape)
+        with topology.submit_send, topology.control_send, topology.depart_send:
             yield topology
-    if topology.health.error is not None:
-        raise topology.health.error
+    error = topology.health.snapshot().error
+    if error is not None:
+        raise error
 
 
-async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFactory) -> Topology:
-    runner = runner_for(cfg)
-    in_flight = runner.plans_in_flight
-    running = runner.max_running(cfg.engine)
+async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFactory, shape: RunnerShape) -> Topology:
+    in_flight, running = shape.plans_in_flight, shape.max_running
     submit_send, submit_recv = trio.open_memory_channel[Submit](SUBMIT_BUFFER)
     control_send, control_recv = trio.open_memory_channel[ControlCommand](CONTROL_BUFFER)
     admit_send, admit_recv = trio.open_memory_channel(ADMIT_BUFFER)
@@ -127,6 +138,9 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
     result_send, result_recv = trio.open_memory_channel(max_outstanding(in_flight, running))
     cache_send, cache_recv = trio.open_memory_channel(CACHE_BUFFER)
     match_send, match_recv = trio.open_memory_channel(1)
+    # One slot per request the engine holds at once (each departs once); a departure that
+    # finds it full is noticed later, by the failed send of the request's next output.
+    depart_send, depart_recv = trio.open_memory_channel[Departed](cfg.limits.max_waiting + running)
     health = EngineHealth()
     model_info = await _start_executor(nursery, factory(plan_recv, result_send), health)
     cache = CacheManagerActor(
@@ -139,11 +153,12 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
     scheduler = _scheduler(
         cfg,
         model_info,
-        runner,
+        shape,
         metrics,
         health,
         admit_recv=admit_recv,
         control_recv=control_recv,
+        depart_recv=depart_recv,
         plan_send=plan_send,
         result_recv=result_recv,
         cache_send=cache_send,
@@ -163,6 +178,7 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
         model_info=model_info,
         submit_send=submit_send,
         control_send=control_send,
+        depart_send=depart_send,
         scheduler=scheduler,
         cache=cache,
         metrics=metrics,
@@ -175,26 +191,27 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
 async def _start_executor(nursery: trio.Nursery, executor: Any, health: EngineHealth) -> ModelInfo:
     """Start the executor supervised (its failure goes to ``health``), and stop it when the
     engine fails for another reason; the loaded model's facts come back."""
-    stop_executor = trio.CancelScope()
-    model_info = await nursery.start(partial(run_supervised, executor.run, health, stop_executor))
-    nursery.start_soon(cancel_on_failure, health, stop_executor)
+    stop_executor, exited = trio.CancelScope(), trio.Event()
+    model_info = await nursery.start(partial(run_supervised, executor.run, health, stop_executor, exited))
+    nursery.start_soon(cancel_on_failure, health, stop_executor, exited)
     return model_info
 
 
 def _scheduler(
     cfg: EngineConfig,
     model_info: ModelInfo,
-    runner: Any,
+    shape: RunnerShape,
     metrics: EngineMetrics,
     health: EngineHealth,
     **channels: Any,
 ) -> SchedulerActor:
-    """The scheduler for ``runner`` (its plans in flight, tokens per step and running limit) over ``channels``."""
+    """The scheduler for a runner of ``shape`` (its plans in flight, tokens per step and running limit) over
+    ``channels``."""
     settings = SchedulerSettings(
         eos_token_ids=model_info.eos_token_ids,
-        max_running=runner.max_running(cfg.engine),
-        plans_in_flight=runner.plans_in_flight,
-        max_tokens_per_step=runner.max_tokens_per_step,
+        max_running=shape.max_running,
+        plans_in_flight=shape.plans_in_flight,
+        max_tokens_per_step=shape.max_tokens_per_step,
         stream_interval=cfg.engine.stream_interval,
         stall_timeout_s=cfg.limits.engine_stall_timeout_s,
         kv_budget_tokens=model_info.kv_budget_tokens,
@@ -253,15 +270,17 @@ async def run_supervised(
     run: Callable[..., Awaitable[None]],
     health: EngineHealth,
     stop: trio.CancelScope,
+    exited: trio.Event,
     *,
     task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run an actor; once it has started, its failure is recorded in ``health`` instead of
+    """Run an actor; once it has started, its failure is reported to ``health`` instead of
     cancelling its siblings (a failure while starting, such as a model that cannot load,
-    still raises at once). ``stop`` is cancelled when a failure is recorded elsewhere (the
+    still raises at once). ``stop`` is cancelled when a failure is reported elsewhere (the
     scheduler's watchdog), which stops the actor too: see :func:`cancel_on_failure`.
+    ``exited`` is set when the actor has returned, either way.
 
-    The failure is recorded before anything else runs (no checkpoint between the actor's
+    The failure is reported before anything else runs (no checkpoint between the actor's
     exit and the ``except``), so every request fails with the actor's own cause.
     """
     reporter = _StartedReporter(task_status)
@@ -271,22 +290,22 @@ async def run_supervised(
     except Exception as exc:  # boundary: a running actor's failure becomes the engine's
         if not reporter.started_once:
             raise
-        health.fail(_our_error(exc))
+        health.report(EngineFailed(error=_our_error(exc)))
     finally:
-        health.executor_exited.set()
+        exited.set()
 
 
-async def cancel_on_failure(health: EngineHealth, stop: trio.CancelScope) -> None:
-    """Cancel ``stop`` if the engine fails; return once the executor has exited either way
-    (run in the engine's nursery)."""
+async def cancel_on_failure(health: EngineHealth, stop: trio.CancelScope, exited: trio.Event) -> None:
+    """Cancel ``stop`` if the engine fails; return once the executor has ``exited`` either
+    way (run in the engine's nursery)."""
     async with trio.open_nursery() as nursery:
 
         async def on_failure() -> None:
-            await health.failed.wait()
+            await health.wait_failed()
             stop.cancel()
 
         nursery.start_soon(on_failure)
-        await health.executor_exited.wait()
+        await exited.wait()
         nursery.cancel_scope.cancel()
 
 

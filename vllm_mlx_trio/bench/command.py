@@ -1,7 +1,8 @@
-"""The ``vllm-mlx-trio bench ...`` subcommands: their arguments and what each runs.
+"""The ``vllm-mlx-trio bench ...`` subcommands: their arguments, and each one's handler.
 
 ``cli.py`` builds the configuration (file, environment, ``--set``, ``--model``) and hands it
-here; only ``bench peers`` and ``bench http --url`` run no model in this process.
+to :func:`run_bench`, which calls the handler the chosen subparser carries (``handlers.py``);
+only ``bench peers`` and ``bench http --url`` run no model in this process.
 """
 
 from __future__ import annotations
@@ -9,9 +10,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from .workload import Workload, parse_levels
+from . import handlers
+from .workload import parse_levels
 
 ConfigArgs = Callable[[argparse.ArgumentParser], None]
+#: Where ``--vllm-mlx`` is looked for when not given (``peers.vllm_mlx_executable``).
+VLLM_MLX_HELP = "the vllm-mlx executable (default: $VLLM_MLX_TRIO_BENCH_VLLM_MLX, else vllm-mlx on the PATH)"
 
 
 def _levels(text: str) -> tuple[int, ...]:
@@ -19,6 +23,16 @@ def _levels(text: str) -> tuple[int, ...]:
         return parse_levels(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _levels_or_zero(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"values must be >= 0, got {text!r}")
+    return values
 
 
 def _positive(text: str) -> int:
@@ -51,13 +65,23 @@ def _ignore_eos_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add(sub, config_args: ConfigArgs, name: str, handler: handlers.Handler, text: str) -> argparse.ArgumentParser:
+    """A subcommand with the config arguments, run by ``handler(cfg, args)``."""
+    parser = sub.add_parser(name, help=text)
+    config_args(parser)
+    parser.set_defaults(handler=handler)
+    return parser
+
+
 def add_bench_parser(commands, config_args: ConfigArgs) -> None:
     """The ``bench`` command and its subcommands, on the top-level subparsers."""
     bench = commands.add_parser("bench", help="benchmarks that print tables (docs/benchmarks.md)")
     sub = bench.add_subparsers(dest="bench_command", required=True)
 
     _in_process_args(sub, config_args)
+    _beside_load_args(sub, config_args)
     _cache_and_speculative_args(sub, config_args)
+    _cache_cost_args(sub, config_args)
     _soak_args(sub, config_args)
     _latency_args(sub, config_args)
     _router_args(sub, config_args)
@@ -66,50 +90,59 @@ def add_bench_parser(commands, config_args: ConfigArgs) -> None:
 
 def _in_process_args(sub, config_args: ConfigArgs) -> None:
     """Benchmarks that run mlx-lm or our engine in this process."""
-    single = sub.add_parser("single", help="one streamed request at a time: mlx-lm vs engine vs HTTP")
-    config_args(single)
+    single = _add(
+        sub, config_args, "single", handlers.single, "one streamed request at a time: mlx-lm vs engine vs HTTP"
+    )
     single.add_argument("--model", default=None, help="model path (default: the config's)")
     single.add_argument("--max-tokens", type=int, default=128)
     single.add_argument("--json", dest="json_path", default=None, help="also write the rows here")
 
-    ceiling = sub.add_parser("ceiling", help="mlx-lm's generate_step and BatchGenerator in-process")
-    config_args(ceiling)
+    ceiling = _add(
+        sub, config_args, "ceiling", handlers.ceiling, "mlx-lm's generate_step and BatchGenerator in-process"
+    )
     ceiling.add_argument("--model", default=None, help="model path (default: the config's)")
     _workload_args(ceiling, "1,5")
 
-    engine = sub.add_parser("engine", help="our engine in-process: simple and batched mode")
-    config_args(engine)
+    engine = _add(sub, config_args, "engine", handlers.engine, "our engine in-process: simple and batched mode")
     engine.add_argument("--model", default=None, help="model path (default: the config's)")
     engine.add_argument("--modes", default="simple,batched", help="engine modes (default simple,batched)")
     engine.add_argument("--no-ceiling", action="store_true", help="skip the ceiling (no vs_ceiling)")
     _workload_args(engine, "1,5,16")
 
-    http = sub.add_parser("http", help="streaming chat completions against an OpenAI-compatible server")
-    config_args(http)
+    http = _add(
+        sub, config_args, "http", handlers.http, "streaming chat completions against an OpenAI-compatible server"
+    )
     http.add_argument("--url", default=None, help="server base URL (default: start ours in-process)")
     http.add_argument("--model", default=None, help="model name to request (default: the server's first)")
     http.add_argument("--no-seeds", action="store_true", help="skip the five-prompt seeds workload")
     _ignore_eos_arg(http)
     _workload_args(http, "1,5,16")
 
-    ttft = sub.add_parser("ttft", help="time to first token on an idle engine vs mlx-lm's prefill")
-    config_args(ttft)
+    ttft = _add(sub, config_args, "ttft", handlers.ttft, "time to first token on an idle engine vs mlx-lm's prefill")
     ttft.add_argument("--model", default=None, help="model path (default: the config's)")
     ttft.add_argument("--samples", type=int, default=8, help="samples per path (default 8)")
     ttft.add_argument("--json", dest="json_path", default=None, help="also write the rows here")
 
-    pre = sub.add_parser("preprocess", help="ITL of 8 streams while a 32k-token prompt is admitted")
-    config_args(pre)
+
+def _beside_load_args(sub, config_args: ConfigArgs) -> None:
+    """In-process benchmarks of streams beside a load: a huge prompt, an image, a grammar."""
+    pre = _add(
+        sub, config_args, "preprocess", handlers.preprocess, "ITL of 8 streams while a 32k-token prompt is admitted"
+    )
     pre.add_argument("--runs", type=_positive, default=3, help="runs per setting, alternating (default 3)")
     pre.add_argument("--prompt-tokens", type=_positive, default=32_768, help="big prompt size (default 32768)")
 
-    mllm = sub.add_parser("mllm", help="image request phases; text ITL while a large image prefills")
-    config_args(mllm)
+    mllm = _add(sub, config_args, "mllm", handlers.mllm, "image request phases; text ITL while a large image prefills")
     mllm.add_argument("--runs", type=_positive, default=3, help="runs per setting, alternating (default 3)")
     mllm.add_argument("--chunk", type=_positive, default=32, help="mllm_prefill_step_size compared (default 32)")
 
-    structured = sub.add_parser("structured", help="tok/s of a JSON-constrained row and its neighbours in a batch")
-    config_args(structured)
+    structured = _add(
+        sub,
+        config_args,
+        "structured",
+        handlers.structured,
+        "tok/s of a JSON-constrained row and its neighbours in a batch",
+    )
     structured.add_argument("--model", default=None, help="model path (default: the config's)")
     structured.add_argument("--runs", type=_positive, default=3, help="runs per setting, alternating (default 3)")
     structured.add_argument("--rows", type=_positive, default=4, help="rows in the batch (default 4)")
@@ -117,8 +150,13 @@ def _in_process_args(sub, config_args: ConfigArgs) -> None:
 
 
 def _cache_and_speculative_args(sub, config_args: ConfigArgs) -> None:
-    spec = sub.add_parser("speculative", help="tok/s with speculative decoding on vs off, and its acceptance")
-    config_args(spec)
+    spec = _add(
+        sub,
+        config_args,
+        "speculative",
+        handlers.speculative,
+        "tok/s with speculative decoding on vs off, and its acceptance",
+    )
     spec.add_argument("--model", default="demo:spec-target", help="target model (default demo:spec-target)")
     spec.add_argument("--draft-model", default="demo:spec-draft", help="draft model (default demo:spec-draft)")
     spec.add_argument("--num-draft-tokens", type=_positive, default=4, help="drafts per round (default 4)")
@@ -133,8 +171,9 @@ def _cache_and_speculative_args(sub, config_args: ConfigArgs) -> None:
     )
     spec.add_argument("--json", dest="json_path", default=None, help="also write the rows here")
 
-    prefix = sub.add_parser("prefix-cache", help="pass/fail table of prefix-cache hits and misses")
-    config_args(prefix)
+    prefix = _add(
+        sub, config_args, "prefix-cache", handlers.prefix_cache, "pass/fail table of prefix-cache hits and misses"
+    )
     prefix.add_argument("--model", default=None, help="model path (default: the config's, demo:tiny)")
     prefix.add_argument("--no-disabled", action="store_true", help="skip the run with the cache off")
     prefix.add_argument("--mlx-lm", action="store_true", help="also the 48-token repeat over HTTP vs mlx_lm.server")
@@ -150,9 +189,40 @@ def _cache_and_speculative_args(sub, config_args: ConfigArgs) -> None:
     prefix.add_argument("--port", type=_positive, default=8711, help="first port of that comparison (default 8711)")
 
 
+def _cache_cost_args(sub, config_args: ConfigArgs) -> None:
+    """What parts of the prefix cache cost: the disk tier's writes and reads, state snapshots."""
+    disk = _add(sub, config_args, "disk-tier", handlers.disk_tier, "ms per block of the disk tier's spill and load")
+    disk.add_argument("--blocks", type=_positive, default=8, help="blocks a run (default 8)")
+    disk.add_argument("--runs", type=_positive, default=3, help="runs (default 3)")
+    disk.add_argument("--layers", type=_positive, default=32, help="layers of a block (default 32)")
+    disk.add_argument("--kv-heads", type=_positive, default=8, help="KV heads (default 8)")
+    disk.add_argument("--block-tokens", type=_positive, default=64, help="tokens of a block (default 64)")
+    disk.add_argument("--head-dim", type=_positive, default=128, help="head dimension (default 128)")
+    disk.add_argument("--dtype", choices=("float16", "bfloat16", "float32"), default="float16")
+    disk.add_argument("--dir", default=None, help="where the tier writes (default: the temporary directory)")
+    disk.add_argument("--json", dest="json_path", default=None, help="also write the runs here")
+
+    snaps = _add(
+        sub, config_args, "state-snapshots", handlers.state_snapshots, "TTFT and bytes per cache.state_snapshot_blocks"
+    )
+    snaps.add_argument(
+        "--models",
+        default="qwen3_next,gemma3_text",
+        help="architectures built with random weights (qwen3_next, gemma3_text) or model directories",
+    )
+    snaps.add_argument(
+        "--values", type=_levels_or_zero, default=(0, 1, 4, 16), help="values compared (default 0,1,4,16)"
+    )
+    snaps.add_argument("--runs", type=_positive, default=3, help="runs, values alternated (default 3)")
+    snaps.add_argument("--block-size", type=_positive, default=64, help="cache.block_size (default 64)")
+    snaps.add_argument("--system-words", type=_positive, default=700, help="words of the system prompt (default 700)")
+    snaps.add_argument("--json", dest="json_path", default=None, help="also write the rows here")
+
+
 def _soak_args(sub, config_args: ConfigArgs) -> None:
-    soak = sub.add_parser("soak", help="mixed requests on our server, then a memory/task/fd leak check")
-    config_args(soak)
+    soak = _add(
+        sub, config_args, "soak", handlers.soak, "mixed requests on our server, then a memory/task/fd leak check"
+    )
     soak.add_argument("--model", default="demo:tiny", help="model path (default demo:tiny)")
     soak.add_argument("--requests", type=_positive, default=2000, help="requests in the soak (default 2000)")
     soak.add_argument("--concurrency", type=_positive, default=16, help="clients at once (default 16)")
@@ -164,16 +234,16 @@ def _soak_args(sub, config_args: ConfigArgs) -> None:
 
 def _server_args(sub, config_args: ConfigArgs) -> None:
     """Benchmarks over HTTP against our server and the peers'."""
-    every = sub.add_parser("all", help="ceiling, engine and our HTTP server for each model")
-    config_args(every)
+    every = _add(sub, config_args, "all", handlers.all_models, "ceiling, engine and our HTTP server for each model")
     every.add_argument("--models", default="demo:tiny,demo:small", help="comma-separated model paths")
     _workload_args(every, "1,5,16")
 
-    peers = sub.add_parser("peers", help="bench http against ours, mlx_lm.server and vllm-mlx in turn")
-    config_args(peers)
+    peers = _add(
+        sub, config_args, "peers", handlers.peers, "bench http against ours, mlx_lm.server and vllm-mlx in turn"
+    )
     peers.add_argument("--model-dir", default="demo:small", help="model directory (or demo:<size>)")
     peers.add_argument("--peers", default="ours,mlx-lm,vllm-mlx", help="which servers, in order")
-    peers.add_argument("--vllm-mlx", default=None, help="the vllm-mlx executable (a separate venv)")
+    peers.add_argument("--vllm-mlx", default=None, help=VLLM_MLX_HELP)
     peers.add_argument("--port", type=int, default=8701, help="first port; each peer takes the next")
     peers.add_argument("--startup-timeout", type=float, default=180.0, help="seconds to wait for a server")
     peers.add_argument("--no-seeds", action="store_true", help="skip the five-prompt seeds workload")
@@ -182,8 +252,13 @@ def _server_args(sub, config_args: ConfigArgs) -> None:
 
 
 def _latency_args(sub, config_args: ConfigArgs) -> None:
-    lat = sub.add_parser("latency", help="TTFT and ITL at 1, 5, 16 streams: ours vs mlx_lm.server and vllm-mlx")
-    config_args(lat)
+    lat = _add(
+        sub,
+        config_args,
+        "latency",
+        handlers.latency,
+        "TTFT and ITL at 1, 5, 16 streams: ours vs mlx_lm.server and vllm-mlx",
+    )
     lat.add_argument("--model-dir", default="demo:tiny", help="model directory (or demo:<size>; default demo:tiny)")
     lat.add_argument(
         "--peers", default="ours,mlx-lm,vllm-mlx", help="servers (default all three); ceiling: mlx-lm generate_step"
@@ -195,7 +270,7 @@ def _latency_args(sub, config_args: ConfigArgs) -> None:
         metavar="NAME[@CHECKOUT]:KEY=VALUE[,KEY=VALUE]",
         help="also our server with these --set settings (run from CHECKOUT), named NAME",
     )
-    lat.add_argument("--vllm-mlx", default=None, help="the vllm-mlx executable (a separate venv)")
+    lat.add_argument("--vllm-mlx", default=None, help=VLLM_MLX_HELP)
     lat.add_argument(
         "--scenario",
         choices=("levels", "long-arrival"),
@@ -215,8 +290,9 @@ def _latency_args(sub, config_args: ConfigArgs) -> None:
 def _router_args(sub, config_args: ConfigArgs) -> None:
     from .router import DEFAULT_TARGETS, TARGETS
 
-    router = sub.add_parser("router", help="replicas behind vllm-router and 2-rank sharding vs one process")
-    config_args(router)
+    router = _add(
+        sub, config_args, "router", handlers.router, "replicas behind vllm-router and 2-rank sharding vs one process"
+    )
     router.add_argument("--model-dir", default="demo:tiny", help="model directory (or demo:<size>; default demo:tiny)")
     router.add_argument("--targets", default=",".join(DEFAULT_TARGETS), help=f"some of {','.join(TARGETS)}")
     router.add_argument("--rounds", type=_positive, default=3, help="alternated rounds (default 3)")
@@ -226,205 +302,6 @@ def _router_args(sub, config_args: ConfigArgs) -> None:
     _workload_args(router, "1,8")
 
 
-def workload_from(args: argparse.Namespace) -> Workload:
-    return Workload(max_tokens=args.max_tokens, concurrency=args.concurrency, min_requests=args.requests)
-
-
 def run_bench(cfg, args: argparse.Namespace) -> int:
-    """Run the chosen ``bench`` subcommand; write ``--json`` when given."""
-    from .report import write_json
-
-    if args.bench_command == "single":
-        return _single(cfg, args)
-    if args.bench_command == "ttft":
-        return _ttft(cfg, args)
-    if args.bench_command == "preprocess":
-        return _preprocess(cfg, args)
-    if args.bench_command == "structured":
-        return _structured(cfg, args)
-    if args.bench_command == "mllm":
-        from .mllm.command import run_mllm_command
-
-        return run_mllm_command(cfg, args)
-    if args.bench_command == "speculative":
-        from .speculative.command import run_speculative_command
-
-        return run_speculative_command(cfg, args)
-    if args.bench_command == "soak":
-        from .soak.run import run_soak_command
-
-        return run_soak_command(cfg, args)
-    if args.bench_command == "latency":
-        from .latency.command import run_latency_command
-
-        return run_latency_command(cfg, args)
-    if args.bench_command == "router":
-        return _router(cfg, args)
-    if args.bench_command == "prefix-cache":
-        from .prefix_cache.run import run_prefix_cache_bench
-
-        variants = dict(text.split("@", 1) for text in args.variant)
-        return run_prefix_cache_bench(
-            cfg,
-            disabled_run=not args.no_disabled,
-            mlx_lm=args.mlx_lm,
-            only_mlx_lm=args.only_mlx_lm,
-            runs=args.runs,
-            variants=variants,
-            port=args.port,
-        )
-    handlers = {"ceiling": _ceiling, "engine": _engine, "http": _http, "all": _all, "peers": _peers}
-    payload = handlers[args.bench_command](cfg, args, workload_from(args))
-    if args.json_path:
-        write_json(args.json_path, payload)
-    return 0
-
-
-def _router(cfg, args: argparse.Namespace) -> int:
-    from .report import write_json
-    from .router import RouterBenchArgs, run_router_bench
-    from .suite import resolve_model_dir
-
-    bench_args = RouterBenchArgs(
-        model_dir=resolve_model_dir(args.model_dir, cfg),
-        targets=tuple(args.targets.split(",")),
-        rounds=args.rounds,
-        policy=args.policy,
-        port=args.port,
-        startup_timeout_s=args.startup_timeout,
-    )
-    payload = run_router_bench(bench_args, workload_from(args))
-    if args.json_path:
-        write_json(args.json_path, payload)
-    return 0
-
-
-def _ceiling(cfg, args, workload: Workload) -> dict:
-    from .suite import ceiling_section
-
-    _result, section = ceiling_section(cfg, workload)
-    return {"sections": [section]}
-
-
-def _engine(cfg, args, workload: Workload) -> dict:
-    from .suite import ceiling_section, engine_section
-
-    sections, ceiling = [], None
-    if not args.no_ceiling:
-        ceiling, section = ceiling_section(cfg, workload)
-        sections.append(section)
-    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
-    sections.append(engine_section(cfg, workload, ceiling, modes=modes))
-    return {"sections": sections}
-
-
-def _http(cfg, args, workload: Workload) -> dict:
-    from .suite import http_section
-
-    section = http_section(
-        cfg,
-        workload,
-        url=args.url,
-        model=args.model if args.url else None,
-        ignore_eos=args.ignore_eos,
-        seeds=not args.no_seeds,
-    )
-    return {"sections": [section]}
-
-
-def _all(cfg, args, workload: Workload) -> dict:
-    from .suite import run_all
-
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    return run_all(cfg, workload, models)
-
-
-def _peers(cfg, args, workload: Workload) -> dict:
-    from .peers import DEFAULT_VLLM_MLX, run_peers
-    from .suite import peer_bench, print_peers, resolve_model_dir
-
-    model_dir = resolve_model_dir(args.model_dir, cfg)
-    names = [p.strip() for p in args.peers.split(",") if p.strip()]
-    bench = peer_bench(cfg, workload, ignore_eos=args.ignore_eos, seeds=not args.no_seeds)
-    results = run_peers(
-        names,
-        model_dir,
-        bench,
-        port=args.port,
-        vllm_mlx=args.vllm_mlx or DEFAULT_VLLM_MLX,
-        startup_timeout_s=args.startup_timeout,
-    )
-    print_peers(results)
-    return {"model_dir": model_dir, "peers": results}
-
-
-def _single(cfg, args: argparse.Namespace) -> int:
-    import json
-    import platform
-
-    from .single import format_table, run_single
-
-    rows = run_single(cfg, max_tokens=args.max_tokens)
-    print(
-        f"model {cfg.model.path}, greedy, max_tokens {args.max_tokens}, {platform.machine()} "
-        f"{platform.system()}, medians over the prompts"
-    )
-    print(format_table(rows))
-    if args.json_path:
-        with open(args.json_path, "w") as f:
-            json.dump({"model": cfg.model.path, "max_tokens": args.max_tokens, "rows": rows}, f, indent=2)
-    return 0
-
-
-def _ttft(cfg, args: argparse.Namespace) -> int:
-    import trio
-
-    from .machine import machine_info
-    from .report import format_section, write_json
-    from .ttft import measure_ttft, ttft_rows
-
-    rows = ttft_rows(trio.run(measure_ttft, cfg, args.samples))
-    machine = machine_info()
-    notes = [f"model {cfg.model.path}, one prompt at a time on an idle engine, interleaved samples, medians"]
-    print(format_section("time to first token, idle", rows, machine, notes), flush=True)
-    if args.json_path:
-        write_json(args.json_path, {"kind": "ttft", "model": cfg.model.path, "machine": machine, "rows": rows})
-    return 0
-
-
-def _preprocess(cfg, args: argparse.Namespace) -> int:
-    import trio
-
-    from .machine import format_machine, machine_info
-    from .preprocess import NUM_STREAMS, measure_preprocess
-    from .report import format_table
-
-    rows = trio.run(measure_preprocess, cfg, args.runs, args.prompt_tokens)
-    notes = [
-        f"model {cfg.model.path}; {NUM_STREAMS} greedy streams; ~{args.prompt_tokens} prompt tokens once per run",
-        "window_s: from the big submit to its answer; itl over that window; median (min-max) of the runs",
-    ]
-    title = "== streams while a huge prompt is admitted"
-    lines = [title, format_machine(machine_info()), format_table(rows, list(rows[0]))]
-    print("\n".join(lines + [f"note: {n}" for n in notes]), flush=True)
-    return 0
-
-
-def _structured(cfg, args: argparse.Namespace) -> int:
-    import trio
-
-    from .machine import format_machine, machine_info
-    from .report import format_table
-    from .structured import measure_structured
-
-    rows = trio.run(lambda: measure_structured(cfg, args.runs, rows=args.rows, max_tokens=args.max_tokens))
-    notes = [
-        f"model {cfg.model.path}, batched; {args.rows} greedy rows of {args.max_tokens} tokens, row 0 json_object "
-        "in the constrained setting",
-        "tok/s per row after its first delta; median (min-max) of the runs; *_ratio: to the unconstrained median; "
-        "paired_*: each run against the unconstrained run just before it",
-    ]
-    table = format_table(rows, list(rows[0]))
-    lines = ["== structured output in a shared batch", format_machine(machine_info()), table]
-    print("\n".join(lines + [f"note: {n}" for n in notes]), flush=True)
-    return 0
+    """Run the chosen ``bench`` subcommand (its parser's ``handler``); its exit status."""
+    return args.handler(cfg, args)

@@ -25,7 +25,9 @@ import httpx
 from .http import BenchError
 
 PEERS = ("ours", "mlx-lm", "vllm-mlx")
-DEFAULT_VLLM_MLX = "/work/peers-venv/bin/vllm-mlx"
+#: The vllm-mlx executable when ``--vllm-mlx`` names none (it lives in a venv of its own).
+VLLM_MLX_ENV = "VLLM_MLX_TRIO_BENCH_VLLM_MLX"
+VLLM_MLX = "vllm-mlx"
 
 
 #: How our servers and child processes start Python: ``-P`` keeps the current directory off the front of
@@ -47,9 +49,14 @@ class PeerServer:
     env: dict[str, str] = attrs.field(factory=dict)
 
 
-def peer_server(
-    name: str, model_dir: str, port: int, *, vllm_mlx: str = DEFAULT_VLLM_MLX, scratch: str = "/tmp"
-) -> PeerServer:
+def vllm_mlx_executable(given: str | None = None, environ: dict[str, str] | None = None) -> str:
+    """``given`` (``--vllm-mlx``), else ``$VLLM_MLX_TRIO_BENCH_VLLM_MLX``, else ``vllm-mlx`` on
+    the ``PATH``; a peer whose executable is not found is left out with a note."""
+    environ = os.environ if environ is None else environ
+    return given or environ.get(VLLM_MLX_ENV) or shutil.which(VLLM_MLX) or VLLM_MLX
+
+
+def peer_server(name: str, model_dir: str, port: int, *, vllm_mlx: str = VLLM_MLX, scratch: str = "/tmp") -> PeerServer:
     """The command line that serves ``model_dir`` on ``port`` with continuous batching.
 
     vllm-mlx saves its prefix cache under ``~/.cache/vllm-mlx`` at shutdown and loads it at
@@ -177,7 +184,7 @@ def run_peers(
     bench,
     *,
     port: int = 8701,
-    vllm_mlx: str = DEFAULT_VLLM_MLX,
+    vllm_mlx: str = VLLM_MLX,
     startup_timeout_s: float = 120.0,
 ) -> list[dict]:
     """Each peer in turn, on ports ``port``, ``port + 1``, ..."""

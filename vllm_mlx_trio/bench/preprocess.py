@@ -25,9 +25,9 @@ from ..errors import InvalidRequestError
 from .stats import percentile
 from .workload import bench_prompts, chat
 
-#: Streams running while the big prompt is admitted (the issue's figure).
+#: Streams running while the big prompt is admitted.
 NUM_STREAMS = 8
-#: Tokens of the big prompt (the issue's figure).
+#: Tokens of the big prompt (the default of ``--prompt-tokens``).
 BIG_PROMPT_TOKENS = 32_768
 #: Settings compared: inline on the event loop (before), one preprocessing thread (after).
 SETTINGS = (0, 1)

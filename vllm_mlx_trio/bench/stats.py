@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 from collections.abc import Sequence
 
 import attrs
@@ -126,3 +127,9 @@ def add_ratio(row: dict, ceiling_tok_s: float | None) -> dict:
     agg = row.get("agg_tok_s")
     row["vs_ceiling"] = round(agg / ceiling_tok_s, 3) if agg and ceiling_tok_s else None
     return row
+
+
+def median_spread(values: Sequence[float], digits: int = 1) -> str:
+    """``"12.3 (11.0-14.1)"``: the median of ``values`` and their range."""
+    low, mid, high = min(values), statistics.median(values), max(values)
+    return f"{mid:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"

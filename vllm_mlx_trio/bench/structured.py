@@ -5,7 +5,7 @@ same batch with its first row constrained (``response_format`` json_object, comp
 cached by the first run). Each row's decode speed is its tokens after the first delta over
 the time they took. The table gives, per setting, the median of the runs (and their spread)
 of the unconstrained rows' mean tok/s and of the constrained row's, and the ratios to the
-baseline: the issue's targets are neighbours within 5 % and the constrained row within 25 %.
+baseline: the targets are neighbours within 5 % and the constrained row within 25 %.
 ``cpu_ms_per_token`` is this process's CPU time over the batch's tokens: unlike wall time it
 barely moves when other processes load the machine, and it shows what the mask computes.
 """

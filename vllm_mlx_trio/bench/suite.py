@@ -108,7 +108,7 @@ def run_all(cfg: EngineConfig, workload, models: Sequence[str], out: Printer = _
 
 def resolve_model_dir(path: str, cfg: EngineConfig) -> str:
     """A local directory for ``demo:<size>`` (built once, cached), else ``path`` unchanged."""
-    from ..worker.demo.model import is_demo_path, resolve_demo_model
+    from ..worker.demo import is_demo_path, resolve_demo_model
 
     return str(resolve_demo_model(path, cfg.model.demo_cache_dir)) if is_demo_path(path) else path
 

@@ -45,6 +45,11 @@ def _corpus_words() -> tuple[str, ...]:
     return tuple(text.split())
 
 
+def corpus_text(words: int) -> str:
+    """The corpus's first ``words`` words, as one text (a long system prompt)."""
+    return " ".join(_corpus_words()[:words])
+
+
 def bench_prompt(index: int) -> str:
     """The ``index``-th benchmark prompt (wraps around the corpus)."""
     words = _corpus_words()

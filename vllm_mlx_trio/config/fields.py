@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-# vlm-tiny: worker/demo/vlm.py; spec-*: worker/demo/spec.py; mtp-*: worker/demo/mtp.py
+#: The demo models' names, as worker/demo/table.py builds them (a test keeps the two in step).
 DEMO_SIZES = ("tiny", "small", "vlm-tiny", "spec-target", "spec-draft", "mtp-tiny", "mtp-dsv3")
 
 
@@ -23,6 +23,15 @@ class _FieldError(ValueError):
     def __init__(self, owner: type, name: str, reason: str):
         super().__init__(f"{name}: {reason}")
         self.owner, self.name, self.reason = owner, name, reason
+
+
+class _ConflictError(ValueError):
+    """Options that do not fit together; ``keys`` are each one's (owning class, field name), so the
+    message can say where their values came from."""
+
+    def __init__(self, keys: tuple[tuple[type, str], ...], message: str):
+        super().__init__(message)
+        self.keys, self.message = keys, message
 
 
 def _kind(tp: Any) -> tuple[Any, bool]:

@@ -12,14 +12,14 @@ import difflib
 import itertools
 import os
 import tomllib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
 import cattrs
 import tomli_w
 
-from vllm_mlx_trio.config.fields import DEMO_SIZES, _describe, _FieldError, _kind
+from vllm_mlx_trio.config.fields import DEMO_SIZES, _ConflictError, _describe, _FieldError, _kind, _one_of
 from vllm_mlx_trio.config.sections import (
     ENGINE_MODES,
     LOG_FORMATS,
@@ -75,6 +75,7 @@ NONE_LITERAL = "none"
 SECTIONS: dict[str, type] = {f.name: f.type for f in attrs.fields(EngineConfig)}
 _SECTION_OF: dict[type, str] = {cls: name for name, cls in SECTIONS.items()}
 _ALL_KEYS = [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in attrs.fields(cls)]
+_MODE = attrs.fields(EngineSection).mode
 
 
 def _make_converter() -> cattrs.Converter:
@@ -245,6 +246,10 @@ def _translate(exc: Exception, sources: Mapping[tuple[str, str], str | None]) ->
         section = _SECTION_OF.get(leaf.owner)
         dotted = f"{section}.{leaf.name}" if section else leaf.name
         return ConfigError(f"{dotted}: {leaf.reason}{_from(sources.get((section, leaf.name)))}")
+    if isinstance(leaf, _ConflictError):
+        given = [sources.get((_SECTION_OF.get(owner), name)) for owner, name in leaf.keys]
+        named = ", ".join(dict.fromkeys(source for source in given if source))
+        return ConfigError(f"{leaf.message}{_from(named)}")
     if isinstance(leaf, cattrs.ForbiddenExtraKeysError):  # backstop: the walk finds these first
         section = _SECTION_OF.get(leaf.cl)
         key = sorted(leaf.extra_fields)[0]
@@ -252,17 +257,20 @@ def _translate(exc: Exception, sources: Mapping[tuple[str, str], str | None]) ->
     return ConfigError(f"invalid configuration: {leaf}")
 
 
-def _build(entries: Iterator[_Entry]) -> EngineConfig:
-    """Merge entries (later wins) and structure them into an EngineConfig."""
+def _build(entries: Iterator[_Entry], engine_modes: Collection[str]) -> EngineConfig:
+    """Merge entries (later wins) and structure them into an EngineConfig whose ``engine.mode``
+    is one of ``engine_modes``."""
     data: dict[str, dict[str, Any]] = {}
     sources: dict[tuple[str, str], str | None] = {}
     for section, key, value, source in entries:
         data.setdefault(section, {})[key] = value
         sources[(section, key)] = source
     try:
-        return _CONVERTER.structure(data, EngineConfig)
+        cfg = _CONVERTER.structure(data, EngineConfig)
+        _one_of(tuple(engine_modes))(cfg.engine, _MODE, cfg.engine.mode)
     except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
         raise _translate(exc, sources) from None
+    return cfg
 
 
 # --- public API -----------------------------------------------------------------------------
@@ -273,13 +281,15 @@ def load_config(
     *,
     overrides: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
+    engine_modes: Collection[str] = ENGINE_MODES,
 ) -> EngineConfig:
     """Load the configuration: defaults < ``path`` < environment < ``overrides``.
 
     ``path`` None means defaults only; ``environ`` defaults to ``os.environ``;
     ``overrides`` are ``"SECTION.KEY=VALUE"`` strings as given to ``--set``.
     Values from the environment and ``--set`` are parsed as TOML values, falling back to the
-    raw text; for an optional key the literal ``none`` sets None.
+    raw text; for an optional key the literal ``none`` sets None. ``engine_modes``: the runner
+    kinds ``engine.mode`` may name (a program running its own kinds passes its runner table).
     """
     if isinstance(overrides, str):
         raise TypeError("overrides must be a sequence of 'SECTION.KEY=VALUE' strings, not a str")
@@ -287,12 +297,12 @@ def load_config(
     if path is not None:
         file_layer = _table_entries(_read_file(path), f"config file {os.fspath(path)}")
     env = os.environ if environ is None else environ
-    return _build(itertools.chain(file_layer, _env_entries(env), _override_entries(overrides)))
+    return _build(itertools.chain(file_layer, _env_entries(env), _override_entries(overrides)), engine_modes)
 
 
-def config_from_dict(data: Mapping[str, Any]) -> EngineConfig:
+def config_from_dict(data: Mapping[str, Any], *, engine_modes: Collection[str] = ENGINE_MODES) -> EngineConfig:
     """Build a configuration from ``{section: {key: value}}`` with the same checks as a file."""
-    return _build(_table_entries(data, None))
+    return _build(_table_entries(data, None), engine_modes)
 
 
 def config_to_dict(cfg: EngineConfig) -> dict[str, dict[str, Any]]:

@@ -7,6 +7,7 @@ test keeps it in step with these classes.
 import attrs
 
 from vllm_mlx_trio.config.fields import (
+    _ConflictError,
     _FieldError,
     _in_range,
     _model_path,
@@ -17,10 +18,11 @@ from vllm_mlx_trio.config.fields import (
     _to_float,
     _to_tuple,
 )
-from vllm_mlx_trio.worker.registry import RUNNERS
+from vllm_mlx_trio.runner_kinds import BUILTIN_KINDS, SPECULATION_OFF, SPECULATIVE, SPECULATIVE_BASES
 
-#: Runner kinds by name (a live view: kinds registered later are accepted too).
-ENGINE_MODES = RUNNERS.keys()
+#: The runner kinds the engine ships: what ``load_config`` accepts for ``engine.mode`` unless told
+#: of others (a program that embeds the engine may run its own kinds: worker/registry.py).
+ENGINE_MODES = BUILTIN_KINDS
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 UNKNOWN_FIELDS = ("reject", "ignore")
@@ -113,9 +115,10 @@ class ModelConfig:
 class EngineSection:
     """``[engine]``: how requests are run."""
 
-    #: "batched" (continuous batching: requests join and leave a shared batch between steps)
-    #: or "simple" (one request at a time through mlx-lm's generate_step).
-    mode: str = _option("batched", _one_of(ENGINE_MODES))
+    #: The runner kind: "batched" (continuous batching: requests join and leave a shared batch
+    #: between steps), "simple" (one request at a time through mlx-lm's generate_step),
+    #: "distributed", "vlm" or "speculative"; ``load_config`` checks the name (ENGINE_MODES).
+    mode: str = _option("batched", _non_empty)
     #: Prompt tokens per forward pass during prefill (>= 1); in batched mode a long prompt is
     #: prefilled in chunks of this size between decode steps.
     prefill_step_size: int = _option(512, _in_range(1))
@@ -269,7 +272,7 @@ def _draft_model_for_method(inst, attribute, value) -> None:
 
 @attrs.frozen(kw_only=True)
 class SpeculativeConfig:
-    """``[speculative]``: speculative decoding (issue 16) for a request alone in the batch, greedy, no processors."""
+    """``[speculative]``: speculative decoding for a request alone in the batch, greedy, no processors."""
 
     #: "off", "draft" (a separate draft model with the same tokenizer) or "mtp" (the model's own MTP heads).
     #: Anything but "off" runs the batched engine through the speculative runner.
@@ -287,6 +290,19 @@ class SpeculativeConfig:
     #: method = "mtp": hand a thinking request back to MTP once its reasoning has ended (also
     #: VLLM_MLX_ENABLE_THINKING_RETIREMENT_RESUME=1).
     thinking_retirement_resume: bool = _option(False)
+
+
+def _speculation_fits_mode(inst, attribute, value: SpeculativeConfig) -> None:
+    """Validator of EngineConfig.speculative: a method needs engine.mode "batched" (or "speculative"
+    itself), and engine.mode "speculative" needs a method."""
+    mode, method = inst.engine.mode, value.method
+    keys = ((SpeculativeConfig, "method"), (EngineSection, "mode"))
+    if method != SPECULATION_OFF and mode not in SPECULATIVE_BASES:
+        problem = f'speculative.method = "{method}" needs engine.mode = "batched" (engine.mode is "{mode}")'
+        raise _ConflictError(keys, problem)
+    if mode == SPECULATIVE and method == SPECULATION_OFF:
+        problem = 'engine.mode = "speculative" needs speculative.method = "draft" or "mtp" (it is "off")'
+        raise _ConflictError(keys, problem)
 
 
 @attrs.frozen(kw_only=True)
@@ -367,7 +383,7 @@ class EngineConfig:
     #: ``[mllm]``: image and video input: sources, size limits, video sampling.
     mllm: MllmSection = _option(attrs.Factory(MllmSection))
     #: ``[speculative]``: speculative decoding (draft model or MTP).
-    speculative: SpeculativeConfig = _option(attrs.Factory(SpeculativeConfig))
+    speculative: SpeculativeConfig = _option(attrs.Factory(SpeculativeConfig), _speculation_fits_mode)
 
     @property
     def model_name(self) -> str:

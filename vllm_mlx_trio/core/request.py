@@ -146,11 +146,6 @@ class Request:
     def finish_reason(self) -> str | None:
         return FINISH_REASONS.get(self.status)
 
-    @property
-    def client_gone(self) -> bool:
-        """True once the client closed its end of the outbox (disconnect, break, cancel)."""
-        return self.outbox.statistics().open_receive_channels == 0
-
     def append_tokens(self, token_ids: tuple[int, ...], logprobs: tuple[TokenLogprob, ...] = ()) -> None:
         """Record one step's accepted tokens (k >= 1 of them), stopping by :class:`Termination`.
 

@@ -20,6 +20,7 @@ from .errors import describe, error_body
 from .openai.routes import register_routes
 from .ops_routes import ThroughputMeter, register_ops_routes
 from .request_log import REQUEST_ID_HEADER, request_id_from
+from .request_streams import close_streams_at_end
 from .responses import register_responses_routes
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ def create_app(
     register_responses_routes(app, engine)
     register_cache_routes(app, engine)
     register_ops_routes(app, engine, throughput or ThroughputMeter.for_engine(engine))
-    app.asgi_app = close_after_last_body(app.asgi_app)  # type: ignore[method-assign]
+    app.asgi_app = close_streams_at_end(close_after_last_body(app.asgi_app))  # type: ignore[method-assign]
 
     _register_request_ids_and_access(app, cfg, api_keys)
     _register_health(app, engine)
@@ -85,9 +86,10 @@ def _register_health(app: QuartTrio, engine: Engine) -> None:
 
     @app.get("/health")
     async def health():
-        if engine.health.error is not None:
-            return {"status": "failed", "error": str(engine.health.error)}, 503
-        if engine.draining:
+        now = engine.health  # one snapshot
+        if now.error is not None:
+            return {"status": "failed", "error": str(now.error)}, 503
+        if now.draining:
             return {"status": "draining"}, 503
         return {"status": "ok"}
 

@@ -32,6 +32,7 @@ from ..messages import ChatMessage
 from ..stream import Delta, RequestStream
 from .openai.routes import SSE_HEADERS
 from .request_log import REQUEST_ID_HEADER, EngineIds, RequestRecord, error_code, request_id_from
+from .request_streams import owned_by_request
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class OneRequestRunner:
     ) -> RequestStream:
         ids.extend(self._engine_ids.reserve(record.request_id, 1))
         record.submitting()
-        stream = await self.engine.submit(prompt, params, request_id=ids[0], endpoint=record.endpoint)
+        stream = owned_by_request(await self.engine.submit(prompt, params, request_id=ids[0], endpoint=record.endpoint))
         record.streams = [stream]
         return stream
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 import trio
@@ -187,11 +188,16 @@ def as_first_run(seq: NewSequence) -> NewSequence:
 
 
 class SlowLoadingExecutor(FakeExecutor):
-    """A FakeExecutor whose model "loads" until ``loaded`` is set (set it before ``run``)."""
+    """A FakeExecutor whose model "loads" until ``loaded`` is set; ``loading`` is set when
+    the load begins (``run`` is called)."""
 
-    loaded: trio.Event
+    def __init__(self, *args: Any, loaded: trio.Event, loading: trio.Event | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.loaded = loaded
+        self.loading = loading if loading is not None else trio.Event()
 
     async def run(self, *, task_status: trio.TaskStatus[ModelInfo] = trio.TASK_STATUS_IGNORED) -> None:
+        self.loading.set()
         await self.loaded.wait()
         await super().run(task_status=task_status)
 

@@ -48,8 +48,9 @@ class FakeRunner(RunnerBase):
         fail_request: FailureScript | None = None,
         raise_at_step: int | None = None,
         block_at_step: int | None = None,
+        request_waiting: threading.Event | None = None,
     ):
-        super().__init__(cfg)
+        super().__init__(cfg, request_waiting=request_waiting)
         self._script = script or type(self).script
         self._tokens_per_step = tuple(tokens_per_step or type(self).tokens_per_step)
         assert all(1 <= k <= self.max_tokens_per_step for k in self._tokens_per_step)
@@ -128,6 +129,6 @@ class BlockingRunner(FakeRunner):
 
     instances: list[FakeRunner] = []
 
-    def __init__(self, cfg):
-        super().__init__(cfg, block_at_step=0)
+    def __init__(self, cfg, *, request_waiting=None):
+        super().__init__(cfg, block_at_step=0, request_waiting=request_waiting)
         BlockingRunner.instances.append(self)

@@ -9,7 +9,9 @@ They run in a process of their own, ``python -m vllm_mlx_trio.worker.ceiling``, 
 thread: the benchmark (``bench/ceiling/process.py``) sends one JSON command per line on its
 stdin and reads one JSON reply per line from its stdout. So the benchmark's own process runs
 MLX only on its engines' executor threads, and the ceiling never shares MLX state (streams,
-buffer cache) with an engine. These are the only benchmark functions that import MLX.
+buffer cache) with an engine. The child reports only what the benchmark cannot see from
+outside, its MLX device; the benchmark reads the rest of the machine (the child's BLAS from
+``/proc``) itself.
 """
 
 from __future__ import annotations
@@ -147,18 +149,16 @@ def _commands(model: CeilingModel) -> dict[str, Callable[..., Any]]:
 
 
 def _load(config: dict) -> tuple[CeilingModel, dict]:
-    """The model of ``config`` (an ``EngineConfig`` as a dict), and this process's machine."""
-    from ..bench.machine import machine_info
-
+    """The model of ``config`` (an ``EngineConfig`` as a dict), and the device it runs on."""
     cfg = config_from_dict(config)
     model = CeilingModel(cfg.model, cfg.engine)
-    return model, machine_info(device=mlx_device())
+    return model, {"device": mlx_device()}
 
 
 def serve_commands(requests: TextIO, replies: TextIO) -> None:
     """Answer one JSON command per line until ``requests`` ends.
 
-    The first command is ``{"op": "load", "config": {...}}`` (reply: the machine info); then
+    The first command is ``{"op": "load", "config": {...}}`` (reply: ``{"device": ...}``); then
     ``{"op": NAME, ...keyword arguments}`` for a method of :class:`CeilingModel`. A reply is
     ``{"result": ...}`` or ``{"error": "Type: message"}``.
     """

@@ -29,6 +29,7 @@ import os
 import pickle
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -38,17 +39,16 @@ import numpy as np
 from ..errors import ConfigError
 from ..logs import configure_logging
 from ..messages import ModelInfo, StepPlan, StepResult
+from ..runner_kinds import RunnerShape
 from . import loading
-from .registry import runner_class
+from .batched.runner import BatchRunner
 
 logger = logging.getLogger(__name__)
 
 #: Exit status of a rank whose collective timed out (as of engine death on rank 0).
 COLLECTIVE_TIMEOUT_EXIT = 1
 #: The runner every rank runs on its shard: continuous batching, as a single process does.
-INNER_RUNNER = "batched"
-#: How often the watchdog looks at the clock; a timeout fires at most this late.
-WATCHDOG_TICK_S = 0.5
+INNER_RUNNER = BatchRunner
 _STOP = b""
 
 
@@ -73,44 +73,69 @@ def rank_of(cfg: Any) -> int:
 
 class CollectiveWatchdog:
     """Exits the process when one collective section outlasts ``timeout_s``: a dead peer
-    leaves a collective waiting forever, and nothing else can interrupt MLX's wait."""
+    leaves a collective waiting forever, and nothing else can interrupt MLX's wait.
 
-    def __init__(self, timeout_s: float, rank: int):
+    Its thread waits for a guard to be armed, then for the guard's end with the deadline as the
+    timeout (``threading.Event.wait``): a section that ends in time wakes it at once, one that
+    does not is caught at its deadline. ``on_expire`` (the section's name) defaults to the exit.
+    """
+
+    def __init__(self, timeout_s: float, rank: int, *, on_expire: Callable[[str], None] | None = None):
         self._timeout_s = timeout_s
         self._rank = rank
+        self._on_expire = on_expire or self._exit
+        self._lock = threading.Lock()
+        #: Under the lock: the armed section's deadline (None: none armed), its name, closed.
         self._deadline: float | None = None
         self._what = ""
-        self._lock = threading.Lock()
+        self._closed = False
+        #: Set whenever those change; the thread clears it when it reads them.
+        self._changed = threading.Event()
         self._thread = threading.Thread(target=self._watch, name=f"collective-watchdog-{rank}", daemon=True)
         self._thread.start()
 
     def guard(self, what: str) -> _Guard:
         return _Guard(self, what)
 
+    def close(self) -> None:
+        """End the thread (the runner is closing); a section still armed is not watched."""
+        with self._lock:
+            self._closed = True
+            self._changed.set()
+
     def _arm(self, what: str) -> None:
         with self._lock:
             self._deadline, self._what = time.monotonic() + self._timeout_s, what
+            self._changed.set()
 
     def _disarm(self) -> None:
         with self._lock:
             self._deadline = None
+            self._changed.set()
 
     def _watch(self) -> None:
         while True:
-            time.sleep(WATCHDOG_TICK_S)
+            self._changed.wait()
             with self._lock:
-                expired = self._deadline is not None and time.monotonic() > self._deadline
-                what = self._what
-            if expired:
-                logger.critical(
-                    "rank %d: %s did not finish within distributed.collective_timeout_s = %.1f s "
-                    "(a rank died or hangs); exiting",
-                    self._rank,
-                    what,
-                    self._timeout_s,
-                )
-                logging.shutdown()
-                os._exit(COLLECTIVE_TIMEOUT_EXIT)
+                self._changed.clear()
+                closed, deadline, what = self._closed, self._deadline, self._what
+            if closed:
+                return
+            if deadline is None or self._changed.wait(timeout=max(0.0, deadline - time.monotonic())):
+                continue  # nothing armed, or it changed before the deadline: look again
+            self._on_expire(what)
+            return
+
+    def _exit(self, what: str) -> None:
+        logger.critical(
+            "rank %d: %s did not finish within distributed.collective_timeout_s = %.1f s "
+            "(a rank died or hangs); exiting",
+            self._rank,
+            what,
+            self._timeout_s,
+        )
+        logging.shutdown()
+        os._exit(COLLECTIVE_TIMEOUT_EXIT)
 
 
 @attrs.define
@@ -177,11 +202,13 @@ def fix_seeds(plan: StepPlan) -> StepPlan:
 class _ShardedRunner:
     """The inner runner loaded on this rank's shard, with a plan channel and a watchdog."""
 
-    def __init__(self, cfg: Any):
+    def __init__(self, cfg: Any, *, request_waiting: threading.Event | None = None):
+        """``request_waiting`` is not passed on: every rank must run the same steps, and only
+        rank 0 would hear of a waiting request."""
         self._cfg = cfg
         self._group = init_group(cfg)
         self.rank = self._group.rank()
-        self._inner = runner_class(INNER_RUNNER)(cfg)
+        self._inner = INNER_RUNNER(cfg)
         self._channel = PlanChannel(self._group)
         self._watchdog = CollectiveWatchdog(self.step_timeout_s(cfg), self.rank)
 
@@ -207,8 +234,12 @@ class DistributedRunner(_ShardedRunner):
         return cfg.distributed.collective_timeout_s + (cfg.limits.engine_stall_timeout_s or 0.0)
 
     @classmethod
-    def max_running(cls, engine: Any) -> int:
-        return runner_class(INNER_RUNNER).max_running(engine)
+    def shape(cls, cfg: Any) -> RunnerShape:
+        return RunnerShape(
+            plans_in_flight=cls.plans_in_flight,
+            max_tokens_per_step=cls.max_tokens_per_step,
+            max_running=INNER_RUNNER.max_running(cfg.engine),
+        )
 
     def execute(self, plan: StepPlan) -> StepResult:
         plan = fix_seeds(plan)
@@ -221,6 +252,7 @@ class DistributedRunner(_ShardedRunner):
             with self._watchdog.guard("the stop broadcast"):
                 self._channel.send(_STOP)
         finally:
+            self._watchdog.close()
             self._inner.close()
 
 
@@ -241,6 +273,7 @@ class Follower(_ShardedRunner):
                 with self._watchdog.guard(f"step {plan.step_id}"):
                     self._inner.execute(plan)
         finally:
+            self._watchdog.close()
             self._inner.close()
 
 

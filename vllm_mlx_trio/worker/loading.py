@@ -15,7 +15,7 @@ from ..config import EngineSection, ModelConfig
 from ..core.text import byte_level_table
 from ..errors import ModelLoadError
 from ..messages import ModelInfo
-from .demo.model import is_demo_path, resolve_demo_model
+from .demo import is_demo_path, resolve_demo_model
 from .kv_budget import kv_budget_tokens
 
 logger = logging.getLogger(__name__)

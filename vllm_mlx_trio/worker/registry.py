@@ -1,51 +1,41 @@
-"""Runner kinds, registered by name: ``engine.mode`` picks one.
+"""The runner table: each kind ``engine.mode`` names, with a loader of its runner class.
 
-Importing this module imports no MLX: each entry names its runner class as
-``"package.module:Class"``, imported the first time the kind is used. Adding a kind is one
-new module (a class satisfying :class:`Runner`) plus one line in :data:`RUNNERS`, or a call
-to :func:`register_runner` from the program that embeds the engine.
+Importing this module imports no MLX: each loader imports its runner's module when called,
+so only the kind that runs is loaded. The table is passed in, never changed in place: a
+program that embeds the engine runs its own kinds with
+``open_engine(cfg, runners=with_runner("mine", MyRunner))``.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, ClassVar, Protocol
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Protocol
+
+from ..errors import ConfigError
+from ..runner_kinds import BATCHED, DISTRIBUTED, SIMPLE, SPECULATIVE, VLM, RunnerShape, kind_for
 
 if TYPE_CHECKING:
-    from ..config.sections import EngineConfig, EngineSection
-    from ..messages import ModelInfo, StepPlan, StepResult
+    import threading
 
-#: name -> "module:Class". Ordered: the first is listed first in errors and docs.
-RUNNERS: dict[str, str] = {
-    "simple": "vllm_mlx_trio.worker.simple_runner:SimpleRunner",
-    "batched": "vllm_mlx_trio.worker.batched.runner:BatchRunner",
-    # one model sharded over mlx.launch's ranks, each running "batched" on its shard (docs/distributed.md)
-    "distributed": "vllm_mlx_trio.worker.distributed_runner:DistributedRunner",
-    # a vision-language model (mlx-vlm, the vlm extra) batched with text (worker/vlm/runner.py)
-    "vlm": "vllm_mlx_trio.worker.vlm.runner:VlmRunner",
-    # "batched" plus draft -> verify rounds for a request alone in the batch; selected by speculative.method
-    "speculative": "vllm_mlx_trio.worker.speculative.runner:SpecRunner",
-}
-#: The kind ``speculative.method`` (when not "off") runs instead of "batched".
-SPECULATIVE = "speculative"
+    from ..config.sections import EngineConfig
+    from ..messages import ModelInfo, StepPlan, StepResult
 
 
 class Runner(Protocol):
     """What the executor thread drives: built, loaded, stepped and closed on that thread.
 
-    Class attributes tell the scheduler how to drive it, without loading anything.
+    :meth:`shape` tells the scheduler how to drive it, without loading anything.
     """
 
-    #: Plans the scheduler keeps outstanding on the executor edge (1 is lock-step).
-    plans_in_flight: ClassVar[int]
-    #: Most tokens one step may produce for one sequence (speculative steps give several).
-    max_tokens_per_step: ClassVar[int]
-
-    def __init__(self, cfg: EngineConfig) -> None: ...
+    def __init__(self, cfg: EngineConfig, *, request_waiting: threading.Event | None = None) -> None:
+        """``request_waiting`` is set by the executor while a request waits for the next plan
+        boundary (a runner that runs ahead within a plan stops for it)."""
+        ...
 
     @classmethod
-    def max_running(cls, engine: EngineSection) -> int:
-        """Sequences this runner holds at once under these settings."""
+    def shape(cls, cfg: EngineConfig) -> RunnerShape:
+        """Plans in flight, tokens per step and sequences held at once under ``cfg``."""
         ...
 
     def load(self) -> ModelInfo: ...
@@ -55,33 +45,63 @@ class Runner(Protocol):
     def close(self) -> None: ...
 
 
-def register_runner(name: str, target: str | type) -> None:
-    """Make ``engine.mode = name`` run ``target`` (a class, or ``"module:Class"``)."""
-    if isinstance(target, type):
-        target = f"{target.__module__}:{target.__qualname__}"
-    RUNNERS[name] = target
+#: Imports and returns a runner class.
+RunnerLoader = Callable[[], type[Runner]]
+#: Kind name -> the loader of its runner class.
+RunnerTable = Mapping[str, RunnerLoader]
 
 
-def runner_for(cfg: EngineConfig) -> type[Runner]:
-    """The runner class a configuration runs: ``engine.mode``'s, or the speculative runner in place of "batched"
-    when ``speculative.method`` is not "off" (configured for it: its ``max_tokens_per_step``)."""
-    from ..errors import ConfigError
+def _simple() -> type[Runner]:
+    from .simple_runner import SimpleRunner
 
-    name, method = cfg.engine.mode, cfg.speculative.method
-    if method != "off" and name not in ("batched", SPECULATIVE):
-        raise ConfigError(f'speculative.method = "{method}" needs engine.mode = "batched", not {name!r}')
-    if name == SPECULATIVE and method == "off":
-        raise ConfigError('engine.mode = "speculative" needs speculative.method = "draft" or "mtp"')
-    cls = runner_class(SPECULATIVE if method != "off" else name)
-    configured = getattr(cls, "configured", None)
-    return configured(cfg) if configured is not None else cls
+    return SimpleRunner
 
 
-def runner_class(name: str) -> type[Runner]:
-    """The runner class registered as ``name`` (imports its module on first use)."""
+def _batched() -> type[Runner]:
+    from .batched.runner import BatchRunner
+
+    return BatchRunner
+
+
+def _distributed() -> type[Runner]:
+    from .distributed_runner import DistributedRunner
+
+    return DistributedRunner
+
+
+def _vlm() -> type[Runner]:
+    from .vlm.runner import VlmRunner
+
+    return VlmRunner
+
+
+def _speculative() -> type[Runner]:
+    from .speculative.runner import SpecRunner
+
+    return SpecRunner
+
+
+#: The kinds the engine ships (read-only). Ordered: the first is listed first in errors and docs.
+RUNNERS: RunnerTable = MappingProxyType(
+    {SIMPLE: _simple, BATCHED: _batched, DISTRIBUTED: _distributed, VLM: _vlm, SPECULATIVE: _speculative}
+)
+
+
+def with_runner(name: str, runner: type[Runner], runners: RunnerTable = RUNNERS) -> RunnerTable:
+    """A new table: ``runners`` plus the kind ``name`` running ``runner`` (``engine.mode = name``)."""
+    return MappingProxyType({**runners, name: lambda: runner})
+
+
+def runner_for(cfg: EngineConfig, runners: RunnerTable = RUNNERS) -> type[Runner]:
+    """The runner class a configuration runs: ``engine.mode``'s, or the speculative kind in place
+    of "batched" when ``speculative.method`` is not "off"."""
+    return runner_class(kind_for(cfg.engine.mode, cfg.speculative.method), runners)
+
+
+def runner_class(name: str, runners: RunnerTable = RUNNERS) -> type[Runner]:
+    """The runner class of the kind ``name`` in ``runners`` (imports its module on first use)."""
     try:
-        target = RUNNERS[name]
+        load = runners[name]
     except KeyError:
-        raise ValueError(f"unknown runner kind {name!r}; registered: {', '.join(RUNNERS)}") from None
-    module_name, _, class_name = target.partition(":")
-    return getattr(importlib.import_module(module_name), class_name)
+        raise ConfigError(f"engine.mode: must be one of {', '.join(runners)}, got {name!r}") from None
+    return load()

@@ -10,14 +10,16 @@ them in :attr:`RunnerBase.failures`), the finish by the one termination rule
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
 from ..core.termination import Termination
 from ..messages import KVReady, ModelInfo, NewSequence, RequestId, StepPlan, StepResult, TokenLogprob
+from ..runner_kinds import RunnerShape
 
 if TYPE_CHECKING:
     from ..config.sections import EngineConfig, EngineSection
@@ -74,6 +76,7 @@ class RunnerBase:
     :meth:`_logprobs`, :meth:`_memory` and :meth:`_close`.
     """
 
+    #: What :meth:`shape` reports, unless a kind's values depend on the configuration.
     plans_in_flight: ClassVar[int] = 1
     max_tokens_per_step: ClassVar[int] = 1
 
@@ -81,16 +84,31 @@ class RunnerBase:
     def max_running(cls, engine: EngineSection) -> int:
         return engine.max_num_seqs
 
-    def __init__(self, cfg: EngineConfig):
+    @classmethod
+    def shape(cls, cfg: EngineConfig) -> RunnerShape:
+        """How the scheduler drives this kind under ``cfg`` (read before the runner is built)."""
+        return RunnerShape(
+            plans_in_flight=cls.plans_in_flight,
+            max_tokens_per_step=cls.max_tokens_per_step,
+            max_running=cls.max_running(cfg.engine),
+        )
+
+    def __init__(self, cfg: EngineConfig, *, request_waiting: threading.Event | None = None):
+        """``request_waiting``: set by whoever feeds this runner plans (the executor) while a
+        request waits for the next plan boundary; without it, none ever does."""
         self._cfg = cfg
+        self._request_waiting = request_waiting or threading.Event()
         self._info: ModelInfo | None = None
         self._live: dict[RequestId, LiveSequence] = {}
         #: Requests whose own processing failed this step, with the cause.
         self.failures: dict[str, str] = {}
         #: The prefix store's side on this thread (a ``PrefixBlocks``), or None without one.
         self._prefix: Any = None
-        #: Whether a plan that starts a sequence is queued behind this one (set by the executor).
-        self.starts_waiting: Callable[[], bool] = _nothing_waiting
+
+    def starts_waiting(self) -> bool:
+        """Whether a request waits for the next plan boundary (a queued plan starts a sequence,
+        or the scheduler holds one): a runner running ahead stops at its next step."""
+        return self._request_waiting.is_set()
 
     # -- what a runner kind writes ---------------------------------------------------------
 
@@ -230,7 +248,3 @@ class RunnerBase:
                 self._prefix.close()
         finally:
             self._close()
-
-
-def _nothing_waiting() -> bool:
-    return False

@@ -1,7 +1,7 @@
 """Admission's media step: a chat prompt with images or videos, for a model that takes them.
 
 Runs in a preprocessing thread (blocking: fetch, decode, resize, frame sampling, the numpy
-image processor): the loader (``vllm_mlx_trio.media.MediaLoader``, iface13) turns the prompt's
+image processor): the loader (``vllm_mlx_trio.media.MediaLoader``) turns the prompt's
 media parts into pixels, the chat template renders the turns with one placeholder per part,
 and the model's prompt processor (``ModelInfo.media_processor``, worker/vlm/processor.py)
 expands each placeholder to the item's tokens and gives the vision tower's inputs. The
@@ -20,7 +20,7 @@ from ...messages import ChatPrompt, MediaInput
 
 
 class MediaLoader(Protocol):
-    """iface13's loader: every media part of a prompt, loaded, in prompt order (raises
+    """The media loader: every media part of a prompt, loaded, in prompt order (raises
     ``InvalidRequestError`` naming the part for bad input)."""
 
     def load_prompt_media(self, prompt: ChatPrompt) -> tuple[Any, ...]: ...
@@ -35,7 +35,7 @@ class PromptProcessor(Protocol):
 
 
 def make_media_loader(cfg: Any) -> MediaLoader:
-    """MEDIA's loader for the ``[mllm]`` settings (imported only for a model that takes media)."""
+    """The media loader (``vllm_mlx_trio.media``) for the ``[mllm]`` settings (imported only for a model that takes media)."""
     from ...media import MediaLoader as Loader
 
     return Loader(cfg)

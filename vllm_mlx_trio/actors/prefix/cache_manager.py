@@ -18,7 +18,7 @@ from ...config import CacheConfig
 from ...core.memory import available_memory_bytes
 from ...core.prefix.block_pool import DISK_BLOCK_SUFFIX as DISK_SUFFIX
 from ...core.prefix.block_pool import BlockPool, Budget, PoolStats
-from ...core.prefix.pool_types import boundary_store_index
+from ...core.prefix.pool_types import BlockInfo, boundary_store_index
 from ...messages import (
     BlockId,
     CacheCommand,
@@ -78,7 +78,8 @@ def remember_disk_blocks(pool: BlockPool, directory: pathlib.Path) -> None:
 
 
 class CacheManagerActor:
-    """Answers every command, in order, on ``reply_send``."""
+    """Answers every command, in order, on ``reply_send``. Its block pool is its own: outside
+    the actor it is seen only as snapshots (:meth:`statistics`, :meth:`blocks`)."""
 
     def __init__(
         self,
@@ -93,9 +94,9 @@ class CacheManagerActor:
         self._reply_send = reply_send
         self._enabled = cfg.enabled
         disk_budget = cfg.disk_mb * 1024 * 1024 if cfg.disk_dir is not None else None
-        self.pool = BlockPool(block_size=cfg.block_size, budget=cache_budget(cfg), disk_budget=disk_budget)
+        self._pool = BlockPool(block_size=cfg.block_size, budget=cache_budget(cfg), disk_budget=disk_budget)
         if cfg.enabled and cfg.disk_dir is not None:
-            remember_disk_blocks(self.pool, pathlib.Path(cfg.disk_dir))
+            remember_disk_blocks(self._pool, pathlib.Path(cfg.disk_dir))
         self._leased: set[str] = set()
         self._num_commits = 0
         self._num_releases = 0
@@ -104,10 +105,10 @@ class CacheManagerActor:
 
     @property
     def block_size(self) -> int:
-        return self.pool.block_size
+        return self._pool.block_size
 
     def statistics(self) -> CacheStatistics:
-        pool = self.pool.stats()
+        pool = self._pool.stats()
         return CacheStatistics(
             enabled=self._enabled,
             num_queries=pool.num_queries,
@@ -119,6 +120,15 @@ class CacheManagerActor:
             num_leased=len(self._leased),
             pool=pool,
         )
+
+    def blocks(self) -> tuple[BlockInfo, ...]:
+        """A snapshot of every cached block and tail, by id (O(blocks): for benchmarks and tests)."""
+        pool = self._pool
+        return tuple(pool.block_info(block_id) for block_id in range(pool.next_id) if block_id in pool)
+
+    def check_invariants(self) -> None:
+        """Assert the pool's bookkeeping is consistent (O(blocks); for tests)."""
+        self._pool.check_invariants()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve commands until the scheduler closes its end."""
@@ -138,7 +148,7 @@ class CacheManagerActor:
                 self._leased.add(command.request_id)
                 if not self._enabled:
                     return PrefixMatch(request_id=command.request_id, num_cached_tokens=0, block_ids=())
-                hit = self.pool.lookup(
+                hit = self._pool.lookup(
                     command.request_id, command.prompt_token_ids, command.extra_keys, command.media_keys
                 )
                 return PrefixMatch(
@@ -152,7 +162,7 @@ class CacheManagerActor:
             case PrefixRelease():
                 return self._release(command.request_ids)
             case PrefixClear():
-                return PrefixCleared(evicted=self._told_removed(self.pool.clear()))
+                return PrefixCleared(evicted=self._told_removed(self._pool.clear()))
             case _:
                 assert_never(command)
 
@@ -167,12 +177,12 @@ class CacheManagerActor:
             ready_id=command.ready_id,
             store=store,
             evicted=self._evict(),
-            spilled=self.pool.take_spilled(),
+            spilled=self._pool.take_spilled(),
         )
 
     def _store(self, command: PrefixCommit) -> tuple[tuple[int, BlockId], ...]:
         """The store point: the pool's new entries for a commit, as (copy index, id) pairs."""
-        new = self.pool.commit(
+        new = self._pool.commit(
             command.request_id,
             command.token_ids,
             command.extra_keys,
@@ -185,24 +195,24 @@ class CacheManagerActor:
         for block in new:
             if block.is_tail and block.token_end != command.tail_at:  # a boundary snapshot
                 k = command.boundary_at.index(block.token_end)
-                self.pool.set_nbytes(block.block_id, command.boundary_nbytes[k])
+                self._pool.set_nbytes(block.block_id, command.boundary_nbytes[k])
                 store.append((boundary_store_index(k), block.block_id))
                 continue
             if block.is_tail:
-                self.pool.set_nbytes(block.block_id, command.tail_nbytes)
+                self._pool.set_nbytes(block.block_id, command.tail_nbytes)
             else:
                 copy_index = block.block_index - command.first_block
                 assert 0 <= copy_index < len(command.block_nbytes), "a new block the executor copied"
-                self.pool.set_nbytes(block.block_id, command.block_nbytes[copy_index])
+                self._pool.set_nbytes(block.block_id, command.block_nbytes[copy_index])
             store.append((block.block_index, block.block_id))
         full_blocks = [block.block_id for block in new if not block.is_tail]  # the router knows blocks only
-        self._kv_events.stored(self.pool, command.token_ids, command.extra_keys, full_blocks, command.media_keys)
+        self._kv_events.stored(self._pool, command.token_ids, command.extra_keys, full_blocks, command.media_keys)
         return tuple(store)
 
     def _evict(self) -> tuple[BlockId, ...]:
         """The evict point: entries dropped to get back under budget (a clear drops the
         unleased rest in ``_handle``'s ``PrefixClear``)."""
-        return self._told_removed(self.pool.evict_over_budget())
+        return self._told_removed(self._pool.evict_over_budget())
 
     def _told_removed(self, evicted: tuple[BlockId, ...]) -> tuple[BlockId, ...]:
         """Publish the removal of ``evicted`` (KV events) and pass them on."""
@@ -211,9 +221,9 @@ class CacheManagerActor:
 
     def _release(self, request_ids: tuple) -> PrefixReleased:
         """End the leases; blocks they held may now be evicted if the store is over budget."""
-        self.pool.release(request_ids)
+        self._pool.release(request_ids)
         for request_id in request_ids:
             if request_id in self._leased:
                 self._leased.discard(request_id)
                 self._num_releases += 1
-        return PrefixReleased(evicted=self._evict(), spilled=self.pool.take_spilled())
+        return PrefixReleased(evicted=self._evict(), spilled=self._pool.take_spilled())

@@ -10,12 +10,8 @@ import trio
 
 from ...core.plan_join import is_placeholder
 from ...core.request import Request, RequestStatus
-from ...errors import (
-    EngineStalledError,
-    ExecutorCrashedError,
-    VllmMlxTrioError,
-)
-from ...health import EngineHealth
+from ...errors import EngineStalledError, ExecutorCrashedError
+from ...health import EngineFailed, EngineHealth
 from ...messages import (
     Admit,
     BlockStore,
@@ -23,6 +19,7 @@ from ...messages import (
     CacheReply,
     ClearPrefixCache,
     ControlCommand,
+    Departed,
     FailAll,
     KVReady,
     PlanMessage,
@@ -36,7 +33,7 @@ from .control_inbox import ControlInbox
 from .delivery import Delivery
 from .settings import SchedulerSettings
 from .stats import SchedulerStatistics, scheduler_statistics
-from .step_outcome import abort_departed, apply_result, preempt_for_growth
+from .step_outcome import abort_departed, apply_result, fail_held, preempt_for_growth
 from .watchdog import StepWatchdog
 
 
@@ -44,13 +41,14 @@ class SchedulerActor:
     """Decides who runs and delivers what they produce.
 
     Inputs: ``admit_recv`` (from admission), ``control_recv`` (operator commands from the
-    facade, acted on between steps), ``result_recv`` (from the executor) and ``match_recv``
-    (from the cache manager). Outputs: ``plan_send``, ``cache_send`` and each request's own
-    outbox. At most ``plans_in_flight`` plans are outstanding on the executor
-    edge (1 is lock-step; 2 lets the executor start the next step while this actor handles
-    the last result), and the result channel holds that many, so neither side can fill the
-    other's buffer. A plan built while an earlier one is in flight may still name a request
-    that the earlier step finishes; that step's token for it is dropped.
+    facade, acted on between steps), ``depart_recv`` (streams closed before their end, from the
+    facade), ``result_recv`` (from the executor) and ``match_recv`` (from the cache manager).
+    Outputs: ``plan_send``, ``cache_send`` and each request's own outbox. At most
+    ``plans_in_flight`` plans are outstanding on the executor edge (1 is lock-step; 2 lets the
+    executor start the next step while this actor handles the last result), and the result
+    channel holds that many, so neither side can fill the other's buffer. A plan built while
+    an earlier one is in flight may still name a request that the earlier step finishes; that
+    step's token for it is dropped.
 
     Join plans: while it waits for a result and no prompt is being computed, a request that
     arrives is looked up at once and sent in a plan beyond ``plans_in_flight``, which the
@@ -60,8 +58,9 @@ class SchedulerActor:
     join plan starts a request, so there are at most ``max_running`` of them.
 
     Delivery never blocks (actors/scheduler/delivery.py): tokens a full outbox cannot take are
-    coalesced into the next send. A closed outbox (client gone) aborts the request before
-    the next step. A step that stalls is caught by the watchdog (actors/scheduler/watchdog.py).
+    coalesced into the next send. A client gone (a send to its closed outbox fails, or its
+    ``Departed`` arrives) is aborted before the next step. A step that stalls is caught by the
+    watchdog (actors/scheduler/watchdog.py).
     """
 
     def __init__(
@@ -69,6 +68,7 @@ class SchedulerActor:
         *,
         admit_recv: trio.MemoryReceiveChannel[Admit],
         control_recv: trio.MemoryReceiveChannel[ControlCommand],
+        depart_recv: trio.MemoryReceiveChannel[Departed],
         plan_send: trio.MemorySendChannel[PlanMessage],
         result_recv: trio.MemoryReceiveChannel[StepResult],
         cache_send: trio.MemorySendChannel[CacheCommand],
@@ -80,6 +80,7 @@ class SchedulerActor:
         self._admit_recv = admit_recv
         self._control_recv = control_recv
         self._control = ControlInbox(control_recv, wake=self._wake_loop)
+        self._depart_recv = depart_recv
         self._plan_send = plan_send
         self._result_recv = result_recv
         self._cache_send = cache_send
@@ -128,6 +129,7 @@ class SchedulerActor:
         with (
             self._admit_recv,
             self._control_recv,
+            self._depart_recv,
             self._plan_send,
             self._result_recv,
             self._cache_send,
@@ -142,17 +144,18 @@ class SchedulerActor:
 
     async def _loop(self) -> None:
         """Step while there is work; admissions and commands are taken in concurrently, even
-        mid-step. An engine failure cancels the stepping (woken by ``health.failed``, never
+        mid-step. An engine failure cancels the stepping (woken by the health's failure, never
         polled); from then on everything admitted fails at once."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._receive_admissions)
             nursery.start_soon(self._control.receive)
+            nursery.start_soon(self._receive_departures)
             nursery.start_soon(self._stop_stepping_on_failure)
             if self._watchdog is not None:
                 nursery.start_soon(self._watchdog.run)
             with self._stepping:
                 await self._step_until_done()
-            if self._health.error is not None:
+            if not self._health.snapshot().ok:
                 await self._refuse_while_failed()
             nursery.cancel_scope.cancel()
 
@@ -175,13 +178,20 @@ class SchedulerActor:
         self._wake = trio.Event()
 
     async def _stop_stepping_on_failure(self) -> None:
-        await self._health.failed.wait()
+        await self._health.wait_failed()
         self._stepping.cancel()
+
+    async def _receive_departures(self) -> None:
+        """Note each client that left; the loop takes their requests out between two steps."""
+        async for departed in self._depart_recv:
+            self._delivery.client_left(departed.request_id)
 
     async def _receive_admissions(self) -> None:
         """Queue every admission as it arrives (the waiting count is always current)."""
         async for admit in self._admit_recv:
-            self._scheduler.add(Request(admit, self._settings.eos_token_ids))
+            request = Request(admit, self._settings.eos_token_ids)
+            self._delivery.hold(request)
+            self._scheduler.add(request)
             self._wake_loop()
             if self._in_flight:  # it can start at the next plan boundary: end the run-ahead
                 with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
@@ -215,9 +225,10 @@ class SchedulerActor:
         """The watchdog saw no progress for ``stall_timeout_s``: the failure stops the stepping,
         which then fails every request, and closing our ends of the executor edge lets the
         executor go."""
-        if self._health.ok:
+        if self._health.snapshot().ok:
             assert self._watchdog is not None
-            self._health.fail(EngineStalledError(f"a model step took longer than {self._watchdog.timeout_s} s"))
+            stalled = EngineStalledError(f"a model step took longer than {self._watchdog.timeout_s} s")
+            self._health.report(EngineFailed(error=stalled))
             self._plan_send.close()
             self._result_recv.close()
 
@@ -228,11 +239,12 @@ class SchedulerActor:
     def _executor_gone(self) -> None:
         """The executor stopped: fail every request with its cause; the failure (recorded in
         ``health``) then stops the stepping."""
-        self._health.fail(ExecutorCrashedError("the executor stopped in the middle of a step"))
+        self._health.report(EngineFailed(error=ExecutorCrashedError("the executor stopped in the middle of a step")))
         self._fail_everything()
 
     def _fail_everything(self) -> None:
-        error = self._health.error
+        """Fail every request held with the engine's failure (the first one reported)."""
+        error = self._health.snapshot().error
         assert error is not None
         for request in [*self._scheduler.running.values(), *self._scheduler.waiting]:
             request.status = RequestStatus.FINISHED_ERROR
@@ -252,9 +264,10 @@ class SchedulerActor:
             await self._wait_for_work()
 
     async def _start_waiting(self) -> None:
-        """Start the waiting requests that fit (a prefix lookup each)."""
+        """Start the waiting requests that fit (a prefix lookup each); one whose client has
+        left is dropped instead."""
         for request in self._scheduler.pop_startable():
-            if request.client_gone:
+            if self._delivery.has_departed(request):
                 self._delivery.finish_aborted(request)
                 continue
             try:
@@ -353,7 +366,7 @@ class SchedulerActor:
         with self._control.next_command() as command:
             match command:
                 case FailAll(error=error):
-                    self._fail_held(error)
+                    fail_held(error, scheduler=self._scheduler, delivery=self._delivery)
                 case ClearPrefixCache(reply=reply):
                     evicted = await self._cache.clear()
                     self._scheduler.queue_block_ops(drop=evicted, clear_disk=True)
@@ -361,17 +374,8 @@ class SchedulerActor:
                         reply.send_nowait(len(evicted))
 
     def holds(self, request_id: str) -> bool:
-        """Whether a request with this id is queued or running (no snapshot built)."""
-        s = self._scheduler
-        return request_id in s.running or any(r.request_id == request_id for r in s.waiting)
-
-    def _fail_held(self, error: VllmMlxTrioError) -> None:
-        """Fail every request held now (queued or running) with ``error``, in-band; the engine
-        itself goes on. The shutdown drain's deadline."""
-        for request in [*self._scheduler.running.values(), *self._scheduler.waiting]:
-            self._scheduler.abort(request.request_id, RequestStatus.FINISHED_ERROR)
-            self._delivery.time_end(request)
-            self._delivery.fail(request, error)
+        """Whether a request with this id is queued or running (a set lookup: no snapshot, no scan)."""
+        return self._delivery.holds(request_id)
 
     async def _release_finished(self) -> None:
         abort_departed(scheduler=self._scheduler, delivery=self._delivery)
@@ -382,4 +386,4 @@ class SchedulerActor:
 
     def _close_all_outboxes(self) -> None:
         for request in [*self._scheduler.waiting, *self._scheduler.running.values()]:
-            request.outbox.close()
+            self._delivery.close(request)

@@ -1,17 +1,22 @@
 """How the scheduler hands outputs to clients: never awaiting one, and timing each request.
 
 Every request's outbox is owned by the scheduler while the request is inside; this module is
-the one place that sends to it and closes it. A send that finds the client gone tells the
-caller, which takes the request out of the batch.
+the one place that sends to it and closes it, so it also knows which request ids the scheduler
+holds (from admission until the outbox closes). A client that leaves is noticed two ways, never
+by looking at the outbox between sends: a send that finds it gone tells the caller, which takes
+the request out of the batch; and a stream closed before its end says so (``Departed``), which
+matters for a request that gets nothing to send for a while (queued, prefilling, coalescing).
 """
 
 from __future__ import annotations
+
+import collections
 
 import trio
 
 from ...core.request import Request, RequestStatus
 from ...errors import VllmMlxTrioError
-from ...messages import RequestFailed, RequestOutput
+from ...messages import RequestFailed, RequestId, RequestOutput
 from ...metrics import EngineMetrics
 
 
@@ -29,6 +34,33 @@ class Delivery:
         self._metrics = metrics
         self.num_finished = 0
         self.num_aborted = 0
+        #: Request ids whose outbox is open here, counted (a caller may reuse an id).
+        self._held: collections.Counter[RequestId] = collections.Counter()
+        #: Held requests whose client has said it left, not yet taken out.
+        self._departed: set[RequestId] = set()
+
+    def hold(self, request: Request) -> None:
+        """The request is the scheduler's from now on (admitted); its outbox is open."""
+        self._held[request.request_id] += 1
+
+    def holds(self, request_id: str) -> bool:
+        """Whether a request with this id is inside the scheduler (queued or running)."""
+        return request_id in self._held
+
+    def client_left(self, request_id: RequestId) -> None:
+        """Its client closed the stream early: noted, if the request is still held, for
+        :meth:`take_departed`."""
+        if request_id in self._held:
+            self._departed.add(request_id)
+
+    def has_departed(self, request: Request) -> bool:
+        return request.request_id in self._departed
+
+    def take_departed(self) -> list[RequestId]:
+        """The held requests whose client left since the last call."""
+        departed = list(self._departed)
+        self._departed.clear()
+        return departed
 
     def deliver(self, request: Request) -> bool:
         """Hand undelivered tokens to the client without waiting. False: the client is gone
@@ -53,7 +85,7 @@ class Delivery:
             return False
         if finished:
             self.num_finished += 1
-            outbox.close()
+            self.close(request)
         return True
 
     def time_request(self, request: Request) -> None:
@@ -79,11 +111,23 @@ class Delivery:
             request.outbox.send_nowait(RequestFailed(error=error))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client is gone: there is nobody left to tell
-        request.outbox.close()
+        self.close(request)
 
     def finish_aborted(self, request: Request) -> None:
         """The client left: no output, the outbox closes."""
         self.time_end(request)
         request.status = RequestStatus.FINISHED_ABORTED
         self.num_aborted += 1
+        self.close(request)
+
+    def close(self, request: Request) -> None:
+        """Close the request's outbox (without a final output if none was sent): it has left
+        the scheduler."""
         request.outbox.close()
+        rid = request.request_id
+        if rid not in self._held:
+            return  # closed already
+        self._held[rid] -= 1
+        if not self._held[rid]:
+            del self._held[rid]
+            self._departed.discard(rid)

@@ -9,7 +9,7 @@ import logging
 
 from ...core.request import Request, RequestStatus
 from ...core.scheduler import Scheduler
-from ...errors import RequestProcessingError
+from ...errors import RequestProcessingError, VllmMlxTrioError
 from ...messages import StepResult
 from ...metrics import EngineMetrics
 from .delivery import Delivery
@@ -51,11 +51,21 @@ def deliver(request: Request, *, scheduler: Scheduler, delivery: Delivery) -> No
 
 
 def abort_departed(*, scheduler: Scheduler, delivery: Delivery) -> None:
-    """Abort every request whose client has gone, queued or running."""
-    departed = [r for r in (*scheduler.waiting, *scheduler.running.values()) if r.client_gone]
-    for request in departed:
-        scheduler.abort(request.request_id, RequestStatus.FINISHED_ABORTED)
-        delivery.finish_aborted(request)
+    """Abort every request whose client said it left (``Departed``), queued or running; called
+    between two steps, when every request held is in one or the other."""
+    for request_id in delivery.take_departed():
+        request = scheduler.abort(request_id, RequestStatus.FINISHED_ABORTED)
+        if request is not None:
+            delivery.finish_aborted(request)
+
+
+def fail_held(error: VllmMlxTrioError, *, scheduler: Scheduler, delivery: Delivery) -> None:
+    """Fail every request held now (queued or running) with ``error``, in-band; the engine
+    itself goes on. The shutdown drain's deadline (``FailAll``)."""
+    for request in [*scheduler.running.values(), *scheduler.waiting]:
+        scheduler.abort(request.request_id, RequestStatus.FINISHED_ERROR)
+        delivery.time_end(request)
+        delivery.fail(request, error)
 
 
 def preempt_for_growth(scheduler: Scheduler, metrics: EngineMetrics | None) -> None:

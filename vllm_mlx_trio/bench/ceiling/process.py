@@ -18,6 +18,7 @@ import attrs
 
 from ...config import EngineConfig, config_to_dict
 from ..http import BenchError
+from ..machine import machine_info
 from ..peers import OUR_PYTHON
 
 #: Seconds the child gets to exit once its stdin is closed, before it is killed.
@@ -57,7 +58,8 @@ class CeilingProcess:
             env=_child_environ(),
         )
         try:
-            self.machine: dict = self._call("load", config=config_to_dict(cfg))
+            loaded = self._call("load", config=config_to_dict(cfg))
+            self.machine: dict = machine_info(server_pid=self._child.pid, device=loaded["device"])
         except BaseException:
             self.close()
             raise
@@ -114,6 +116,6 @@ class CeilingProcess:
 def _child_environ() -> dict[str, str]:
     """This environment, with this package's directory first on the path: the child runs the
     same code as the benchmark (a source checkout, not another installed copy)."""
-    package_root = str(pathlib.Path(__file__).resolve().parents[2])
+    package_root = str(pathlib.Path(__file__).resolve().parents[3])
     path = [package_root, *filter(None, [os.environ.get("PYTHONPATH")])]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path)}

@@ -5,7 +5,7 @@ chats with short fresh prompts decode to the end; ``arrival``, the same, and onc
 has had ``settle`` pieces, one fresh ``long_tokens`` prompt is sent. The streams' inter-token
 latency alone (every gap after ``settle`` pieces) is compared with their gaps while the long
 prompt is prefilled (gaps overlapping the time from its sending to its first token), and the long
-prompt's TTFT is reported. The issue's target: ITL p95 during the arrival <= 2x ITL p50 alone.
+prompt's TTFT is reported. The target: ITL p95 during the arrival <= 2x ITL p50 alone.
 
 ITL is per token: a streamed piece may carry several tokens (run-ahead puts several decode steps
 in one plan, so one SSE chunk), and a piece of k tokens after a gap g counts as k tokens each

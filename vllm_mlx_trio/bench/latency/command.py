@@ -6,7 +6,7 @@ import argparse
 
 import attrs
 
-from ..peers import DEFAULT_VLLM_MLX, PeerServer, peer_server
+from ..peers import PeerServer, peer_server, vllm_mlx_executable
 from .arrival import ArrivalWorkload
 from .run import QUICK, LatencyWorkload, missing_executable, ours_variant, run_latency
 
@@ -107,7 +107,7 @@ def servers_from_args(args: argparse.Namespace, model_dir: str) -> tuple[list[Pe
     """The servers to start (ports assigned in order) and the notes on those left out."""
     names = [p.strip() for p in args.peers.split(",") if p.strip() and p.strip() != CEILING]
     servers, notes = [], []
-    vllm_mlx = args.vllm_mlx or DEFAULT_VLLM_MLX
+    vllm_mlx = vllm_mlx_executable(args.vllm_mlx)
     for name in names:
         servers.append(peer_server(name, model_dir, 0, vllm_mlx=vllm_mlx, scratch="/tmp/bench-latency-home"))
     for text in args.variant:

@@ -2,7 +2,7 @@
 streams keep their pace while a large image prefills.
 
 Part 1 (one request at a time, the runner driven step by step on this thread, as the executor
-drives it): per request the preprocessing (MEDIA's loader + the model's processor, what
+drives it): per request the preprocessing (the media loader + the model's processor, what
 admission runs in a thread), the vision encoding (its step), the language prefill (the steps
 after it until the first token) and the decode (per token after the first).
 
@@ -32,7 +32,7 @@ from ...engine import open_engine
 from ...messages import ChatMessage, ChatPrompt, ImagePart, NewSequence, RequestId, StepPlan, TextPart
 from ..stats import percentile
 
-#: Text streams running while the large image prefills (the issue's figure).
+#: Text streams running while the large image prefills.
 NUM_STREAMS = 4
 #: Image sizes of part 1 (pixels; the demo VLM caps images at 448x448, 256 tokens) and part 2's.
 IMAGE_SIDES = (112, 224, 448)

@@ -17,7 +17,7 @@ import trio
 from ...actors.prefix.cache_manager import cache_budget
 from ...config import EngineConfig
 from ...engine import Engine, open_engine
-from .run import HIT, Outcome, Prompts, Row, request_row, run_request, same_tokens_row
+from .table import HIT, Outcome, Prompts, Row, request_row, run_request, same_tokens_row
 
 
 async def quantized_rows(cfg: EngineConfig, prompts: Prompts) -> list[Row]:
@@ -57,9 +57,8 @@ async def _block_bytes(engine: Engine) -> int:
     with trio.move_on_after(5):
         while engine.statistics().cache.num_leased:  # noqa: ASYNC110 statistics offer no event for the release
             await trio.sleep(0.005)
-    pool = engine._cache.pool  # the bench reads the pool itself, as the tests do
-    blocks = [b for b in pool.free_queue() if not pool.is_tail(b)]
-    return sum(pool.block_info(b).nbytes for b in blocks) // max(1, len(blocks))
+    blocks = [b for b in engine.prefix_blocks() if not b.is_tail and not b.ref_count]
+    return sum(b.nbytes for b in blocks) // max(1, len(blocks))
 
 
 async def disk_tier_rows(cfg: EngineConfig, prompts: Prompts) -> list[Row]:
@@ -69,10 +68,9 @@ async def disk_tier_rows(cfg: EngineConfig, prompts: Prompts) -> list[Row]:
             cold = await run_request(engine, prompts.one)
             memory = await run_request(engine, prompts.one)
         async with open_engine(disk) as engine:  # a restart: nothing in memory
-            pool = engine._cache.pool  # the bench reads the pool itself, as the tests do
-            on_disk = pool.num_on_disk
+            on_disk = engine.statistics().cache.pool.num_on_disk
             from_disk = await run_request(engine, prompts.one)
-            read_back = on_disk - pool.num_on_disk
+            read_back = on_disk - engine.statistics().cache.pool.num_on_disk
     ratio = from_disk.ttft_s / cold.ttft_s if cold.ttft_s else float("inf")
     return [
         attrs.evolve(

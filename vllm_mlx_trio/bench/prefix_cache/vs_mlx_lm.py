@@ -1,4 +1,4 @@
-"""``bench prefix-cache --mlx-lm``: the issue's TTFT target over HTTP, against mlx_lm.server.
+"""``bench prefix-cache --mlx-lm``: the short repeat's TTFT target over HTTP, against mlx_lm.server.
 
 Our server and ``mlx_lm.server`` serve the same model directory at once, on two ports. In each
 of ``runs`` rounds (the servers' order alternated), each gets a fresh 48-token completion
@@ -24,7 +24,7 @@ import trio
 
 from ..http import BenchError
 from ..peers import peer_server, port_free, stop, wait_ready
-from .run import (
+from .table import (
     MAX_TOKENS,
     SHORT_REPEAT_CONCURRENCY,
     SHORT_REPEAT_TARGET,

@@ -26,7 +26,7 @@ from .mix import EXPECTED, MIX, SoakMismatch, SoakRequest, every_malformed_case,
 from .probe import PROBES, Snapshot, measure, rss_bytes
 
 MIB = 1024 * 1024
-#: The issue's limit: RSS may grow by less than this per 1,000 requests.
+#: The leak check's limit: RSS may grow by less than this per 1,000 requests.
 RSS_LIMIT_MIB_PER_1000 = 1.0
 #: Prefix-cache budget for the soak when the config sets none: small enough that the warm-up
 #: fills it, so during the soak it churns at its budget (evicting, as a long-running server

@@ -286,6 +286,8 @@ class BlockPool:
             max_bytes=self.budget.max_bytes,
             max_blocks=self.budget.max_blocks,
             over_budget=self.over_budget,
+            num_on_disk=self.num_on_disk,
+            disk_bytes=self.disk_bytes,
         )
 
     def __contains__(self, block_id: object) -> bool:

@@ -42,6 +42,7 @@ class Entry:
             num_tokens=len(self.tokens),
             ref_count=self.ref_count,
             nbytes=self.nbytes,
+            is_tail=self.is_tail,
         )
 
 

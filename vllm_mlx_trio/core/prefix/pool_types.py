@@ -86,6 +86,8 @@ class BlockInfo:
     num_tokens: int
     ref_count: int
     nbytes: int
+    #: A tail (a sequence's last partial block, or a boundary snapshot), not a full block.
+    is_tail: bool = False
 
 
 @_frozen
@@ -107,3 +109,6 @@ class PoolStats:
     max_bytes: int | None
     max_blocks: int | None
     over_budget: bool
+    #: Spilled blocks the disk tier holds, and their bytes (0 without a disk tier).
+    num_on_disk: int
+    disk_bytes: int

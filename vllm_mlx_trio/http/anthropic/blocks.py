@@ -1,6 +1,6 @@
 """A reply's text as Anthropic content blocks: ``thinking``, ``text`` and ``tool_use``.
 
-The model's output parsers (issue 14) split the text as it streams; each piece opens a block
+The model's output parsers (``vllm_mlx_trio.parsers``) split the text as it streams; each piece opens a block
 when its kind changes (a new call opens a new ``tool_use`` block) and adds a delta to it:
 ``thinking_delta``, ``text_delta``, or ``input_json_delta`` fragments of a call's arguments as
 they are generated. The non-streamed Message is built by the same code from the same pieces,

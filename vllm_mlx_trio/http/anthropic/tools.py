@@ -1,4 +1,5 @@
-"""Anthropic tool use and thinking onto the engine's tool calling (issue 14's pieces).
+"""Anthropic tool use and thinking onto the engine's tool calling: the output parsers and
+grammar constraints the chat route uses.
 
 - ``tools`` (``name``, ``description``, ``input_schema``) become OpenAI function tools the chat
   template renders; ``tool_use`` blocks of the history become the assistant turn's calls and

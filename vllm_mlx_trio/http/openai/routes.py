@@ -32,6 +32,7 @@ from ..request_log import (
     error_code,
     request_id_from,
 )
+from ..request_streams import owned_by_request
 from .extensions import extended_builder
 from .requests import ParsedRequest, parse_chat, parse_completion
 from .responses import SSE_DONE, ChoiceResult, ResponseBuilder, combined_usage, sse
@@ -65,7 +66,7 @@ def register_routes(app: quart.Quart, engine: Engine) -> None:
     @app.get("/v1/models")
     async def models():
         card = {"id": model_name, "object": "model", "created": 0, "owned_by": "vllm-mlx-trio"}
-        # which inputs the model takes: text, and images / videos for a VLM (issue 13)
+        # which inputs the model takes: text, and images / videos for a VLM
         card["input_modalities"] = input_modalities(engine.model_info.media_kinds)
         return {"object": "list", "data": [card]}
 
@@ -148,7 +149,7 @@ async def _submit_choices(
         for index, request_id in enumerate(ids):
             params = choice_params(parsed.params, index)
             stream = await engine.submit(parsed.prompt, params, request_id=request_id, endpoint=endpoint)
-            streams.append(opened.enter_context(stream))
+            streams.append(opened.enter_context(owned_by_request(stream)))
         opened.pop_all()
     return streams
 

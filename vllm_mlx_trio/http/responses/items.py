@@ -1,6 +1,6 @@
 """A reply's text as Responses output items: ``reasoning``, ``message`` and ``function_call``.
 
-The model's output parsers (issue 14) split the text as it streams; each piece opens an item
+The model's output parsers (``vllm_mlx_trio.parsers``) split the text as it streams; each piece opens an item
 when its kind changes (each call is an item of its own) and adds a delta to it. Events come
 out as (type, fields) pairs without ``sequence_number`` (the caller numbers them):
 ``output_item.added`` (and ``content_part.added`` for a message) before any content event

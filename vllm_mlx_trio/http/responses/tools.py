@@ -1,4 +1,5 @@
-"""Responses tool calling, structured output and reasoning onto the engine (issue 14's pieces).
+"""Responses tool calling, structured output and reasoning onto the engine: the output parsers and grammar
+constraints the chat route uses.
 
 Function tools (``{"type": "function", "name", "parameters"}``) become the OpenAI chat tools
 the template renders; ``tool_choice`` means what it means on the chat route (``auto``: parsed

@@ -62,8 +62,8 @@ class BatchRunner(RunnerBase):
     plans_in_flight = 2
     max_tokens_per_step = 1
 
-    def __init__(self, cfg):
-        super().__init__(cfg)
+    def __init__(self, cfg, *, request_waiting=None):
+        super().__init__(cfg, request_waiting=request_waiting)
         self._generator: BatchGenerator | None = None
         self._request_ids: dict[int, RequestId] = {}  # BatchGenerator uid -> request
         #: uids past their prompt and first token: the generator's next response for them is a new token.
@@ -89,6 +89,9 @@ class BatchRunner(RunnerBase):
         self._run_ahead_steps = self._solo_steps = 1
         #: First tokens this plan's prefill sampled itself (a burst, prefill_burst.py): no decode step runs.
         self._sampled_first: list[Emission] = []
+        #: Tokens per row the KV budget keeps free beyond a step: the plans the scheduler may still send.
+        shape = self.shape(cfg)
+        self._kv_headroom = (shape.plans_in_flight + 1) * shape.max_tokens_per_step
 
     def _load(self) -> ModelInfo:
         enter_mlx_thread()
@@ -246,8 +249,7 @@ class BatchRunner(RunnerBase):
 
     def _kv_fits(self, live: list[LiveSequence], steps: int) -> bool:
         assert self._info is not None
-        headroom = (self.plans_in_flight + 1) * self.max_tokens_per_step
-        return kv_fits(live, steps, self._info.kv_budget_tokens, headroom)
+        return kv_fits(live, steps, self._info.kv_budget_tokens, self._kv_headroom)
 
     def _generator_step(self, prompts_done: list[RequestId]) -> Advance:
         """One ``BatchGenerator.next()``: its tokens, the first token of each row whose prompt it

@@ -21,8 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from . import files
-from . import model as dm
+from . import files, recipe
 
 #: The demo name (``demo:mtp-tiny``).
 MTP_TINY = "mtp-tiny"
@@ -59,7 +58,7 @@ TEXT_CONFIG: dict[str, Any] = {
     "linear_value_head_dim": 16,
     "linear_conv_kernel_dim": 4,
     "max_position_embeddings": 2048,
-    "rms_norm_eps": dm.RMS_NORM_EPS,
+    "rms_norm_eps": recipe.RMS_NORM_EPS,
     "rope_parameters": {
         "rope_type": "default",
         "rope_theta": 1_000_000.0,
@@ -74,23 +73,13 @@ TEXT_CONFIG: dict[str, Any] = {
 
 
 def write_mtp_tiny(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
-    """Write every file of ``demo:mtp-tiny`` into ``directory``, the marker last (demo_model's ``_build`` calls it)."""
+    """Write every file of ``demo:mtp-tiny`` into ``directory``, the marker last (worker/demo/table.py's writer)."""
     tokenizer, ids = tokenizer_and_ids(TEXT_CONFIG["vocab_size"])
     config = model_config(dtype, ids)
     weights = constructed_weights(config, seed, files.damped_ids(tokenizer))
     files.write_safetensors(directory / "model.safetensors", weights, dtype)
     files.write_json(directory / "config.json", config)
-    spec = dm.DemoSize(
-        vocab_size=TEXT_CONFIG["vocab_size"],
-        hidden_size=TEXT_CONFIG["hidden_size"],
-        num_hidden_layers=TEXT_CONFIG["num_hidden_layers"],
-        num_attention_heads=TEXT_CONFIG["num_attention_heads"],
-        num_key_value_heads=TEXT_CONFIG["num_key_value_heads"],
-        head_dim=TEXT_CONFIG["head_dim"],
-        intermediate_size=TEXT_CONFIG["intermediate_size"],
-        max_position_embeddings=TEXT_CONFIG["max_position_embeddings"],
-    )
-    write_tokenizer_side(directory, tokenizer, ids, spec)
+    write_tokenizer_side(directory, tokenizer, ids, TEXT_CONFIG["max_position_embeddings"])
     write_marker(directory, size=MTP_TINY, seed=seed, dtype=dtype, recipe_version=MTP_RECIPE_VERSION)
 
 
@@ -100,26 +89,27 @@ def tokenizer_and_ids(vocab_size: int) -> tuple[Any, dict[str, int]]:
     return tokenizer, {token: tokenizer.token_to_id(token) for token in files.SPECIAL_TOKENS}
 
 
-def write_tokenizer_side(directory: pathlib.Path, tokenizer: Any, ids: dict[str, int], spec: dm.DemoSize) -> None:
-    """An MTP demo's tokenizer files and generation config (the other demos' chat template and stop tokens)."""
+def write_tokenizer_side(directory: pathlib.Path, tokenizer: Any, ids: dict[str, int], max_length: int) -> None:
+    """An MTP demo's tokenizer files and generation config (the other demos' chat template and stop tokens);
+    ``max_length``: the tokenizer's ``model_max_length``."""
     (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
     stop = {"eos_token_id": [ids[files.IM_END], ids[files.ENDOFTEXT]]}
     files.write_json(directory / "generation_config.json", {"bos_token_id": ids[files.ENDOFTEXT], **stop})
-    files.write_json(directory / "tokenizer_config.json", dm._tokenizer_config(spec))
+    files.write_json(directory / "tokenizer_config.json", recipe.tokenizer_config(max_length))
     files.write_json(directory / "special_tokens_map.json", {"eos_token": files.IM_END, "pad_token": files.ENDOFTEXT})
 
 
 def write_marker(directory: pathlib.Path, *, size: str, seed: int, dtype: str, recipe_version: int) -> None:
-    """The demo's marker, written last: what it was built from (demo_model checks it before reusing a build)."""
+    """The demo's marker, written last: what it was built from (checked before a cached build is reused)."""
     marker = {
-        "format_version": dm.DEMO_FORMAT_VERSION,
+        "format_version": recipe.DEMO_FORMAT_VERSION,
         "size": size,
         "seed": seed,
         "dtype": dtype,
-        "chat_template_sha256": dm.chat_template_hash(),
+        "chat_template_sha256": recipe.chat_template_hash(),
         "mtp_recipe_version": recipe_version,
     }
-    files.write_json(directory / dm.DEMO_MARKER, marker)
+    files.write_json(directory / recipe.DEMO_MARKER, marker)
 
 
 def model_config(dtype: str, ids: dict[str, int]) -> dict[str, Any]:
@@ -159,7 +149,7 @@ def constructed_weights(config: dict[str, Any], seed: int, damped_ids: list[int]
     """Float32 weights drawn in sorted-name order from ``default_rng(seed)``, shaped as the module docstring says."""
     text = config["text_config"]
     hidden = text["hidden_size"]
-    logit_scale = dm.LOGIT_STD  # rows of lm_head have unit norm in expectation: logits std ~ the final norm weight
+    logit_scale = recipe.LOGIT_STD  # rows of lm_head have unit norm in expectation: logits std ~ the final norm weight
     rng = np.random.default_rng(seed)
     weights: dict[str, np.ndarray] = {}
     for name, shape in sorted(checkpoint_shapes(config).items()):
@@ -175,7 +165,7 @@ def constructed_weights(config: dict[str, Any], seed: int, damped_ids: list[int]
             if name.endswith(_OUTPUT_PROJECTIONS):
                 std *= MTP_LAYER_OUTPUT_SCALE if name.startswith("mtp.") else LAYER_OUTPUT_SCALE
             weights[name] = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
-    weights["lm_head.weight"][damped_ids] *= np.float32(dm.SPECIAL_ROW_SCALE)
+    weights["lm_head.weight"][damped_ids] *= np.float32(recipe.SPECIAL_ROW_SCALE)
     fc = weights["mtp.fc.weight"]  # (hidden, 2 * hidden): [embedding half | hidden half]
     fc[:, :hidden] = np.eye(hidden, dtype=np.float32)
     fc[:, hidden:] *= np.float32(MTP_HIDDEN_SHARE)

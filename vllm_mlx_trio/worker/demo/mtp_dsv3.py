@@ -25,8 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from . import files
-from . import model as dm
+from . import files, recipe
 from .mtp import (
     LAYER_OUTPUT_SCALE,
     MTP_HIDDEN_SHARE,
@@ -73,7 +72,7 @@ CONFIG: dict[str, Any] = {
     "n_group": 1,
     "topk_group": 1,
     "max_position_embeddings": 2048,
-    "rms_norm_eps": dm.RMS_NORM_EPS,
+    "rms_norm_eps": recipe.RMS_NORM_EPS,
     "rope_theta": 10000.0,
     "rope_scaling": None,
     "attention_bias": False,
@@ -84,7 +83,7 @@ CONFIG: dict[str, Any] = {
 
 
 def write_mtp_dsv3(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
-    """Write every file of ``demo:mtp-dsv3`` into ``directory``, the marker last (demo_model's ``_build``)."""
+    """Write every file of ``demo:mtp-dsv3`` into ``directory``, the marker last (worker/demo/table.py's writer)."""
     tokenizer, ids = tokenizer_and_ids(CONFIG["vocab_size"])
     config = {**CONFIG, "torch_dtype": dtype, "bos_token_id": ids[files.ENDOFTEXT], "eos_token_id": ids[files.IM_END]}
     weights = to_hf_layout(constructed_weights(config, seed, files.damped_ids(tokenizer)), config)
@@ -98,17 +97,7 @@ def write_mtp_dsv3(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
     weight_map = {key: name for name, tensors in shards.items() for key in sorted(tensors)}
     files.write_json(directory / "model.safetensors.index.json", {"metadata": {}, "weight_map": weight_map})
     files.write_json(directory / "config.json", config)
-    spec = dm.DemoSize(
-        vocab_size=CONFIG["vocab_size"],
-        hidden_size=CONFIG["hidden_size"],
-        num_hidden_layers=CONFIG["num_hidden_layers"],
-        num_attention_heads=CONFIG["num_attention_heads"],
-        num_key_value_heads=CONFIG["num_key_value_heads"],
-        head_dim=CONFIG["v_head_dim"],
-        intermediate_size=CONFIG["intermediate_size"],
-        max_position_embeddings=CONFIG["max_position_embeddings"],
-    )
-    write_tokenizer_side(directory, tokenizer, ids, spec)
+    write_tokenizer_side(directory, tokenizer, ids, CONFIG["max_position_embeddings"])
     write_marker(directory, size=MTP_DSV3, seed=seed, dtype=dtype, recipe_version=MTP_DSV3_RECIPE_VERSION)
 
 
@@ -136,7 +125,7 @@ def constructed_weights(config: dict[str, Any], seed: int, damped_ids: list[int]
     for name, shape in sorted(mlx_shapes(config).items()):
         if name.endswith("norm.weight"):
             final = name in ("model.norm.weight", f"{mtp}shared_head.norm.weight")
-            weights[name] = np.full(shape, dm.LOGIT_STD if final else 1.0, dtype=np.float32)
+            weights[name] = np.full(shape, recipe.LOGIT_STD if final else 1.0, dtype=np.float32)
         elif name.endswith("e_score_correction_bias"):
             weights[name] = np.zeros(shape, dtype=np.float32)
         elif name == "model.embed_tokens.weight":
@@ -146,7 +135,7 @@ def constructed_weights(config: dict[str, Any], seed: int, damped_ids: list[int]
             if name.endswith(_OUTPUT_PROJECTIONS):
                 std *= MTP_LAYER_OUTPUT_SCALE if name.startswith(mtp) else LAYER_OUTPUT_SCALE
             weights[name] = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
-    weights["lm_head.weight"][damped_ids] *= np.float32(dm.SPECIAL_ROW_SCALE)
+    weights["lm_head.weight"][damped_ids] *= np.float32(recipe.SPECIAL_ROW_SCALE)
     eh_proj = weights[f"{mtp}eh_proj.weight"]  # (hidden, 2 * hidden): [embedding half | hidden half]
     eh_proj[:, :hidden] = np.eye(hidden, dtype=np.float32)
     eh_proj[:, hidden:] *= np.float32(MTP_HIDDEN_SHARE)

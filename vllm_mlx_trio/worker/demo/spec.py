@@ -1,7 +1,7 @@
 """The agreeing demo pair for speculative decoding: ``demo:spec-target`` and ``demo:spec-draft``.
 
-Both are built by worker/demo/model.py's recipe (same tokenizer, same seed, same random draw) with one change to the
-weights. The target has :data:`TARGET_LAYERS` layers of which every one after the first has its attention output
+Both are built by worker/demo/model.py's Qwen3 writer (same tokenizer, same seed, same random draw) with one change to
+the weights. The target has :data:`TARGET_LAYERS` layers of which every one after the first has its attention output
 projection and its MLP down projection zeroed: those layers still cost their full compute, but add exactly zero to
 the residual stream. The draft is the target's embedding, first layer and final norm (the head is tied), so it
 computes the same logits as the target with a fraction of the work and agrees with it on (almost) every token;
@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .model import DemoSize, _random_weights
+from .model import random_weights
+from .recipe import DemoSize
 
 #: Layers of the target: the first does the work, the rest cost compute and change nothing.
 TARGET_LAYERS = 16
@@ -43,7 +44,7 @@ _RESIDUAL_WRITERS = ("self_attn.o_proj.weight", "mlp.down_proj.weight")
 
 def spec_weights(size: str, config: dict[str, Any], seed: int, damped_ids: list[int]) -> dict[str, np.ndarray]:
     """The weights of ``demo:<size>`` (``spec-target`` or ``spec-draft``) for its ``config.json``."""
-    target = _random_weights({**config, "num_hidden_layers": TARGET_LAYERS}, seed, damped_ids)
+    target = random_weights({**config, "num_hidden_layers": TARGET_LAYERS}, seed, damped_ids)
     for layer in range(1, TARGET_LAYERS):
         for name in _RESIDUAL_WRITERS:
             target[f"model.layers.{layer}.{name}"][...] = 0.0

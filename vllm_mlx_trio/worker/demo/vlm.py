@@ -8,25 +8,23 @@ emits ``<|vision_start|><|image_pad|><|vision_end|>`` (``<|video_pad|>``) for me
 local ``preprocessor_config.json`` / ``video_preprocessor_config.json`` (mlx-vlm's numpy
 processors; no hub, no torch). The same seed always gives the same files.
 
-Shares the text demo's corpus, tokenizer recipe, safetensors writer and install step
-(worker/demo/model.py); this module only adds what a VLM needs. Imports no MLX at module level.
+Shares the text demo's corpus, tokenizer, safetensors writer and install step
+(worker/demo/files.py, worker/demo/recipe.py); this module only adds what a VLM needs. Imports no
+MLX at module level.
 """
 
 from __future__ import annotations
 
 import hashlib
 import pathlib
-import shutil
-import tempfile
 from typing import Any
 
 import numpy as np
 
-from . import files
-from . import model as text_demo
+from . import files, recipe
 
 #: The size name ``demo:vlm-tiny`` / ``demo build --size vlm-tiny`` selects.
-VLM_SIZE = text_demo.VLM_SIZE
+VLM_SIZE = "vlm-tiny"
 #: Bump when anything below changes, so older cached builds are rebuilt.
 VLM_FORMAT_VERSION = 2
 
@@ -67,7 +65,7 @@ IMAGE_MEAN = [0.48145466, 0.4578275, 0.40821073]
 IMAGE_STD = [0.26862954, 0.26130258, 0.27577711]
 
 #: The text demo's ChatML template, with media parts rendered as Qwen2-VL placeholders.
-CHAT_TEMPLATE = text_demo.CHAT_TEMPLATE.replace(
+CHAT_TEMPLATE = recipe.CHAT_TEMPLATE.replace(
     "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}",
     "{%- if part['type'] == 'text' %}{{- part['text'] }}"
     "{%- elif part['type'] == 'image' %}{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
@@ -81,36 +79,16 @@ def template_hash() -> str:
     return hashlib.sha256(f"{VLM_FORMAT_VERSION}:{CHAT_TEMPLATE}".encode()).hexdigest()
 
 
-def resolve_demo_vlm(root: pathlib.Path) -> pathlib.Path:
-    """The cached build under ``root`` (built on first use, rebuilt when outdated)."""
-    target = root / f"{VLM_SIZE}-seed0-v{VLM_FORMAT_VERSION}"
-    if (target / text_demo.DEMO_MARKER).is_file():
-        if text_demo._built_template_hash(target) == template_hash():
-            return target
-        return build_demo_vlm(target, replace=True)
-    return build_demo_vlm(target, replace=False)
-
-
 def build_demo_vlm(
-    out_dir: str | pathlib.Path, *, seed: int = 0, dtype: str = text_demo.DEFAULT_DTYPE, replace: bool = True
+    out_dir: str | pathlib.Path, *, seed: int = 0, dtype: str = recipe.DEFAULT_DTYPE, replace: bool = True
 ) -> pathlib.Path:
-    """Build the tiny VLM into ``out_dir`` (through a temporary sibling, as the text demo does)."""
-    if dtype not in files.DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; valid dtypes: {', '.join(files.DTYPES)}")
-    out = pathlib.Path(out_dir).absolute()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
-        tmp.chmod(0o755)
-        _write_files(tmp, seed=seed, dtype=dtype)
-        text_demo._install(tmp, out, replace=replace)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    """Build the tiny VLM into ``out_dir`` (through a temporary sibling, as every demo is built)."""
+    return recipe.build_into(out_dir, write_vlm, seed=seed, dtype=dtype, replace=replace)
 
 
-def _write_files(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
-    tokenizer = files.train_tokenizer(text_demo.DEMO_SIZES["tiny"].vocab_size)
+def write_vlm(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
+    """Write every file of ``demo:vlm-tiny`` into ``directory``, the marker last."""
+    tokenizer = files.train_tokenizer(recipe.DEMO_SIZES["tiny"].vocab_size)
     tokenizer.add_special_tokens(list(VISION_TOKENS))
     ids = {token: tokenizer.token_to_id(token) for token in (*files.SPECIAL_TOKENS, *VISION_TOKENS)}
     (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
@@ -121,7 +99,8 @@ def _write_files(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
     end = ids[files.IM_END], ids[files.ENDOFTEXT]
     generation = {"bos_token_id": end[1], "pad_token_id": end[1], "eos_token_id": list(end)}
     files.write_json(directory / "generation_config.json", generation)
-    files.write_json(directory / "tokenizer_config.json", _tokenizer_config())
+    tokenizer_config = recipe.tokenizer_config(TEXT_SHAPE["max_position_embeddings"], CHAT_TEMPLATE)
+    files.write_json(directory / "tokenizer_config.json", tokenizer_config)
     special = {"eos_token": files.IM_END, "pad_token": files.ENDOFTEXT}
     files.write_json(directory / "special_tokens_map.json", special)
     files.write_json(directory / "preprocessor_config.json", _image_processor_config())
@@ -129,7 +108,7 @@ def _write_files(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
     # Present so mlx-vlm's processor loader never asks the hub for it.
     files.write_json(directory / "processor_config.json", {"processor_class": "Qwen2VLProcessor"})
     marker = {"format_version": VLM_FORMAT_VERSION, "size": VLM_SIZE, "seed": seed, "dtype": dtype}
-    files.write_json(directory / text_demo.DEMO_MARKER, {**marker, "chat_template_sha256": template_hash()})
+    files.write_json(directory / recipe.DEMO_MARKER, {**marker, "chat_template_sha256": template_hash()})
 
 
 def _config(vocab_size: int, dtype: str, ids: dict[str, int]) -> dict[str, Any]:
@@ -139,8 +118,8 @@ def _config(vocab_size: int, dtype: str, ids: dict[str, int]) -> dict[str, Any]:
         "model_type": "qwen2_vl",
         "architectures": ["Qwen2VLForConditionalGeneration"],
         "vocab_size": vocab_size,
-        "rms_norm_eps": text_demo.RMS_NORM_EPS,
-        "rope_theta": text_demo.ROPE_THETA,
+        "rms_norm_eps": recipe.RMS_NORM_EPS,
+        "rope_theta": recipe.ROPE_THETA,
         "rope_scaling": {"type": "mrope", "mrope_section": MROPE_SECTION},
         "tie_word_embeddings": True,
         "torch_dtype": dtype,
@@ -154,23 +133,6 @@ def _config(vocab_size: int, dtype: str, ids: dict[str, int]) -> dict[str, Any]:
         "bos_token_id": ids[files.ENDOFTEXT],
         "pad_token_id": ids[files.ENDOFTEXT],
         "eos_token_id": ids[files.IM_END],
-    }
-
-
-def _tokenizer_config() -> dict[str, Any]:
-    return {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "chat_template": CHAT_TEMPLATE,
-        "eos_token": files.IM_END,
-        "pad_token": files.ENDOFTEXT,
-        "bos_token": None,
-        "unk_token": None,
-        "add_bos_token": False,
-        "add_prefix_space": False,
-        "split_special_tokens": False,
-        "clean_up_tokenization_spaces": False,
-        "errors": "replace",
-        "model_max_length": TEXT_SHAPE["max_position_embeddings"],
     }
 
 
@@ -237,12 +199,12 @@ def _random_weights(config: dict[str, Any], seed: int, damped_ids: list[int]) ->
     for name, shape in sorted(_parameter_shapes(config).items()):
         if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight")):
             final = name == "model.norm.weight"
-            scale = text_demo.LOGIT_STD / (text_demo.EMBED_STD * hidden**0.5) if final else 1.0
+            scale = recipe.LOGIT_STD / (recipe.EMBED_STD * hidden**0.5) if final else 1.0
             weights[name] = np.full(shape, scale, dtype=np.float32)
         elif len(shape) == 1:  # biases
             weights[name] = np.zeros(shape, dtype=np.float32)
         else:
-            std = text_demo.EMBED_STD if name == text_demo.EMBED else int(np.prod(shape[1:])) ** -0.5
+            std = recipe.EMBED_STD if name == recipe.EMBED else int(np.prod(shape[1:])) ** -0.5
             weights[name] = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
-    weights[text_demo.EMBED][damped_ids] *= np.float32(text_demo.SPECIAL_ROW_SCALE)
+    weights[recipe.EMBED][damped_ids] *= np.float32(recipe.SPECIAL_ROW_SCALE)
     return weights

@@ -73,7 +73,7 @@ ROLLBACK_TOLERANCE = 0.05
 
 
 def open_transaction(model: Any, cache: Sequence[Any], inputs: Sequence[int] | mx.array) -> CacheTransaction:
-    """Snapshot ``cache`` before the verify forward of ``inputs`` (drafter.py's ``CACHE_TRANSACTION``)."""
+    """Snapshot ``cache`` before the verify forward of ``inputs`` (the speculative runner's ``_transaction``)."""
     return CacheTransaction(model, cache, inputs)
 
 

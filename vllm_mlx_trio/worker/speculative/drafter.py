@@ -22,46 +22,53 @@ produced the bonus token); in :meth:`Drafter.start` the hidden states end at the
 whose logits produced the ``last_token`` of the first :meth:`Drafter.propose`. ``target_hidden`` has shape
 ``(1, n, hidden_size)``.
 
-Adjustment to the interface in /work/briefs/iface16.md (10:05 UTC): :meth:`Drafter.propose` may return fewer than
-``num_tokens`` drafts, none included (e.g. an MTP drafter entered with ``target_hidden=None`` because the sequence
-came from the batched path, which keeps no hidden states); the runner then verifies ``[last]`` alone, which is a plain
-decode step, and the following :meth:`Drafter.settle` carries the hidden state.
+A :meth:`Drafter.propose` may return fewer than ``num_tokens`` drafts, none included (e.g. an MTP drafter entered
+with ``target_hidden=None`` because the sequence came from the batched path, which keeps no hidden states); the
+runner then verifies ``[last]`` alone, which is a plain decode step, and the following :meth:`Drafter.settle` carries
+the hidden state.
 
-The pieces MTP provides, found by name so this module imports none of them (attributes and signatures fixed here):
+What the speculative runner uses beside a drafter:
 
-* a drafter loader per ``speculative.method`` in :data:`DRAFTER_LOADERS`:
-  ``load(cfg: EngineConfig, target_model, info: ModelInfo) -> Drafter``, called on the MLX thread after the target
-  loaded (``"mtp"``: ``vllm_mlx_trio.worker.speculative.mtp.drafter:load_mtp_drafter``);
+* :func:`drafter_loader` gives ``speculative.method``'s loader, ``load(cfg: EngineConfig, target_model, info:
+  ModelInfo) -> Drafter``, called on the MLX thread after the target loaded; it imports the method's module only
+  then (``"draft"``: worker/speculative/draft_model.py, ``"mtp"``: worker/speculative/mtp/drafter.py);
 * a drafter with ``needs_target_hidden`` also has ``hidden_state_mode: str`` (resolved), and the runner then runs the
-  verify forward through ``vllm_mlx_trio.worker.speculative.hidden:target_forward(model, inputs, cache, *, mode)
-  -> (logits, hidden)`` (``inputs``: ``mx.array`` of shape ``(1, n)``; ``logits`` ``(1, n, vocab)``, ``hidden``
-  ``(1, n, hidden_size)``);
-* for a target cache that is not trimmable, :data:`CACHE_TRANSACTION` ``open_transaction(model, cache, inputs)
-  -> CacheTransaction``, opened before the verify forward of ``inputs`` (a list of token ids);
-  :meth:`CacheTransaction.keep` then leaves exactly the first ``n`` of them in the cache. A trimmable cache uses
-  :class:`~vllm_mlx_trio.worker.speculative.runner.TrimTransaction` instead.
+  verify forward through :func:`~vllm_mlx_trio.worker.speculative.hidden.target_forward` ``(model, inputs, cache, *,
+  mode) -> (logits, hidden)`` (``inputs``: ``mx.array`` of shape ``(1, n)``; ``logits`` ``(1, n, vocab)``,
+  ``hidden`` ``(1, n, hidden_size)``);
+* for a target cache that is not trimmable,
+  :func:`~vllm_mlx_trio.worker.speculative.cache_txn.open_transaction` ``(model, cache, inputs) -> CacheTransaction``,
+  opened before the verify forward of ``inputs`` (a list of token ids); :meth:`CacheTransaction.keep` then leaves
+  exactly the first ``n`` of them in the cache. A trimmable cache uses
+  :class:`~vllm_mlx_trio.worker.speculative.runner.TrimTransaction` instead; a target whose cache can do neither is
+  refused at load (:func:`~vllm_mlx_trio.worker.speculative.cache_txn.rollback_problem`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from ...errors import ConfigError
 
 if TYPE_CHECKING:
     import mlx.core as mx
 
-#: ``speculative.method`` -> "module:function" that builds its drafter (imported on first use).
-DRAFTER_LOADERS: dict[str, str] = {
-    "draft": "vllm_mlx_trio.worker.speculative.draft_model:load_draft_model_drafter",
-    "mtp": "vllm_mlx_trio.worker.speculative.mtp.drafter:load_mtp_drafter",
-}
-#: The verify forward returning hidden states, for drafters with ``needs_target_hidden`` (MTP's module).
-TARGET_FORWARD = "vllm_mlx_trio.worker.speculative.hidden:target_forward"
-#: Roll-back of non-trimmable (hybrid) target caches after a verify (MTP's module).
-CACHE_TRANSACTION = "vllm_mlx_trio.worker.speculative.cache_txn:open_transaction"
-#: ``rollback_problem(model) -> str | None``: checked at load; a target whose cache cannot drop rejected drafts is
-#: refused.
-ROLLBACK_PROBLEM = "vllm_mlx_trio.worker.speculative.cache_txn:rollback_problem"
+#: ``load(cfg, target_model, info) -> Drafter``: builds a method's drafter for the loaded target.
+DrafterLoader = Callable[[Any, Any, Any], "Drafter"]
+
+
+def drafter_loader(method: str) -> DrafterLoader:
+    """The loader of ``speculative.method``'s drafter; imports its module (MLX) only now."""
+    if method == "draft":
+        from .draft_model import load_draft_model_drafter
+
+        return load_draft_model_drafter
+    if method == "mtp":
+        from .mtp.drafter import load_mtp_drafter
+
+        return load_mtp_drafter
+    raise ConfigError(f"speculative.method = {method!r} has no drafter")
 
 
 class CacheTransaction(Protocol):

@@ -29,7 +29,6 @@ one back into the batch, and it comes back once it is alone again.
 
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import Any
 
@@ -40,28 +39,19 @@ from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 from ...core.speculative import SpecDecodeCounts, draft_budget, sampling_fits
 from ...errors import ModelLoadError
 from ...messages import KVReady, ModelInfo, StepPlan, StepResult
+from ...runner_kinds import RunnerShape
 from ..batched.runner import BatchRunner
 from ..runner_base import Advance, Emission, LiveSequence
 from ..sampling import make_request_sampler
-from .drafter import (
-    CACHE_TRANSACTION,
-    DRAFTER_LOADERS,
-    ROLLBACK_PROBLEM,
-    TARGET_FORWARD,
-    CacheTransaction,
-    Drafter,
-)
+from . import hidden as target_hidden
+from .cache_txn import open_transaction, rollback_problem
+from .drafter import CacheTransaction, Drafter, drafter_loader
 from .entry_hidden import EntryHidden
 from .moves import SpecSequence, put_into_batch, take_from_batch
 from .mtp.thinking import ThinkingGate, gate_for
 from .sampling import SpecSampler, greedy_verdict
 
 logger = logging.getLogger(__name__)
-
-
-def _import(target: str) -> Any:
-    module_name, _, name = target.partition(":")
-    return getattr(importlib.import_module(module_name), name)
 
 
 class TrimTransaction:
@@ -77,17 +67,14 @@ class TrimTransaction:
 class SpecRunner(BatchRunner):
     """Batched runner + speculative rounds for a sequence alone in the batch."""
 
-    #: Set per configuration by :meth:`configured` (num_draft_tokens + 1): the scheduler budgets KV by it.
-    max_tokens_per_step = 1
-
     @classmethod
-    def configured(cls, cfg) -> type[SpecRunner]:
-        """This class with ``max_tokens_per_step`` for ``cfg`` (a class attribute the scheduler reads unbuilt)."""
-        k = cfg.speculative.num_draft_tokens
-        return type(cls.__name__, (cls,), {"max_tokens_per_step": k + 1, "__module__": cls.__module__})
+    def shape(cls, cfg) -> RunnerShape:
+        """The batched runner's, with a step giving up to ``num_draft_tokens + 1`` tokens: the scheduler's KV
+        lookahead covers a whole round."""
+        return attrs.evolve(super().shape(cfg), max_tokens_per_step=cfg.speculative.num_draft_tokens + 1)
 
-    def __init__(self, cfg, *, drafter: Drafter | None = None):
-        super().__init__(cfg)
+    def __init__(self, cfg, *, drafter: Drafter | None = None, request_waiting=None):
+        super().__init__(cfg, request_waiting=request_waiting)
         self._num_draft_tokens = cfg.speculative.num_draft_tokens
         self._drafter = drafter
         self._speculating: LiveSequence | None = None  # the sequence the drafter started on
@@ -104,16 +91,12 @@ class SpecRunner(BatchRunner):
         self._target = self._generator.model
         method = self._cfg.speculative.method
         if self._drafter is None:
-            try:
-                loader = _import(DRAFTER_LOADERS[method])
-            except (ImportError, AttributeError) as exc:  # boundary: a method whose drafter is not installed
-                raise ModelLoadError(f"speculative.method = {method!r} is not available: {exc}") from exc
-            self._drafter = loader(self._cfg, self._target, info)
-        problem = _import(ROLLBACK_PROBLEM)(self._target)
+            self._drafter = self._load_drafter(info)
+        problem = rollback_problem(self._target)
         if problem is not None:
             raise ModelLoadError(f"speculative.method = {method!r} needs to drop rejected drafts, but {problem}")
         if self._drafter.needs_target_hidden:
-            self._target_forward = _import(TARGET_FORWARD)
+            self._target_forward = target_hidden.target_forward  # looked up now: a test may spy on it
             self._entry_hidden = EntryHidden(
                 self._target,
                 self._generator,
@@ -130,6 +113,15 @@ class SpecRunner(BatchRunner):
         ):  # thinking requests and MTP (MTP's hook, worker/speculative/mtp/thinking.py)
             self._thinking = gate_for(self._cfg, info.tokenizer)
         return info
+
+    def _load_drafter(self, info: ModelInfo) -> Drafter:
+        """``speculative.method``'s drafter for the loaded target (on the MLX thread)."""
+        method = self._cfg.speculative.method
+        try:
+            load = drafter_loader(method)
+        except ImportError as exc:  # boundary: a method whose drafter is not installed
+            raise ModelLoadError(f"speculative.method = {method!r} is not available: {exc}") from exc
+        return load(self._cfg, self._target, info)
 
     # -- the step ------------------------------------------------------------------------------
 
@@ -282,7 +274,7 @@ class SpecRunner(BatchRunner):
     def _transaction(self, cache: list[Any], inputs: mx.array) -> CacheTransaction:
         if can_trim_prompt_cache(cache):
             return TrimTransaction(cache, inputs.size)
-        return _import(CACHE_TRANSACTION)(self._target, cache, inputs)
+        return open_transaction(self._target, cache, inputs)
 
     def _cached_tokens(self, sequence: LiveSequence) -> list[int]:
         """What the target's cache holds for a sequence: its prompt and every token emitted since."""

@@ -19,7 +19,7 @@ import numpy as np
 from ...errors import InvalidRequestError
 from ...messages import MediaInput
 
-#: What a loaded item is, by the attribute it has (iface13: LoadedImage.image, LoadedVideo.frames).
+#: What a loaded item is, by the attribute it has (vllm_mlx_trio.media: LoadedImage.image, LoadedVideo.frames).
 IMAGE, VIDEO = "image", "video"
 
 

@@ -70,8 +70,8 @@ def load_vlm(model_cfg) -> tuple[object, object, dict]:
 class VlmRunner(BatchRunner):
     """Batched mode for a VLM: text rows and media rows in one BatchGenerator."""
 
-    def __init__(self, cfg):
-        super().__init__(cfg)
+    def __init__(self, cfg, *, request_waiting=None):
+        super().__init__(cfg, request_waiting=request_waiting)
         self._adapter: LanguageAdapter | None = None
         self._prefills: deque[MediaPrefill] = deque()
         self._ready: dict[RequestId, KVReady | None] = {}

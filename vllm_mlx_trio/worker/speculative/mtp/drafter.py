@@ -152,7 +152,7 @@ def mtp_layout_loader(config: dict[str, Any]) -> Callable[[str | pathlib.Path, d
 
 def load_mtp_drafter(cfg: Any, target_model: Any, info: Any) -> MTPDrafter:
     """``[speculative] method = "mtp"``: the drafter of the loaded target (worker/speculative/drafter.py's
-    ``DRAFTER_LOADERS``); ``cfg`` is the EngineConfig, ``info`` the target's ModelInfo."""
+    ``drafter_loader``); ``cfg`` is the EngineConfig, ``info`` the target's ModelInfo."""
     from mlx_lm.utils import _download  # the local snapshot mlx_lm.load used (a hub id is cached by now)
 
     try:

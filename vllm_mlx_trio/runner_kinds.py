@@ -1,0 +1,45 @@
+"""The runner kinds ``engine.mode`` names, and what the engine's wiring knows of a kind before
+building it. Pure: no MLX, no Trio, nothing of the worker.
+
+The configuration checks ``engine.mode`` and ``speculative.method`` against these names;
+``worker/registry.py`` maps each name to a loader of its runner class. The two are apart
+because every runner module imports the configuration's types: a table of loaders beside the
+names would put the configuration and the runners in one import circle.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+SIMPLE = "simple"
+BATCHED = "batched"
+#: One model sharded over mlx.launch's ranks, each running "batched" on its shard (docs/distributed.md).
+DISTRIBUTED = "distributed"
+#: A vision-language model (mlx-vlm, the vlm extra) batched with text (worker/vlm/runner.py).
+VLM = "vlm"
+#: "batched" plus draft -> verify rounds for a request alone in the batch; chosen by speculative.method.
+SPECULATIVE = "speculative"
+#: The kinds the engine ships, in the order errors and docs list them.
+BUILTIN_KINDS = (SIMPLE, BATCHED, DISTRIBUTED, VLM, SPECULATIVE)
+#: The kinds ``speculative.method`` may run with: "batched" (replaced by the speculative kind) or that kind itself.
+SPECULATIVE_BASES = (BATCHED, SPECULATIVE)
+#: ``speculative.method``'s value that leaves speculative decoding off.
+SPECULATION_OFF = "off"
+
+
+def kind_for(mode: str, method: str) -> str:
+    """The kind a configuration runs: ``engine.mode``'s, or the speculative kind when
+    ``speculative.method`` is not "off" (the configuration has checked that the two fit)."""
+    return SPECULATIVE if method != SPECULATION_OFF else mode
+
+
+@attrs.frozen
+class RunnerShape:
+    """How the scheduler drives a runner kind under one configuration, known without loading anything."""
+
+    #: Plans the scheduler keeps outstanding on the executor edge (1 is lock-step).
+    plans_in_flight: int
+    #: Most tokens one step may give one sequence (speculative steps give several): the KV lookahead counts them.
+    max_tokens_per_step: int
+    #: Sequences the runner holds at once.
+    max_running: int
