@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import pytest
 import trio
-from test_every_layer_type import BS, chat, config, run, text
+from test_every_layer_type import BS, config, run, text
 
 from vllm_mlx_trio import open_engine
+from vllm_mlx_trio.testing.requests import chat
 
 pytestmark = pytest.mark.mlx
 
@@ -22,17 +23,17 @@ async def shared_prefix_scenario(engine) -> dict:
     system = text(tok, 3 * BS + 7, 0)  # past the window, over three blocks
     out = {}
     for key, question in [("first", "What is the sea?"), ("second", "Why are the stars so far away from us?")]:
-        out[key] = await run(engine, chat(system, question))
+        out[key] = await run(engine, chat(question, system=system))
     # two at once sharing the system prompt with the first two, and with each other
     async with trio.open_nursery() as nursery:
         for key, question in [("batch_a", "Who built the old town?"), ("batch_b", "When does the river freeze?")]:
 
             async def one(key=key, question=question):
-                out[key] = await run(engine, chat(system, question))
+                out[key] = await run(engine, chat(question, system=system))
 
             nursery.start_soon(one)
-    shared = tok.apply_chat_template(chat(system, "x"), add_generation_prompt=True, tokenize=True)
-    other = tok.apply_chat_template(chat(system, "y"), add_generation_prompt=True, tokenize=True)
+    shared = tok.apply_chat_template(chat("x", system=system), add_generation_prompt=True, tokenize=True)
+    other = tok.apply_chat_template(chat("y", system=system), add_generation_prompt=True, tokenize=True)
     out["common"] = next(i for i, (a, b) in enumerate(zip(shared, other, strict=False)) if a != b)
     return out
 

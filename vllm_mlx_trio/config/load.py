@@ -1,8 +1,8 @@
-"""Server configuration: the classes of ``config_sections`` loaded from TOML, the environment
+"""Server configuration: the classes of ``config.sections`` loaded from TOML, the environment
 and ``--set``, and dumped back to TOML.
 
 Precedence, highest first: ``--set SECTION.KEY=VALUE`` overrides, then environment variables
-``VLLM_MLX_TRIO_<SECTION>_<KEY>``, then the TOML file, then the defaults in ``config_sections``.
+``VLLM_MLX_TRIO_<SECTION>_<KEY>``, then the TOML file, then the defaults in ``config.sections``.
 Every problem is reported as one :class:`~vllm_mlx_trio.errors.ConfigError` whose one-line
 message names the key, what was expected and where the bad value came from.
 docs/configuration.md is the user-facing reference; a test keeps it in step with these classes.

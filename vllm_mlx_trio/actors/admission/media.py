@@ -35,7 +35,8 @@ class PromptProcessor(Protocol):
 
 
 def make_media_loader(cfg: Any) -> MediaLoader:
-    """The media loader (``vllm_mlx_trio.media``) for the ``[mllm]`` settings (imported only for a model that takes media)."""
+    """The media loader (``vllm_mlx_trio.media``) for the ``[mllm]`` settings (imported only for a model
+    that takes media)."""
     from ...media import MediaLoader as Loader
 
     return Loader(cfg)

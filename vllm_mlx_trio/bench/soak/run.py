@@ -3,7 +3,7 @@
 The server runs in this process (``127.0.0.1``, a free port). A warm-up (every malformed case
 once, then ``warmup`` requests of the mix) runs first, so first-use allocations are not counted;
 then the baseline is measured, the soak runs, and the same measurement is taken again
-(:mod:`.soak_probe`). The soak fails (exit code 1) on any unexpected answer, MLX active
+(:mod:`.probe`). The soak fails (exit code 1) on any unexpected answer, MLX active
 memory above the baseline (beyond the spread of identical probe readings), RSS growth of 1 MiB
 or more per 1,000 requests, or any request, prefix-cache lease, Trio task, file descriptor or
 per-request object left beyond the baseline.

@@ -26,7 +26,7 @@ from ..runner_base import Advance, Emission, LiveSequence
 #: about one decode step of demo:tiny) is then paid once for about twice the decode steps of a 16 ms
 #: plan, so the prompt is prefilled faster for the same cost per token to the streams. Not longer:
 #: with 64 ms (twice a 32 ms window) a 2000-token prompt arriving beside 4 streams got its first token
-#: 2.1x later and the streams' ITL p95 over their p50 alone rose from 1.4 to 1.8 (docs/benchmarks.md).
+#: 2.1x later and the streams' ITL p95 over their p50 alone rose from 1.4 to 1.8 (docs/benchmarks/round-07.md).
 CHUNK_PLAN_RUN_AHEAD_S = 0.032
 
 

@@ -10,7 +10,7 @@ header itself (tensor specs and metadata: a flipped shape or layout is caught to
 truncated, corrupted or foreign file is told apart from a good one (:class:`BadBlockFile`).
 
 Tensors of ``kv`` layer ``i`` are ``k{i}`` and ``v{i}``; a block kept quantized
-(:class:`~.prefix_layers.Packed`) stores ``k{i}.weights``, ``k{i}.scales`` (and ``.biases``)
+(:class:`~.layers.Packed`) stores ``k{i}.weights``, ``k{i}.scales`` (and ``.biases``)
 with its shape, dtype, group size and bits in the metadata's ``packed`` entry.
 """
 

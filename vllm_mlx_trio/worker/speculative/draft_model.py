@@ -36,7 +36,7 @@ class _Ahead:
 class DraftModelDrafter:
     """Greedy drafts from a draft model; one sequence at a time, MLX thread only.
 
-    Besides the :class:`~.spec_drafter.Drafter` protocol it pipelines (:class:`~.spec_drafter.PipelinedDrafter`):
+    Besides the :class:`~.drafter.Drafter` protocol it pipelines (:class:`~.drafter.PipelinedDrafter`):
     :meth:`propose_lazy` leaves the drafts on the device, and :meth:`draft_ahead` starts the next round's drafts
     from the verify's (lazy) bonus token, so the device never waits for the host between rounds.
     """

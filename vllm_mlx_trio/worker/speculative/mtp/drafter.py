@@ -50,7 +50,7 @@ class MTPDrafter:
         self._embed = embed
         self._lm_head = lm_head
         #: The target hidden states this head wants (``post_norm`` / ``pre_norm``): the runner passes it to
-        #: ``spec_hidden.target_forward``.
+        #: ``speculative.hidden.target_forward``.
         self.hidden_state_mode = hidden_state_mode
         self._cache = head.make_cache()
         self._pending: mx.array | None = None  # (1, 1, H): target hidden at the position before ``last``

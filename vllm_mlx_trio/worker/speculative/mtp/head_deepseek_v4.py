@@ -18,7 +18,7 @@ stream, through the block, then ``norm(hc_head(h))`` for the logits; the next st
 Two things block an exact drafter on this engine today, so :func:`load_deepseek_v4_mtp` refuses at load instead of
 letting the Qwen-layout loader misread ``mtp.*`` or a verify fail later:
 
-* the hidden state: ``spec_hidden.target_forward`` taps the target's final norm, whose input is already the
+* the hidden state: ``speculative.hidden.target_forward`` taps the target's final norm, whose input is already the
   collapsed ``(batch, tokens, hidden)`` state; the head needs the ``(batch, tokens, hc_mult, hidden)`` streams of
   the last layer (no ``hidden_state_mode`` gives them);
 * the target's cache: mlx-lm's deepseek_v41 ``LayerCache`` is not trimmable and has neither a ``state`` setter nor
@@ -47,5 +47,5 @@ REFUSAL = (
 
 
 def load_deepseek_v4_mtp(model_dir: str | pathlib.Path, config: dict[str, Any], shared: Shared) -> LoadedHead:
-    """The loader of :data:`~.mtp_drafter.MTP_LAYOUT_LOADERS` for ``deepseek_v41``: always a ModelLoadError."""
+    """The loader of :data:`~.drafter.MTP_LAYOUT_LOADERS` for ``deepseek_v41``: always a ModelLoadError."""
     raise ModelLoadError(f"{model_dir}: {REFUSAL}")
