@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 
-import attrs
 import pytest
 import trio
 import trio.testing
@@ -15,14 +14,14 @@ from vllm_mlx_trio import SamplingParams, load_config
 from vllm_mlx_trio.actors.prefix.cache_manager import CacheManagerActor
 from vllm_mlx_trio.actors.scheduler.actor import SchedulerActor
 from vllm_mlx_trio.actors.scheduler.control_inbox import ControlInbox
-from vllm_mlx_trio.actors.scheduler.settings import SchedulerSettings
 from vllm_mlx_trio.actors.topology import CONTROL_BUFFER
 from vllm_mlx_trio.errors import EngineClosedError, EngineStalledError
-from vllm_mlx_trio.health import EngineFailed, EngineHealth
+from vllm_mlx_trio.health import EngineFailed
 from vllm_mlx_trio.http.request_log import EngineIds
-from vllm_mlx_trio.messages import Admit, ClearPrefixCache, FailAll, PrefixLookup, RequestFailed, RequestId
-from vllm_mlx_trio.testing.fake_executor import IM_END, StepGate, text_script
+from vllm_mlx_trio.messages import ClearPrefixCache, FailAll, PrefixLookup, RequestFailed
+from vllm_mlx_trio.testing.fake_executor import StepGate, text_script
 from vllm_mlx_trio.testing.harness import open_fake_engine
+from vllm_mlx_trio.testing.wired import Wired
 
 CHAT = [{"role": "user", "content": "hello"}]
 ONE_RUNNING = ("engine.max_num_seqs=1",)
@@ -97,61 +96,6 @@ async def test_unanswered_commands_are_refused_when_the_scheduler_stops():
     for reply_recv in replies:
         with pytest.raises(trio.EndOfChannel):
             reply_recv.receive_nowait()
-
-
-@attrs.define
-class Wired:
-    """A SchedulerActor on hand-held channels: the test plays the executor and, optionally,
-    the cache manager."""
-
-    scheduler: SchedulerActor
-    health: EngineHealth
-    admit_send: trio.MemorySendChannel
-    control_send: trio.MemorySendChannel
-    depart_send: trio.MemorySendChannel
-    plan_recv: trio.MemoryReceiveChannel
-    result_send: trio.MemorySendChannel
-    cache_recv: trio.MemoryReceiveChannel
-    match_send: trio.MemorySendChannel
-
-    @classmethod
-    def build(cls) -> Wired:
-        health = EngineHealth()
-        admit_send, admit_recv = trio.open_memory_channel(1)
-        control_send, control_recv = trio.open_memory_channel(1)
-        depart_send, depart_recv = trio.open_memory_channel(4)
-        plan_send, plan_recv = trio.open_memory_channel(0)
-        result_send, result_recv = trio.open_memory_channel(1)
-        cache_send, cache_recv = trio.open_memory_channel(8)
-        match_send, match_recv = trio.open_memory_channel(1)
-        scheduler = SchedulerActor(
-            admit_recv=admit_recv,
-            control_recv=control_recv,
-            depart_recv=depart_recv,
-            plan_send=plan_send,
-            result_recv=result_recv,
-            cache_send=cache_send,
-            match_recv=match_recv,
-            settings=SchedulerSettings(eos_token_ids=(IM_END,)),
-            health=health,
-        )
-        return cls(
-            scheduler, health, admit_send, control_send, depart_send, plan_recv, result_send, cache_recv, match_send
-        )
-
-    async def admit(self) -> trio.MemoryReceiveChannel:
-        """Admit one request; its outbox."""
-        outbox_send, outbox_recv = trio.open_memory_channel(4)
-        await self.admit_send.send(
-            Admit(
-                request_id=RequestId("r"),
-                prompt_token_ids=(5, 6, 7),
-                params=SamplingParams(max_tokens=5),
-                outbox=outbox_send,
-                arrival_time=0.0,
-            )
-        )
-        return outbox_recv
 
 
 async def test_a_failure_in_health_stops_a_step_that_never_returns(autojump_clock):

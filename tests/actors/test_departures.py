@@ -11,11 +11,11 @@ import trio.testing
 
 from vllm_mlx_trio import SamplingParams, load_config
 from vllm_mlx_trio.actors.prefix.cache_manager import CacheManagerActor
-from vllm_mlx_trio.actors.scheduler.actor import SchedulerActor
 from vllm_mlx_trio.actors.scheduler.settings import SchedulerSettings
 from vllm_mlx_trio.messages import Admit, Departed, RequestId, StepPlan, StepResult
 from vllm_mlx_trio.testing.fake_executor import IM_END, StepGate, text_script
 from vllm_mlx_trio.testing.harness import open_fake_engine
+from vllm_mlx_trio.testing.wired import Wired
 
 CHAT = [{"role": "user", "content": "hello"}]
 
@@ -83,41 +83,35 @@ async def play_steps(plan_recv, result_send, n: int) -> None:
 
 
 async def test_a_queued_request_is_never_looked_at_and_leaves_when_its_client_says_so(autojump_clock):
-    admit_send, admit_recv = trio.open_memory_channel(4)
-    control_send, control_recv = trio.open_memory_channel(1)
-    depart_send, depart_recv = trio.open_memory_channel(4)
-    plan_send, plan_recv = trio.open_memory_channel(0)
-    result_send, result_recv = trio.open_memory_channel(1)
-    cache_send, cache_recv = trio.open_memory_channel(8)
-    match_send, match_recv = trio.open_memory_channel(1)
-    scheduler = SchedulerActor(
-        admit_recv=admit_recv,
-        control_recv=control_recv,
-        depart_recv=depart_recv,
-        plan_send=plan_send,
-        result_recv=result_recv,
-        cache_send=cache_send,
-        match_recv=match_recv,
-        settings=SchedulerSettings(eos_token_ids=(IM_END,), max_running=1),
+    wired = Wired.build(SchedulerSettings(eos_token_ids=(IM_END,), max_running=1))
+    cache = CacheManagerActor(
+        command_recv=wired.cache_recv, reply_send=wired.match_send, cfg=load_config(None, environ={}).cache
     )
-    cache = CacheManagerActor(command_recv=cache_recv, reply_send=match_send, cfg=load_config(None, environ={}).cache)
     running_send, running_recv = trio.open_memory_channel(4)
     queued_send, queued_recv = trio.open_memory_channel(4)
     queued = CountingOutbox(queued_send)
-    with trio.fail_after(10), admit_send, control_send, depart_send, plan_recv, result_send, running_recv:
+    with (
+        trio.fail_after(10),
+        wired.admit_send,
+        wired.control_send,
+        wired.depart_send,
+        wired.plan_recv,
+        wired.result_send,
+        running_recv,
+    ):
         async with trio.open_nursery() as nursery:
             await nursery.start(cache.run)
-            await nursery.start(scheduler.run)
-            await admit_send.send(admit("running", running_send))
-            await admit_send.send(admit("queued", queued))
-            await play_steps(plan_recv, result_send, 5)
+            await nursery.start(wired.scheduler.run)
+            await wired.admit_send.send(admit("running", running_send))
+            await wired.admit_send.send(admit("queued", queued))
+            await play_steps(wired.plan_recv, wired.result_send, 5)
             looks_while_queued = queued.looks
             queued_recv.close()  # the client leaves: its stream's close says so
-            depart_send.send_nowait(Departed(request_id=RequestId("queued")))
-            await play_steps(plan_recv, result_send, 1)
+            wired.depart_send.send_nowait(Departed(request_id=RequestId("queued")))
+            await play_steps(wired.plan_recv, wired.result_send, 1)
             await trio.testing.wait_all_tasks_blocked()
-            stats = scheduler.statistics()
-            held = scheduler.holds("queued"), scheduler.holds("running")
+            stats = wired.scheduler.statistics()
+            held = wired.scheduler.holds("queued"), wired.scheduler.holds("running")
             nursery.cancel_scope.cancel()
     assert looks_while_queued == 0  # no per-step look at a queued request's outbox
     assert stats.waiting_ids == () and stats.running_ids == ("running",) and stats.num_aborted == 1

@@ -14,7 +14,9 @@ import pathlib
 import shutil
 from typing import Any
 
-WINDOW = 8
+from vllm_mlx_trio.worker.prefix.state_models import ARCHITECTURES as STATE_LAYERS
+from vllm_mlx_trio.worker.prefix.state_models import WINDOW
+
 _COMMON: dict[str, Any] = {
     "vocab_size": 512,
     "hidden_size": 64,
@@ -49,31 +51,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "n_group": 1,
         "topk_group": 1,
     },
-    "gemma3_text": {
-        "sliding_window": WINDOW,
-        "sliding_window_pattern": 2,
-        "query_pre_attn_scalar": 16,
-        "rope_local_base_freq": 10000.0,
-    },
+    "gemma3_text": STATE_LAYERS["gemma3_text"],
     "gpt_oss": {
         "num_local_experts": 4,
         "num_experts_per_tok": 2,
         "sliding_window": WINDOW,
         "layer_types": ["sliding_attention", "full_attention"] * 2,
     },
-    "qwen3_next": {
-        **_MOE,
-        "linear_num_value_heads": 4,
-        "linear_num_key_heads": 2,
-        "linear_key_head_dim": 16,
-        "linear_value_head_dim": 16,
-        "linear_conv_kernel_dim": 4,
-        "decoder_sparse_step": 1,
-        "shared_expert_intermediate_size": 32,
-        "mlp_only_layers": [],
-        "partial_rotary_factor": 0.5,
-        "full_attention_interval": 2,
-    },
+    "qwen3_next": STATE_LAYERS["qwen3_next"],
     "lfm2": {
         "norm_eps": 1e-5,
         "conv_bias": False,

@@ -4,16 +4,22 @@ from TOML, the environment and ``--set`` and dumping back to TOML (``load``).
 Import the public names from here: ``from vllm_mlx_trio.config import EngineConfig, load_config``.
 """
 
+from vllm_mlx_trio.config.fields import DEMO_SIZES
 from vllm_mlx_trio.config.load import (
     API_KEYS_ENV,
-    DEMO_SIZES,
-    ENGINE_MODES,
     ENV_PREFIX,
-    LOG_FORMATS,
-    LOG_LEVELS,
     NONE_LITERAL,
     RESERVED_ENV_VARS,
     SECTIONS,
+    config_from_dict,
+    config_to_dict,
+    config_to_toml,
+    load_config,
+)
+from vllm_mlx_trio.config.sections import (
+    ENGINE_MODES,
+    LOG_FORMATS,
+    LOG_LEVELS,
     CacheConfig,
     DistributedConfig,
     EngineConfig,
@@ -23,10 +29,6 @@ from vllm_mlx_trio.config.load import (
     MetricsConfig,
     ModelConfig,
     ServerConfig,
-    config_from_dict,
-    config_to_dict,
-    config_to_toml,
-    load_config,
 )
 
 __all__ = [

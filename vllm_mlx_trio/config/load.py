@@ -19,47 +19,9 @@ import attrs
 import cattrs
 import tomli_w
 
-from vllm_mlx_trio.config.fields import DEMO_SIZES, _ConflictError, _describe, _FieldError, _kind, _one_of
-from vllm_mlx_trio.config.sections import (
-    ENGINE_MODES,
-    LOG_FORMATS,
-    LOG_LEVELS,
-    CacheConfig,
-    DistributedConfig,
-    EngineConfig,
-    EngineSection,
-    LimitsConfig,
-    LoggingConfig,
-    MetricsConfig,
-    ModelConfig,
-    ServerConfig,
-)
+from vllm_mlx_trio.config.fields import _ConflictError, _describe, _FieldError, _kind, _one_of
+from vllm_mlx_trio.config.sections import ENGINE_MODES, EngineConfig, EngineSection
 from vllm_mlx_trio.errors import ConfigError
-
-__all__ = [
-    "API_KEYS_ENV",
-    "DEMO_SIZES",
-    "ENGINE_MODES",
-    "ENV_PREFIX",
-    "LOG_FORMATS",
-    "LOG_LEVELS",
-    "NONE_LITERAL",
-    "RESERVED_ENV_VARS",
-    "SECTIONS",
-    "CacheConfig",
-    "DistributedConfig",
-    "EngineConfig",
-    "EngineSection",
-    "LimitsConfig",
-    "LoggingConfig",
-    "MetricsConfig",
-    "ModelConfig",
-    "ServerConfig",
-    "config_from_dict",
-    "config_to_dict",
-    "config_to_toml",
-    "load_config",
-]
 
 ENV_PREFIX = "VLLM_MLX_TRIO_"
 #: The environment variable that holds API keys (comma-separated); never a config key, so

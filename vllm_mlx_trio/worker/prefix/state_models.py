@@ -35,6 +35,7 @@ _COMMON: dict[str, Any] = {
     "tie_word_embeddings": True,
     "num_hidden_layers": 8,
 }
+#: Each model's layer-kind settings (the prefix tests' zoo builds the same kinds at its smaller sizes).
 ARCHITECTURES: dict[str, dict[str, Any]] = {
     "qwen3_next": {
         "num_experts": 4,
