@@ -2,9 +2,10 @@
 # and macOS (MLX on Metal); the virtual environment lives in .venv.
 PYTHON ?= python3
 VENV ?= .venv
-# macOS: plain mlx brings Metal. Linux: the CPU build of mlx.
+# macOS: plain mlx brings Metal. Linux: the CPU build of mlx, with MKL under it (cpu-fast: on
+# x86_64 only; elsewhere the extra adds nothing to cpu).
 # vlm: the tests run the demo vision-language model (tests/vlm) through mlx-vlm.
-EXTRAS := $(shell if [ "$$(uname -s)" = Darwin ]; then echo metal,test,vlm; else echo cpu,test,vlm; fi)
+EXTRAS := $(shell if [ "$$(uname -s)" = Darwin ]; then echo metal,test,vlm; else echo cpu-fast,test,vlm; fi)
 
 .PHONY: install serve test lint bench clean
 

@@ -3,6 +3,7 @@
 The public API: :func:`open_engine` and :class:`Engine` to embed the engine in a Trio
 program, :func:`load_config` / :class:`EngineConfig` for configuration, :func:`serve` to run
 the HTTP server. Importing this package does not import MLX; only the executor thread does.
+On Linux it loads a fast BLAS for MLX's CPU backend first, where one is installed (cpu_blas).
 
 The names are loaded on first use (PEP 562), so importing a part of the package, such as the
 pure ``vllm_mlx_trio.core``, does not import the engine, Trio or the HTTP server with it.
@@ -14,6 +15,10 @@ import importlib
 import sys
 import types
 from typing import TYPE_CHECKING, Any
+
+from .cpu_blas import preload_fast_blas
+
+preload_fast_blas()  # before anything imports mlx.core
 
 #: Public name -> the module (relative to this package) that defines it.
 _EXPORTS = {

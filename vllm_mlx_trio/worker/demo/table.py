@@ -15,7 +15,7 @@ from types import MappingProxyType
 
 import attrs
 
-from . import mtp, mtp_dsv3, vlm
+from . import mtp, mtp_dsv3, smollm2, vlm
 from .model import write_qwen3_demo
 from .recipe import (
     DEFAULT_DTYPE,
@@ -66,6 +66,10 @@ DEMO_BUILDERS: Mapping[str, DemoBuilder] = MappingProxyType(
         mtp.MTP_TINY: DemoBuilder(write=mtp.write_mtp_tiny),
         # a DeepSeek-V3 target carrying its MTP layer, float32: no bfloat16 GatherMM on CPU (worker/demo/mtp_dsv3.py)
         mtp_dsv3.MTP_DSV3: DemoBuilder(write=mtp_dsv3.write_mtp_dsv3, dtype="float32"),
+        # a real trained model: SmolLM2-135M-Instruct's GGUF file from a PyPI wheel (worker/demo/smollm2.py)
+        smollm2.SMOLLM2: DemoBuilder(
+            write=smollm2.write_smollm2, version=smollm2.SMOLLM2_FORMAT_VERSION, template_hash=smollm2.template_hash
+        ),
     }
 )
 

@@ -1,0 +1,67 @@
+"""A GGUF file's tensors in an mlx-lm model: renamed, kept quantized where MLX's affine layout
+matches (Q4_0, Q4_1, Q8_0 as 4/8 bits, group 32), or dequantized into one float dtype."""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.utils import _get_classes, infer_quant_config
+
+from .arch import mlx_tensor_name
+
+logger = logging.getLogger(__name__)
+
+#: Values in one quantization block of every native GGUF format (MLX's group size for them).
+GGUF_BLOCK = 32
+#: ``[model] gguf_dtype`` values that dequantize, and the MLX dtype each means.
+FLOAT_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+def read_tensors(path: pathlib.Path) -> dict[str, mx.array]:
+    """Every tensor of the file under its mlx-lm name (``.weight`` / ``.scales`` / ``.biases``)."""
+    return {mlx_tensor_name(name): array for name, array in mx.load(str(path)).items()}
+
+
+def dequantized(weights: dict[str, mx.array], dtype: mx.Dtype) -> dict[str, mx.array]:
+    """The same weights as plain ``dtype`` tensors (a packed weight with its scales and biases
+    becomes one matrix)."""
+    out: dict[str, mx.array] = {}
+    for name, array in weights.items():
+        if name.endswith((".scales", ".biases")):
+            continue
+        prefix = name.removesuffix(".weight")
+        if f"{prefix}.scales" in weights:
+            scales, biases = weights[f"{prefix}.scales"], weights[f"{prefix}.biases"]
+            bits = array.shape[-1] * 32 // (scales.shape[-1] * GGUF_BLOCK)
+            array = mx.dequantize(array, scales, biases, group_size=GGUF_BLOCK, bits=bits)
+        out[name] = array.astype(dtype)
+    return out
+
+
+def build_model(config: dict[str, Any], weights: dict[str, mx.array]) -> nn.Module:
+    """mlx-lm's model for ``config`` with ``weights`` loaded, quantized layers where the weights
+    are packed (their bits read from each tensor's shape, as mlx-lm does for a mixed checkpoint)."""
+    model_class, args_class = _get_classes(config=config)
+    model = model_class(args_class.from_dict(config))
+    weights = model.sanitize(weights) if hasattr(model, "sanitize") else weights
+
+    def packed(path: str, module: nn.Module) -> Any:
+        if not hasattr(module, "to_quantized") or f"{path}.scales" not in weights:
+            return False
+        return infer_quant_config(path, module, weights)
+
+    nn.quantize(model, class_predicate=packed)
+    model.eval()
+    model.load_weights(list(weights.items()), strict=True)
+    mx.eval(model.parameters())
+    return model
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """The loaded parameters' size in bytes."""
+    return sum(array.nbytes for _, array in tree_flatten(model.parameters()))
