@@ -42,13 +42,16 @@ def fake_cfg():
     return load_config(None, overrides=["server.port=0", "server.drain_timeout_s=5"], environ={})
 
 
+#: The random demo most tests run: config/demo.toml serves the real demo:smollm2, which is far
+#: slower on a CPU; tests/real/ runs that one.
+TEST_MODEL = "demo:tiny"
+
+
 @pytest.fixture
 def demo_cfg(demo_cache_dir):
-    return load_config(
-        REPO / "config" / "demo.toml",
-        overrides=["server.port=0", "server.drain_timeout_s=5", f"model.demo_cache_dir={demo_cache_dir}"],
-        environ={},
-    )
+    """config/demo.toml with the tiny random demo, on a free port."""
+    overrides = ["server.port=0", "server.drain_timeout_s=5", f"model.demo_cache_dir={demo_cache_dir}"]
+    return load_config(REPO / "config" / "demo.toml", overrides=[*overrides, f"model.path={TEST_MODEL}"], environ={})
 
 
 @pytest.fixture(scope="session")

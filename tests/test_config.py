@@ -90,7 +90,7 @@ def test_empty_file_gives_defaults(tmp_path):
 
 def test_load_demo_toml():
     cfg = load_config(DEMO_TOML, environ={})
-    assert cfg.model.path == "demo:tiny"
+    assert cfg.model.path == "demo:smollm2"
     assert (cfg.server.host, cfg.server.port) == ("127.0.0.1", 8000)
 
 

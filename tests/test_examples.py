@@ -33,7 +33,7 @@ async def test_embed_engine_example(demo_cache_dir):
     example = load_example("embed_engine")
     config = str(EXAMPLES.parent / "config" / "demo.toml")
     with trio.fail_after(120):
-        result = await example.main(config, (f"model.demo_cache_dir={demo_cache_dir}",))
+        result = await example.main(config, (f"model.demo_cache_dir={demo_cache_dir}", "model.path=demo:tiny"))
     assert result["text"] and result["cancelled"] and result["num_requests"] == 0
 
 

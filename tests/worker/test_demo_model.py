@@ -54,10 +54,10 @@ def tiny(tiny_dir):
 def test_demo_paths(demo_cache_dir, tmp_path):
     assert is_demo_path("demo:tiny") and is_demo_path("demo:small")
     assert not is_demo_path("Qwen/Qwen3-0.6B") and not is_demo_path("/models/demo")
-    # the prefix and a size name a build, the one the shipped demo config serves
+    # the prefix and a size name a build, the one the default configuration serves
     path = resolve_demo_model(f"{DEMO_PREFIX}tiny", demo_cache_dir)
     assert (path / DEMO_MARKER).is_file()
-    assert resolve_demo_model(load_config(REPO / "config" / "demo.toml", environ={}).model.path, demo_cache_dir) == path
+    assert resolve_demo_model(load_config(None, environ={}).model.path, demo_cache_dir) == path
     # any other path is refused before anything is built
     for other in ("Qwen/Qwen3-0.6B", "/models/demo", "tiny"):
         with pytest.raises(ValueError, match="not a demo model path"):
