@@ -44,7 +44,8 @@ async def test_openai_and_curl_examples(demo_cfg):
         async with open_server(demo_cfg) as srv:
             text = await trio.to_thread.run_sync(example.main, f"{srv.url}/v1")
             if shutil.which("curl"):
-                result = await trio.run_process(["bash", str(EXAMPLES / "curl.sh"), srv.url], capture_stdout=True)
+                command = ["bash", str(EXAMPLES / "curl.sh"), srv.url, demo_cfg.model.path]
+                result = await trio.run_process(command, capture_stdout=True)
                 assert result.stdout.decode().rstrip().endswith("data: [DONE]")
     assert text
 
