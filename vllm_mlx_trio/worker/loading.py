@@ -18,8 +18,9 @@ from ..core.text import byte_level_table
 from ..errors import ModelLoadError
 from ..messages import ModelInfo
 from .demo import is_demo_path, resolve_demo_model
-from .gguf import is_gguf_path, load_gguf
+from .gguf import is_gguf_path
 from .gguf.dtype import gguf_dtype
+from .gguf.loader import load_gguf
 from .kv_budget import kv_budget_tokens
 
 logger = logging.getLogger(__name__)

@@ -28,7 +28,9 @@ def chat_token_counter(model_dir: str) -> Counter:
     """Tokens of a one-message chat, templated as the servers do it (the model's tokenizer)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    from ...worker.gguf import tokenizer_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir(model_dir))
 
     def count(text: str) -> int:
         if getattr(tokenizer, "chat_template", None):

@@ -207,4 +207,6 @@ def run_prefix_cache_bench(
 def _tokenizer(model_dir: str):
     from transformers import AutoTokenizer  # noqa: PLC0415 (only the HTTP comparison needs it)
 
-    return AutoTokenizer.from_pretrained(model_dir)
+    from ...worker.gguf import tokenizer_dir
+
+    return AutoTokenizer.from_pretrained(tokenizer_dir(model_dir))

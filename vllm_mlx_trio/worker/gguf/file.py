@@ -2,8 +2,9 @@
 
 ``mx.load`` reads a GGUF's tensors, but it casts every tensor type it cannot keep packed to
 float16, and it trusts the header's offsets. So the header is read first (llama.cpp's own
-``gguf`` reader): a truncated file, a file that is not GGUF, and tensor types MLX does not keep
-in its quantized layout are refused here with the path and what is wrong.
+``gguf`` reader, made to stop at the end of the file): a truncated file, a file that is not
+GGUF, and tensor types MLX does not keep in its quantized layout are refused here with the path
+and what is wrong.
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ import pathlib
 from typing import Any
 
 import attrs
+import numpy as np
+from gguf import GGUFReader
 
 from ...errors import ModelLoadError
 
 GGUF_SUFFIX = ".gguf"
 
-#: Tensor types ``mx.load`` keeps as they are stored: plain floats, and the three block formats
-#: that map one to one onto MLX's affine quantization (group size 32).
+#: Tensor types kept as they are stored: plain floats (BF16 read past ``mx.load``, weights.py),
+#: and the three block formats that map one to one onto MLX's affine quantization (group size 32).
 NATIVE_TYPES = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0"})
 #: The quantized ones among them, and the bits MLX packs each in.
 QUANTIZED_BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
@@ -72,13 +75,13 @@ def gguf_file(path: str) -> pathlib.Path:
 def read_header(path: pathlib.Path) -> GGUFHeader:
     """Read and check ``path``'s header: GGUF magic, every tensor inside the file, and every
     tensor of a type MLX keeps (:data:`NATIVE_TYPES`)."""
-    from gguf import GGUFReader
-
+    size = os.path.getsize(path)
     try:
-        reader = GGUFReader(path)
+        reader = _BoundedReader(path)
+    except _PastEnd as exc:
+        raise GGUFError(f"{path}: truncated: it needs at least {exc.end:,} bytes, the file has {size:,}") from None
     except Exception as exc:  # boundary: the reader's ValueError / struct / numpy errors
         raise GGUFError(f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
-    size = os.path.getsize(path)
     tensor_types: dict[str, str] = {}
     for tensor in reader.tensors:
         end = int(tensor.data_offset) + int(tensor.n_bytes)
@@ -88,6 +91,23 @@ def read_header(path: pathlib.Path) -> GGUFHeader:
     _check_types(path, tensor_types)
     metadata = {name: _plain(field.contents()) for name, field in reader.fields.items()}
     return GGUFHeader(path=path, metadata=metadata, tensor_types=tensor_types)
+
+
+class _PastEnd(Exception):
+    def __init__(self, end: int) -> None:
+        super().__init__(end)
+        self.end = end
+
+
+class _BoundedReader(GGUFReader):
+    """llama.cpp's reader, raising :class:`_PastEnd` where it would read past the end of the
+    file (by itself it slices a short array there, and fails later with a numpy error)."""
+
+    def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
+        end = int(offset) + np.dtype(dtype).itemsize * int(count)
+        if end > len(self.data):
+            raise _PastEnd(end)
+        return super()._get(offset, dtype, count, override_order)
 
 
 def _check_types(path: pathlib.Path, tensor_types: dict[str, str]) -> None:

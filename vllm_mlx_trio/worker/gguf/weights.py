@@ -9,6 +9,7 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes, infer_quant_config
 
@@ -24,12 +25,23 @@ FLOAT_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfl
 
 def read_tensors(path: pathlib.Path) -> dict[str, mx.array]:
     """Every tensor of the file under its mlx-lm name (``.weight`` / ``.scales`` / ``.biases``)."""
-    return {mlx_tensor_name(name): array for name, array in mx.load(str(path)).items()}
+    arrays = {**mx.load(str(path)), **_bfloat16_tensors(path)}
+    return {mlx_tensor_name(name): array for name, array in arrays.items()}
+
+
+def _bfloat16_tensors(path: pathlib.Path) -> dict[str, mx.array]:
+    """The file's BF16 tensors as stored: ``mx.load`` casts them to float16, where values past
+    65504 become inf and a bfloat16 model would compute in float16."""
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    tensors = [t for t in GGUFReader(path).tensors if t.tensor_type == GGMLQuantizationType.BF16]
+    return {t.name: mx.array(np.asarray(t.data).view(np.uint16)).view(mx.bfloat16) for t in tensors}
 
 
 def dequantized(weights: dict[str, mx.array], dtype: mx.Dtype) -> dict[str, mx.array]:
     """The same weights as plain ``dtype`` tensors (a packed weight with its scales and biases
-    becomes one matrix)."""
+    becomes one matrix, computed in float32: the file's float16 scales times its integers are
+    exact there, and would round in float16)."""
     out: dict[str, mx.array] = {}
     for name, array in weights.items():
         if name.endswith((".scales", ".biases")):
@@ -38,6 +50,7 @@ def dequantized(weights: dict[str, mx.array], dtype: mx.Dtype) -> dict[str, mx.a
         if f"{prefix}.scales" in weights:
             scales, biases = weights[f"{prefix}.scales"], weights[f"{prefix}.biases"]
             bits = array.shape[-1] * 32 // (scales.shape[-1] * GGUF_BLOCK)
+            scales, biases = scales.astype(mx.float32), biases.astype(mx.float32)
             array = mx.dequantize(array, scales, biases, group_size=GGUF_BLOCK, bits=bits)
         out[name] = array.astype(dtype)
     return out

@@ -1,0 +1,62 @@
+"""The fast BLAS under MLX's CPU backend: which library, loaded only before MLX, and off on request."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from vllm_mlx_trio import cpu_blas
+
+MKL = cpu_blas.candidate_library() if not os.environ.get(cpu_blas.ENV_VAR) else None
+needs_mkl = pytest.mark.skipif(MKL is None or not sys.platform.startswith("linux"), reason="no MKL in this environment")
+
+PROBE = (
+    "import sys, time\n"
+    "{first}\n"
+    "from vllm_mlx_trio.cpu_blas import loaded_blas\n"
+    "import mlx.core as mx\n"
+    "a = mx.ones((256, 256)); mx.eval(a @ a)\n"
+    "print(loaded_blas())\n"
+)
+
+
+def probe(first: str, **env: str) -> str:
+    code = PROBE.format(first=first)
+    environ = {**os.environ, **env}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=environ).stdout
+
+
+def test_the_choice(monkeypatch):
+    monkeypatch.setenv(cpu_blas.ENV_VAR, "off")
+    assert cpu_blas.candidate_library() is None
+    monkeypatch.setenv(cpu_blas.ENV_VAR, "/opt/blas/libcblas.so")
+    assert cpu_blas.candidate_library() == "/opt/blas/libcblas.so"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the preload is for Linux only")
+def test_a_library_that_cannot_load_is_a_warning_not_a_failure(monkeypatch, caplog):
+    monkeypatch.setenv(cpu_blas.ENV_VAR, "/no/such/libblas.so")
+    monkeypatch.delitem(sys.modules, "mlx.core", raising=False)
+    assert cpu_blas.preload_fast_blas() is None
+    assert "could not be loaded" in caplog.text
+
+
+@needs_mkl
+@pytest.mark.mlx
+def test_importing_the_package_first_puts_mkl_under_mlx():
+    assert probe("import vllm_mlx_trio").strip() == os.path.basename(MKL)
+
+
+@needs_mkl
+@pytest.mark.mlx
+def test_off_keeps_the_reference_blas():
+    assert probe("import vllm_mlx_trio", **{cpu_blas.ENV_VAR: "off"}).strip() == "None"
+
+
+@needs_mkl
+@pytest.mark.mlx
+def test_mlx_imported_first_keeps_its_blas():
+    assert probe("import mlx.core; import vllm_mlx_trio").strip() == "None"
