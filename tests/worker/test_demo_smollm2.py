@@ -7,8 +7,7 @@ import zipfile
 import pytest
 
 from vllm_mlx_trio.cli import main
-from vllm_mlx_trio.worker.demo import DEMO_MARKER, resolve_demo_model
-from vllm_mlx_trio.worker.demo import smollm2
+from vllm_mlx_trio.worker.demo import DEMO_MARKER, resolve_demo_model, smollm2
 
 
 @pytest.fixture
