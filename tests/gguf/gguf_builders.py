@@ -1,0 +1,223 @@
+"""GGUF files written from the tiny demo model, as llama.cpp's converter writes them, and the
+mlx-lm folders they must equal.
+
+The demo is a Qwen3 model; a ``llama`` variant drops its q/k norms and a ``qwen2`` variant adds
+q/k/v biases. Each variant is written twice: as an mlx-lm folder (Hugging Face names and layout:
+the reference) and as a GGUF file (llama.cpp's names; llama's q/k rows permuted as
+convert_hf_to_gguf.py's ``LlamaModel.permute`` does).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter, TokenType
+from gguf.quants import dequantize, quantize
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
+
+#: mlx-lm name under ``model.layers.N.`` -> llama.cpp's block tensor name.
+BLOCK_TENSORS = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+TOP_TENSORS = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+BIAS_STD = 0.05
+
+
+def load_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
+    """A float32 safetensors file as numpy arrays."""
+    import mlx.core as mx
+
+    return {name: np.array(array.astype(mx.float32)) for name, array in mx.load(str(path)).items()}
+
+
+def variant_weights(demo: dict[str, np.ndarray], arch: str, seed: int = 1) -> dict[str, np.ndarray]:
+    """The demo's Qwen3 weights made into a model of ``arch`` (mlx-lm names)."""
+    if arch == "qwen3":
+        return dict(demo)
+    weights = {name: array for name, array in demo.items() if not name.endswith(("q_norm.weight", "k_norm.weight"))}
+    if arch == "qwen2":
+        rng = np.random.default_rng(seed)
+        for name in sorted(demo):
+            if name.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
+                rows = demo[name].shape[0]
+                bias = rng.standard_normal(rows, dtype=np.float32) * np.float32(BIAS_STD)
+                weights[name.removesuffix("weight") + "bias"] = bias
+    return weights
+
+
+def variant_config(demo_config: dict[str, Any], arch: str) -> dict[str, Any]:
+    """The demo's config.json for a model of ``arch``."""
+    return {**demo_config, "model_type": arch, "architectures": [], "attention_bias": arch == "qwen2"}
+
+
+def write_reference(
+    out_dir: pathlib.Path,
+    demo_dir: pathlib.Path,
+    arch: str,
+    qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
+) -> pathlib.Path:
+    """An mlx-lm folder holding the demo as a model of ``arch`` (the demo's own tokenizer), its
+    matrices the values a GGUF file of ``qtype`` stores (gguf's own numpy quantization)."""
+    import mlx.core as mx
+
+    out_dir.mkdir(parents=True)
+    config = variant_config(json.loads((demo_dir / "config.json").read_text()), arch)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    weights = variant_weights(load_safetensors(demo_dir / "model.safetensors"), arch)
+    stored = {name: stored_values(array, qtype) for name, array in weights.items()}
+    mx.save_safetensors(str(out_dir / "model.safetensors"), {k: mx.array(v) for k, v in stored.items()})
+    for name in TOKENIZER_FILES:
+        shutil.copy(demo_dir / name, out_dir / name)
+    return out_dir
+
+
+def stored_values(array: np.ndarray, qtype: GGMLQuantizationType) -> np.ndarray:
+    """What a GGUF file of ``qtype`` holds for ``array``, as float32 (vectors stay F32)."""
+    if array.ndim != 2:
+        return array
+    return dequantize(quantize(array, qtype), qtype).astype(np.float32)
+
+
+def gguf_name(mlx_name: str) -> str:
+    """``model.layers.3.self_attn.q_proj.weight`` -> ``blk.3.attn_q.weight``."""
+    module, leaf = mlx_name.rsplit(".", 1)
+    if module in TOP_TENSORS:
+        return f"{TOP_TENSORS[module]}.{leaf}"
+    _, _, index, part = module.split(".", 3)
+    return f"blk.{index}.{BLOCK_TENSORS[part]}.{leaf}"
+
+
+def permute_for_llama_cpp(weights: np.ndarray, n_head: int) -> np.ndarray:
+    """The q/k row order llama.cpp's converter writes for llama (its interleaved RoPE)."""
+    rows = weights.shape[0]
+    return weights.reshape(n_head, 2, rows // n_head // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
+
+
+def gguf_tensors(weights: dict[str, np.ndarray], config: dict[str, Any], arch: str) -> dict[str, np.ndarray]:
+    """``weights`` (mlx-lm names) under llama.cpp's names, llama's q/k permuted."""
+    heads = {"q_proj": config["num_attention_heads"], "k_proj": config["num_key_value_heads"]}
+    tensors = {}
+    for name, array in weights.items():
+        projection = name.split(".")[-2]
+        if arch == "llama" and projection in heads:
+            array = permute_for_llama_cpp(array, heads[projection])
+        tensors[gguf_name(name)] = array
+    return tensors
+
+
+def tokenizer_metadata(tokenizer_dir: pathlib.Path, pre: str = "gpt-2") -> dict[str, Any]:
+    """``tokenizer.*`` keys of a byte-level BPE ``tokenizer.json`` and its chat template."""
+    tokenizer = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    template = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())["chat_template"]
+    vocab = tokenizer["model"]["vocab"]
+    special = {token["id"] for token in tokenizer["added_tokens"] if token["special"]}
+    tokens = [token for token, _ in sorted(vocab.items(), key=lambda item: item[1])]
+    merges = [" ".join(merge) if isinstance(merge, list) else merge for merge in tokenizer["model"]["merges"]]
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [
+            int(TokenType.CONTROL if index in special else TokenType.NORMAL) for index in range(len(tokens))
+        ],
+        "tokenizer.ggml.merges": merges,
+        "tokenizer.ggml.eos_token_id": vocab["<|im_end|>"],
+        "tokenizer.chat_template": template,
+    }
+
+
+def model_metadata(config: dict[str, Any], arch: str) -> dict[str, Any]:
+    """``general.architecture`` and the ``<arch>.*`` keys of ``config``."""
+    keys = {
+        "block_count": config["num_hidden_layers"],
+        "embedding_length": config["hidden_size"],
+        "feed_forward_length": config["intermediate_size"],
+        "attention.head_count": config["num_attention_heads"],
+        "attention.head_count_kv": config["num_key_value_heads"],
+        "attention.key_length": config["head_dim"],
+        "attention.value_length": config["head_dim"],
+        "attention.layer_norm_rms_epsilon": float(config["rms_norm_eps"]),
+        "rope.freq_base": float(config["rope_theta"]),
+        "context_length": config["max_position_embeddings"],
+        "vocab_size": config["vocab_size"],
+    }
+    return {"general.architecture": arch, **{f"{arch}.{key}": value for key, value in keys.items()}}
+
+
+def write_gguf(
+    path: pathlib.Path,
+    metadata: dict[str, Any],
+    tensors: dict[str, np.ndarray],
+    qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
+) -> pathlib.Path:
+    """A GGUF file of ``metadata`` and ``tensors``: matrices stored as ``qtype``, vectors as F32
+    (as llama.cpp stores norms and biases); a uint8 tensor given as ``(type, bytes)`` as is."""
+    writer = GGUFWriter(path, str(metadata["general.architecture"]))
+    for key, value in metadata.items():
+        if key != "general.architecture":
+            _add_value(writer, key, value)
+    for name, array in tensors.items():
+        _add_tensor(writer, name, array, qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _add_value(writer: GGUFWriter, key: str, value: Any) -> None:
+    if isinstance(value, bool):
+        writer.add_bool(key, value)
+    elif isinstance(value, int):
+        writer.add_uint32(key, value)
+    elif isinstance(value, float):
+        writer.add_float32(key, value)
+    elif isinstance(value, str):
+        writer.add_string(key, value)
+    else:
+        writer.add_array(key, list(value))
+
+
+def _add_tensor(writer: GGUFWriter, name: str, array: Any, qtype: GGMLQuantizationType) -> None:
+    if isinstance(array, tuple):
+        raw_type, raw = array
+        writer.add_tensor(name, raw, raw_dtype=raw_type)
+    elif array.ndim == 2 and qtype != GGMLQuantizationType.F32:
+        writer.add_tensor(name, quantize(array, qtype), raw_dtype=qtype)
+    else:
+        writer.add_tensor(name, array.astype(np.float32))
+
+
+def demo_gguf_parts(demo_dir: pathlib.Path, arch: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(metadata, tensors) of the demo as a GGUF file of ``arch``, to write or to alter first."""
+    config = variant_config(json.loads((demo_dir / "config.json").read_text()), arch)
+    weights = variant_weights(load_safetensors(demo_dir / "model.safetensors"), arch)
+    metadata = {**model_metadata(config, arch), **tokenizer_metadata(demo_dir)}
+    return metadata, gguf_tensors(weights, config, arch)
+
+
+def build_gguf(
+    path: pathlib.Path,
+    demo_dir: pathlib.Path,
+    arch: str,
+    qtype: GGMLQuantizationType = GGMLQuantizationType.F32,
+) -> pathlib.Path:
+    """The demo as a GGUF file of ``arch``, every matrix stored as ``qtype``."""
+    metadata, tensors = demo_gguf_parts(demo_dir, arch)
+    return write_gguf(path, metadata, tensors, qtype)
