@@ -424,6 +424,7 @@ def test_round_trip_with_every_option_set():
         },
         "model": {
             "path": "demo:small",
+            "gguf_dtype": "bfloat16",
             "revision": "abc",
             "trust_remote_code": True,
             "chat_template": template,
