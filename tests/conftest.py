@@ -12,6 +12,12 @@ from vllm_mlx_trio.config import API_KEYS_ENV, load_config
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
+#: MKL under MLX (cpu_blas.py) picks its matrix kernels by shape, so a row's float32 product can
+#: differ in the last bits with the number of rows; the tests compare logprobs bit for bit across
+#: batch shapes, so they run MKL in its strict reproducible mode (read at its first call: no MLX
+#: has run yet). docs/getting-started.md gives its cost.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
 
 def pytest_unconfigure(config):
     """Destroy the main thread's MLX streams before the interpreter ends (MLX 0.32 leaves that to

@@ -20,7 +20,7 @@ def test_config_show_prints_effective_toml(capsys, monkeypatch):
     shown = tomllib.loads(capsys.readouterr().out)
     assert shown["server"]["port"] == 8123
     assert shown["limits"]["max_waiting"] == 9
-    assert shown["model"]["path"] == "demo:tiny"
+    assert shown["model"]["path"] == "demo:smollm2"
 
 
 def test_config_check_reports_the_nearest_key(capsys):
