@@ -14,6 +14,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes, infer_quant_config
 
 from .arch import mlx_tensor_name
+from .file import GGUFHeader
 
 logger = logging.getLogger(__name__)
 
@@ -23,9 +24,11 @@ GGUF_BLOCK = 32
 FLOAT_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
 
-def read_tensors(path: pathlib.Path) -> dict[str, mx.array]:
+def read_tensors(header: GGUFHeader) -> dict[str, mx.array]:
     """Every tensor of the file under its mlx-lm name (``.weight`` / ``.scales`` / ``.biases``)."""
-    arrays = {**mx.load(str(path)), **_bfloat16_tensors(path)}
+    arrays = mx.load(str(header.path))
+    if "BF16" in header.tensor_types.values():
+        arrays.update(_bfloat16_tensors(header.path))
     return {mlx_tensor_name(name): array for name, array in arrays.items()}
 
 
