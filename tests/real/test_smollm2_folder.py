@@ -68,6 +68,7 @@ async def test_served_packed_equals_mlx_lm_on_the_converted_folder(smollm2_cfg, 
     assert [reply["choices"][0]["message"]["content"] for reply in replies] == expected
 
 
-def test_dequantized_float32_answers_as_the_folder(converted, reference):
+def test_the_default_dtype_answers_as_the_folder(converted, reference):
+    """gguf_dtype = "auto": float32 under MKL, packed without it."""
     for question in QUESTIONS:
         assert reference.greedy(chat(question)).text == folder_greedy(converted, chat(question))
