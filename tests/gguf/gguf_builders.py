@@ -221,3 +221,129 @@ def build_gguf(
     """The demo as a GGUF file of ``arch``, every matrix stored as ``qtype``."""
     metadata, tensors = demo_gguf_parts(demo_dir, arch)
     return write_gguf(path, metadata, tensors, qtype)
+
+
+# Gemma: tiny random models of mlx-lm's own gemma, gemma2 and gemma3_text classes (the demo's
+# tokenizer and vocabulary), and the GGUF files llama.cpp's converter writes for them.
+
+#: GGUF architecture -> mlx-lm ``model_type`` of the reference.
+GEMMA_MODEL_TYPES = {"gemma": "gemma", "gemma2": "gemma2", "gemma3": "gemma3_text"}
+GEMMA_ARCHITECTURES = tuple(GEMMA_MODEL_TYPES)
+#: Spread of the random norm weights (mlx-lm starts them at 0, which the +1 would hide).
+NORM_STD = 0.2
+
+
+def gemma_config(demo_dir: pathlib.Path, arch: str) -> dict[str, Any]:
+    """config.json of a tiny ``arch`` model: the demo's width and vocabulary, head_dim unlike
+    hidden/heads; gemma2 with its soft-capping, gemma3 with six layers (five sliding-window
+    layers with their own RoPE base, one global layer with linear RoPE scaling)."""
+    demo = json.loads((demo_dir / "config.json").read_text())
+    config: dict[str, Any] = {
+        "model_type": GEMMA_MODEL_TYPES[arch],
+        "architectures": [],
+        "hidden_size": demo["hidden_size"],
+        "num_hidden_layers": 2,
+        "intermediate_size": demo["intermediate_size"],
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": demo["vocab_size"],
+        "max_position_embeddings": 2048,
+        "rope_theta": 10_000.0,
+        "tie_word_embeddings": True,
+    }
+    if arch == "gemma2":
+        config.update(attn_logit_softcapping=2.0, final_logit_softcapping=5.0, query_pre_attn_scalar=32)
+        config.update(sliding_window=4096)
+    if arch == "gemma3":
+        config.update(num_hidden_layers=6, rope_theta=1_000_000.0, rope_local_base_freq=10_000.0)
+        config.update(query_pre_attn_scalar=32, sliding_window=8, sliding_window_pattern=6)
+        config["rope_scaling"] = {"rope_type": "linear", "factor": 8.0}
+    return config
+
+
+def gemma_reference_weights(config: dict[str, Any], seed: int = 0) -> dict[str, np.ndarray]:
+    """mlx-lm's own random initialization of the model, norms drawn around 0, the output tied."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import _get_classes
+
+    mx.random.seed(seed)
+    model_class, args_class = _get_classes(config=config)
+    model = model_class(args_class.from_dict(config))
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, array in tree_flatten(model.parameters()):
+        if name == "lm_head.weight":
+            continue
+        values = np.array(array.astype(mx.float32))
+        if name.endswith("norm.weight"):
+            values = rng.standard_normal(values.shape).astype(np.float32) * np.float32(NORM_STD)
+        weights[name] = values
+    return weights
+
+
+def write_gemma_reference(out_dir: pathlib.Path, demo_dir: pathlib.Path, arch: str) -> pathlib.Path:
+    """An mlx-lm folder holding a tiny random ``arch`` model and the demo's tokenizer."""
+    import mlx.core as mx
+
+    out_dir.mkdir(parents=True)
+    config = gemma_config(demo_dir, arch)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    weights = gemma_reference_weights(config)
+    mx.save_safetensors(str(out_dir / "model.safetensors"), {k: mx.array(v) for k, v in weights.items()})
+    for name in TOKENIZER_FILES:
+        shutil.copy(demo_dir / name, out_dir / name)
+    return out_dir
+
+
+def gemma_metadata(config: dict[str, Any], arch: str) -> dict[str, Any]:
+    """The ``<arch>.*`` keys convert_hf_to_gguf.py writes: no RoPE base for gemma and gemma2;
+    soft-capping and window for gemma2; global and local RoPE bases, linear scaling and the
+    window for gemma3 (no sliding-window period: llama.cpp's is 6)."""
+    keys: dict[str, Any] = {
+        "context_length": config["max_position_embeddings"],
+        "embedding_length": config["hidden_size"],
+        "block_count": config["num_hidden_layers"],
+        "feed_forward_length": config["intermediate_size"],
+        "attention.head_count": config["num_attention_heads"],
+        "attention.head_count_kv": config["num_key_value_heads"],
+        "attention.layer_norm_rms_epsilon": float(config["rms_norm_eps"]),
+        "attention.key_length": config["head_dim"],
+        "attention.value_length": config["head_dim"],
+    }
+    if arch == "gemma2":
+        keys["attn_logit_softcapping"] = float(config["attn_logit_softcapping"])
+        keys["final_logit_softcapping"] = float(config["final_logit_softcapping"])
+        keys["attention.sliding_window"] = config["sliding_window"]
+    if arch == "gemma3":
+        keys["rope.freq_base"] = float(config["rope_theta"])
+        keys["rope.freq_base_swa"] = float(config["rope_local_base_freq"])
+        keys["rope.scaling.type"] = "linear"
+        keys["rope.scaling.factor"] = float(config["rope_scaling"]["factor"])
+        keys["attention.sliding_window"] = config["sliding_window"]
+    return {"general.architecture": arch, **{f"{arch}.{key}": value for key, value in keys.items()}}
+
+
+def gemma_gguf_tensors(weights: dict[str, np.ndarray], arch: str, layers: int) -> dict[str, np.ndarray]:
+    """``weights`` under the names gguf's own tensor map gives them, every norm weight plus 1
+    (as convert_hf_to_gguf.py's Gemma models write them)."""
+    from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+
+    model_arch = next(key for key, name in MODEL_ARCH_NAMES.items() if name == arch)
+    names = get_tensor_name_map(model_arch, layers)
+    tensors = {}
+    for name, array in weights.items():
+        module, leaf = name.rsplit(".", 1)
+        shifted = array + np.float32(1.0) if name.endswith("norm.weight") else array
+        tensors[f"{names.get_name(module)}.{leaf}"] = shifted
+    return tensors
+
+
+def gemma_gguf_parts(reference_dir: pathlib.Path, demo_dir: pathlib.Path, arch: str) -> tuple[dict, dict]:
+    """(metadata, tensors) of the reference model as a GGUF file of ``arch``."""
+    config = json.loads((reference_dir / "config.json").read_text())
+    weights = load_safetensors(reference_dir / "model.safetensors")
+    metadata = {**gemma_metadata(config, arch), **tokenizer_metadata(demo_dir)}
+    return metadata, gemma_gguf_tensors(weights, arch, config["num_hidden_layers"])

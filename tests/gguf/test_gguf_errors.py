@@ -19,7 +19,7 @@ pytestmark = pytest.mark.mlx
 
 #: Bytes per 256-value block of the K-quants written below.
 K_QUANT_BLOCK_BYTES = {GGMLQuantizationType.Q4_K: 144, GGMLQuantizationType.Q6_K: 210}
-SUPPORTED = "llama, qwen2, qwen3"
+SUPPORTED = "llama, qwen2, qwen3, gemma, gemma2, gemma3"
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +81,7 @@ def test_k_quant_tensor(qwen3_parts, tmp_path, kquant):
     assert reason.startswith(f"quantization {kquant.name} (1 tensors) has no MLX layout")
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "phi3"])
+@pytest.mark.parametrize("arch", ["gemma3n", "phi3"])
 def test_unmapped_architecture(qwen3_parts, tmp_path, arch):
     metadata, tensors = qwen3_parts
     path = write_gguf(tmp_path / f"{arch}.gguf", arch_renamed(metadata, arch), tensors)
@@ -89,10 +89,13 @@ def test_unmapped_architecture(qwen3_parts, tmp_path, arch):
     assert reason == f"architecture {arch!r} is not mapped (supported: {SUPPORTED})"
 
 
-def test_sentencepiece_tokenizer(qwen3_parts, tmp_path):
+@pytest.mark.parametrize("model", ["t5", "bert"])
+def test_unsupported_tokenizer_model(qwen3_parts, tmp_path, model):
     metadata, tensors = qwen3_parts
-    path = write_gguf(tmp_path / "spm.gguf", {**metadata, "tokenizer.ggml.model": "llama"}, tensors)
-    assert load_error(path, tmp_path).startswith("tokenizer model 'llama' is not supported")
+    path = write_gguf(tmp_path / f"{model}.gguf", {**metadata, "tokenizer.ggml.model": model}, tensors)
+    assert load_error(path, tmp_path) == (
+        f"tokenizer model {model!r} is not supported (supported: 'gpt2' byte-level BPE, 'llama' SentencePiece BPE)"
+    )
 
 
 def test_unknown_pre_tokenizer(qwen3_parts, tmp_path):
@@ -103,7 +106,9 @@ def test_unknown_pre_tokenizer(qwen3_parts, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("flaw", "reason"), [("truncated", "truncated: "), ("gemma3", "architecture 'gemma3'")], ids=["truncated", "gemma3"]
+    ("flaw", "reason"),
+    [("truncated", "truncated: "), ("gemma3n", "architecture 'gemma3n'")],
+    ids=["truncated", "gemma3n"],
 )
 @pytest.mark.usefixtures("root_logging_kept")
 def test_serve_exits_with_one_line_naming_the_file(builds, qwen3_parts, tmp_path, capsys, flaw, reason):
@@ -111,7 +116,7 @@ def test_serve_exits_with_one_line_naming_the_file(builds, qwen3_parts, tmp_path
         path = truncated_copy(builds.gguf("qwen3"), tmp_path / "cut.gguf")
     else:
         metadata, tensors = qwen3_parts
-        path = write_gguf(tmp_path / "gemma3.gguf", arch_renamed(metadata, flaw), tensors)
+        path = write_gguf(tmp_path / "gemma3n.gguf", arch_renamed(metadata, flaw), tensors)
     argv = ["serve", "--set", f"model.path={path}", "--set", "server.port=0"]
     assert main([*argv, "--set", f"model.demo_cache_dir={tmp_path / 'cache'}"]) == 1
     err = capsys.readouterr().err.strip().splitlines()

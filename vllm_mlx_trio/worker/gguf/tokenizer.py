@@ -1,15 +1,18 @@
 """A GGUF file's tokenizer as Hugging Face ``tokenizer.json`` / ``tokenizer_config.json``.
 
-GGUF keeps a byte-level BPE tokenizer as its vocabulary, merges, token types and a named
-pre-tokenizer (``tokenizer.ggml.pre``); each name below is the split the model's own
-``tokenizer.json`` does, so the rebuilt tokenizer encodes exactly as the original.
-SentencePiece vocabularies (``tokenizer.ggml.model = "llama"``) are not rebuilt.
+GGUF keeps a byte-level BPE tokenizer (``tokenizer.ggml.model = "gpt2"``) as its vocabulary,
+merges, token types and a named pre-tokenizer (``tokenizer.ggml.pre``); each name below is the
+split the model's own ``tokenizer.json`` does, so the rebuilt tokenizer encodes exactly as the
+original. SentencePiece BPE vocabularies (``"llama"``: Llama 2, Mistral 7B, Gemma) are rebuilt by
+tokenizer_spm.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+
+from .tokenizer_spm import spm_tokenizer_json
 
 #: GGUF token types (llama.cpp's ``llama_token_type``) that are added tokens, not BPE pieces.
 CONTROL = 3
@@ -56,8 +59,12 @@ def tokenizer_files(metadata: Mapping[str, Any], *, max_length: int) -> tuple[di
     """(tokenizer.json, tokenizer_config.json) for the file's tokenizer; ``KeyError`` naming
     what is not supported."""
     model = metadata.get("tokenizer.ggml.model")
+    if model == "llama":
+        return _spm_files(metadata, max_length=max_length)
     if model != "gpt2":
-        raise KeyError(f"tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2')")
+        raise KeyError(
+            f"tokenizer model {model!r} is not supported (supported: 'gpt2' byte-level BPE, 'llama' SentencePiece BPE)"
+        )
     pre = str(metadata.get("tokenizer.ggml.pre", "default"))
     if pre not in PRE_TOKENIZERS:
         raise KeyError(f"pre-tokenizer {pre!r} is not mapped (supported: {', '.join(PRE_TOKENIZERS)})")
@@ -78,6 +85,17 @@ def tokenizer_files(metadata: Mapping[str, Any], *, max_length: int) -> tuple[di
         "model": _bpe_model(tokens, metadata.get("tokenizer.ggml.merges") or []),
     }
     return tokenizer_json, _tokenizer_config(metadata, tokens, add_bos=add_bos, max_length=max_length)
+
+
+def _spm_files(metadata: Mapping[str, Any], *, max_length: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A SentencePiece vocabulary's files; BOS is added unless the file says not to (llama.cpp's
+    default for these vocabularies), EOS only where it says to."""
+    tokens: list[str] = list(metadata.get("tokenizer.ggml.tokens") or [])
+    add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", True)) and _token(metadata, tokens, "bos") is not None
+    add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False)) and _token(metadata, tokens, "eos") is not None
+    tokenizer_json = spm_tokenizer_json(metadata, add_bos=add_bos, add_eos=add_eos)
+    config = _tokenizer_config(metadata, tokens, add_bos=add_bos, max_length=max_length)
+    return tokenizer_json, {**config, "add_eos_token": add_eos}
 
 
 def _bpe_model(tokens: list[str], merges: list[str]) -> dict[str, Any]:

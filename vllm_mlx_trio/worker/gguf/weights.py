@@ -1,4 +1,5 @@
-"""A GGUF file's tensors in an mlx-lm model: renamed, kept quantized where MLX's affine layout
+"""A GGUF file's tensors in an mlx-lm model: renamed, norm weights given back the values the
+model's own checkpoint holds (arch.py's ``norm_shift``), kept quantized where MLX's affine layout
 matches (Q4_0, Q4_1, Q8_0 as 4/8 bits, group 32), or dequantized into one float dtype."""
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes, infer_quant_config
 
-from .arch import mlx_tensor_name
-from .file import GGUFHeader
+from .arch import architecture
+from .file import GGUFError, GGUFHeader
 
 logger = logging.getLogger(__name__)
 
@@ -25,11 +26,27 @@ FLOAT_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfl
 
 
 def read_tensors(header: GGUFHeader) -> dict[str, mx.array]:
-    """Every tensor of the file under its mlx-lm name (``.weight`` / ``.scales`` / ``.biases``)."""
+    """Every tensor of the file under its mlx-lm name (``.weight`` / ``.scales`` / ``.biases``),
+    as the architecture's mlx-lm model reads them."""
     arrays = mx.load(str(header.path))
     if "BF16" in header.tensor_types.values():
         arrays.update(_bfloat16_tensors(header.path))
-    return {mlx_tensor_name(name): array for name, array in arrays.items()}
+    arch = architecture(header.architecture)
+    tensors = {arch.tensor_name(name): array for name, array in arrays.items()}
+    return _unshifted_norms(header, tensors, arch.norm_shift) if arch.norm_shift else tensors
+
+
+def _unshifted_norms(header: GGUFHeader, tensors: dict[str, mx.array], shift: float) -> dict[str, mx.array]:
+    """``tensors`` with ``shift`` taken off every norm weight (computed in float32, kept in the
+    tensor's dtype): llama.cpp's converter added it, and the mlx-lm model adds it at run time."""
+    out = dict(tensors)
+    for name, array in tensors.items():
+        if not name.endswith("norm.weight"):
+            continue
+        if name.removesuffix(".weight") + ".scales" in tensors:
+            raise GGUFError(f"{header.path}: norm {name!r} is stored quantized; only float norms are mapped")
+        out[name] = (array.astype(mx.float32) - shift).astype(array.dtype)
+    return out
 
 
 def _bfloat16_tensors(path: pathlib.Path) -> dict[str, mx.array]:
