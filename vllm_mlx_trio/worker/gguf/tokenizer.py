@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .tokenizer_spm import spm_tokenizer_json
+from .tokenizer_spm import added_token, spm_tokenizer_json
 
 #: GGUF token types (llama.cpp's ``llama_token_type``) that are added tokens, not BPE pieces.
 CONTROL = 3
@@ -115,15 +115,7 @@ def _bpe_model(tokens: list[str], merges: list[str]) -> dict[str, Any]:
 
 def _added_tokens(tokens: list[str], types: list[int]) -> list[dict[str, Any]]:
     return [
-        {
-            "id": index,
-            "content": tokens[index],
-            "single_word": False,
-            "lstrip": False,
-            "rstrip": False,
-            "normalized": kind != CONTROL,
-            "special": kind == CONTROL,
-        }
+        added_token(index, tokens[index], normalized=kind != CONTROL, special=kind == CONTROL)
         for index, kind in enumerate(types)
         if kind in (CONTROL, USER_DEFINED)
     ]

@@ -115,18 +115,23 @@ def _added_tokens(tokens: list[str], types: list[int]) -> list[dict[str, Any]]:
     off before tokenizing); only user-defined ones are not special (kept by a decode that skips
     special tokens)."""
     return [
-        {
-            "id": index,
-            "content": tokens[index],
-            "single_word": False,
-            "lstrip": False,
-            "rstrip": False,
-            "normalized": False,
-            "special": kind != USER_DEFINED,
-        }
+        added_token(index, tokens[index], normalized=False, special=kind != USER_DEFINED)
         for index, kind in enumerate(types)
         if kind in _ADDED_TYPES
     ]
+
+
+def added_token(index: int, content: str, *, normalized: bool, special: bool) -> dict[str, Any]:
+    """One entry of tokenizer.json's ``added_tokens``: matched whole, as written."""
+    return {
+        "id": index,
+        "content": content,
+        "single_word": False,
+        "lstrip": False,
+        "rstrip": False,
+        "normalized": normalized,
+        "special": special,
+    }
 
 
 def _normalizer(space_prefix: bool) -> dict[str, Any]:
