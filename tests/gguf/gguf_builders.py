@@ -347,3 +347,91 @@ def gemma_gguf_parts(reference_dir: pathlib.Path, demo_dir: pathlib.Path, arch: 
     weights = load_safetensors(reference_dir / "model.safetensors")
     metadata = {**gemma_metadata(config, arch), **tokenizer_metadata(demo_dir)}
     return metadata, gemma_gguf_tensors(weights, arch, config["num_hidden_layers"])
+
+
+# Llama 3 RoPE scaling: a tiny random llama of mlx-lm's own class with llama3 ``rope_scaling``,
+# and the GGUF file llama.cpp's converter writes for it (the scaling as ``rope_freqs.weight``).
+
+#: Llama 3.1's RoPE scaling, its original context cut to 64 so that the tiny model's
+#: frequencies fall on both sides of the smooth band and in it.
+LLAMA3_ROPE_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+
+
+def llama3_config(demo_dir: pathlib.Path) -> dict[str, Any]:
+    """config.json of a tiny llama with Llama 3's RoPE base and scaling (head_dim 32, four
+    heads on the demo's width); ``original_max_position_embeddings`` also at the top, where
+    llama.cpp's converter reads it."""
+    demo = json.loads((demo_dir / "config.json").read_text())
+    return {
+        "model_type": "llama",
+        "architectures": [],
+        "hidden_size": demo["hidden_size"],
+        "num_hidden_layers": 2,
+        "intermediate_size": demo["intermediate_size"],
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": demo["vocab_size"],
+        "max_position_embeddings": 2048,
+        "original_max_position_embeddings": LLAMA3_ROPE_SCALING["original_max_position_embeddings"],
+        "rope_theta": 500_000.0,
+        "rope_scaling": dict(LLAMA3_ROPE_SCALING),
+        "tie_word_embeddings": True,
+    }
+
+
+def write_llama3_reference(out_dir: pathlib.Path, demo_dir: pathlib.Path) -> pathlib.Path:
+    """An mlx-lm folder holding the tiny llama3-scaled model and the demo's tokenizer."""
+    import mlx.core as mx
+
+    out_dir.mkdir(parents=True)
+    config = llama3_config(demo_dir)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    weights = gemma_reference_weights(config)
+    mx.save_safetensors(str(out_dir / "model.safetensors"), {k: mx.array(v) for k, v in weights.items()})
+    for name in TOKENIZER_FILES:
+        shutil.copy(demo_dir / name, out_dir / name)
+    return out_dir
+
+
+def llama3_rope_factors(config: dict[str, Any]) -> np.ndarray:
+    """``rope_freqs.weight`` by convert_hf_to_gguf.py's rule (``LlamaModel.generate_extra_tensors``):
+    per pair of head dimensions, 1 for wavelengths under ``original / high_freq_factor``,
+    ``factor`` over ``original / low_freq_factor``, a smooth blend between (float32 base
+    frequencies, Python floats per entry)."""
+    import math
+
+    scaling, dim = config["rope_scaling"], config["head_dim"]
+    base = np.float32(config["rope_theta"])
+    freqs = np.float32(1.0) / (base ** (np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)))
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original = config.get("original_max_position_embeddings", 8192)
+    factors = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / float(freq)
+        if wavelen < original / high:
+            factors.append(1)
+        elif wavelen > original / low:
+            factors.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+def llama3_gguf_parts(reference_dir: pathlib.Path, demo_dir: pathlib.Path) -> tuple[dict, dict]:
+    """(metadata, tensors) of the llama3-scaled reference as llama.cpp's converter writes it:
+    q/k permuted, no RoPE scaling keys, the factors as ``rope_freqs.weight``."""
+    config = json.loads((reference_dir / "config.json").read_text())
+    weights = load_safetensors(reference_dir / "model.safetensors")
+    metadata = {**model_metadata(config, "llama"), **tokenizer_metadata(demo_dir)}
+    metadata["llama.rope.dimension_count"] = config["head_dim"]
+    tensors = {**gguf_tensors(weights, config, "llama"), "rope_freqs.weight": llama3_rope_factors(config)}
+    return metadata, tensors

@@ -8,7 +8,7 @@ import logging
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader
-from gguf_builders import demo_gguf_parts, write_gguf
+from gguf_builders import demo_gguf_parts, llama3_gguf_parts, write_gguf, write_llama3_reference
 
 from vllm_mlx_trio.cli import main
 from vllm_mlx_trio.errors import ModelLoadError
@@ -121,3 +121,20 @@ def test_serve_exits_with_one_line_naming_the_file(builds, qwen3_parts, tmp_path
     assert main([*argv, "--set", f"model.demo_cache_dir={tmp_path / 'cache'}"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("vllm-mlx-trio: ") and f"{path}: {reason}" in err[0]
+
+
+def test_rope_factors_on_another_architecture(qwen3_parts, tmp_path):
+    metadata, tensors = qwen3_parts
+    factors = np.ones(metadata["qwen3.attention.key_length"] // 2, dtype=np.float32)
+    path = write_gguf(tmp_path / "factors.gguf", metadata, {**tensors, "rope_freqs.weight": factors})
+    reason = load_error(path, tmp_path)
+    assert reason == "architecture 'qwen3' with per-dimension RoPE frequency factors (rope_freqs) is not mapped"
+
+
+def test_llama_rope_factors_not_one_per_pair(demo_dir, tmp_path):
+    metadata, tensors = llama3_gguf_parts(write_llama3_reference(tmp_path / "reference", demo_dir), demo_dir)
+    factors = tensors["rope_freqs.weight"]
+    path = write_gguf(tmp_path / "short.gguf", metadata, {**tensors, "rope_freqs.weight": factors[:-1]})
+    reason = load_error(path, tmp_path)
+    pairs = len(factors)
+    assert reason == f"rope_freqs.weight of shape ({pairs - 1},) is not mapped (one factor per pair: ({pairs},))"

@@ -44,6 +44,8 @@ _SANDWICH_NORM_TENSORS = {
 _TOP_TENSORS = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK_NAME = re.compile(r"blk\.(\d+)\.([a-z_]+)\.(\w+)$")
 _TOP_NAME = re.compile(r"([a-z_]+)\.(\w+)$")
+#: Per-dimension RoPE frequency factors (Llama 3's RoPE scaling; rope_factors.py applies them).
+ROPE_FACTORS = "rope_freqs.weight"
 
 #: ``key(name, default)``: the file's ``<arch>.<name>`` metadata value.
 KeyReader = Callable[..., Any]
@@ -73,6 +75,8 @@ class Architecture:
     norm_shift: float = 0.0
     #: ``rope.scaling.type`` values the mlx-lm model runs as llama.cpp does.
     rope_scalings: frozenset[str] = frozenset()
+    #: Whether a file's :data:`ROPE_FACTORS` tensor is mapped (it sets the model's RoPE frequencies).
+    rope_factors: bool = False
 
     def tensor_name(self, gguf_name: str) -> str:
         """``blk.3.attn_q.scales`` -> ``model.layers.3.self_attn.q_proj.scales``; ``KeyError``
@@ -174,7 +178,7 @@ def _sliding_period(key: KeyReader, layers: int) -> int:
 
 
 ARCHITECTURES: Mapping[str, Architecture] = {
-    "llama": Architecture("llama", rope_traditional=True),
+    "llama": Architecture("llama", rope_traditional=True, rope_factors=True),
     "qwen2": Architecture("qwen2", rope_traditional=False),
     "qwen3": Architecture("qwen3", rope_traditional=False),
     "gemma": Architecture("gemma", rope_traditional=False, family_config=_gemma_config, norm_shift=1.0),
@@ -250,10 +254,13 @@ def eos_token_ids(metadata: Mapping[str, Any]) -> list[int]:
 def _refuse_unmapped(
     arch_name: str, arch: Architecture, key: KeyReader, config: Mapping[str, Any], tensor_names: set[str]
 ) -> None:
+    if ROPE_FACTORS in tensor_names and not arch.rope_factors:
+        raise KeyError(
+            f"architecture {arch_name!r} with per-dimension RoPE frequency factors (rope_freqs) is not mapped"
+        )
     scaling = key("rope.scaling.type")
-    if "rope_freqs.weight" in tensor_names or scaling not in (None, "none", *arch.rope_scalings):
-        what = "per-dimension RoPE frequency factors (rope_freqs)" if scaling is None else f"RoPE scaling {scaling!r}"
-        raise KeyError(f"architecture {arch_name!r} with {what} is not mapped")
+    if scaling not in (None, "none", *arch.rope_scalings):
+        raise KeyError(f"architecture {arch_name!r} with RoPE scaling {scaling!r} is not mapped")
     if key("expert_count"):
         raise KeyError(f"architecture {arch_name!r} with experts (MoE) is not mapped")
     if key("rope.dimension_count", config["head_dim"]) != config["head_dim"]:

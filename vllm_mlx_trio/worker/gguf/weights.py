@@ -1,6 +1,8 @@
 """A GGUF file's tensors in an mlx-lm model: renamed, norm weights given back the values the
 model's own checkpoint holds (arch.py's ``norm_shift``), kept quantized where MLX's affine layout
-matches (Q4_0, Q4_1, Q8_0 as 4/8 bits, group 32), or dequantized into one float dtype."""
+matches (Q4_0, Q4_1, Q8_0 as 4/8 bits, group 32), or dequantized into one float dtype. A llama
+file's RoPE frequency factors (rope_factors.py) stay under their GGUF name, in float32, and set
+the model's RoPE frequencies instead of loading as a weight."""
 
 from __future__ import annotations
 
@@ -14,8 +16,9 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes, infer_quant_config
 
-from .arch import architecture
+from .arch import ROPE_FACTORS, architecture, hf_config
 from .file import GGUFError, GGUFHeader
+from .rope_factors import apply_rope_factors, check_factors
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +35,16 @@ def read_tensors(header: GGUFHeader) -> dict[str, mx.array]:
     if "BF16" in header.tensor_types.values():
         arrays.update(_bfloat16_tensors(header.path))
     arch = architecture(header.architecture)
-    tensors = {arch.tensor_name(name): array for name, array in arrays.items()}
+    tensors = {name if name == ROPE_FACTORS else arch.tensor_name(name): array for name, array in arrays.items()}
+    if ROPE_FACTORS in tensors:
+        _check_rope_factors(header, tensors[ROPE_FACTORS])
     return _unshifted_norms(header, tensors, arch.norm_shift) if arch.norm_shift else tensors
+
+
+def _check_rope_factors(header: GGUFHeader, factors: mx.array) -> None:
+    """:class:`GGUFError` naming the file for RoPE factors the model cannot take."""
+    if reason := check_factors(factors, hf_config(header.metadata, set(header.tensor_types))):
+        raise GGUFError(f"{header.path}: {reason}")
 
 
 def _unshifted_norms(header: GGUFHeader, tensors: dict[str, mx.array], shift: float) -> dict[str, mx.array]:
@@ -64,6 +75,9 @@ def dequantized(weights: dict[str, mx.array], dtype: mx.Dtype) -> dict[str, mx.a
     exact there, and would round in float16)."""
     out: dict[str, mx.array] = {}
     for name, array in weights.items():
+        if name == ROPE_FACTORS:
+            out[name] = array
+            continue
         if name.endswith((".scales", ".biases")):
             continue
         prefix = name.removesuffix(".weight")
@@ -78,7 +92,10 @@ def dequantized(weights: dict[str, mx.array], dtype: mx.Dtype) -> dict[str, mx.a
 
 def build_model(config: dict[str, Any], weights: dict[str, mx.array]) -> nn.Module:
     """mlx-lm's model for ``config`` with ``weights`` loaded, quantized layers where the weights
-    are packed (their bits read from each tensor's shape, as mlx-lm does for a mixed checkpoint)."""
+    are packed (their bits read from each tensor's shape, as mlx-lm does for a mixed checkpoint),
+    and its RoPE frequencies from the file's factors where it has them."""
+    weights = dict(weights)
+    factors = weights.pop(ROPE_FACTORS, None)
     model_class, args_class = _get_classes(config=config)
     model = model_class(args_class.from_dict(config))
     weights = model.sanitize(weights) if hasattr(model, "sanitize") else weights
@@ -91,6 +108,8 @@ def build_model(config: dict[str, Any], weights: dict[str, mx.array]) -> nn.Modu
     nn.quantize(model, class_predicate=packed)
     model.eval()
     model.load_weights(list(weights.items()), strict=True)
+    if factors is not None:
+        apply_rope_factors(model, config, factors)
     mx.eval(model.parameters())
     return model
 
