@@ -233,13 +233,12 @@ GEMMA_ARCHITECTURES = tuple(GEMMA_MODEL_TYPES)
 NORM_STD = 0.2
 
 
-def gemma_config(demo_dir: pathlib.Path, arch: str) -> dict[str, Any]:
-    """config.json of a tiny ``arch`` model: the demo's width and vocabulary, head_dim unlike
-    hidden/heads; gemma2 with its soft-capping, gemma3 with six layers (five sliding-window
-    layers with their own RoPE base, one global layer with linear RoPE scaling)."""
+def tiny_config(demo_dir: pathlib.Path, model_type: str, **keys: Any) -> dict[str, Any]:
+    """config.json of a tiny ``model_type`` model on the demo's width and vocabulary: two layers,
+    four heads over two KV heads, head_dim 32 (unlike hidden/heads), tied output; ``keys`` added."""
     demo = json.loads((demo_dir / "config.json").read_text())
-    config: dict[str, Any] = {
-        "model_type": GEMMA_MODEL_TYPES[arch],
+    return {
+        "model_type": model_type,
         "architectures": [],
         "hidden_size": demo["hidden_size"],
         "num_hidden_layers": 2,
@@ -247,12 +246,18 @@ def gemma_config(demo_dir: pathlib.Path, arch: str) -> dict[str, Any]:
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "head_dim": 32,
-        "rms_norm_eps": 1e-6,
         "vocab_size": demo["vocab_size"],
         "max_position_embeddings": 2048,
-        "rope_theta": 10_000.0,
         "tie_word_embeddings": True,
+        **keys,
     }
+
+
+def gemma_config(demo_dir: pathlib.Path, arch: str) -> dict[str, Any]:
+    """config.json of a tiny ``arch`` model: the demo's width and vocabulary, head_dim unlike
+    hidden/heads; gemma2 with its soft-capping, gemma3 with six layers (five sliding-window
+    layers with their own RoPE base, one global layer with linear RoPE scaling)."""
+    config = tiny_config(demo_dir, GEMMA_MODEL_TYPES[arch], rms_norm_eps=1e-6, rope_theta=10_000.0)
     if arch == "gemma2":
         config.update(attn_logit_softcapping=2.0, final_logit_softcapping=5.0, query_pre_attn_scalar=32)
         config.update(sliding_window=4096)
@@ -367,24 +372,14 @@ def llama3_config(demo_dir: pathlib.Path) -> dict[str, Any]:
     """config.json of a tiny llama with Llama 3's RoPE base and scaling (head_dim 32, four
     heads on the demo's width); ``original_max_position_embeddings`` also at the top, where
     llama.cpp's converter reads it."""
-    demo = json.loads((demo_dir / "config.json").read_text())
-    return {
-        "model_type": "llama",
-        "architectures": [],
-        "hidden_size": demo["hidden_size"],
-        "num_hidden_layers": 2,
-        "intermediate_size": demo["intermediate_size"],
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 32,
-        "rms_norm_eps": 1e-5,
-        "vocab_size": demo["vocab_size"],
-        "max_position_embeddings": 2048,
-        "original_max_position_embeddings": LLAMA3_ROPE_SCALING["original_max_position_embeddings"],
-        "rope_theta": 500_000.0,
-        "rope_scaling": dict(LLAMA3_ROPE_SCALING),
-        "tie_word_embeddings": True,
-    }
+    return tiny_config(
+        demo_dir,
+        "llama",
+        rms_norm_eps=1e-5,
+        rope_theta=500_000.0,
+        original_max_position_embeddings=LLAMA3_ROPE_SCALING["original_max_position_embeddings"],
+        rope_scaling=dict(LLAMA3_ROPE_SCALING),
+    )
 
 
 def write_llama3_reference(out_dir: pathlib.Path, demo_dir: pathlib.Path) -> pathlib.Path:

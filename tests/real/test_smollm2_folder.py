@@ -33,7 +33,7 @@ def converted(smollm2_cfg, tmp_path_factory):
 
     gguf = open_gguf_model(resolve_model_path(smollm2_cfg.model), tmp_path_factory.mktemp("sidecar"))
     folder = tmp_path_factory.mktemp("smollm2-folder")
-    mx.save_safetensors(str(folder / "model.safetensors"), read_tensors(gguf.header))
+    mx.save_safetensors(str(folder / "model.safetensors"), read_tensors(gguf.header, gguf.config))
     config = {**json.loads((gguf.folder / "config.json").read_text()), "quantization": QUANTIZATION}
     (folder / "config.json").write_text(json.dumps(config))
     for name in ("tokenizer.json", "tokenizer_config.json"):

@@ -23,7 +23,7 @@ def load_gguf(path: str, *, dtype: str = NATIVE, cache_dir: pathlib.Path | None 
     """(model, tokenizer, config) of the GGUF file ``path`` names; :class:`GGUFError` (a
     ``ModelLoadError``) naming the file for anything that cannot be served."""
     gguf = open_gguf_model(path, cache_dir)
-    weights = read_tensors(gguf.header)
+    weights = read_tensors(gguf.header, gguf.config)
     if dtype != NATIVE:
         weights = dequantized(weights, FLOAT_DTYPES[dtype])
     model = build_model(gguf.config, weights)

@@ -16,7 +16,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes, infer_quant_config
 
-from .arch import ROPE_FACTORS, architecture, hf_config
+from .arch import ROPE_FACTORS, architecture
 from .file import GGUFError, GGUFHeader
 from .rope_factors import apply_rope_factors, check_factors
 
@@ -28,22 +28,22 @@ GGUF_BLOCK = 32
 FLOAT_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
 
-def read_tensors(header: GGUFHeader) -> dict[str, mx.array]:
+def read_tensors(header: GGUFHeader, config: dict[str, Any]) -> dict[str, mx.array]:
     """Every tensor of the file under its mlx-lm name (``.weight`` / ``.scales`` / ``.biases``),
-    as the architecture's mlx-lm model reads them."""
+    as the architecture's mlx-lm model (``config``, the file's mapped config) reads them."""
     arrays = mx.load(str(header.path))
     if "BF16" in header.tensor_types.values():
         arrays.update(_bfloat16_tensors(header.path))
     arch = architecture(header.architecture)
     tensors = {name if name == ROPE_FACTORS else arch.tensor_name(name): array for name, array in arrays.items()}
     if ROPE_FACTORS in tensors:
-        _check_rope_factors(header, tensors[ROPE_FACTORS])
+        _check_rope_factors(header, tensors[ROPE_FACTORS], config)
     return _unshifted_norms(header, tensors, arch.norm_shift) if arch.norm_shift else tensors
 
 
-def _check_rope_factors(header: GGUFHeader, factors: mx.array) -> None:
+def _check_rope_factors(header: GGUFHeader, factors: mx.array, config: dict[str, Any]) -> None:
     """:class:`GGUFError` naming the file for RoPE factors the model cannot take."""
-    if reason := check_factors(factors, hf_config(header.metadata, set(header.tensor_types))):
+    if reason := check_factors(factors, config):
         raise GGUFError(f"{header.path}: {reason}")
 
 
