@@ -291,10 +291,14 @@ def gemma_reference_weights(config: dict[str, Any], seed: int = 0) -> dict[str, 
 
 def write_gemma_reference(out_dir: pathlib.Path, demo_dir: pathlib.Path, arch: str) -> pathlib.Path:
     """An mlx-lm folder holding a tiny random ``arch`` model and the demo's tokenizer."""
+    return write_random_reference(out_dir, demo_dir, gemma_config(demo_dir, arch))
+
+
+def write_random_reference(out_dir: pathlib.Path, demo_dir: pathlib.Path, config: dict[str, Any]) -> pathlib.Path:
+    """An mlx-lm folder: ``config``, mlx-lm's own random weights for it, the demo's tokenizer."""
     import mlx.core as mx
 
     out_dir.mkdir(parents=True)
-    config = gemma_config(demo_dir, arch)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     weights = gemma_reference_weights(config)
     mx.save_safetensors(str(out_dir / "model.safetensors"), {k: mx.array(v) for k, v in weights.items()})
@@ -384,16 +388,7 @@ def llama3_config(demo_dir: pathlib.Path) -> dict[str, Any]:
 
 def write_llama3_reference(out_dir: pathlib.Path, demo_dir: pathlib.Path) -> pathlib.Path:
     """An mlx-lm folder holding the tiny llama3-scaled model and the demo's tokenizer."""
-    import mlx.core as mx
-
-    out_dir.mkdir(parents=True)
-    config = llama3_config(demo_dir)
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
-    weights = gemma_reference_weights(config)
-    mx.save_safetensors(str(out_dir / "model.safetensors"), {k: mx.array(v) for k, v in weights.items()})
-    for name in TOKENIZER_FILES:
-        shutil.copy(demo_dir / name, out_dir / name)
-    return out_dir
+    return write_random_reference(out_dir, demo_dir, llama3_config(demo_dir))
 
 
 def llama3_rope_factors(config: dict[str, Any]) -> np.ndarray:
