@@ -43,3 +43,7 @@ class RunnerShape:
     max_tokens_per_step: int
     #: Sequences the runner holds at once.
     max_running: int
+    #: Most results one plan gives: a plan that runs several decode steps hands each step's
+    #: tokens over as it ends (``StepResult.plan_continues``). The result channel holds this
+    #: many per outstanding plan.
+    results_per_plan: int = 1

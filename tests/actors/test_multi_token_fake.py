@@ -87,13 +87,13 @@ async def test_eos_mid_step_ends_there_unless_min_tokens(autojump_clock, tokens_
     assert stream.usage.completion_tokens == 6  # EOS delivered, the rest of its step dropped
 
 
-async def test_stream_interval_coalesces_tokens_not_steps(autojump_clock):
+async def test_stream_interval_counts_tokens_not_steps(autojump_clock):
     params = SamplingParams(max_tokens=15, stream_interval=5, ignore_eos=True)
     with trio.fail_after(10):
         async with open_fake_engine(script=text_script("abcdefghijklmnopqrstuvwxyz"), tokens_per_step=2) as fake:
             deltas, _stream = await collect(fake.engine, params)
-    # first step's tokens at once, then whenever 5 or more wait (2 + 2 + 2), then the finish
-    assert [len(d.token_ids) for d in deltas] == [2, 6, 6, 1]
+    # the first token alone, then 5 at a time though steps give 2, then what is left with the finish
+    assert [len(d.token_ids) for d in deltas] == [1, 5, 5, 4]
     assert text_of(deltas) == "abcdefghijklmno"
 
 

@@ -56,8 +56,16 @@ JOBS = {
 }
 
 
-async def test_run_ahead_gives_what_one_step_a_plan_gives(float32_dir):
+async def test_run_ahead_gives_what_one_step_a_plan_gives(float32_dir, monkeypatch):
     one_step = await deltas_of(float32_dir, JOBS, "engine.run_ahead_steps=1")
+    published = []  # steps handed over while their plan ran on
+    publish = batch_runner.BatchRunner._publish
+
+    def counted(runner, advance):
+        published.extend(e.request_id for e in advance.emissions)
+        return publish(runner, advance)
+
+    monkeypatch.setattr(batch_runner.BatchRunner, "_publish", counted)
     ahead = await deltas_of(
         float32_dir,
         JOBS,
@@ -67,7 +75,8 @@ async def test_run_ahead_gives_what_one_step_a_plan_gives(float32_dir):
         "engine.solo_run_ahead_ms=60000",
     )  # steps limit
     assert max(len(d.token_ids) for d in one_step["alone"]) == 1
-    assert max(len(d.token_ids) for d in ahead["alone"]) > 1  # several steps in one plan
+    assert len(published) > len(JOBS)  # several steps in one plan
+    assert max(len(d.token_ids) for d in ahead["alone"]) == 1  # yet each token left as its step ended
     for key in JOBS:
         assert tokens(ahead[key]) == tokens(one_step[key]), key
         assert ahead[key][-1].finish_reason == one_step[key][-1].finish_reason, key

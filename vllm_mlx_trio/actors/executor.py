@@ -4,7 +4,9 @@ The thread lives as long as the actor: it loads the model, creates the MLX strea
 every step. Plans reach it through a thread-safe queue; results go back with the Trio token's
 ``run_sync_soon(result_send.send_nowait, ...)``, fire and forget: it never blocks the
 thread, and never finds the channel full because the scheduler keeps at most
-the runner's ``plans_in_flight`` plans outstanding and the result channel holds that many.
+the runner's ``plans_in_flight`` plans outstanding and the result channel holds every result
+they may give (a plan that runs several steps gives one per step, as each step ends: the
+runner's ``publish``).
 The runner is built with a ``threading.Event`` that is set while a queued plan starts a
 sequence, or the scheduler has said that a request waits for the next plan boundary
 (``RequestWaiting``, sent beside the plans): a batch runner then ends its run-ahead
@@ -172,6 +174,8 @@ class ExecutorActor:
             model_info = runner.load()
             trio_token = trio.from_thread.run_sync(trio.lowlevel.current_trio_token)
             trio.from_thread.run_sync(report_started, model_info)
+            # A plan that runs several steps hands each one's tokens over as it ends.
+            runner.publish = lambda result: trio_token.run_sync_soon(self._deliver, result, inbox)
             while (plans := inbox.next_plans()) is not None:
                 result = _execute(runner, joined(plans))
                 # Fire and forget, one result per plan in order: the thread goes straight on to
@@ -185,7 +189,8 @@ class ExecutorActor:
     def _deliver(self, result: StepResult, inbox: _Inbox) -> None:
         """Hand a result to the scheduler; runs in Trio and must not raise.
 
-        The channel holds as many results as plans may be in flight, so it is never full.
+        The channel holds as many results as plans may be in flight give (each step of a plan
+        that runs several, ``RunnerShape.results_per_plan``), so it is never full.
         Once the scheduler is gone (engine failing or cancelled) the thread is told to stop.
         """
         try:

@@ -135,7 +135,7 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
     control_send, control_recv = trio.open_memory_channel[ControlCommand](CONTROL_BUFFER)
     admit_send, admit_recv = trio.open_memory_channel(ADMIT_BUFFER)
     plan_send, plan_recv = trio.open_memory_channel(0)
-    result_send, result_recv = trio.open_memory_channel(max_outstanding(in_flight, running))
+    result_send, result_recv = trio.open_memory_channel(max_outstanding(in_flight, running) * shape.results_per_plan)
     cache_send, cache_recv = trio.open_memory_channel(CACHE_BUFFER)
     match_send, match_recv = trio.open_memory_channel(1)
     # One slot per request the engine holds at once (each departs once); a departure that

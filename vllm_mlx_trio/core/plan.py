@@ -150,6 +150,9 @@ class StepResult:
     """What one step produced: sampled tokens per request, and per-request failures.
 
     ``logprobs`` holds entries only for requests that asked, aligned with their ``sampled``.
+    A plan that runs several decode steps hands each step's tokens over as the step ends, in
+    results with ``plan_continues`` set; its last result (``plan_continues`` False) carries the
+    last step's tokens and everything else: failures, the prompts' KV, memory.
     """
 
     step_id: int
@@ -169,3 +172,5 @@ class StepResult:
     spec_decode: SpecDecodeCounts | None = None
     #: The plan ran in the next plan's step (core/plan_join.py): that step's result follows.
     ran_in_next: bool = False
+    #: Tokens of a step inside a plan that runs on: more results of the same plan follow.
+    plan_continues: bool = False

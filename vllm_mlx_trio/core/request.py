@@ -171,9 +171,18 @@ class Request:
             return False
         return self.num_delivered == 0 or len(self.undelivered) >= stream_interval
 
-    def take_undelivered(self) -> tuple[tuple[int, ...], tuple[TokenLogprob, ...]]:
-        taken = tuple(self.undelivered), tuple(self.undelivered_logprobs)
-        self.num_delivered += len(self.undelivered)
-        self.undelivered.clear()
-        self.undelivered_logprobs.clear()
+    def next_chunk_size(self, stream_interval: int) -> int:
+        """Tokens the next output takes: the first token alone, then ``stream_interval`` of
+        them, and whatever is left with the finish."""
+        if self.status.is_finished:
+            return len(self.undelivered)
+        return 1 if self.num_delivered == 0 else stream_interval
+
+    def take_undelivered(self, count: int | None = None) -> tuple[tuple[int, ...], tuple[TokenLogprob, ...]]:
+        """The first ``count`` undelivered tokens (None: all) and their logprobs, now delivered."""
+        count = len(self.undelivered) if count is None else count
+        taken = tuple(self.undelivered[:count]), tuple(self.undelivered_logprobs[:count])
+        self.num_delivered += len(taken[0])
+        del self.undelivered[:count]
+        del self.undelivered_logprobs[:count]
         return taken

@@ -211,6 +211,8 @@ class _ShardedRunner:
         self._inner = INNER_RUNNER(cfg)
         self._channel = PlanChannel(self._group)
         self._watchdog = CollectiveWatchdog(self.step_timeout_s(cfg), self.rank)
+        #: Never called: a sharded plan runs one step (every rank must run the same steps).
+        self.publish = None
 
     def step_timeout_s(self, cfg: Any) -> float:
         return cfg.distributed.collective_timeout_s

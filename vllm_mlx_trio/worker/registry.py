@@ -25,8 +25,13 @@ if TYPE_CHECKING:
 class Runner(Protocol):
     """What the executor thread drives: built, loaded, stepped and closed on that thread.
 
-    :meth:`shape` tells the scheduler how to drive it, without loading anything.
+    :meth:`shape` tells the scheduler how to drive it, without loading anything. The executor
+    sets ``publish`` once the runner is loaded: a runner that runs several steps in one plan
+    hands each earlier step's tokens to it (a ``StepResult`` with ``plan_continues``) as the
+    step ends; one that does not never calls it.
     """
+
+    publish: Callable[[StepResult], None] | None
 
     def __init__(self, cfg: EngineConfig, *, request_waiting: threading.Event | None = None) -> None:
         """``request_waiting`` is set by the executor while a request waits for the next plan

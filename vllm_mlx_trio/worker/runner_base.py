@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
@@ -85,12 +85,18 @@ class RunnerBase:
         return engine.max_num_seqs
 
     @classmethod
+    def results_per_plan(cls, engine: EngineSection) -> int:
+        """Most results one plan gives (one per step, for a kind that runs several steps a plan)."""
+        return 1
+
+    @classmethod
     def shape(cls, cfg: EngineConfig) -> RunnerShape:
         """How the scheduler drives this kind under ``cfg`` (read before the runner is built)."""
         return RunnerShape(
             plans_in_flight=cls.plans_in_flight,
             max_tokens_per_step=cls.max_tokens_per_step,
             max_running=cls.max_running(cfg.engine),
+            results_per_plan=cls.results_per_plan(cfg.engine),
         )
 
     def __init__(self, cfg: EngineConfig, *, request_waiting: threading.Event | None = None):
@@ -104,6 +110,13 @@ class RunnerBase:
         self.failures: dict[str, str] = {}
         #: The prefix store's side on this thread (a ``PrefixBlocks``), or None without one.
         self._prefix: Any = None
+        #: Where a plan's steps go as each one ends while the plan runs on (:meth:`_publish`):
+        #: set by whoever feeds this runner plans (the executor). None: a plan's tokens all
+        #: come in its result.
+        self.publish: Callable[[StepResult], None] | None = None
+        #: The plan running now, and when its unpublished steps began (:meth:`_publish`).
+        self._step_id = 0
+        self._steps_started = 0.0
 
     def starts_waiting(self) -> bool:
         """Whether a request waits for the next plan boundary (a queued plan starts a sequence,
@@ -154,7 +167,7 @@ class RunnerBase:
         return len(self._live)
 
     def execute(self, plan: StepPlan) -> StepResult:
-        started = time.perf_counter()
+        self._step_id, self._steps_started = plan.step_id, time.perf_counter()
         assert self._info is not None, "load() first"
         if self._prefix is not None:
             self._prefix.apply(plan)
@@ -171,31 +184,67 @@ class RunnerBase:
             for rid in advance.prompts_done
             if rid in self._live and rid not in self.failures
         ]
-        sampled, wanted = [], []
-        for emission in advance.emissions:
+        sampled, logprobs, finished_kv = self._collect(advance.emissions)
+        failed = tuple((RequestId(rid), message) for rid, message in self.failures.items())
+        self.failures.clear()
+        self._drop(tuple(rid for rid, _ in failed))
+        return StepResult(
+            step_id=plan.step_id,
+            sampled=sampled,
+            logprobs=logprobs,
+            failed=failed,
+            kv_ready=tuple(ready for ready in [*kv_ready, *finished_kv] if ready is not None),
+            elapsed_s=time.perf_counter() - self._steps_started,
+            memory=self._memory(idle=not self._live),
+            recomputed=self._prefix.take_recomputed() if self._prefix is not None else (),
+        )
+
+    def _publish(self, advance: Advance) -> Advance:
+        """Hand the tokens of this plan's steps so far to whoever feeds the runner (``publish``),
+        while the plan runs on: a runner that runs several steps in one plan calls this after
+        each one, so every token leaves as soon as its step ends. Returns what is left for the
+        plan's result: the prompts done (their KV goes with the result), or ``advance`` itself
+        when nobody takes steps early."""
+        if self.publish is None or not advance.emissions:
+            return advance
+        sampled, logprobs, finished_kv = self._collect(advance.emissions)
+        if sampled:
+            now = time.perf_counter()
+            self.publish(
+                StepResult(
+                    step_id=self._step_id,
+                    sampled=sampled,
+                    logprobs=logprobs,
+                    kv_ready=tuple(ready for ready in finished_kv if ready is not None),
+                    elapsed_s=now - self._steps_started,
+                    plan_continues=True,
+                )
+            )
+            self._steps_started = now
+        return Advance((), advance.prompts_done)
+
+    def _collect(
+        self, emissions: Sequence[Emission]
+    ) -> tuple[
+        tuple[tuple[RequestId, tuple[int, ...]], ...],
+        tuple[tuple[RequestId, tuple[TokenLogprob, ...]], ...],
+        list[KVReady | None],
+    ]:
+        """The termination rule over a step's emissions: (tokens kept per request, their
+        logprobs where asked, the KV of the sequences that finished). A failed request's tokens
+        are not delivered."""
+        sampled, wanted, finished_kv = [], [], []
+        for emission in emissions:
             if emission.request_id in self.failures or emission.request_id not in self._live:
-                continue  # a failed request's tokens from this step are not delivered
+                continue
             tokens, num_top, ready = self._accept(emission)
             if emission.request_id in self.failures:
                 continue
             sampled.append((emission.request_id, tokens))
             if num_top is not None:
                 wanted.append((emission.request_id, emission.rows[: len(tokens)], tokens, num_top))
-            kv_ready.append(ready)
-        logprobs = self._step_logprobs(wanted)
-        failed = tuple((RequestId(rid), message) for rid, message in self.failures.items())
-        self.failures.clear()
-        self._drop(tuple(rid for rid, _ in failed))
-        return StepResult(
-            step_id=plan.step_id,
-            sampled=tuple(sampled),
-            logprobs=tuple(logprobs),
-            failed=failed,
-            kv_ready=tuple(ready for ready in kv_ready if ready is not None),
-            elapsed_s=time.perf_counter() - started,
-            memory=self._memory(idle=not self._live),
-            recomputed=self._prefix.take_recomputed() if self._prefix is not None else (),
-        )
+            finished_kv.append(ready)
+        return tuple(sampled), self._step_logprobs(wanted), finished_kv
 
     def _accept(self, emission: Emission) -> tuple[tuple[int, ...], int | None, KVReady | None]:
         """Apply the termination rule to one emission: (tokens kept, the request's top-logprobs

@@ -321,27 +321,31 @@ class SchedulerActor:
         )
 
     async def _finish_step(self) -> None:
-        """Wait for the oldest plan's result and hand its tokens out; a placeholder's (its plan
-        ran in the next plan's step) and then that step's, so nobody is looked up between them."""
+        """Wait for the oldest plan's result and hand its tokens out; the tokens of its steps
+        that end while it runs on as they come, a placeholder's (its plan ran in the next plan's
+        step) and then that step's, so nobody is looked up between them."""
         while await self._finish_one() is False:
             pass
 
     async def _finish_one(self) -> bool | None:
-        """Handle one result: False for a placeholder, None when the executor is gone."""
+        """Handle one result: False for a step of a plan that runs on or a placeholder, None
+        when the executor is gone."""
         result = await self._next_result()
         if result is None:
             self._executor_gone()  # the executor stopped, or the watchdog gave up on it
             return None
         self._progress()
+        if result.plan_continues:  # a step of the running plan: its tokens go out now
+            await self._commit(result.kv_ready)
+            apply_result(result, scheduler=self._scheduler, delivery=self._delivery, metrics=self._metrics)
+            return False
         plan = self._in_flight.popleft()
         assert result.step_id == plan.step_id, "results arrive in plan order"
         model_step = not is_placeholder(result)  # else the plan ran in the next plan's step
         self._num_steps += model_step
         self._memory = result.memory
         await self._commit(result.kv_ready)
-        apply_result(
-            result, scheduler=self._scheduler, delivery=self._delivery, metrics=self._metrics, model_step=model_step
-        )
+        apply_result(result, scheduler=self._scheduler, delivery=self._delivery, metrics=self._metrics)
         preempt_for_growth(self._scheduler, self._metrics)
         await self._release_finished()
         return model_step

@@ -25,8 +25,9 @@ class Delivery:
 
     Delivery never blocks: a full outbox means the tokens stay in ``Request.undelivered`` and
     are coalesced into the next send; one slot of every outbox is kept free for the final
-    output. Tokens also wait until ``stream_interval`` of them are ready (the first token and
-    the finish go at once).
+    output. Tokens go ``stream_interval`` per output: they wait until that many are ready (the
+    first token and the finish go at once), and more than that go as several outputs while the
+    outbox has room.
     """
 
     def __init__(self, *, stream_interval: int, metrics: EngineMetrics | None):
@@ -63,29 +64,33 @@ class Delivery:
         return departed
 
     def deliver(self, request: Request) -> bool:
-        """Hand undelivered tokens to the client without waiting. False: the client is gone
-        (the caller aborts the request)."""
-        finished = request.status.is_finished
-        if not request.ready_to_deliver(request.params.stream_interval or self._stream_interval):
-            return True
-        outbox = request.outbox
-        stats = outbox.statistics()
-        if not finished and stats.current_buffer_used >= stats.max_buffer_size - 1:
-            return True  # keep coalescing; the last slot is reserved for the final output
-        token_ids, logprobs = request.take_undelivered()
-        output = RequestOutput(
-            token_ids=token_ids,
-            finish_reason=request.finish_reason,
-            num_cached_tokens=request.num_cached_tokens,
-            logprobs=logprobs,
-        )
-        try:
-            outbox.send_nowait(output)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            return False
-        if finished:
-            self.num_finished += 1
-            self.close(request)
+        """Hand undelivered tokens to the client without waiting, ``stream_interval`` of them per
+        output (the first token alone, whatever is left with the finish) while the outbox has
+        room. False: the client is gone (the caller aborts the request)."""
+        interval = request.params.stream_interval or self._stream_interval
+        while request.ready_to_deliver(interval):
+            finished = request.status.is_finished
+            stats = request.outbox.statistics()
+            room = stats.max_buffer_size - 1 - stats.current_buffer_used  # one slot kept for the finish
+            if not finished and room <= 0:
+                return True  # keep coalescing until the client reads
+            # The last free slot takes everything ready: a client slower than the model catches up.
+            count = request.next_chunk_size(interval) if room > 1 else None
+            token_ids, logprobs = request.take_undelivered(count)
+            output = RequestOutput(
+                token_ids=token_ids,
+                finish_reason=request.finish_reason,
+                num_cached_tokens=request.num_cached_tokens,
+                logprobs=logprobs,
+            )
+            try:
+                request.outbox.send_nowait(output)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return False
+            if finished:
+                self.num_finished += 1
+                self.close(request)
+                return True
         return True
 
     def time_request(self, request: Request) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 
+from ...core.plan_join import is_placeholder
 from ...core.request import Request, RequestStatus
 from ...core.scheduler import Scheduler
 from ...errors import RequestProcessingError, VllmMlxTrioError
@@ -18,11 +19,12 @@ logger = logging.getLogger(__name__)
 
 
 def apply_result(
-    result: StepResult, *, scheduler: Scheduler, delivery: Delivery, metrics: EngineMetrics | None, model_step: bool
+    result: StepResult, *, scheduler: Scheduler, delivery: Delivery, metrics: EngineMetrics | None
 ) -> None:
-    """Everything ``result`` says about the running requests (``model_step``: it ran a model step,
-    not a join plan's placeholder)."""
+    """Everything ``result`` says about the running requests: a plan's last result, or the tokens
+    of a step of a plan that runs on (``plan_continues``)."""
     running = scheduler.running
+    model_step = not is_placeholder(result)  # a join plan's placeholder ran no step of its own
     for request_id, recomputed in result.recomputed:  # disk blocks the executor could not read
         request = running.get(request_id)
         if request is not None and result.step_id >= request.first_valid_step:

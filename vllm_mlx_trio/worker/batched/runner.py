@@ -62,6 +62,11 @@ class BatchRunner(RunnerBase):
     plans_in_flight = 2
     max_tokens_per_step = 1
 
+    @classmethod
+    def results_per_plan(cls, engine) -> int:
+        """A plan runs at most this many decode steps (run-ahead), each one's tokens a result."""
+        return max(engine.run_ahead_steps, engine.solo_run_ahead_steps) if engine.run_ahead_steps > 1 else 1
+
     def __init__(self, cfg, *, request_waiting=None):
         super().__init__(cfg, request_waiting=request_waiting)
         self._generator: BatchGenerator | None = None
@@ -222,7 +227,7 @@ class BatchRunner(RunnerBase):
             step_started = time.perf_counter()
             if steps >= max_steps or (step_started - started) + step_s > window_s:
                 break
-            advance = joined(advance, self._generator_step([]))
+            advance = joined(self._publish(advance), self._generator_step([]))
             steps, step_s = steps + 1, time.perf_counter() - step_started
         return advance
 
