@@ -215,6 +215,9 @@ class EngineMetrics:
                 ("vllm_mlx_trio_vision_encode_seconds", "Vision encoding of one media prompt.", STEP_TIME_BUCKETS),
             )
         }
+        #: Each histogram's child per label values, looked up once (``labels()`` validates and
+        #: locks at every call, and a streamed token observes at least one histogram).
+        self._histogram_children: dict[tuple[str, str], Any] = {}
         self._counters["vllm:num_preemptions"].inc(0)
         self._spec_decode_metrics()
 
@@ -260,9 +263,11 @@ class EngineMetrics:
 
     def observe(self, name: str, value: float, *, endpoint: str = "") -> None:
         """One value of a histogram; ``endpoint`` only for the per-request ones (REQUEST_HISTOGRAMS)."""
-        histogram = self._histograms[name]
-        labels = (self.model_name, endpoint) if name in REQUEST_HISTOGRAMS else (self.model_name,)
-        histogram.labels(*labels).observe(value)
+        child = self._histogram_children.get((name, endpoint))
+        if child is None:
+            labels = (self.model_name, endpoint) if name in REQUEST_HISTOGRAMS else (self.model_name,)
+            child = self._histogram_children[name, endpoint] = self._histograms[name].labels(*labels)
+        child.observe(value)
 
     def count(self, name: str, amount: float = 1.0) -> None:
         self._counters[name].inc(amount)

@@ -44,6 +44,8 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 #: keep reading while one chunk is written; beyond that the readers wait, their outboxes fill
 #: and the scheduler coalesces their tokens, so a slow client never grows this buffer.
 MERGE_BUFFER = 8
+#: One choice's delta, or the error that ended it, by choice index.
+ChoiceItem = tuple[int, Delta | VllmMlxTrioError]
 _SEED_SPAN = 2**64
 _SEED_MIN = -(2**63)
 
@@ -222,12 +224,15 @@ class ChoicesSseBody(ResponseBody):
         async with contextlib.AsyncExitStack() as stack:
             for stream in self._streams:
                 stack.enter_context(stream)
-            self._nursery = await stack.enter_async_context(trio.open_nursery())
-            send, recv = trio.open_memory_channel[tuple[int, Delta | VllmMlxTrioError]](MERGE_BUFFER)
-            with send:
-                for index, stream in enumerate(self._streams):
-                    self._nursery.start_soon(_read_choice, index, stream, send.clone(), self._record)
-            self._events = self._sse_events(recv)
+            if len(self._streams) == 1:  # one choice: the writer reads it itself, one task hop less per token
+                self._events = self._sse_events(_single_choice(self._streams[0], self._record))
+            else:
+                self._nursery = await stack.enter_async_context(trio.open_nursery())
+                send, recv = trio.open_memory_channel[tuple[int, Delta | VllmMlxTrioError]](MERGE_BUFFER)
+                with send:
+                    for index, stream in enumerate(self._streams):
+                        self._nursery.start_soon(_read_choice, index, stream, send.clone(), self._record)
+                self._events = self._sse_events(_merged_choices(recv))
             self._exit_stack = stack.pop_all()
         return self
 
@@ -253,18 +258,16 @@ class ChoicesSseBody(ResponseBody):
             return
         self._record.stream_ended(exc, error=self._error, complete=self._complete)
 
-    async def _sse_events(self, recv: trio.MemoryReceiveChannel) -> AsyncIterator[str]:
+    async def _sse_events(self, batches: AsyncIterator[list[ChoiceItem]]) -> AsyncIterator[str]:
         builder = self._builder
         started: set[int] = set()
-        with recv:
-            if builder.chat:
-                for index in range(len(self._streams)):
-                    yield builder.role_chunk(index)
-                    started.add(index)
-            async for first in recv:
-                # Whatever else is already waiting goes out in the same write: a writer that
-                # falls behind sends fewer, larger socket writes instead of falling further.
-                events, failed = self._events_for([first, *_drain_nowait(recv)], started)
+        if builder.chat:
+            for index in range(len(self._streams)):
+                yield builder.role_chunk(index)
+                started.add(index)
+        async with contextlib.aclosing(batches):
+            async for items in batches:
+                events, failed = self._events_for(items, started)
                 if events:
                     yield events
                 if failed:
@@ -274,7 +277,7 @@ class ChoicesSseBody(ResponseBody):
         self._complete = True
         yield SSE_DONE
 
-    def _events_for(self, items: list[tuple[int, Delta | VllmMlxTrioError]], started: set[int]) -> tuple[str, bool]:
+    def _events_for(self, items: list[ChoiceItem], started: set[int]) -> tuple[str, bool]:
         """The SSE text for these items, and whether one was an error (which ends the body)."""
         events = []
         for index, item in items:
@@ -310,6 +313,28 @@ class ChoicesSseBody(ResponseBody):
             )
             for i, delta in enumerate(deltas)
         ]
+
+
+async def _single_choice(stream: RequestStream, record: RequestRecord | None) -> AsyncIterator[list[ChoiceItem]]:
+    """The one choice's deltas (or its error), each as a batch of one."""
+    try:
+        async for delta in stream:
+            if record is not None:
+                record.delta()
+            yield [(0, delta)]
+    except VllmMlxTrioError as exc:
+        yield [(0, exc)]
+
+
+async def _merged_choices(
+    recv: trio.MemoryReceiveChannel[tuple[int, Delta | VllmMlxTrioError]],
+) -> AsyncIterator[list[ChoiceItem]]:
+    """The choices' deltas as their readers send them; whatever else is already waiting comes in
+    the same batch, so a writer that falls behind sends fewer, larger socket writes instead of
+    falling further."""
+    with recv:
+        async for first in recv:
+            yield [first, *_drain_nowait(recv)]
 
 
 def _drain_nowait(recv: trio.MemoryReceiveChannel) -> list:
