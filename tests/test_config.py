@@ -441,6 +441,7 @@ def test_round_trip_with_every_option_set():
             "prefill_time_ratio": 0.25,
             "mllm_prefill_step_size": 24,
             "run_ahead_steps": 3,
+            "hold_run_ahead_tokens": True,
             "run_ahead_ms": 24.0,
             "solo_run_ahead_steps": 5,
             "solo_run_ahead_ms": 40.0,

@@ -98,3 +98,17 @@ async def test_a_client_reading_only_at_the_end_loses_nothing(float32_dir):
     assert "".join(d.text for d in slow) == "".join(d.text for d in fast)
     assert len(slow) < len(fast) == MAX_TOKENS  # coalesced into the outbox's few slots
     assert slow[-1].finish_reason == fast[-1].finish_reason == "length"
+
+
+async def test_holding_run_ahead_tokens_sends_a_plan_at_once(float32_dir):
+    cfg = engine_cfg(float32_dir, 1)
+    held = load_config(None, overrides=[f"model.path={float32_dir}", *RUN_AHEAD, "engine.hold_run_ahead_tokens=true"])
+    prompt = chat("Tell me about the sea.")
+    with trio.fail_after(TIMEOUT_S):
+        async with open_engine(cfg) as engine:
+            each = [d async for d in engine.generate(prompt, params())]
+        async with open_engine(held) as engine:
+            whole = [d async for d in engine.generate(prompt, params())]
+    assert [t for d in whole for t in d.token_ids] == [t for d in each for t in d.token_ids]
+    assert len(each) == MAX_TOKENS
+    assert len(whole[0].token_ids) == 1 and max(len(d.token_ids) for d in whole) > 1  # up to a plan's steps

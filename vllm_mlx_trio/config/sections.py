@@ -141,16 +141,23 @@ class EngineSection:
     #: together, in fixed chunks).
     prefill_time_ratio: float | None = _option(1.0, _in_range(0.01), converter=_to_float)
     #: Batched mode: most decode steps one plan runs back to back while every row decodes and
-    #: nothing waits (run-ahead; each plan also stays under run_ahead_ms), so one streamed chunk
-    #: carries up to this many tokens and the event loop handles them together (>= 1; 1: off).
+    #: nothing waits (run-ahead; each plan also stays under run_ahead_ms): the MLX thread goes
+    #: on without waiting for the event loop, and each step's tokens still leave as the step
+    #: ends (>= 1; 1: off).
     run_ahead_steps: int = _option(8, _in_range(1))
+    #: Batched mode: hold a run-ahead plan's tokens until the plan ends, so one streamed chunk
+    #: carries up to run_ahead_steps tokens (solo_run_ahead_steps for a lone stream) and the
+    #: event loop handles them together: less CPU per token on a machine with few cores, for
+    #: chunkier streams that no longer follow stream_interval. Off: every token leaves as its
+    #: step ends.
+    hold_run_ahead_tokens: bool = _option(False)
     #: Batched mode: another run-ahead step joins a plan only while the plan stays under this many
-    #: milliseconds (>= 0): a longer step never runs ahead, and tokens reach the client at least
-    #: this often. A plan beside a timed prompt chunk keeps its own 32 ms.
+    #: milliseconds (>= 0): a longer step never runs ahead. A plan beside a timed prompt chunk
+    #: keeps its own 32 ms.
     run_ahead_ms: float = _option(16.0, _in_range(0), converter=_to_float)
     #: Batched mode: run_ahead_steps and run_ahead_ms for a plan whose batch holds one sequence
-    #: (a lone stream: fewer, larger chunks, less event-loop work per token; an arriving request
-    #: still ends the plan at the next step). run_ahead_steps = 1 turns run-ahead off here too.
+    #: (a lone stream delays no other; an arriving request still ends the plan at the next step).
+    #: run_ahead_steps = 1 turns run-ahead off here too.
     solo_run_ahead_steps: int = _option(16, _in_range(1))
     solo_run_ahead_ms: float = _option(32.0, _in_range(0), converter=_to_float)
     #: VLM mode (engine.mode = "vlm"): prompt tokens per step of a media prompt's language prefill (>= 1; none:

@@ -1,14 +1,17 @@
-"""Run-ahead in batched mode: several decode steps in one plan, and their tokens as one advance.
+"""Run-ahead in batched mode: several decode steps in one plan.
 
 While every row decodes (no prompt in the generator or the runner's prefill but one taking timed
 chunks), a plan runs more decode steps back to back ("run-ahead"), up to ``engine.run_ahead_steps``
 and while the plan has taken less than ``engine.run_ahead_ms`` (16 ms; with one row in the batch
 ``engine.solo_run_ahead_steps`` and ``_ms``, 16 and 32 ms: a lone stream delays no other, and an
 arrival still ends the plan), and within the KV budget with the scheduler's headroom for one token a
-plan left whole (:func:`kv_fits`: its accounting, which catches up when the result arrives, holds as
-with one step a plan): where a step is short (a small model), the Trio side's per-plan work (result
-hand-off, scheduling, delivery, one streamed chunk) is shared by several tokens instead of paid by
-each; a long step runs alone as before. A row that ends stops it, and so does a request waiting to
+plan left whole (:func:`kv_fits`: its accounting, which catches up as results arrive, holds as
+with one step a plan): where a step is short (a small model), the MLX thread goes from step to step
+without waiting for the scheduler's next plan, and the scheduler builds one plan for several steps;
+a long step runs alone as before. Each step's tokens still leave as the step ends
+(``RunnerBase._publish``: a result with ``plan_continues``), unless ``engine.hold_run_ahead_tokens``
+keeps them for the plan's own result (:func:`joined`): one streamed chunk for the plan.
+A row that ends stops it, and so does a request waiting to
 start (a queued plan starts it, or the scheduler said one was admitted: the executor tells). A step
 that gives a row its first token ends the plan, so the token leaves at once (time to first token).
 Not when sharded: every rank must run the same steps. The loop itself is ``BatchRunner._advance``

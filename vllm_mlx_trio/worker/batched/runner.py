@@ -64,8 +64,11 @@ class BatchRunner(RunnerBase):
 
     @classmethod
     def results_per_plan(cls, engine) -> int:
-        """A plan runs at most this many decode steps (run-ahead), each one's tokens a result."""
-        return max(engine.run_ahead_steps, engine.solo_run_ahead_steps) if engine.run_ahead_steps > 1 else 1
+        """A plan runs at most this many decode steps (run-ahead), each one's tokens a result
+        (one result a plan when engine.hold_run_ahead_tokens holds them to its end)."""
+        if engine.run_ahead_steps == 1 or engine.hold_run_ahead_tokens:
+            return 1
+        return max(engine.run_ahead_steps, engine.solo_run_ahead_steps)
 
     def __init__(self, cfg, *, request_waiting=None):
         super().__init__(cfg, request_waiting=request_waiting)
@@ -92,6 +95,9 @@ class BatchRunner(RunnerBase):
         self._solo_window_s = cfg.engine.solo_run_ahead_ms / 1000
         #: Decode steps a plan may run, and with one row: 1 when sharded (every rank must run the same steps).
         self._run_ahead_steps = self._solo_steps = 1
+        #: A run-ahead plan's tokens wait for its end (engine.hold_run_ahead_tokens), else each
+        #: step's leave as it ends.
+        self._hold_tokens = cfg.engine.hold_run_ahead_tokens
         #: First tokens this plan's prefill sampled itself (a burst, prefill_burst.py): no decode step runs.
         self._sampled_first: list[Emission] = []
         #: Tokens per row the KV budget keeps free beyond a step: the plans the scheduler may still send.
@@ -227,7 +233,7 @@ class BatchRunner(RunnerBase):
             step_started = time.perf_counter()
             if steps >= max_steps or (step_started - started) + step_s > window_s:
                 break
-            advance = joined(self._publish(advance), self._generator_step([]))
+            advance = joined(advance if self._hold_tokens else self._publish(advance), self._generator_step([]))
             steps, step_s = steps + 1, time.perf_counter() - step_started
         return advance
 
