@@ -19,14 +19,25 @@ from vllm_mlx_trio.bench.latency.arrival import (
 from vllm_mlx_trio.bench.latency.command import (
     _with_port,
     arrival_from_args,
+    interval_notes,
     parse_checkout_variant,
     parse_variant,
     servers_from_args,
     workload_from_args,
 )
 from vllm_mlx_trio.bench.latency.prompts import PromptMaker
-from vllm_mlx_trio.bench.latency.run import QUICK, median_rows, paired_ratio
-from vllm_mlx_trio.bench.stats import percentile
+from vllm_mlx_trio.bench.latency.run import (
+    QUICK,
+    IntervalTarget,
+    LatencyWorkload,
+    chunks_per_token,
+    lanes,
+    median_rows,
+    paired_ratio,
+    step_ms,
+)
+from vllm_mlx_trio.bench.stats import RequestTrace, percentile
+from vllm_mlx_trio.cli import _parser
 
 
 def _count_words(text: str) -> int:
@@ -76,6 +87,7 @@ def _args(**kw):
         "lengths": None,
         "max_tokens": None,
         "repetitions": None,
+        "intervals": None,
         "peers": "ours,mlx-lm",
         "variant": [],
         "vllm_mlx": None,
@@ -242,3 +254,79 @@ def test_the_target_ratio_is_the_alone_tail_times_what_the_arrival_adds():
     assert row["p95_over_alone_p95"] == round(itl(during["gaps"], 95) / itl(alone["gaps"], 95), 2)
     assert row["alone_p95_over_p50"] * row["p95_over_alone_p95"] == pytest.approx(row["p95_over_alone_p50"], rel=0.02)
     assert row["alone_p95_over_p50"] > 1.0 and row["p95_over_alone_p95"] > 1.0
+
+
+def _trace(chunk_sizes, completion_tokens=None):
+    """A streamed request as the bench traces it: one arrival per content chunk, each with the mean share."""
+    tokens = sum(chunk_sizes) if completion_tokens is None else completion_tokens
+    share = tokens / len(chunk_sizes) if chunk_sizes else 0.0
+    return RequestTrace(
+        start=0.0, arrivals=tuple((0.01 * (i + 1), share) for i in range(len(chunk_sizes))), completion_tokens=tokens
+    )
+
+
+def test_chunks_per_token_counts_the_content_pieces_over_the_completion_tokens():
+    assert chunks_per_token([_trace([1] * 16)]) == 1.0  # stream_interval 1: a chunk per token
+    # stream_interval 4: the first token alone, then chunks of 4, the last whatever is left
+    assert chunks_per_token([_trace([1, 4, 4, 4, 3])]) == round(5 / 16, 3)
+    # over the level's requests: all their chunks over all their tokens, not a mean of ratios
+    assert chunks_per_token([_trace([1] * 4), _trace([1, 4, 4, 4, 3])]) == round(9 / 20, 3)
+    assert chunks_per_token([_trace([])]) is None and chunks_per_token([]) is None
+
+
+def test_chunks_per_token_is_a_median_with_its_spread_and_the_ceiling_has_none():
+    rows = [{**_row("ours-si4", 1, r, 20.0), "chunks_per_token": c} for r, c in enumerate((0.312, 0.3, 0.25))]
+    rows += [{**_row("ours-si1", 1, r, 20.0), "chunks_per_token": 1.0} for r in range(3)]
+    rows += [_row(path_name(1), 1, r, 5.0) for r in range(3)]  # summarize() sets no chunks_per_token
+    table = {r["path"]: r for r in median_rows(rows)}
+    assert table["ours-si4"]["chunks_per_token"] == "0.30 (0.25-0.31)" and table["ours-si4"]["_chunks_per_token"] == 0.3
+    assert table["ours-si1"]["chunks_per_token"] == "1.00 (1.00-1.00)"
+    assert table[path_name(1)]["chunks_per_token"] is None
+    assert table["ours-si4"]["ttft_vs_best_peer"] is None  # an interval row of ours is no peer
+
+
+def test_step_ms_is_the_ceilings_itl_p50_at_one_stream():
+    rows = [
+        {**_row(path_name(1), 1, r, 5.0), "itl_p50_ms": itl, "agg_tok_s": 400.0} for r, itl in enumerate((2.0, 2.4))
+    ]
+    rows += [_row("ours", 1, r, 20.0) for r in range(2)]
+    step = step_ms(median_rows(rows))
+    assert step == {"itl_p50_ms": 2.2, "from_tok_s": 2.5}
+    assert step_ms(median_rows(rows[2:])) is None  # no ceiling
+    assert any(n.startswith("step_ms 2.2:") for n in interval_notes(QUICK, step))
+    assert not any(n.startswith("step_ms") for n in interval_notes(QUICK, None))
+
+
+def _target(url):
+    from vllm_mlx_trio.bench.http import HttpTarget
+
+    return HttpTarget(base_url=url, model="m", send_ignore_eos=True)
+
+
+def test_intervals_give_our_servers_one_lane_each_and_send_the_field():
+    targets = {"ours": _target("http://a"), "mlx-lm": _target("http://b"), "ours-b64": _target("http://c")}
+    assert [(lane.label, lane.target) for lane in lanes(targets, ())] == list(targets.items())
+    got = lanes(targets, (1, 4))
+    assert [lane.label for lane in got] == ["ours-si1", "ours-si4", "mlx-lm", "ours-b64-si1", "ours-b64-si4"]
+    by_label = {lane.label: lane.target for lane in got}
+    body = by_label["ours-si4"].body("hi", 8)
+    assert body["stream_interval"] == 4 and body["ignore_eos"] is True and body["max_tokens"] == 8
+    assert by_label["ours-si4"].base_url == "http://a" and by_label["ours-b64-si1"].base_url == "http://c"
+    assert "stream_interval" not in by_label["mlx-lm"].body("hi", 8)  # the peers get none
+    assert by_label["ours-si1"].count_sources is not by_label["ours-si4"].count_sources
+    assert isinstance(by_label["ours-si1"], IntervalTarget)
+
+
+def test_intervals_parse_from_the_command_line_into_the_workload():
+    def parse(*extra):
+        return _parser().parse_args(["bench", "latency", *extra])
+
+    assert parse().intervals is None
+    assert workload_from_args(parse()).intervals == () == LatencyWorkload().intervals  # today's run: none sent
+    assert parse("--intervals", "1,4").intervals == (1, 4)
+    assert parse("--intervals", "4,1,4").intervals == (4, 1)  # repeats dropped, order kept
+    work = workload_from_args(parse("--quick", "--intervals", "1,4"))
+    assert work.intervals == (1, 4) and work.levels == QUICK.levels
+    for bad in ("0", "1,x", ""):
+        with pytest.raises(SystemExit):
+            parse("--intervals", bad)

@@ -251,6 +251,17 @@ def _server_args(sub, config_args: ConfigArgs) -> None:
     _workload_args(peers, "1,5")
 
 
+def _intervals(text: str) -> tuple[int, ...]:
+    """``bench latency --intervals 1,4``: stream intervals, each >= 1, repeats dropped."""
+    try:
+        values = tuple(dict.fromkeys(int(part) for part in text.split(",") if part.strip()))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"stream intervals must be >= 1, got {text!r}")
+    return values
+
+
 def _latency_args(sub, config_args: ConfigArgs) -> None:
     lat = _add(
         sub,
@@ -282,6 +293,13 @@ def _latency_args(sub, config_args: ConfigArgs) -> None:
     lat.add_argument("--lengths", type=_levels, default=None, help="prompt tokens, cycled (default 50,500,2000)")
     lat.add_argument("--max-tokens", type=_positive, default=None, help="tokens per request (default 32)")
     lat.add_argument("--repetitions", type=_positive, default=None, help="repetitions (default 3)")
+    lat.add_argument(
+        "--intervals",
+        type=_intervals,
+        default=None,
+        metavar="N[,N...]",
+        help="one row per stream_interval for each of our servers, sent in the requests (default: none sent)",
+    )
     lat.add_argument("--port", type=int, default=8711, help="first port; each server takes the next")
     lat.add_argument("--startup-timeout", type=float, default=180.0, help="seconds to wait for the servers")
     lat.add_argument("--json", dest="json_path", default=None, help="also write the results here")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import attrs
 
@@ -24,6 +25,7 @@ COLUMNS = (
     "ttft_p95_ms",
     "itl_p50_ms",
     "itl_p95_ms",
+    "chunks_per_token",
     "agg_tok_s",
     "ttft_vs_best_peer",
     "vs_ceiling",
@@ -79,8 +81,29 @@ def workload_from_args(args: argparse.Namespace) -> LatencyWorkload:
         "lengths": args.lengths,
         "max_tokens": args.max_tokens,
         "repetitions": args.repetitions,
+        "intervals": args.intervals,
     }
     return attrs.evolve(base, **{k: v for k, v in given.items() if v is not None})
+
+
+def interval_notes(workload: LatencyWorkload, step: dict | None) -> list[str]:
+    """How to read ``chunks_per_token`` and the ITL figures against the raw loop's step."""
+    notes = [
+        "chunks_per_token: content chunks / completion tokens (1.00: a chunk per token; about 1/N: chunks of N; "
+        "none when the server sends no usage); ITL divides each gap by the mean tokens per chunk, 1 / it"
+    ]
+    if workload.intervals:
+        notes.append(
+            f"NAME-siN: our server's requests carry stream_interval N ({','.join(map(str, workload.intervals))}), "
+            "one server process serving every interval; the peers' rows send none"
+        )
+    if step is not None:
+        notes.append(
+            f"step_ms {step['itl_p50_ms']}: the raw loop's per-step time (mlx-lm generate_step's ITL p50 at one "
+            f"stream, median; 1000 / its tok/s, prefill included: {step['from_tok_s']} ms); an ITL p50 near it at "
+            "chunks_per_token 1.00 is a server keeping the raw loop's pace"
+        )
+    return notes
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
@@ -139,8 +162,11 @@ def run_latency_command(cfg, args: argparse.Namespace) -> int:
     from ..suite import resolve_model_dir
     from .prompts import PromptMaker, chat_token_counter
 
-    model_dir = resolve_model_dir(args.model_dir, cfg)
     arrival = args.scenario == "long-arrival"
+    if arrival and args.intervals:
+        print("bench latency: --intervals is for --scenario levels", file=sys.stderr)
+        return 2
+    model_dir = resolve_model_dir(args.model_dir, cfg)
     workload = arrival_from_args(args) if arrival else workload_from_args(args)
     servers, notes = servers_from_args(args, model_dir)
     servers = [_with_port(s, args.port + i) for i, s in enumerate(servers)]
@@ -159,6 +185,7 @@ def run_latency_command(cfg, args: argparse.Namespace) -> int:
             "each level: max(level, number of lengths) requests from `level` clients (closed loop); servers alternate",
             "figures: median (min-max) over the repetitions; "
             "ttft_vs_best_peer: TTFT p50 over the best non-ours server's",
+            *interval_notes(workload, result.get("step_ms")),
         ]
     )
     notes.append(

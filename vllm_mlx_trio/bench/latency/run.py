@@ -12,6 +12,12 @@ With a ceiling (mlx-lm's ``generate_step`` in a child process, ``--peers ...,cei
 repetition of level 1 also runs the same kind of prompts through it, and every level-1 row gets
 ``vs_ceiling``: its ``agg_tok_s`` over the ceiling's (medians), and ``paired_vs_ceiling``: the
 median over the repetitions of that ratio within each (the ceiling runs right after the servers).
+
+With stream intervals (``--intervals 1,4``) each of our servers (ours and its variants) gives one
+row per interval, ``NAME-siN``: its requests carry ``stream_interval: N``. Every server row also
+gets ``chunks_per_token``, its content chunks over its completion tokens (1.0: a chunk per token;
+about 1/N: chunks of N), and the ceiling's per-step time (``step_ms``: its ITL p50 at one stream)
+is what the ITL figures are read against.
 """
 
 from __future__ import annotations
@@ -34,13 +40,15 @@ from ..ceiling.process import CeilingProcess
 from ..ceiling.run import path_name, traces_from_runs
 from ..http import HttpTarget, closed_loop, prepare
 from ..peers import PeerServer, peak_rss_mib, peer_server, port_free, stop, wait_ready
-from ..stats import summarize
+from ..stats import RequestTrace, summarize
 from ..workload import chat
 from .arrival import ArrivalWorkload, measure_arrival, median_arrival_rows
 from .prompts import PromptMaker
 
 #: The figures a level reports, each as median (min-max) over the repetitions.
 FIGURES = ("ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms", "agg_tok_s")
+#: Figures that are ratios near 1 or below, shown with two decimals.
+FINE_FIGURES = ("chunks_per_token",)
 WARMUP_MAX_TOKENS = 4
 
 
@@ -50,6 +58,8 @@ class LatencyWorkload:
     lengths: tuple[int, ...] = (50, 500, 2000)
     max_tokens: int = 32
     repetitions: int = 3
+    #: ``stream_interval`` values our servers run with, one row each; empty: none sent (their setting).
+    intervals: tuple[int, ...] = ()
 
     def num_requests(self, level: int) -> int:
         return max(level, len(self.lengths))
@@ -75,6 +85,53 @@ class Running:
     peer: PeerServer
     proc: subprocess.Popen
     base_url: str
+
+
+def is_ours(name: str) -> bool:
+    """Our server or one of its ``--variant``s (the peers know no ``stream_interval``)."""
+    return name == "ours" or name.startswith("ours-")
+
+
+@attrs.define(kw_only=True)
+class IntervalTarget(HttpTarget):
+    """Our server with ``stream_interval: N`` in every request body.
+
+    The interval travels in the request rather than as a variant with ``--set
+    engine.stream_interval=N``: one server process per variant serves every interval, so the
+    rows of one variant differ by the interval only (same process, same warm state, same memory),
+    and a run with intervals starts no more processes on the machine than one without.
+    """
+
+    stream_interval: int
+
+    def body(self, prompt: str, max_tokens: int, *, ignore_eos: bool | None = None) -> dict:
+        return {**super().body(prompt, max_tokens, ignore_eos=ignore_eos), "stream_interval": self.stream_interval}
+
+
+@attrs.frozen
+class Lane:
+    """One row's name and the target its requests go to."""
+
+    label: str
+    target: HttpTarget
+
+
+def interval_label(name: str, interval: int) -> str:
+    return f"{name}-si{interval}"
+
+
+def lanes(targets: dict[str, HttpTarget], intervals: Sequence[int]) -> list[Lane]:
+    """One lane per server (``targets`` by name, in order), or per (our server, interval) when
+    ``intervals`` are given; every lane of a server shares its process."""
+    out = []
+    for name, target in targets.items():
+        if not intervals or not is_ours(name):
+            out.append(Lane(name, target))
+            continue
+        for n in intervals:
+            fields = attrs.asdict(target, recurse=False) | {"count_sources": set()}
+            out.append(Lane(interval_label(name, n), IntervalTarget(**fields, stream_interval=n)))
+    return out
 
 
 @contextlib.contextmanager
@@ -105,12 +162,20 @@ def started(
             stop(server.proc)
 
 
-async def _one_level(
-    server: Running, target: HttpTarget, prompts: list[str], level: int, max_tokens: int, http: httpx.AsyncClient
-) -> dict:
+def chunks_per_token(traces: Sequence[RequestTrace]) -> float | None:
+    """Content-bearing chunks (the pieces of the traces) over completion tokens: 1.0 when every
+    token left in a chunk of its own, about 1/N for chunks of N; None without tokens."""
+    tokens = sum(t.completion_tokens for t in traces)
+    return round(sum(len(t.arrivals) for t in traces) / tokens, 3) if tokens else None
+
+
+async def _one_level(lane: Lane, prompts: list[str], level: int, max_tokens: int, http: httpx.AsyncClient) -> dict:
+    lane.target.count_sources.clear()
     start = time.perf_counter()
-    traces = await closed_loop(http, target, prompts, level, max_tokens)
-    row = summarize(server.peer.name, level, traces, wall_s=time.perf_counter() - start)
+    traces = await closed_loop(http, lane.target, prompts, level, max_tokens)
+    row = summarize(lane.label, level, traces, wall_s=time.perf_counter() - start)
+    # a server with no usage chunk has its tokens counted as its chunks: the ratio would say nothing
+    row["chunks_per_token"] = chunks_per_token(traces) if lane.target.count_sources == {"usage"} else None
     return row
 
 
@@ -157,18 +222,20 @@ async def measure(
     limits = httpx.Limits(max_connections=max(workload.levels) + 8)
     async with httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits) as http:
         targets = await _warm_targets(http, servers, workload.lengths, maker)
+        every = lanes(targets, workload.intervals)
         rows = []
         for rep in range(workload.repetitions):
             for index, level in enumerate(workload.levels):
-                for server in _rotated(servers, rep + index):
-                    tag = f"r{rep}-c{level}-{server.peer.name}"
+                for lane in _rotated(every, rep + index):
+                    tag = f"r{rep}-c{level}-{lane.label}"
                     prompts = maker.batch(tag, workload.lengths, workload.num_requests(level))
-                    row = await _one_level(server, targets[server.peer.name], prompts, level, workload.max_tokens, http)
+                    row = await _one_level(lane, prompts, level, workload.max_tokens, http)
                     row["rep"] = rep
                     rows.append(row)
                     progress(
-                        f"rep {rep} conc {level} {server.peer.name}: ttft p50 {row['ttft_p50_ms']} ms, "
-                        f"itl p50 {row['itl_p50_ms']} ms, {row['agg_tok_s']} tok/s"
+                        f"rep {rep} conc {level} {lane.label}: ttft p50 {row['ttft_p50_ms']} ms, "
+                        f"itl p50 {row['itl_p50_ms']} ms, {row['agg_tok_s']} tok/s, "
+                        f"{row['chunks_per_token']} chunks/token"
                     )
                 if ceiling is not None and level == 1:
                     prompts = maker.batch(f"r{rep}-ceiling", workload.lengths, workload.num_requests(1))
@@ -176,11 +243,13 @@ async def measure(
     return rows
 
 
-def _spread(values: list[float]) -> str | None:
+def _spread(values: list[float], digits: int = 1) -> str | None:
     if not values:
         return None
     median = statistics.median(values)
-    return f"{median:.1f} ({min(values):.1f}-{max(values):.1f})" if len(values) > 1 else f"{median:.1f}"
+    if len(values) == 1:
+        return f"{median:.{digits}f}"
+    return f"{median:.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
 def median_rows(rows: Sequence[dict]) -> list[dict]:
@@ -199,9 +268,9 @@ def median_rows(rows: Sequence[dict]) -> list[dict]:
             "prompt_tok": mine[0]["prompt_tok"],
             "tok_per_req": ",".join(counts),
         }
-        for figure in FIGURES:
+        for figure in (*FIGURES, *FINE_FIGURES):
             values = [r[figure] for r in mine if r.get(figure) is not None]
-            out[figure] = _spread(values)
+            out[figure] = _spread(values, 2 if figure in FINE_FIGURES else 1)
             out[f"_{figure}"] = statistics.median(values) if values else None
         table.append(out)
     for row in table:
@@ -221,6 +290,17 @@ def median_rows(rows: Sequence[dict]) -> list[dict]:
         row["vs_ceiling"] = round(row["_agg_tok_s"] / ceiling[0], 2) if ceiling and row["_agg_tok_s"] else None
         row["paired_vs_ceiling"] = paired_ratio(rows, row["path"], path_name(1), row["conc"])
     return table
+
+
+def step_ms(table: Sequence[dict]) -> dict | None:
+    """The raw loop's per-step time at one stream, from the ceiling's level-1 row (medians over
+    the repetitions): ``itl_p50_ms``, and ``from_tok_s`` (1000 / its agg tok/s, which also counts
+    the prefill); None without a ceiling."""
+    for row in table:
+        if row["path"] == path_name(1) and row["conc"] == 1:
+            itl, tok_s = row.get("_itl_p50_ms"), row.get("_agg_tok_s")
+            return {"itl_p50_ms": itl, "from_tok_s": round(1000 / tok_s, 2) if tok_s else None}
+    return None
 
 
 def paired_ratio(rows: Sequence[dict], path: str, baseline: str, conc: int) -> float | None:
@@ -262,4 +342,7 @@ def run_latency(
                 rows = trio.run(functools.partial(measure, ceiling=ceiling), servers, workload, maker)
             rss = {s.peer.name: peak_rss_mib(s.proc.pid) for s in servers}
     table = median_arrival_rows(rows) if arrival else median_rows(rows)
-    return {"rows": rows, "table": table, "peak_rss_mib": rss, "argv": {p.name: list(p.argv) for p in peers}}
+    result = {"rows": rows, "table": table, "peak_rss_mib": rss, "argv": {p.name: list(p.argv) for p in peers}}
+    if not arrival:
+        result["step_ms"] = step_ms(table)
+    return result
