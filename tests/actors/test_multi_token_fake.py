@@ -97,6 +97,16 @@ async def test_stream_interval_counts_tokens_not_steps(autojump_clock):
     assert text_of(deltas) == "abcdefghijklmno"
 
 
+async def test_interval_one_sends_a_steps_tokens_together_after_the_first(autojump_clock):
+    params = SamplingParams(max_tokens=11, ignore_eos=True)
+    with trio.fail_after(10):
+        async with open_fake_engine(script=text_script("abcdefghijklmnopqrstuvwxyz"), tokens_per_step=3) as fake:
+            deltas, _stream = await collect(fake.engine, params)
+    # the first token alone, the rest of its step next, then each step's tokens as one output
+    assert [len(d.token_ids) for d in deltas] == [1, 2, 3, 3, 2]
+    assert text_of(deltas) == "abcdefghijk"
+
+
 async def test_kv_lookahead_counts_tokens_per_step(autojump_clock, fake_cfg, speculative_kind):
     mode, runners = speculative_kind
     cfg = attrs.evolve(fake_cfg, engine=attrs.evolve(fake_cfg.engine, mode=mode, max_num_seqs=6))

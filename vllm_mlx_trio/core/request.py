@@ -173,8 +173,10 @@ class Request:
 
     def next_chunk_size(self, stream_interval: int) -> int:
         """Tokens the next output takes: the first token alone, then ``stream_interval`` of
-        them, and whatever is left with the finish."""
-        if self.status.is_finished:
+        them, and whatever is left with the finish. With an interval of 1, every token ready
+        (those of one step, or of a plan that held them) goes in one output: they were
+        sampled together, and more outputs would only cost more work per token."""
+        if self.status.is_finished or (stream_interval == 1 and self.num_delivered):
             return len(self.undelivered)
         return 1 if self.num_delivered == 0 else stream_interval
 

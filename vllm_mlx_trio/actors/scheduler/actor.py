@@ -295,11 +295,13 @@ class SchedulerActor:
         and not yet sent, and those admitted while none is computing its prompt, are sent in
         join plans while there is room for one."""
         while True:
-            if self._scheduler.has_starting and self._room_to_join():
+            room = self._room_to_join()
+            if room and self._scheduler.has_starting:
                 await self._send_plan(join_previous=True)
+                room = self._room_to_join()
             scope = trio.CancelScope()
             # Else an admission waits for the result.
-            self._result_wait = scope if self._room_to_join() and not self._scheduler.computing_prompt else None
+            self._result_wait = scope if room and not self._scheduler.computing_prompt else None
             try:
                 with scope:
                     return await self._result_recv.receive()
