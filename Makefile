@@ -7,7 +7,7 @@ VENV ?= .venv
 # vlm: the tests run the demo vision-language model (tests/vlm) through mlx-vlm.
 EXTRAS := $(shell if [ "$$(uname -s)" = Darwin ]; then echo metal,test,vlm; else echo cpu-fast,test,vlm; fi)
 
-.PHONY: install serve test lint bench clean
+.PHONY: install serve test lint bench bench-gpu clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ test: lint
 
 bench: install
 	$(VENV)/bin/vllm-mlx-trio bench all --json bench.json
+
+# On an NVIDIA machine: installs into .venv-gpu with the CUDA extra, builds Qwen3-0.6B- and
+# Qwen3-8B-shaped random models, runs bench all on each (docs/benchmarks.md, "GPU check").
+# Options: make bench-gpu BENCH_GPU_ARGS="--out DIR" (scripts/bench_gpu.sh --help).
+bench-gpu:
+	bash scripts/bench_gpu.sh $(BENCH_GPU_ARGS)
 
 clean:
 	rm -rf $(VENV)

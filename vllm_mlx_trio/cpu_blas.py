@@ -6,6 +6,9 @@ loaded with ``RTLD_GLOBAL`` before ``mlx.core`` serves those calls instead: Inte
 ``cpu-fast`` extra (the ``mkl`` wheel puts ``libmkl_rt`` in the environment's ``lib``), or any
 library named by ``$VLLM_MLX_TRIO_BLAS`` (a system OpenBLAS, say). ``VLLM_MLX_TRIO_BLAS=off``
 keeps the reference BLAS. bfloat16 and quantized products never go through BLAS and are unchanged.
+On MLX's CUDA backend (the ``cuda`` and ``cuda13`` extras, which bring no ``mkl``) the model's
+products run on the GPU through cuBLAS; a library loaded here would serve only CPU-side float32
+products, so nothing here depends on the device.
 
 This module imports nothing heavy: the package's ``__init__`` runs :func:`preload_fast_blas`.
 """

@@ -1,9 +1,11 @@
 """What machine a benchmark ran on, and which BLAS the MLX process computes with.
 
 MLX's Linux CPU wheel bundles the reference BLAS (``mlx_cpu.libs/libblas-*.so.3``), whose
-float32 matmuls are slow; preloading OpenBLAS (``LD_PRELOAD``) replaces it. The BLAS is
-detected from the shared libraries mapped into the process (``/proc/<pid>/maps``), so it is
-only known after MLX is loaded, and for another process only where ``/proc`` exists.
+float32 matmuls are slow; preloading OpenBLAS (``LD_PRELOAD``) replaces it. MLX's CUDA wheels
+bundle the same reference BLAS for the CPU and multiply on the GPU with cuBLAS (from the
+``nvidia-cublas`` wheels): where cuBLAS is mapped, the line names both. The BLAS is detected
+from the shared libraries mapped into the process (``/proc/<pid>/maps``), so it is only known
+after MLX is loaded, and for another process only where ``/proc`` exists.
 """
 
 from __future__ import annotations
@@ -35,8 +37,19 @@ def mapped_libraries(maps_text: str) -> list[str]:
     return list(seen)
 
 
+#: The GPU's BLAS of MLX's CUDA backend (``libcublas.so.12``; not ``libcublasLt``).
+_CUBLAS = re.compile(r"^libcublas\.so")
+
+
 def describe_blas(libraries: list[str], *, ld_preload: str = "", system: str = "Linux") -> str:
-    """``"OpenBLAS (LD_PRELOAD)"``, ``"reference (libblas.so.3 bundled with mlx)"``, ..."""
+    """``"OpenBLAS (LD_PRELOAD)"``, ``"reference (libblas.so.3 bundled with mlx)"``, ...; with
+    cuBLAS mapped, ``"cuBLAS (libcublas.so.12) on the GPU, reference (...) on the CPU"``."""
+    cpu = _cpu_blas(libraries, ld_preload=ld_preload, system=system)
+    gpu = next((os.path.basename(lib) for lib in libraries if _CUBLAS.match(os.path.basename(lib))), None)
+    return f"cuBLAS ({gpu}) on the GPU, {cpu} on the CPU" if gpu else cpu
+
+
+def _cpu_blas(libraries: list[str], *, ld_preload: str, system: str) -> str:
     for pattern, name in _BLAS_LIBS:
         found = next((lib for lib in libraries if pattern.search(os.path.basename(lib))), None)
         if found is None:

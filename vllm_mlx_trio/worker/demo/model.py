@@ -6,7 +6,9 @@
 byte-level BPE trained on the bundled ``data/corpus.txt``; the weights are
 drawn from ``numpy.random.default_rng(seed)``.  The same size, seed and dtype
 always give byte-identical files. worker/demo/table.py builds ``demo:tiny`` and
-``demo:small`` with it, and the speculative pair (worker/demo/spec.py) with its own weights.
+``demo:small`` with it, and the speculative pair (worker/demo/spec.py) with its own weights;
+bench/gpu_check.py builds the GPU check's Qwen3-0.6B- and Qwen3-8B-shaped models with
+:func:`write_qwen3_model` and weights drawn by MLX on its device.
 
 The default stored dtype is bfloat16: on MLX 0.32's Linux CPU wheel float32
 matmuls go to a bundled reference BLAS (~1.3 GFLOP/s), so for ``small``
@@ -40,6 +42,8 @@ from .recipe import (
 
 #: ``weights(config, seed, damped_ids)``: float32 weights for a Qwen3 ``config.json``.
 WeightDraw = Callable[[dict[str, Any], int, list[int]], dict[str, np.ndarray]]
+#: ``save(path, config, seed, damped_ids)``: writes the ``model.safetensors`` of a Qwen3 ``config.json``.
+WeightSaver = Callable[[pathlib.Path, dict[str, Any], int, list[int]], None]
 
 
 def random_weights(config: dict[str, Any], seed: int, damped_ids: list[int]) -> dict[str, np.ndarray]:
@@ -54,7 +58,7 @@ def random_weights(config: dict[str, Any], seed: int, damped_ids: list[int]) -> 
     """
     rng = np.random.default_rng(seed)
     weights: dict[str, np.ndarray] = {}
-    for name, shape in sorted(_parameter_shapes(config).items()):
+    for name, shape in sorted(qwen3_parameter_shapes(config).items()):
         if name.endswith("norm.weight"):
             final = name == "model.norm.weight"
             scale = LOGIT_STD / (EMBED_STD * config["hidden_size"] ** 0.5) if final else 1.0
@@ -76,14 +80,34 @@ def write_qwen3_demo(
     weights: WeightDraw = random_weights,
 ) -> None:
     """Write every file of the Qwen3 demo ``size`` of ``shape`` into ``directory``, the marker last."""
+
+    def save(path: pathlib.Path, config: dict[str, Any], seed: int, damped: list[int]) -> None:
+        write_safetensors(path, weights(config, seed, damped), dtype)
+
+    write_qwen3_model(directory, size=size, shape=shape, seed=seed, dtype=dtype, save_weights=save)
+
+
+def write_qwen3_model(
+    directory: pathlib.Path,
+    *,
+    size: str,
+    shape: DemoSize,
+    seed: int,
+    dtype: str,
+    save_weights: WeightSaver,
+    tie_word_embeddings: bool = True,
+) -> None:
+    """Write a Qwen3 model of ``shape`` into ``directory``: the demo tokenizer and template, the
+    config, ``save_weights``'s ``model.safetensors``, the marker last. Untied embeddings give the
+    model an ``lm_head`` of its own (Qwen3-8B's layout)."""
     tokenizer = train_tokenizer(shape.vocab_size)
     ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
     damped = damped_ids(tokenizer)
     tokenizer_json = tokenizer.to_str(pretty=True) + "\n"
     (directory / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
 
-    config = _model_config(shape, dtype, ids)
-    write_safetensors(directory / "model.safetensors", weights(config, seed, damped), dtype)
+    config = {**_model_config(shape, dtype, ids), "tie_word_embeddings": tie_word_embeddings}
+    save_weights(directory / "model.safetensors", config, seed, damped)
     write_json(directory / "config.json", config)
     stop = {"eos_token_id": [ids[IM_END], ids[ENDOFTEXT]]}  # both end tokens stop
     generation = {"bos_token_id": ids[ENDOFTEXT], "pad_token_id": ids[ENDOFTEXT], **stop}
@@ -123,7 +147,7 @@ def _model_config(spec: DemoSize, dtype: str, ids: dict[str, int]) -> dict[str, 
     }
 
 
-def _parameter_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+def qwen3_parameter_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Names and shapes of the parameters of mlx-lm's Qwen3 model for ``config``.
 
     Building the module only creates lazy arrays (it does advance MLX's global
