@@ -52,6 +52,21 @@ def test_finish_reasons_and_drop_in_next_plan():
     assert plan.finished_ids == ("a",) and plan.decode_ids == () and not s.has_work
 
 
+def test_a_finished_requests_lease_is_released_once_even_after_a_join_plan_took_its_drop():
+    s = Scheduler(max_running=2)
+    a, b = new_request("a", max_tokens=1), new_request("b", max_tokens=9)
+    s.add(a)
+    start_all(s)
+    s.build_plan()
+    s.apply(StepResult(step_id=0, sampled=(("a", (5,)),), plan_continues=True))  # a step inside a plan
+    s.add(b)
+    start_all(s)
+    join = s.build_plan(join_previous=True)  # before the plan's own result: it takes a's drop
+    assert join.finished_ids == ("a",) and s.pending_drops() == ()
+    assert s.take_lease_releases() == ("a",)  # the lease still ends
+    assert s.take_lease_releases() == ()  # once
+
+
 def test_eos_and_stop_token_ids_stop():
     for token in (EOS, 7):
         request = new_request("a", max_tokens=10)

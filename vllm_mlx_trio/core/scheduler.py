@@ -69,6 +69,9 @@ class Scheduler:
         self.running: dict[RequestId, Request] = {}
         self._starting: list[NewSequence] = []
         self._to_drop: list[RequestId] = []
+        #: Requests that left the batch whose prefix-cache leases are not yet released (taken once,
+        #: apart from ``_to_drop``, which the next plan takes, a join plan too).
+        self._to_release: list[RequestId] = []
         self._store_blocks: list[BlockStore] = []
         self._released_ready_ids: list[int] = []
         self._drop_blocks: list[BlockId] = []
@@ -233,6 +236,7 @@ class Scheduler:
         self._prefilling.pop(request_id, None)
         if request is not None:
             self._to_drop.append(request_id)
+            self._to_release.append(request_id)
             self._starting = [s for s in self._starting if s.request_id != request_id]
         else:
             request = next((r for r in self.waiting if r.request_id == request_id), None)
@@ -262,6 +266,13 @@ class Scheduler:
     def pending_drops(self) -> tuple[RequestId, ...]:
         """Requests that left the batch since the last plan (the next plan drops them)."""
         return tuple(self._to_drop)
+
+    def take_lease_releases(self) -> tuple[RequestId, ...]:
+        """Requests that left the batch since the last call: their prefix-cache leases end now
+        (each once, whether or not a plan has dropped them yet)."""
+        taken = tuple(self._to_release)
+        self._to_release.clear()
+        return taken
 
     def build_plan(self, *, join_previous: bool = False) -> StepPlan | None:
         """The next step, or None when there is nothing for the model to do. ``join_previous``:

@@ -340,6 +340,8 @@ class SchedulerActor:
         if result.plan_continues:  # a step of the running plan: its tokens go out now
             await self._commit(result.kv_ready)
             apply_result(result, scheduler=self._scheduler, delivery=self._delivery, metrics=self._metrics)
+            # Before the next join plan takes the finished ones' ids: their blocks are released now.
+            await self._release_finished()
             return False
         plan = self._in_flight.popleft()
         assert result.step_id == plan.step_id, "results arrive in plan order"
@@ -385,7 +387,7 @@ class SchedulerActor:
 
     async def _release_finished(self) -> None:
         abort_departed(scheduler=self._scheduler, delivery=self._delivery)
-        dropped = self._scheduler.pending_drops()
+        dropped = self._scheduler.take_lease_releases()
         if dropped:
             released = await self._cache.release(dropped)
             self._scheduler.queue_block_ops(drop=released.evicted, spill=released.spilled)
