@@ -189,7 +189,7 @@ class ExecutorActor:
     def _deliver(self, result: StepResult, inbox: _Inbox) -> None:
         """Hand a result to the scheduler; runs in Trio and must not raise.
 
-        The channel holds as many results as plans may be in flight give (each step of a plan
+        The channel holds as many results as the plans in flight may give (each step of a plan
         that runs several, ``RunnerShape.results_per_plan``), so it is never full.
         Once the scheduler is gone (engine failing or cancelled) the thread is told to stop.
         """
