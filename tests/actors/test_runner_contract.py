@@ -279,3 +279,33 @@ async def _drain(stream) -> None:
     with stream:
         async for _delta in stream:
             pass
+
+
+class RunAheadKind(FakeRunner):
+    """A kind whose plans run four steps, handing each earlier one over as it ends."""
+
+    steps_per_plan = 4
+    script = staticmethod(text_script("Hello from a fake runner."))
+
+
+async def test_steps_handed_over_mid_plan_reach_the_client_one_by_one(fake_cfg):
+    runners = with_runner("fake-run-ahead", RunAheadKind)
+    cfg = attrs.evolve(fake_cfg, engine=attrs.evolve(fake_cfg.engine, mode="fake-run-ahead"))
+    results: dict[str, list] = {}
+
+    async def one(engine, name: str, max_tokens: int) -> None:
+        params = SamplingParams(max_tokens=max_tokens, logprobs=0, ignore_eos=True)
+        with await engine.submit("hi", params, request_id=name) as stream:
+            results[name] = [d async for d in stream]
+
+    with trio.fail_after(TIMEOUT_S):
+        async with open_engine(cfg, runners=runners) as engine, trio.open_nursery() as nursery:
+            nursery.start_soon(one, engine, "short", 2)  # ends inside a plan, in a step handed over
+            nursery.start_soon(one, engine, "long", 9)
+    stats = engine.statistics()
+    assert [len(d.token_ids) for d in results["long"]] == [1] * 9  # each step as it ended
+    assert "".join(d.text for d in results["long"]) == "Hello fro"
+    assert [len(d.token_ids) for d in results["short"]] == [1, 1] and results["short"][-1].finish_reason == "length"
+    assert sum(len(d.logprobs) for d in results["long"]) == 9
+    assert stats.scheduler.num_finished == 2 and stats.scheduler.num_steps < 9  # plans of several steps
+    assert stats.cache.num_leased == 0  # the short one's lease ended though it left mid-plan

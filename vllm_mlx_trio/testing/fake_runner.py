@@ -3,9 +3,10 @@
 :class:`FakeRunner` is :class:`~vllm_mlx_trio.worker.runner_base.RunnerBase` with scripted
 tokens instead of a model: it is the worked example of a runner kind (docs/architecture.md)
 and what the runner contract tests drive. A step gives each sequence 1..4 tokens
-(``tokens_per_step``, a per-step script, cycled), like a speculative runner; failures and a
-blocking step can be injected. Everything runs on the executor's thread, so the tests use
-``threading.Event``s to meet it, never sleeps.
+(``tokens_per_step``, a per-step script, cycled), like a speculative runner; a plan may run
+several steps (``steps_per_plan``), handing each earlier one over as it ends, like the batched
+runner's run-ahead; failures and a blocking step can be injected. Everything runs on the
+executor's thread, so the tests use ``threading.Event``s to meet it, never sleeps.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..messages import ModelInfo, NewSequence, StepPlan, StepResult, TokenLogprob
+from ..worker.batched.run_ahead import joined
 from ..worker.runner_base import Advance, Emission, LiveSequence, RunnerBase
 from .fake_executor import FakeTokenizer, TokenScript, as_first_run, fake_logprob, letters_script
 
@@ -37,7 +39,13 @@ class FakeRunner(RunnerBase):
     #: Defaults of the keyword options below.
     script: TokenScript = staticmethod(letters_script)
     tokens_per_step: Sequence[int] = (1,)
+    #: Steps one plan runs while some sequence is left (each but the last handed over as it ends).
+    steps_per_plan = 1
     max_context_tokens = 4096
+
+    @classmethod
+    def results_per_plan(cls, engine: Any) -> int:
+        return cls.steps_per_plan
 
     def __init__(
         self,
@@ -99,6 +107,18 @@ class FakeRunner(RunnerBase):
             sequence.handle = as_first_run(sequence.seq)
 
     def _advance(self, live: list[LiveSequence]) -> Advance:
+        """``steps_per_plan`` steps of the sequences still live, each earlier one handed over as
+        it ends (one step when nobody takes them early: no executor)."""
+        advance = self._one_step(live)
+        for _ in range(self.steps_per_plan - 1 if self.publish is not None else 0):
+            advance = self._publish(advance)
+            live = [sequence for sequence in live if sequence.request_id in self._live]
+            if not live:
+                break
+            advance = joined(advance, self._one_step(live))
+        return advance
+
+    def _one_step(self, live: list[LiveSequence]) -> Advance:
         k = self._tokens_per_step[self._step_index % len(self._tokens_per_step)]
         emissions = []
         for sequence in live:
