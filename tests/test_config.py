@@ -445,6 +445,7 @@ def test_round_trip_with_every_option_set():
             "run_ahead_ms": 24.0,
             "solo_run_ahead_steps": 5,
             "solo_run_ahead_ms": 40.0,
+            "chunk_run_ahead_ms": 8.0,
             "prefill_batch_size": 2,
             "completion_batch_size": 4,
             "stream_interval": 5,

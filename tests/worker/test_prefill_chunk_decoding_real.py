@@ -166,8 +166,8 @@ async def test_beside_a_stream_a_plan_runs_ahead_after_its_chunk(float32_dir, mo
 
     monkeypatch.setattr(PromptPrefill, "step", spy_runner)
     monkeypatch.setattr(batch_runner.BatchRunner, "_generator_step", spy_generator)
-    monkeypatch.setattr(batch_runner, "CHUNK_PLAN_RUN_AHEAD_S", 60.0)  # no time limit: the steps limit
-    cfg = config(float32_dir, "engine.run_ahead_steps=4", "cache.enabled=false")
+    # no time limit: the steps limit
+    cfg = config(float32_dir, "engine.run_ahead_steps=4", "engine.chunk_run_ahead_ms=60000", "cache.enabled=false")
     with trio.fail_after(TIMEOUT_S):
         async with open_engine(cfg) as engine:
             alone = await _tokens(engine, LONG_PROMPT, GREEDY)

@@ -160,6 +160,11 @@ class EngineSection:
     #: run_ahead_steps = 1 turns run-ahead off here too.
     solo_run_ahead_steps: int = _option(16, _in_range(1))
     solo_run_ahead_ms: float = _option(32.0, _in_range(0), converter=_to_float)
+    #: Batched mode: milliseconds of decode steps a plan that carries a timed prompt chunk (a
+    #: prompt prefilled beside streams that were running before it came) runs after its chunk
+    #: (>= 0; 0: one step a chunk). Longer: fewer chunks, each a longer gap in the streams; 0:
+    #: a small chunk at every step, the streams' gaps even but every one longer.
+    chunk_run_ahead_ms: float = _option(32.0, _in_range(0), converter=_to_float)
     #: VLM mode (engine.mode = "vlm"): prompt tokens per step of a media prompt's language prefill (>= 1; none:
     #: prefill_step_size). Its vision encoding is one step, then a chunk per step, so running
     #: text streams keep getting tokens while a large image or video prefills.

@@ -4,7 +4,8 @@ While every row decodes (no prompt in the generator or the runner's prefill but 
 chunks), a plan runs more decode steps back to back ("run-ahead"), up to ``engine.run_ahead_steps``
 and while the plan has taken less than ``engine.run_ahead_ms`` (16 ms; with one row in the batch
 ``engine.solo_run_ahead_steps`` and ``_ms``, 16 and 32 ms: a lone stream delays no other, and an
-arrival still ends the plan), and within the KV budget with the scheduler's headroom for one token a
+arrival still ends the plan; beside a timed prompt chunk ``engine.chunk_run_ahead_ms``), and within
+the KV budget with the scheduler's headroom for one token a
 plan left whole (:func:`kv_fits`: its accounting, which catches up as results arrive, holds as
 with one step a plan): where a step is short (a small model), the MLX thread goes from step to step
 without waiting for the scheduler's next plan, and the scheduler builds one plan for several steps;
@@ -23,14 +24,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..runner_base import Advance, Emission, LiveSequence
-
-#: A plan that carries a timed prompt chunk may run decode steps for this long (seconds; the chunk's
-#: own time apart), whatever ``engine.run_ahead_ms``: the chunk's fixed cost (a second forward pass,
-#: about one decode step of demo:tiny) is then paid once for about twice the decode steps of a 16 ms
-#: plan, so the prompt is prefilled faster for the same cost per token to the streams. Not longer:
-#: with 64 ms (twice a 32 ms window) a 2000-token prompt arriving beside 4 streams got its first token
-#: 2.1x later and the streams' ITL p95 over their p50 alone rose from 1.4 to 1.8 (docs/benchmarks/round-07.md).
-CHUNK_PLAN_RUN_AHEAD_S = 0.032
 
 
 def joined(first: Advance, then: Advance) -> Advance:

@@ -13,7 +13,7 @@ With ``engine.prefill_time_ratio`` set (the default) the runner prefills prompts
 chunk every step otherwise), and enters the generator as a one-token prompt with its cache
 once the rest of it is in, so no step pays mlx-lm's per-prompt-step fixed cost. Beside those
 streams a plan runs ahead: its chunk first, then its decode steps within the run-ahead bounds
-(``CHUNK_PLAN_RUN_AHEAD_S``; the chunk's own time is not counted there).
+(``engine.chunk_run_ahead_ms``; the chunk's own time is not counted there).
 
 While every row decodes, a plan runs several decode steps ("run-ahead", worker/batched/run_ahead.py).
 
@@ -41,7 +41,7 @@ from .generator_join import JoinedRows
 from .prefill import PrefillRow, PromptPrefill
 from .prefill_budget import ChunkSizer
 from .prefill_burst import burst_continues, sample_first
-from .run_ahead import CHUNK_PLAN_RUN_AHEAD_S, joined, kv_fits
+from .run_ahead import joined, kv_fits
 
 
 @attrs.frozen
@@ -86,13 +86,15 @@ class BatchRunner(RunnerBase):
         self._prompt_caches: dict[RequestId, list] = {}
         self._last_plan: PlanTiming | None = None
         #: Whether this plan carries a timed chunk (its decode steps then run ahead too, for
-        #: CHUNK_PLAN_RUN_AHEAD_S), and the seconds it took.
+        #: engine.chunk_run_ahead_ms), and the seconds it took.
         self._timed_chunk = False
         self._chunk_s = 0.0
         #: Seconds a plan's decode steps may take for another to join (engine.run_ahead_ms), and
         #: with one row in the batch (engine.solo_run_ahead_ms).
         self._run_ahead_window_s = cfg.engine.run_ahead_ms / 1000
         self._solo_window_s = cfg.engine.solo_run_ahead_ms / 1000
+        #: Seconds of decode steps a plan carrying a timed prompt chunk may run (engine.chunk_run_ahead_ms).
+        self._chunk_window_s = cfg.engine.chunk_run_ahead_ms / 1000
         #: Decode steps a plan may run, and with one row: 1 when sharded (every rank must run the same steps).
         self._run_ahead_steps = self._solo_steps = 1
         #: A run-ahead plan's tokens wait for its end (engine.hold_run_ahead_tokens), else each
@@ -239,9 +241,9 @@ class BatchRunner(RunnerBase):
 
     def _run_ahead_bounds(self) -> tuple[int, float]:
         """This plan's most decode steps and seconds: beside a timed prompt chunk its own bound
-        (CHUNK_PLAN_RUN_AHEAD_S); one row alone the solo window; else engine.run_ahead_steps / _ms."""
+        (engine.chunk_run_ahead_ms); one row alone the solo window; else engine.run_ahead_steps / _ms."""
         if self._timed_chunk:
-            return self._run_ahead_steps, CHUNK_PLAN_RUN_AHEAD_S
+            return self._run_ahead_steps, self._chunk_window_s
         if len(self._request_ids) == 1:
             return self._solo_steps, self._solo_window_s
         return self._run_ahead_steps, self._run_ahead_window_s
