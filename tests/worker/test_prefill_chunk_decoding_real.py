@@ -145,10 +145,11 @@ async def test_prompts_arriving_together_are_prefilled_back_to_back_in_full_chun
     assert len(budgets) >= 4 and set(budgets) == {128}
 
 
-async def test_beside_a_stream_a_plan_runs_ahead_after_its_chunk(float32_dir, monkeypatch):
+@pytest.mark.parametrize("chunk_window_ms", [60000, 0])
+async def test_beside_a_stream_a_plan_runs_ahead_after_its_chunk(float32_dir, monkeypatch, chunk_window_ms):
     """Run-ahead on: while the long prompt is prefilled beside the stream, a plan carries one
-    timed chunk and then several decode steps, and the long prompt's greedy output is what it
-    is alone."""
+    timed chunk and then several decode steps (one with engine.chunk_run_ahead_ms = 0), and the
+    long prompt's greedy output is what it is alone."""
     from vllm_mlx_trio.worker.batched import runner as batch_runner
     from vllm_mlx_trio.worker.batched.prefill import PromptPrefill
 
@@ -166,8 +167,9 @@ async def test_beside_a_stream_a_plan_runs_ahead_after_its_chunk(float32_dir, mo
 
     monkeypatch.setattr(PromptPrefill, "step", spy_runner)
     monkeypatch.setattr(batch_runner.BatchRunner, "_generator_step", spy_generator)
-    # no time limit: the steps limit
-    cfg = config(float32_dir, "engine.run_ahead_steps=4", "engine.chunk_run_ahead_ms=60000", "cache.enabled=false")
+    # 60000: no time limit, the steps limit; 0: one decode step per chunk
+    window = f"engine.chunk_run_ahead_ms={chunk_window_ms}"
+    cfg = config(float32_dir, "engine.run_ahead_steps=4", window, "cache.enabled=false")
     with trio.fail_after(TIMEOUT_S):
         async with open_engine(cfg) as engine:
             alone = await _tokens(engine, LONG_PROMPT, GREEDY)
@@ -175,5 +177,8 @@ async def test_beside_a_stream_a_plan_runs_ahead_after_its_chunk(float32_dir, mo
             _arrivals, beside = await _arrival(engine)
     between = "".join(events).strip("g").split("C")[1:-1]  # decode steps after each timed chunk
     assert len(between) >= 600 // 32 - 2
-    assert all(1 <= len(steps) <= 4 for steps in between) and sum(map(len, between)) >= 2 * len(between)
+    if chunk_window_ms:
+        assert all(1 <= len(steps) <= 4 for steps in between) and sum(map(len, between)) >= 2 * len(between)
+    else:
+        assert all(len(steps) == 1 for steps in between)
     assert beside == alone
