@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 import attrs
 
+from ...core.billing_header import SYSTEM_ROLES, stable_billing_header
 from ...core.params import SamplingParams
 from ...errors import InvalidRequestError
 from ...messages import ChatMessage, ChatPrompt, TextPart
@@ -74,11 +75,13 @@ def tokenize_prompt(tokenizer: Tokenizer, prompt: Prompt, template: ChatTemplate
 
 
 def render_prompt(tokenizer: Tokenizer, prompt: ChatPrompt, template: ChatTemplateOptions | None = None) -> str:
-    """The chat template applied to the turns (media parts as ``{"type": "image"}`` placeholders)."""
+    """The chat template applied to the turns (media parts as ``{"type": "image"}`` placeholders),
+    a billing header at the start of the system turn made the same on every request
+    (core/billing_header.py)."""
     prompt = as_prompt(prompt)
     if not prompt:
         raise InvalidRequestError("messages must not be empty.", param="messages")
-    turns = [_turn(m) for m in prompt]
+    turns = [_turn(m) for m in _with_stable_header(prompt.messages)]
     options = (template or ChatTemplateOptions()).kwargs()
     arguments = _template_arguments(prompt)
     return call_tokenizer(
@@ -124,6 +127,19 @@ def prompt_chars(prompt: str | ChatPrompt | tuple[ChatMessage, ...]) -> int:
     chars += sum(len(call.arguments) + len(call.name) for m in prompt for call in m.tool_calls)
     tools = prompt.tools if isinstance(prompt, ChatPrompt) else None
     return chars + (len(json.dumps(tools)) if tools else 0)
+
+
+def _with_stable_header(messages: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...]:
+    """The turns, a billing header at the very start of the first one made stable when that
+    turn is a system (or developer) turn; every other turn and part as given."""
+    head = messages[0]
+    if head.role not in SYSTEM_ROLES or not head.content or not isinstance(head.content[0], TextPart):
+        return messages
+    text = head.content[0].text
+    stable = stable_billing_header(text)
+    if stable == text:
+        return messages
+    return (attrs.evolve(head, content=(TextPart(text=stable), *head.content[1:])), *messages[1:])
 
 
 def _turn(message: ChatMessage) -> dict[str, Any]:
