@@ -24,8 +24,11 @@ Event = tuple[str, dict[str, Any]]
 class ContentBlocks:
     """Turns a reply's text into block events, and keeps the finished blocks."""
 
-    def __init__(self, spec: OutputSpec | None, *, starts_in_reasoning: bool = False):
+    def __init__(self, spec: OutputSpec | None, *, starts_in_reasoning: bool = False, omit_thinking: bool = False):
+        """``omit_thinking`` (``thinking.display = "omitted"``): thinking blocks are opened and
+        closed as the model thinks, with no text in them."""
         self._spec = spec
+        self._omit_thinking = omit_thinking
         self._parser = None
         if spec is not None:
             self._parser = spec.new_parser(starts_in_reasoning=starts_in_reasoning)
@@ -50,8 +53,9 @@ class ContentBlocks:
         events: list[Event] = []
         if piece.reasoning:
             events += self._ensure(("thinking", None), {"type": "thinking", "thinking": "", "signature": ""})
-            self.blocks[-1]["thinking"] += piece.reasoning
-            events.append(self._delta({"type": "thinking_delta", "thinking": piece.reasoning}))
+            if not self._omit_thinking:
+                self.blocks[-1]["thinking"] += piece.reasoning
+                events.append(self._delta({"type": "thinking_delta", "thinking": piece.reasoning}))
         if piece.content:
             events += self._ensure(("text", None), {"type": "text", "text": ""})
             self.blocks[-1]["text"] += piece.content

@@ -74,9 +74,10 @@ def full_message(
     usage: Usage,
     output: OutputSpec | None = None,
     starts_in_reasoning: bool = False,
+    omit_thinking: bool = False,
 ) -> dict[str, Any]:
     """The non-streamed answer: the whole text through the same blocks a stream builds."""
-    blocks = ContentBlocks(output, starts_in_reasoning=starts_in_reasoning)
+    blocks = ContentBlocks(output, starts_in_reasoning=starts_in_reasoning, omit_thinking=omit_thinking)
     blocks.feed(text)
     blocks.finish()
     return message_json(
@@ -92,14 +93,17 @@ def full_message(
 class MessageEvents:
     """The events of one streamed Message (an :class:`~..one_request.EventSource`)."""
 
-    def __init__(self, model: str, output: OutputSpec | None = None):
+    def __init__(self, model: str, output: OutputSpec | None = None, *, omit_thinking: bool = False):
         self._model = model
         self._output = output
+        self._omit_thinking = omit_thinking
         self._id = new_message_id()
         self._blocks: ContentBlocks | None = None
 
     def opening(self, stream: RequestStream) -> str:
-        self._blocks = ContentBlocks(self._output, starts_in_reasoning=stream.starts_in_reasoning)
+        self._blocks = ContentBlocks(
+            self._output, starts_in_reasoning=stream.starts_in_reasoning, omit_thinking=self._omit_thinking
+        )
         usage = {
             "input_tokens": stream.num_prompt_tokens,
             "output_tokens": 0,

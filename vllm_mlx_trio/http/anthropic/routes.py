@@ -33,7 +33,10 @@ def register_anthropic_routes(app: quart.Quart, engine: Engine) -> None:
             stream = await runner.submit(record, ids, parsed.prompt, parsed.params)
             if parsed.stream:
                 return runner.streaming_response(
-                    stream, MessageEvents(model_name, parsed.output), record, ping_interval_s=PING_INTERVAL_S
+                    stream,
+                    MessageEvents(model_name, parsed.output, omit_thinking=parsed.omit_thinking),
+                    record,
+                    ping_interval_s=PING_INTERVAL_S,
                 )
             outcome = await runner.collect(stream, record)
             return full_message(
@@ -44,6 +47,7 @@ def register_anthropic_routes(app: quart.Quart, engine: Engine) -> None:
                 usage=stream.usage,
                 output=parsed.output,
                 starts_in_reasoning=stream.starts_in_reasoning,
+                omit_thinking=parsed.omit_thinking,
             )
 
     @app.post(f"{MESSAGES_PATH}/count_tokens")

@@ -17,7 +17,6 @@ import msgspec
 UNSUPPORTED_FIELDS = {
     "mcp_servers": "MCP servers",
     "container": "code-execution containers",
-    "context_management": "context management",
     "diagnostics": "prompt-cache diagnostics",
 }
 #: Content block types (server tools' results, documents with citations...) refused by name.
@@ -143,15 +142,45 @@ class _Thinking(_Object, tag_field="type"):
     pass
 
 
+#: ``thinking.display``: the reply's thinking text shown (``summarized``, the default) or left
+#: out (``omitted``: thinking blocks with empty text).
+Display = Literal["summarized", "omitted"] | None
+
+
 class ThinkingEnabled(_Thinking, tag="enabled"):
     budget_tokens: int
+    display: Display = None
+
+
+class ThinkingAdaptive(_Thinking, tag="adaptive"):
+    """The model decides whether and how long to think: the template's thinking on, no budget."""
+
+    display: Display = None
 
 
 class ThinkingDisabled(_Thinking, tag="disabled"):
     pass
 
 
-Thinking = ThinkingEnabled | ThinkingDisabled
+Thinking = ThinkingEnabled | ThinkingAdaptive | ThinkingDisabled
+
+#: The ``context_management.edits`` types this server applies.
+CLEAR_THINKING = "clear_thinking_20251015"
+
+
+class ThinkingTurns(_Object, tag_field="type", tag="thinking_turns"):
+    value: int
+
+
+class ClearThinkingEdit(_Object, tag_field="type", tag=CLEAR_THINKING):
+    """Earlier assistant turns' thinking: kept for ``all`` of them or the last ``value`` turns
+    that have some; cleared (left out of the prompt) for the rest."""
+
+    keep: Literal["all"] | ThinkingTurns | None = None
+
+
+class ContextManagement(_Object):
+    edits: list[ClearThinkingEdit] | None = None
 
 
 class JsonOutputFormat(_Object, tag_field="type", tag="json_schema"):
@@ -181,6 +210,7 @@ class CountTokensBody(_Object):
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
+    context_management: ContextManagement | None = None
     cache_control: CacheControl = None
 
 
@@ -195,6 +225,7 @@ class MessagesBody(_Object):
     tool_choice: ToolChoice | None = None
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None
+    context_management: ContextManagement | None = None
     stop_sequences: list[str] | None = None
     temperature: float | None = None
     top_p: float | None = None

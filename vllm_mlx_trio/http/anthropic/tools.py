@@ -181,6 +181,8 @@ def _thinking_kwargs(body: schemas.MessagesBody | schemas.CountTokensBody) -> di
         return {}
     if isinstance(thinking, schemas.ThinkingDisabled):
         return {"enable_thinking": False}
+    if isinstance(thinking, schemas.ThinkingAdaptive):
+        return {"enable_thinking": True}  # the model decides how long: no budget to check
     budget = thinking.budget_tokens
     max_tokens = getattr(body, "max_tokens", None)
     if budget < MIN_THINKING_BUDGET or (max_tokens is not None and budget >= max_tokens):

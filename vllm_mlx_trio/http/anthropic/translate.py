@@ -38,6 +38,8 @@ class MessagesRequest:
     stream: bool
     #: How the reply is parsed into thinking, text and tool_use blocks (None: one text block).
     output: OutputSpec | None = None
+    #: ``thinking.display = "omitted"``: the reply's thinking blocks carry no text.
+    omit_thinking: bool = False
 
 
 def parse_messages(
@@ -55,7 +57,10 @@ def parse_messages(
         **_sampling_fields(decoded),
         **prefill_options(decoded),
     )
-    return MessagesRequest(prompt=prompt, params=params, stream=bool(decoded.stream), output=plan.output)
+    omit = getattr(decoded.thinking, "display", None) == "omitted"
+    return MessagesRequest(
+        prompt=prompt, params=params, stream=bool(decoded.stream), output=plan.output, omit_thinking=omit
+    )
 
 
 def parse_count_tokens(body: Any, *, model_name: str, output: OutputFormat) -> tuple[ChatPrompt, bool]:
@@ -133,11 +138,25 @@ def check_unsupported(body: dict) -> None:
                 "only client tools with an input_schema.",
                 param=f"tools.{i}.type",
             )
+    _check_edits(body.get("context_management"))
     _check_blocks(body.get("system"), "system")
     messages = body.get("messages")
     for i, message in enumerate(messages if isinstance(messages, list) else ()):
         if isinstance(message, dict):
             _check_blocks(message.get("content"), f"messages.{i}.content")
+
+
+def _check_edits(context_management: Any) -> None:
+    """Each ``context_management`` edit must be one this server applies (clearing thinking)."""
+    edits = context_management.get("edits") if isinstance(context_management, dict) else None
+    for i, edit in enumerate(edits if isinstance(edits, list) else ()):
+        kind = edit.get("type") if isinstance(edit, dict) else None
+        if kind != schemas.CLEAR_THINKING:
+            raise InvalidRequestError(
+                f"context_management.edits.{i}.type: {kind!r:.60} is not supported by this server; "
+                f"only {schemas.CLEAR_THINKING}.",
+                param=f"context_management.edits.{i}.type",
+            )
 
 
 def _check_blocks(blocks: Any, where: str) -> None:
@@ -166,7 +185,8 @@ def build_turns(body: schemas.MessagesBody | schemas.CountTokensBody) -> tuple[C
         raise InvalidRequestError("messages: at least one message is required.", param="messages")
     if ends_in_prefill(body):
         _check_prefill(body.messages[-1], len(body.messages) - 1)
-    turns = [turn for i, message in enumerate(body.messages) for turn in _turns(message, i)]
+    kept = kept_thinking(body)
+    turns = [turn for i, message in enumerate(body.messages) for turn in _turns(message, i, i in kept)]
     system = _system_text(body.system)
     if system is not None:
         turns.insert(0, ChatMessage(role="system", content=system))
@@ -197,15 +217,39 @@ def _system_text(system: str | list[schemas.TextBlock] | None) -> str | None:
     return text or None
 
 
-def _turns(message: schemas.MessageParam, index: int) -> list[ChatMessage]:
-    """One Anthropic message as chat turns: an assistant message is one turn with its calls;
-    a user message's ``tool_result`` blocks become ``tool`` turns, in order among its text."""
+def kept_thinking(body: schemas.MessagesBody | schemas.CountTokensBody) -> set[int]:
+    """The indices of the assistant messages whose thinking reaches the template (as the turn's
+    reasoning, which the template may still leave out): with a ``clear_thinking`` edit, ``keep``
+    ``all`` of them or the last ``value`` that have some; without one, none (earlier thinking is
+    cleared, as chat templates clear it)."""
+    edits = body.context_management.edits if body.context_management is not None else None
+    if not edits:
+        return set()
+    keep = edits[-1].keep
+    thinking = [i for i, message in enumerate(body.messages) if _thinking_text(message)]
+    if keep == "all":
+        return set(thinking)
+    return set(thinking[-keep.value :]) if keep is not None and keep.value > 0 else set()
+
+
+def _thinking_text(message: schemas.MessageParam) -> str:
+    """An assistant message's thinking blocks' text (empty when the client omitted it)."""
+    if message.role != "assistant" or isinstance(message.content, str):
+        return ""
+    return "".join(block.thinking for block in message.content if isinstance(block, schemas.ThinkingBlock))
+
+
+def _turns(message: schemas.MessageParam, index: int, keep_thinking: bool = False) -> list[ChatMessage]:
+    """One Anthropic message as chat turns: an assistant message is one turn with its calls (and
+    its thinking as the turn's reasoning when ``keep_thinking``); a user message's ``tool_result``
+    blocks become ``tool`` turns, in order among its text."""
     content = message.content
     if isinstance(content, str):
         return [ChatMessage(role=message.role, content=content)]
     where = f"messages.{index}.content"
     if message.role == "assistant":
-        return [_assistant_turn(content, where)]
+        turn = _assistant_turn(content, where)
+        return [attrs.evolve(turn, reasoning=_thinking_text(message)) if keep_thinking else turn]
     turns: list[ChatMessage] = []
     parts: list[ContentPart] = []
     for j, block in enumerate(content):
