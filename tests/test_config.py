@@ -478,6 +478,7 @@ def test_round_trip_with_every_option_set():
             "body_timeout_s": 2.0,
             "preprocess_threads": 2,
             "max_stored_responses": 7,
+            "tool_result_media": "refuse",
         },
         "distributed": {"backend": "ring", "tensor": 2, "pipeline": 1, "collective_timeout_s": 5.0},
         "metrics": {"enabled": False},

@@ -205,26 +205,18 @@ BAD = [
     ),
     ("max_tokens range", {"max_tokens": 0}, "max_tokens"),
     (
-        "image in a tool result on a text-only model",
+        "image from the user on a text-only model",
         {
             "messages": [
-                *USER,
-                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot", "input": {}}]},
                 {
                     "role": "user",
                     "content": [
                         {
-                            "type": "tool_result",
-                            "tool_use_id": "t1",
-                            "content": [
-                                {
-                                    "type": "image",
-                                    "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
-                                }
-                            ],
+                            "type": "image",
+                            "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
                         }
                     ],
-                },
+                }
             ]
         },
         "not supported by this model",

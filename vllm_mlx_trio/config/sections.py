@@ -29,6 +29,8 @@ GGUF_DTYPES = ("auto", "native", "float32", "float16", "bfloat16")
 LOG_FORMATS = ("text", "json")
 UNKNOWN_FIELDS = ("reject", "ignore")
 DISTRIBUTED_BACKENDS = ("any", "ring", "jaccl", "mpi")
+#: limits.tool_result_media: a tool turn's media the model cannot take becomes a text, or a 400.
+TOOL_RESULT_MEDIA = ("placeholder", "refuse")
 #: What mx.quantize supports for stored prefix blocks.
 KV_BITS = (4, 8)
 KV_GROUP_SIZES = (32, 64, 128)
@@ -258,6 +260,10 @@ class LimitsConfig:
     #: Responses kept in memory for ``/v1/responses`` (``store``, ``previous_response_id``,
     #: ``GET``/``DELETE``), least recently used evicted first (>= 0; 0 keeps none).
     max_stored_responses: int = _option(1000, _in_range(0))
+    #: An image or video inside a tool's result (a ``tool`` turn: Claude Code's Read of a PNG)
+    #: on a model that cannot take it: "placeholder" replaces it with a short text saying it was
+    #: omitted, so an agent's session goes on; "refuse" answers 400, as for the user's own image.
+    tool_result_media: str = _option("placeholder", _one_of(TOOL_RESULT_MEDIA))
 
 
 @attrs.frozen(kw_only=True)

@@ -32,7 +32,7 @@ from .chat_template import (
     render_prompt,
     tokenize_prompt,
 )
-from .media import MediaLoader, MediaPrompt, PromptProcessor, process_media_prompt
+from .media import MediaLoader, MediaPrompt, PromptProcessor, process_media_prompt, tool_media_placeholders
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,9 @@ class AdmissionLimits:
     vocab_size: int
     #: Media content-part kinds the model takes ("image_url", "video_url"); none: text only.
     media_kinds: frozenset[str] = frozenset()
+    #: A tool turn's media the model cannot take becomes a short text (limits.tool_result_media
+    #: "placeholder"); False: a 400, as for the user's own.
+    tool_media_placeholders: bool = True
 
 
 class AdmissionActor:
@@ -144,6 +147,8 @@ class AdmissionActor:
         gets it (refused, client gone, or cancelled at shutdown)."""
         outbox = submit.outbox
         prompt = as_prompt(submit.prompt)
+        if self._limits.tool_media_placeholders and isinstance(prompt, ChatPrompt):
+            prompt = tool_media_placeholders(prompt, self._limits.media_kinds)
         with contextlib.ExitStack() as owned:
             owned.callback(outbox.close)
             try:

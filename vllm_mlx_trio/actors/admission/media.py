@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import attrs
 
-from ...messages import ChatPrompt, MediaInput
+from ...messages import ChatPrompt, MediaInput, TextPart
 
 
 class MediaLoader(Protocol):
@@ -85,3 +85,28 @@ def process_media_prompt(
         load_s=loaded_at - started,
         process_s=time.perf_counter() - loaded_at,
     )
+
+
+#: What a tool's image or video becomes on a model that cannot take it (``limits.tool_result_media``).
+TOOL_MEDIA_PLACEHOLDER = "[{kind} omitted: this model cannot take {kind}s]"
+
+
+def tool_media_placeholders(prompt: ChatPrompt, media_kinds: frozenset[str]) -> ChatPrompt:
+    """``prompt`` with each image or video part of a ``tool`` turn that the model cannot take
+    replaced by a short text saying so (an agent's tool, such as a file reader, returned it;
+    the user did not send it). Every other turn as given."""
+    if not any(m.role == "tool" and any(p.kind not in media_kinds for _, p in m.media) for m in prompt):
+        return prompt
+    messages = tuple(
+        attrs.evolve(message, content=tuple(_placeholder(part, media_kinds) for part in message.content))
+        if message.role == "tool"
+        else message
+        for message in prompt
+    )
+    return attrs.evolve(prompt, messages=messages)
+
+
+def _placeholder(part: Any, media_kinds: frozenset[str]) -> Any:
+    if isinstance(part, TextPart) or part.kind in media_kinds:
+        return part
+    return TextPart(text=TOOL_MEDIA_PLACEHOLDER.format(kind=part.kind.removesuffix("_url")))
