@@ -119,6 +119,8 @@ def clear(keep) -> dict:
 def test_clearing_thinking_keeps_what_keep_says():
     assert reasoning_of(None, "t0", "t1", "t2") == [None, None, None]  # cleared, as templates clear it
     assert reasoning_of(clear("all"), "t0", "t1", "t2") == ["t0", "t1", "t2"]
+    assert reasoning_of(clear({"type": "all"}), "t0", "t1") == ["t0", "t1"]
+    assert reasoning_of({"edits": [{"type": "clear_thinking_20251015"}]}, "t0", "t1") == [None, "t1"]  # one
     assert reasoning_of(clear({"type": "thinking_turns", "value": 2}), "t0", "t1", "t2") == [None, "t1", "t2"]
     assert reasoning_of(clear({"type": "thinking_turns", "value": 1}), "t0", "", "t2") == [None, None, "t2"]
     assert reasoning_of(clear({"type": "thinking_turns", "value": 0}), "t0", "t1") == [None, None]

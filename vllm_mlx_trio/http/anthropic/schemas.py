@@ -172,11 +172,16 @@ class ThinkingTurns(_Object, tag_field="type", tag="thinking_turns"):
     value: int
 
 
-class ClearThinkingEdit(_Object, tag_field="type", tag=CLEAR_THINKING):
-    """Earlier assistant turns' thinking: kept for ``all`` of them or the last ``value`` turns
-    that have some; cleared (left out of the prompt) for the rest."""
+class AllThinkingTurns(_Object, tag_field="type", tag="all"):
+    pass
 
-    keep: Literal["all"] | ThinkingTurns | None = None
+
+class ClearThinkingEdit(_Object, tag_field="type", tag=CLEAR_THINKING):
+    """Earlier assistant turns' thinking: kept for all of them (``"all"`` or ``{"type": "all"}``)
+    or the last ``value`` turns that have some (without ``keep``: the last one, Anthropic's
+    default); cleared (left out of the prompt) for the rest."""
+
+    keep: Literal["all"] | ThinkingTurns | AllThinkingTurns | None = None
 
 
 class ContextManagement(_Object):

@@ -220,16 +220,17 @@ def _system_text(system: str | list[schemas.TextBlock] | None) -> str | None:
 def kept_thinking(body: schemas.MessagesBody | schemas.CountTokensBody) -> set[int]:
     """The indices of the assistant messages whose thinking reaches the template (as the turn's
     reasoning, which the template may still leave out): with a ``clear_thinking`` edit, ``keep``
-    ``all`` of them or the last ``value`` that have some; without one, none (earlier thinking is
-    cleared, as chat templates clear it)."""
+    all of them or the last ``value`` that have some (the last one without ``keep``); without
+    one, none (earlier thinking is cleared, as chat templates clear it)."""
     edits = body.context_management.edits if body.context_management is not None else None
     if not edits:
         return set()
     keep = edits[-1].keep
     thinking = [i for i, message in enumerate(body.messages) if _thinking_text(message)]
-    if keep == "all":
+    if keep == "all" or isinstance(keep, schemas.AllThinkingTurns):
         return set(thinking)
-    return set(thinking[-keep.value :]) if keep is not None and keep.value > 0 else set()
+    num_kept = 1 if keep is None else keep.value
+    return set(thinking[-num_kept:]) if num_kept > 0 else set()
 
 
 def _thinking_text(message: schemas.MessageParam) -> str:
