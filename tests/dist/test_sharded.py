@@ -9,6 +9,7 @@ import contextlib
 import functools
 import json
 import pathlib
+import shutil
 import sys
 
 import attrs
@@ -24,9 +25,10 @@ PROMPTS = ["hello there", "the quick brown fox jumps", "one two three four five 
 
 
 @contextlib.asynccontextmanager
-async def two_ranks(tmp_path: pathlib.Path, model_dir: str, *overrides: str):
+async def two_ranks(tmp_path: pathlib.Path, model_dir: str, *overrides: str, ready: bool = True):
     """Rank 0 (HTTP) and rank 1 (follower), started as ``mlx.launch --backend ring`` would:
-    a hostfile of loopback addresses, ``MLX_RANK`` per process. Always killed at the end."""
+    a hostfile of loopback addresses, ``MLX_RANK`` per process; rank 0 answering /health first
+    when ``ready``. Always killed at the end."""
     hostfile = tmp_path / "ring.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"], [f"127.0.0.1:{free_port()}"]]))
     port = free_port()
@@ -43,7 +45,8 @@ async def two_ranks(tmp_path: pathlib.Path, model_dir: str, *overrides: str):
             with log.open("wb") as out:
                 proc = await trio.lowlevel.open_process(argv, cwd=REPO, env=env, stdout=out, stderr=out)
             ranks.append(Process(proc, f"http://127.0.0.1:{port}", log))
-        await wait_ready(ranks[0], "/health")
+        if ready:
+            await wait_ready(ranks[0], "/health")
         yield ranks
     finally:
         for process in ranks:
@@ -165,3 +168,16 @@ async def test_rank_killed_mid_stream_gives_an_in_band_error_and_exit_1(tmp_path
             code = await rank0.proc.wait()
     assert json.loads(events[-1])["error"]["type"] in ("engine_unavailable", "server_error"), events[-3:]
     assert code == 1, rank0.output()[-2000:]
+
+
+async def test_a_vision_checkpoint_is_refused_at_load_and_both_ranks_exit_1(tmp_path, float32_dir):
+    model = tmp_path / "vision"
+    shutil.copytree(float32_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "vision_config": {"model_type": "qwen2_vl"}}))
+    with trio.fail_after(120):
+        async with two_ranks(tmp_path, str(model), ready=False) as ranks:
+            codes = [await rank.proc.wait() for rank in ranks]
+    assert codes == [1, 1], [rank.output()[-2000:] for rank in ranks]
+    for rank in ranks:
+        assert "is a vision-language model" in rank.output()
