@@ -352,7 +352,7 @@ class BatchRunner(RunnerBase):
         """The generator row of a prompt whose chunk ends it in this plan while more of its burst waits, else None;
         it takes its first token from its own prefill (prefill_burst.py) unless it has logits processors."""
         assert self._prefill is not None
-        if sharding() or not self._prefix.layout.knows_position or not self._prefill.gives_first_logits:
+        if not self._prefix.layout.knows_position or not self._prefill.gives_first_logits:
             return None
         if not burst_continues(self._prefill, self._live, self._cfg.engine.prefill_step_size):
             return None
