@@ -212,20 +212,23 @@ def encode_plan(plan: StepPlan) -> tuple[StepPlan, bytes, tuple[tuple[RequestId,
     rank, and fails alone; the rest of the plan (ids and numbers) always encodes."""
     try:
         return plan, pickle.dumps(plain_plan(plan)), ()
-    except Exception:  # boundary: find the sequences at fault below
-        pass
-    refused: list[tuple[RequestId, str]] = []
-    for seq in plan.new_seqs:
-        try:
-            pickle.dumps(plain_plan(attrs.evolve(plan, new_seqs=(seq,))).new_seqs)
-        except Exception as exc:  # boundary: what pickle raises for an object it cannot encode
-            refused.append((seq.request_id, f"{type(exc).__name__}: {exc}"))
+    except Exception:  # boundary: some new sequence holds what pickle cannot encode; it fails alone
+        refused = _unsendable(plan)
     gone = {rid for rid, _ in refused}
     kept = attrs.evolve(plan, new_seqs=tuple(seq for seq in plan.new_seqs if seq.request_id not in gone))
-    failed = tuple(
-        (rid, f"its step plan cannot be sent to the other ranks of the sharded model ({why})") for rid, why in refused
-    )
-    return kept, pickle.dumps(plain_plan(kept)), failed
+    return kept, pickle.dumps(plain_plan(kept)), refused
+
+
+def _unsendable(plan: StepPlan) -> tuple[tuple[RequestId, str], ...]:
+    """The plan's new sequences that cannot be encoded, each with the request's error."""
+    refused = []
+    for seq in plain_plan(plan).new_seqs:
+        try:
+            pickle.dumps(seq)
+        except Exception as exc:  # boundary: what pickle raises for an object it cannot encode
+            why = f"its step plan cannot be sent to the other ranks of the sharded model ({type(exc).__name__}: {exc})"
+            refused.append((seq.request_id, why))
+    return tuple(refused)
 
 
 class _ShardedRunner:
