@@ -10,11 +10,11 @@ ranks add zero: the token every rank feeds next, counts toward ``max_tokens`` an
 against the stop ids is rank 0's. The other ranks build no sampler and no processor at all,
 so they never need to agree on a sampler's state.
 
-The broadcast is part of each row's sampler (mlx-lm samples row by row once the rows' samplers
-differ), one ``all_sum`` of one token per row and step, on the stream the model's collectives
-run on, chained so every rank issues them in the same order (:class:`TokenBroadcast`). A
-follower's zero depends on its own logits: its broadcast cannot be scheduled before the
-forward pass's collectives, and so does rank 0's token (:func:`after_forward`).
+The broadcast is one ``all_sum`` of the whole batch's tokens per generator step, on the stream
+the model's collectives run on, as soon as the step has sampled them and before anything reads
+them (:meth:`ShardedBatchRunner._sampled`). A follower's zeros depend on its own logits
+(:func:`zero_token`), and so does rank 0's token (:func:`after_forward`): the broadcast
+cannot be scheduled before the forward pass's collectives on any rank.
 
 Pipeline stages prefill through mlx-lm's own prompt path, not the runner's
 (worker/batched/prefill.py): with the runner's chunks, the stages were seen to issue their
@@ -31,37 +31,14 @@ from mlx_lm.generate import StopSequences
 
 from .batched.runner import BatchRunner
 from .runner_base import LiveSequence
-from .sampling import LogitsProcessor, Sampler
+from .sampling import LogitsProcessor
 
 
-class TokenBroadcast:
-    """Rows' tokens from rank 0 to every rank, one ``all_sum`` per row and step, chained: each
-    row's sum waits for the one before it, so every rank runs them in the same order whatever
-    its rows' sampling graphs look like (rank 0's carry processors and grammar masks, the other
-    ranks' do not: left to itself, MLX may order two independent sums differently on each rank,
-    and a row would get another row's token)."""
-
-    def __init__(self, group: Any, stream: Any):
-        self._group = group
-        self._stream = stream
-        self._last: mx.array | None = None
-
-    def row_sampler(self, sampler: Sampler | None) -> Sampler:
-        """A row's sampler: ``sampler``'s token on rank 0 (None on the other ranks, which add
-        zero), summed over the group: rank 0's token on every rank."""
-
-        def sample(logprobs: mx.array) -> mx.array:
-            if sampler is None:
-                own = mx.argmax(logprobs, axis=-1) * 0  # zero, after this rank's forward pass
-            else:
-                own = sampler(logprobs)
-            own = own.astype(mx.int32)
-            if self._last is not None:
-                own = mx.depends(own, self._last)
-            self._last = mx.distributed.all_sum(own, group=self._group, stream=self._stream)
-            return self._last.astype(mx.uint32)
-
-        return sample
+def zero_token(logprobs: mx.array) -> mx.array:
+    """Every row's sampler on the ranks other than 0 (one function, so the batch is sampled in
+    one call): a zero per row that depends on this rank's logits, so the step's broadcast comes
+    after its forward pass."""
+    return (mx.argmax(logprobs, axis=-1) * 0).astype(mx.uint32)
 
 
 def after_forward(processors: list[LogitsProcessor]) -> list[LogitsProcessor]:
@@ -90,13 +67,10 @@ class ShardedBatchRunner(BatchRunner):
         super().__init__(cfg, request_waiting=request_waiting)
         self._group = group
         self._samples_here = group.rank() == 0
-        self._broadcast: TokenBroadcast | None = None
         self._pipelined = cfg.distributed.pipeline > 1
 
     def _start(self, model) -> None:
         super()._start(model)
-        assert self._generator is not None
-        self._broadcast = TokenBroadcast(self._group, self._generator.stream)
         if self._pipelined:  # mlx-lm's prompt path (see the module's docstring)
             self._prefill, self._sizer = None, None
 
@@ -107,11 +81,23 @@ class ShardedBatchRunner(BatchRunner):
         return None
 
     def _row(self, live: LiveSequence) -> tuple:
-        """Rank 0: the row a single process builds, its sampler's token broadcast. Other ranks:
-        no processors (rank 0's token already obeys them), only the broadcast's receiving end."""
-        assert self._broadcast is not None
+        """Rank 0: the row a single process builds. Other ranks: no sampler and no processors
+        (rank 0's token already obeys them), a zero in the step's broadcast."""
         if self._samples_here:
             sampler, processors, stops = super()._row(live)
-            return self._broadcast.row_sampler(sampler), after_forward(processors), stops
+            return sampler, after_forward(processors), stops
         stop_ids = tuple(sorted(live.termination.stop_ids))
-        return self._broadcast.row_sampler(None), [], StopSequences([[t] for t in stop_ids] or None)
+        return zero_token, [], StopSequences([[t] for t in stop_ids] or None)
+
+    def _sampled(self) -> None:
+        """Every row's next token becomes rank 0's: one ``all_sum`` of the batch's tokens, in
+        which the other ranks add zeros, before the generator or the runner reads them."""
+        assert self._generator is not None
+        batch = self._generator._generation_batch  # mlx-lm's fields, as generator_join.py reads them
+        tokens = batch._next_tokens
+        if tokens is None or tokens.size == 0:
+            return
+        with mx.stream(self._generator.stream):
+            total = mx.distributed.all_sum(tokens.astype(mx.int32), group=self._group, stream=self._generator.stream)
+            batch._next_tokens = total.astype(tokens.dtype)
+        mx.async_eval(batch._next_tokens)
