@@ -16,10 +16,10 @@ them (:meth:`ShardedBatchRunner._sampled`). A follower's zeros depend on its own
 (:func:`zero_token`), and so does rank 0's token (:func:`after_forward`): the broadcast
 cannot be scheduled before the forward pass's collectives on any rank.
 
-Pipeline stages prefill through mlx-lm's own prompt path, not the runner's
-(worker/batched/prefill.py): with the runner's chunks, the stages were seen to issue their
-transfers in different orders (one rank in a ``recv``, the other in the step's
-``all_gather``) and hang, or mix up a plan's bytes with a step's.
+Every rank must evaluate the same collectives in the same order, so every choice that shapes a
+step is made alike on every rank: no burst (:meth:`ShardedBatchRunner._burst_row`), no
+run-ahead (the batched runner's, decided at load), and nothing left unevaluated on one rank
+that another evaluates (:func:`after_forward`).
 """
 
 from __future__ import annotations
@@ -67,17 +67,12 @@ class ShardedBatchRunner(BatchRunner):
         super().__init__(cfg, request_waiting=request_waiting)
         self._group = group
         self._samples_here = group.rank() == 0
-        self._pipelined = cfg.distributed.pipeline > 1
-
-    def _start(self, model) -> None:
-        super()._start(model)
-        if self._pipelined:  # mlx-lm's prompt path (see the module's docstring)
-            self._prefill, self._sizer = None, None
 
     def _burst_row(self, head) -> None:
         """No burst (worker/batched/prefill_burst.py): its first token would be sampled outside the
-        generator's step, and whether a row takes it depends on its processors, which only
-        rank 0 builds: every rank must run the same forward passes."""
+        generator's step, whether a row takes it depends on its processors, which only rank 0
+        builds, and its last chunk computes the last position only, which changes the shape a
+        pipeline stage sends: every rank must run the same forward passes."""
         return None
 
     def _row(self, live: LiveSequence) -> tuple:
