@@ -116,6 +116,15 @@ def _to_tuple(value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
+def _aliases(inst: Any, attribute: attrs.Attribute, value: tuple[str, ...]) -> None:
+    """Validator: each alias is a non-empty string, and none is given twice."""
+    for alias in value:
+        if not isinstance(alias, str) or not alias.strip():
+            raise _FieldError(type(inst), attribute.name, f"each alias must be a non-empty string, got {alias!r}")
+    if len(set(value)) != len(value):
+        raise _FieldError(type(inst), attribute.name, f"an alias is given twice in {list(value)!r}")
+
+
 def _origins(inst: Any, attribute: attrs.Attribute, value: tuple[str, ...]) -> None:
     """Validator: each CORS origin is "*" or ``scheme://host[:port]`` with no path."""
     for origin in value:

@@ -7,6 +7,7 @@ test keeps it in step with these classes.
 import attrs
 
 from vllm_mlx_trio.config.fields import (
+    _aliases,
     _ConflictError,
     _FieldError,
     _in_range,
@@ -78,6 +79,9 @@ class ServerConfig:
     drain_timeout_s: float = _option(30.0, _in_range(0), converter=_to_float)
     #: The model name /v1/models reports and requests must use; None means model.path.
     served_model_name: str | None = _option(None, _non_empty)
+    #: Answer a request whatever its ``model`` names (echoing that name), for clients that send
+    #: their own fixed names (Claude Code's main and small models); /v1/models still lists ours.
+    accept_any_model_name: bool = _option(False)
     #: A file of API keys, one per line (blank lines and # comments skipped); with it, or with
     #: keys in $VLLM_MLX_TRIO_API_KEYS, every route but /health needs "Authorization: Bearer".
     api_key_file: str | None = _option(None, _non_empty)
@@ -106,6 +110,8 @@ class ModelConfig:
     gguf_dtype: str = _option("auto", _one_of(GGUF_DTYPES))
     #: Hub revision (branch, tag or commit); None means the default branch.
     revision: str | None = _option(None, _non_empty)
+    #: More names the model is served under (each listed in /v1/models and accepted in requests).
+    aliases: tuple[str, ...] = _option((), _aliases, converter=_to_tuple)
     #: Allow model code from the hub to run; only for repositories you trust.
     trust_remote_code: bool = _option(False)
     #: A Jinja chat template that replaces the tokenizer's own; None keeps the tokenizer's.
@@ -415,3 +421,8 @@ class EngineConfig:
     def model_name(self) -> str:
         """The name the server answers to: server.served_model_name, else model.path."""
         return self.server.served_model_name or self.model.path
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """Every name the model is served under: :attr:`model_name`, then ``model.aliases``."""
+        return tuple(dict.fromkeys((self.model_name, *self.model.aliases)))

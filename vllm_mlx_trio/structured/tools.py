@@ -46,6 +46,16 @@ CALL_MARKUP: dict[str, CallMarkup] = {
     "mistral": CallMarkup(before="[TOOL_CALLS][", after="]", between=", ", call_open="", call_close=""),
 }
 TOOL_CALL_FORMATS: tuple[str, ...] = tuple(CALL_MARKUP)
+#: The markup forced calls take where no grammar is written for the model's own (qwen3_coder,
+#: deepseek_v3, openai, glm45, kimi_k2) and on a model with no tool parser: bare JSON objects
+#: ``{"name", "parameters"}``, read back by the llama3_json parser (vLLM forces JSON too when
+#: no parser is set).
+FALLBACK_CALL_FORMAT = "llama3_json"
+
+
+def forced_call_format(tool_parser: str | None) -> str:
+    """The markup a request's forced calls are generated (and parsed) in."""
+    return tool_parser if tool_parser in CALL_MARKUP else FALLBACK_CALL_FORMAT
 
 
 def tool_calls_lark(spec: ConstraintSpec) -> str:
