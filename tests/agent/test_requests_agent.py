@@ -216,13 +216,12 @@ async def test_completions_take_no_tools():
     assert json.loads(reply.text)["error"]["code"] == "unsupported_parameter"
 
 
-async def test_forced_calls_in_a_markup_without_a_grammar_are_a_400_naming_the_parser():
+@pytest.mark.parametrize("tool_parser", [None, "qwen3_coder", "deepseek_v3", "openai", "glm45", "kimi_k2"])
+def test_forced_calls_in_a_markup_without_a_grammar_are_json_calls_read_back(tool_parser):
     body = {"model": MODEL, "messages": [ASK], "tools": [WEATHER], "tool_choice": "required"}
-    with trio.fail_after(20):
-        async with scripted_server(parser_cfg("qwen3_coder"), "x") as srv, httpx.AsyncClient() as http:
-            reply = await http.post(f"{srv.url}/v1/chat/completions", json=body)
-            auto = await http.post(f"{srv.url}/v1/chat/completions", json={**body, "tool_choice": "auto"})
-    assert reply.status_code == 400, reply.text
-    error = reply.json()["error"]
-    assert error["param"] == "tool_choice" and "qwen3_coder" in error["message"], error
-    assert auto.status_code == 200  # parsed, not forced: any tool parser will do
+    names = ServedNames((MODEL,))
+    forced = parse_chat(body, model_names=names, max_n=8, tool_parser=tool_parser)
+    assert forced.params.constraint.tool_call_format == "llama3_json" and forced.tools.parser == "llama3_json"
+    if tool_parser is not None:
+        auto = parse_chat({**body, "tool_choice": "auto"}, model_names=names, max_n=8, tool_parser=tool_parser)
+        assert auto.params.constraint is None and auto.tools.parser == tool_parser
