@@ -421,11 +421,13 @@ def test_round_trip_with_every_option_set():
             "cors_origins": ["https://a.example", "*"],
             "backlog": 512,
             "unknown_fields": "ignore",
+            "accept_any_model_name": True,
         },
         "model": {
             "path": "demo:small",
             "gguf_dtype": "bfloat16",
             "revision": "abc",
+            "aliases": ["m-fast", "m-main"],
             "trust_remote_code": True,
             "chat_template": template,
             "demo_cache_dir": "/tmp/demo",

@@ -79,9 +79,6 @@ class ServerConfig:
     drain_timeout_s: float = _option(30.0, _in_range(0), converter=_to_float)
     #: The model name /v1/models reports and requests must use; None means model.path.
     served_model_name: str | None = _option(None, _non_empty)
-    #: Answer a request whatever its ``model`` names (echoing that name), for clients that send
-    #: their own fixed names (Claude Code's main and small models); /v1/models still lists ours.
-    accept_any_model_name: bool = _option(False)
     #: A file of API keys, one per line (blank lines and # comments skipped); with it, or with
     #: keys in $VLLM_MLX_TRIO_API_KEYS, every route but /health needs "Authorization: Bearer".
     api_key_file: str | None = _option(None, _non_empty)
@@ -94,6 +91,9 @@ class ServerConfig:
     #: A request field neither OpenAI's nor a known vLLM extension: "reject" (a 400 naming it)
     #: or "ignore" (dropped, one DEBUG line), for clients that send their own extras.
     unknown_fields: str = _option("reject", _one_of(UNKNOWN_FIELDS))
+    #: Answer a request whatever its ``model`` names (echoing that name), for clients that send
+    #: their own fixed names (Claude Code's main and small models); /v1/models still lists ours.
+    accept_any_model_name: bool = _option(False)
 
 
 @attrs.frozen(kw_only=True)
