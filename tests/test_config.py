@@ -427,6 +427,7 @@ def test_round_trip_with_every_option_set():
             "gguf_dtype": "bfloat16",
             "revision": "abc",
             "trust_remote_code": True,
+            "max_model_len": 8192,
             "chat_template": template,
             "demo_cache_dir": "/tmp/demo",
             "tool_parser": "hermes",

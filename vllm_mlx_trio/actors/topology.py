@@ -26,7 +26,7 @@ import attrs
 import trio
 
 from ..config import EngineConfig
-from ..errors import ExecutorCrashedError, VllmMlxTrioError
+from ..errors import ExecutorCrashedError, ModelLoadError, VllmMlxTrioError
 from ..health import EngineFailed, EngineHealth
 from ..messages import Admit, ControlCommand, Departed, ModelInfo, StepPlan, StepResult, Submit
 from ..metrics import EngineMetrics, engine_snapshot
@@ -142,7 +142,7 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
     # finds it full is noticed later, by the failed send of the request's next output.
     depart_send, depart_recv = trio.open_memory_channel[Departed](cfg.limits.max_waiting + running)
     health = EngineHealth()
-    model_info = await _start_executor(nursery, factory(plan_recv, result_send), health)
+    model_info = capped_context(await _start_executor(nursery, factory(plan_recv, result_send), health), cfg)
     cache = CacheManagerActor(
         command_recv=cache_recv,
         reply_send=match_send,
@@ -186,6 +186,21 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
         max_running=running,
         output_format=output_format,
     )
+
+
+def capped_context(model_info: ModelInfo, cfg: EngineConfig) -> ModelInfo:
+    """The loaded model's facts with its context capped at ``model.max_model_len`` (vLLM's
+    ``--max-model-len``): every limit, ``/v1/models`` and the metrics read the capped value.
+    A cap above the model's own context is refused, as vLLM refuses it."""
+    cap = cfg.model.max_model_len
+    if cap is None:
+        return model_info
+    if cap > model_info.max_context_tokens:
+        raise ModelLoadError(
+            f"model.max_model_len ({cap}) is greater than the model's own context length "
+            f"({model_info.max_context_tokens} tokens, from its config); set it to at most that"
+        )
+    return attrs.evolve(model_info, max_context_tokens=cap)
 
 
 async def _start_executor(nursery: trio.Nursery, executor: Any, health: EngineHealth) -> ModelInfo:

@@ -108,6 +108,10 @@ class ModelConfig:
     revision: str | None = _option(None, _non_empty)
     #: Allow model code from the hub to run; only for repositories you trust.
     trust_remote_code: bool = _option(False)
+    #: Most tokens one request may hold, prompt plus completion (vLLM's max_model_len): caps the
+    #: model's own context length (>= 1; None: the model's config). Above the model's own
+    #: context, startup fails.
+    max_model_len: int | None = _option(None, _in_range(1))
     #: A Jinja chat template that replaces the tokenizer's own; None keeps the tokenizer's.
     chat_template: str | None = _option(None, _non_empty)
     #: Where demo models are built; None means ~/.cache/vllm-mlx-trio/demo.

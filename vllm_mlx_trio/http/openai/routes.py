@@ -68,6 +68,8 @@ def register_routes(app: quart.Quart, engine: Engine) -> None:
     @app.get("/v1/models")
     async def models():
         card = {"id": model_name, "object": "model", "created": 0, "owned_by": "vllm-mlx-trio"}
+        # prompt + completion tokens one request may hold (vLLM's max_model_len; model.max_model_len caps it)
+        card["max_model_len"] = engine.model_info.max_context_tokens
         # which inputs the model takes: text, and images / videos for a VLM
         card["input_modalities"] = input_modalities(engine.model_info.media_kinds)
         return {"object": "list", "data": [card]}
