@@ -22,6 +22,7 @@ from .ops_routes import ThroughputMeter, register_ops_routes
 from .request_log import REQUEST_ID_HEADER, request_id_from
 from .request_streams import close_streams_at_end
 from .responses import register_responses_routes
+from .tokenize_routes import register_tokenize_routes
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ def create_app(
     register_anthropic_routes(app, engine)
     register_responses_routes(app, engine)
     register_cache_routes(app, engine)
+    register_tokenize_routes(app, engine)
     register_ops_routes(app, engine, throughput or ThroughputMeter.for_engine(engine))
     app.asgi_app = close_streams_at_end(close_after_last_body(app.asgi_app))  # type: ignore[method-assign]
 
