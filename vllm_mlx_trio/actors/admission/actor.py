@@ -62,6 +62,8 @@ class AdmissionLimits:
     #: A tool turn's media the model cannot take becomes a short text (limits.tool_result_media
     #: "placeholder"); False: a 400, as for the user's own.
     tool_media_placeholders: bool = True
+    #: False for an embedding model (engine.mode = "embed"): it generates no text.
+    generates: bool = True
 
 
 class AdmissionActor:
@@ -199,6 +201,7 @@ class AdmissionActor:
         ``borrower`` holds a limiter token (None: ``preprocess_threads = 0``)."""
         template = ChatTemplateOptions.of(params)
         try:
+            self.check_generates()
             self.check_media(prompt)
             media = has_media(prompt)
             if not in_thread and not media:
@@ -244,6 +247,13 @@ class AdmissionActor:
             lambda text: call_tokenizer(lambda: tokenizer.encode(text, add_special_tokens=False), "messages"),
             prompt,
         )
+
+    def check_generates(self) -> None:
+        """Refuse every generation request on an embedding model (before tokenizing)."""
+        if not self._limits.generates:
+            raise InvalidRequestError(
+                "This model is an embedding model: it generates no text. Use /v1/embeddings.", param="model"
+            )
 
     def check_media(self, prompt: Prompt) -> None:
         """Refuse content parts of kinds this model does not take (a text-only model: all)."""
