@@ -428,6 +428,7 @@ def test_round_trip_with_every_option_set():
             "revision": "abc",
             "trust_remote_code": True,
             "max_model_len": 8192,
+            "adapter_path": "/srv/adapters/a",
             "pooling": "mean",
             "chat_template": template,
             "demo_cache_dir": "/tmp/demo",

@@ -114,6 +114,10 @@ class ModelConfig:
     #: model's own context length (>= 1; None: the model's config). Above the model's own
     #: context, startup fails.
     max_model_len: int | None = _option(None, _in_range(1))
+    #: A LoRA adapter folder in mlx-lm's format (adapter_config.json + adapters.safetensors, as
+    #: mlx_lm.lora writes it), applied at load as mlx_lm.load(path, adapter_path=...) applies
+    #: it; "demo:tiny-lora" is a built-in random one for demo:tiny. None: the base model.
+    adapter_path: str | None = _option(None, _non_empty)
     #: An embedding model's pooling (engine.mode = "embed"): "last" (the last token's hidden
     #: state, Qwen3-Embedding's), "mean" (over the input's tokens), "cls" (the first token's);
     #: "auto" reads the model's sentence-transformers pooling config, else "last".
