@@ -60,9 +60,9 @@ def register_embeddings_route(app: quart.Quart, engine: Engine) -> None:
             info = _embedding_info(engine)
             dimensions = check_dimensions(body.dimensions, info, body.model)
             rows = await _token_rows(body, access, engine)
+            record.input_tokens = num_tokens = sum(len(row) for row in rows)
             vectors = await engine.embed(rows, dimensions=dimensions)
             record.finish("ok")
-        num_tokens = sum(len(row) for row in rows)
         return {
             "object": "list",
             "data": [
