@@ -294,7 +294,7 @@ def test_wrong_type_from_override():
         ("server.drain_timeout_s=nan", "server.drain_timeout_s: must be >= 0, got nan"),
         (
             "engine.mode=paged",
-            "engine.mode: must be one of simple, batched, distributed, vlm, speculative, got 'paged'",
+            "engine.mode: must be one of simple, batched, distributed, vlm, speculative, embed, got 'paged'",
         ),
         ("logging.level=verbose", "logging.level: must be one of debug, info, warning, error"),
         ("logging.format=xml", "logging.format: must be one of text, json, got 'xml'"),
@@ -429,6 +429,9 @@ def test_round_trip_with_every_option_set():
             "revision": "abc",
             "aliases": ["m-fast", "m-main"],
             "trust_remote_code": True,
+            "max_model_len": 8192,
+            "adapter_path": "/srv/adapters/a",
+            "pooling": "mean",
             "chat_template": template,
             "demo_cache_dir": "/tmp/demo",
             "tool_parser": "hermes",

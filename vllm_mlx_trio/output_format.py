@@ -14,7 +14,7 @@ import attrs
 
 from . import parsers
 from .config.sections import PARSER_AUTO, PARSER_NONE, ModelConfig
-from .core.tool_prompt import TOOL_PROMPT_PARSER, template_takes_tools
+from .prompting.tool_prompt import TOOL_PROMPT_PARSER, template_takes_tools
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def resolve_output_format(model_cfg: ModelConfig, tokenizer: Any) -> OutputForma
 
 def _detect_tool_parser(template: str | None) -> str | None:
     """The parser of the template's own markup; for a template that cannot render tools at all,
-    the parser of the format admission writes the tools in (core/tool_prompt.py)."""
+    the parser of the format admission writes the tools in (prompting/tool_prompt.py)."""
     if template is not None and not template_takes_tools(template):
         return TOOL_PROMPT_PARSER
     return parsers.detect_tool_parser(template)

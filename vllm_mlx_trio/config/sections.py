@@ -27,6 +27,8 @@ ENGINE_MODES = BUILTIN_KINDS
 LOG_LEVELS = ("debug", "info", "warning", "error")
 #: ``[model] gguf_dtype``: worker/gguf/dtype.py says what "auto" picks.
 GGUF_DTYPES = ("auto", "native", "float32", "float16", "bfloat16")
+#: ``[model] pooling``: an embedding model's (worker/embed/pooling.py says what "auto" picks).
+POOLINGS = ("auto", "last", "mean", "cls")
 LOG_FORMATS = ("text", "json")
 UNKNOWN_FIELDS = ("reject", "ignore")
 DISTRIBUTED_BACKENDS = ("any", "ring", "jaccl", "mpi")
@@ -114,6 +116,18 @@ class ModelConfig:
     aliases: tuple[str, ...] = _option((), _aliases, converter=_to_tuple)
     #: Allow model code from the hub to run; only for repositories you trust.
     trust_remote_code: bool = _option(False)
+    #: Most tokens one request may hold, prompt plus completion (vLLM's max_model_len): caps the
+    #: model's own context length (>= 1; None: the model's config). Above the model's own
+    #: context, startup fails.
+    max_model_len: int | None = _option(None, _in_range(1))
+    #: A LoRA adapter folder in mlx-lm's format (adapter_config.json + adapters.safetensors, as
+    #: mlx_lm.lora writes it), applied at load as mlx_lm.load(path, adapter_path=...) applies
+    #: it; "demo:tiny-lora" is a built-in random one for demo:tiny. None: the base model.
+    adapter_path: str | None = _option(None, _non_empty)
+    #: An embedding model's pooling (engine.mode = "embed"): "last" (the last token's hidden
+    #: state, Qwen3-Embedding's), "mean" (over the input's tokens), "cls" (the first token's);
+    #: "auto" reads the model's sentence-transformers pooling config, else "last".
+    pooling: str = _option("auto", _one_of(POOLINGS))
     #: A Jinja chat template that replaces the tokenizer's own; None keeps the tokenizer's.
     chat_template: str | None = _option(None, _non_empty)
     #: Where demo models are built; None means ~/.cache/vllm-mlx-trio/demo.
@@ -133,7 +147,8 @@ class EngineSection:
 
     #: The runner kind: "batched" (continuous batching: requests join and leave a shared batch
     #: between steps), "simple" (one request at a time through mlx-lm's generate_step),
-    #: "distributed", "vlm" or "speculative"; ``load_config`` checks the name (ENGINE_MODES).
+    #: "distributed", "vlm", "speculative" or "embed" (an embedding model: /v1/embeddings only);
+    #: ``load_config`` checks the name (ENGINE_MODES).
     mode: str = _option("batched", _non_empty)
     #: Prompt tokens per forward pass during prefill (>= 1); in batched mode a long prompt is
     #: prefilled in chunks of this size between decode steps.

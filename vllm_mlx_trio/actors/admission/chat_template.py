@@ -11,11 +11,11 @@ import attrs
 
 from ...core.billing_header import SYSTEM_ROLES, stable_billing_header
 from ...core.params import SamplingParams
-from ...core.system_turns import developer_as_system, merged_system_turns
-from ...core.tool_prompt import template_takes_tools, tools_in_system_prompt
 from ...errors import InvalidRequestError
 from ...messages import ChatMessage, ChatPrompt, TextPart
 from ...output_format import chat_template_text
+from ...prompting.system_turns import developer_as_system, merged_system_turns
+from ...prompting.tool_prompt import template_takes_tools, tools_in_system_prompt
 
 Prompt = str | ChatPrompt
 
@@ -81,14 +81,14 @@ def render_prompt(tokenizer: Tokenizer, prompt: ChatPrompt, template: ChatTempla
     """The chat template applied to the turns (media parts as ``{"type": "image"}`` placeholders),
     a billing header at the start of the system turn made the same on every request
     (core/billing_header.py); tools written into the system turn where the template cannot
-    render them (core/tool_prompt.py); developer turns as system ones where the template does not know
+    render them (prompting/tool_prompt.py); developer turns as system ones where the template does not know
     the role, and the system turns merged into one at the front where the template refuses
-    them as sent (core/system_turns.py)."""
+    them as sent (prompting/system_turns.py)."""
     prompt = as_prompt(prompt)
     if not prompt:
         raise InvalidRequestError("messages must not be empty.", param="messages")
     source = chat_template_text(tokenizer)
-    if prompt.tools and not template_takes_tools(source):
+    if prompt.tools and source is not None and not template_takes_tools(source):
         prompt = tools_in_system_prompt(prompt)
     messages = developer_as_system(prompt.messages, source)
     options = (template or ChatTemplateOptions()).kwargs()

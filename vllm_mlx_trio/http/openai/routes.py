@@ -71,8 +71,17 @@ def register_routes(app: quart.Quart, engine: Engine) -> None:
     async def models():
         # which inputs the model takes: text, and images / videos for a VLM
         modalities = input_modalities(engine.model_info.media_kinds)
+        # prompt + completion tokens one request may hold (vLLM's max_model_len; model.max_model_len caps it)
+        max_model_len = engine.model_info.max_context_tokens
         cards = [
-            {"id": name, "object": "model", "created": 0, "owned_by": "vllm-mlx-trio", "input_modalities": modalities}
+            {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "vllm-mlx-trio",
+                "max_model_len": max_model_len,
+                "input_modalities": modalities,
+            }
             for name in model_names.names
         ]
         return {"object": "list", "data": cards}

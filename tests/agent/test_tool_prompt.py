@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from vllm_mlx_trio.actors.admission.chat_template import render_prompt
-from vllm_mlx_trio.core.tool_prompt import TOOL_PROMPT_PARSER, template_takes_tools, tools_in_system_prompt
 from vllm_mlx_trio.messages import CalledTool, ChatMessage, ChatPrompt
 from vllm_mlx_trio.parsers import OutputParser
+from vllm_mlx_trio.prompting.tool_prompt import TOOL_PROMPT_PARSER, template_takes_tools, tools_in_system_prompt
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 #: SmolLM2-like: every role rendered as given, no ``tools`` variable anywhere.

@@ -6,9 +6,9 @@ import jinja2
 import pytest
 
 from vllm_mlx_trio.actors.admission.chat_template import render_prompt
-from vllm_mlx_trio.core.system_turns import developer_as_system, merged_system_turns
 from vllm_mlx_trio.errors import InvalidRequestError
 from vllm_mlx_trio.messages import ChatMessage, ChatPrompt, ImagePart
+from vllm_mlx_trio.prompting.system_turns import developer_as_system, merged_system_turns
 
 #: Qwen3.5-style: a system turn anywhere but first is an error; unknown roles are left out.
 STRICT = (
