@@ -484,6 +484,7 @@ def test_round_trip_with_every_option_set():
             "preprocess_threads": 2,
             "max_stored_responses": 7,
             "tool_result_media": "refuse",
+            "clamp_max_tokens": True,
         },
         "distributed": {"backend": "ring", "tensor": 2, "pipeline": 1, "collective_timeout_s": 5.0},
         "metrics": {"enabled": False},

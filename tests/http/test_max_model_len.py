@@ -74,3 +74,24 @@ async def test_a_cap_above_the_models_context_fails_at_startup(autojump_clock):
     assert "model.max_model_len (5000) is greater than the model's own context length (4096" in str(
         refused.exceptions[0]
     )
+
+
+async def test_clamp_max_tokens_lowers_a_max_tokens_past_the_room_left():
+    """Claude Code's max_tokens 32000 on a small context: lowered to the room, not refused."""
+    cfg = load_config(
+        None,
+        overrides=["server.port=0", f"model.max_model_len={CAP}", "limits.clamp_max_tokens=true"],
+        environ={},
+    )
+    with trio.fail_after(30):
+        async with fake_server(cfg, then_eos=False) as srv:
+            async with openai_client(srv.url) as oa, anthropic_client(srv.url) as an:
+                completion = await oa.completions.create(model=MODEL, prompt="hi", max_tokens=32000)
+                async with an.messages.stream(
+                    model=MODEL, max_tokens=32000, messages=[{"role": "user", "content": "hi"}]
+                ) as stream:  # the SDK streams a request this large, as Claude Code does
+                    message = await stream.get_final_message()
+                with pytest.raises(openai.BadRequestError):  # no room at all stays a 400
+                    await oa.completions.create(model=MODEL, prompt="x" * CAP, max_tokens=32000)
+    assert completion.usage.completion_tokens == CAP - 2 and completion.choices[0].finish_reason == "length"
+    assert message.usage.input_tokens + message.usage.output_tokens == CAP and message.stop_reason == "max_tokens"

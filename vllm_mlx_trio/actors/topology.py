@@ -263,6 +263,7 @@ def _admission(
             media_kinds=model_info.media_kinds,
             tool_media_placeholders=cfg.limits.tool_result_media == "placeholder",
             generates=model_info.embedding is None,
+            clamp_max_tokens=cfg.limits.clamp_max_tokens,
         ),
         preprocess_threads=cfg.limits.preprocess_threads,
         output_format=output_format,

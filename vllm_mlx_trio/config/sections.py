@@ -285,6 +285,10 @@ class LimitsConfig:
     #: on a model that cannot take it: "placeholder" replaces it with a short text saying it was
     #: omitted, so an agent's session goes on; "refuse" answers 400, as for the user's own image.
     tool_result_media: str = _option("placeholder", _one_of(TOOL_RESULT_MEDIA))
+    #: A ``max_tokens`` larger than the room the prompt leaves in the context: false answers
+    #: vLLM's 400; true lowers it to that room (as Ollama and LM Studio do), for clients that
+    #: always send a large one (Claude Code sends 32000).
+    clamp_max_tokens: bool = _option(False)
 
 
 @attrs.frozen(kw_only=True)

@@ -64,6 +64,8 @@ class AdmissionLimits:
     tool_media_placeholders: bool = True
     #: False for an embedding model (engine.mode = "embed"): it generates no text.
     generates: bool = True
+    #: A max_tokens past the room left is lowered to it (limits.clamp_max_tokens), not a 400.
+    clamp_max_tokens: bool = False
 
 
 class AdmissionActor:
@@ -306,6 +308,8 @@ class AdmissionActor:
         if params.max_tokens is None:
             default = self._limits.default_max_tokens
             return attrs.evolve(params, max_tokens=min(default, room) if default else room)
+        if params.max_tokens > room and self._limits.clamp_max_tokens:
+            return attrs.evolve(params, max_tokens=room)
         if params.max_tokens > room:
             raise PromptTooLongError(
                 f"'max_tokens' or 'max_completion_tokens' is too large: {params.max_tokens}. This model's "
