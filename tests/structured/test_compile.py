@@ -182,3 +182,22 @@ def test_the_admission_step_builds_the_tokenizer_once_and_sees_an_opened_thinkin
     assert opened.reasoning.starts_inside and not closed.reasoning.starts_inside
     assert step.compiler.compiles == 2
     assert step.attach(params, tokenizer.encode("x"), tokenizer).grammar is closed  # cached
+
+
+def test_agent_client_tool_schemas_compile_and_a_bad_one_is_named():
+    """Schemas as Claude Code and Codex send them ($schema, additionalProperties: false, enum,
+    format: uri, minLength) compile for forced calls; one llguidance cannot take is a 400
+    naming that tool, not the grammar's internal rule."""
+    from vllm_mlx_trio.bench.agents.shapes import TOOL_SPECS
+
+    tools = [{"type": "function", "function": {"name": n, "parameters": s}} for n, _, s in TOOL_SPECS]
+    spec = ConstraintSpec(kind="tool_calls", body=canonical_json(tools), tool_call_format="hermes")
+    compile_constraint(spec, reasoning=None)
+    broken = {"type": "object", "properties": {"path": {"$ref": "#/$defs/Missing"}}}
+    tools.append({"type": "function", "function": {"name": "Glob", "parameters": broken}})
+    spec = ConstraintSpec(kind="tool_calls", body=canonical_json(tools), tool_call_format="llama3_json")
+    with pytest.raises(InvalidRequestError) as caught:
+        compile_constraint(spec, reasoning=None)
+    assert caught.value.param == "tools"
+    assert str(caught.value).startswith("Invalid or unsupported parameters schema for tool 'Glob': ")
+    assert "/$defs/Missing" in str(caught.value)
