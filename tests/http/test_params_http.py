@@ -133,7 +133,11 @@ BAD_FIELDS = [
     ("chat", {"n": 0}, "n"),
     ("chat", {"n": 9}, "n"),
     ("chat", {"n": "2"}, "n"),
-    ("chat", {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "response_format"),
+    (
+        "chat",
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+        "response_format.json_schema",
+    ),
     ("chat", {"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex"),
     ("completions", {"logprobs": 6}, "logprobs"),
     ("completions", {"logprobs": -1}, "logprobs"),

@@ -87,7 +87,7 @@ def test_more_than_one_constraint_is_a_400_naming_the_second(fields, param):
     [
         ({"guided_json": "{not json"}, "guided_json"),
         ({"guided_json": "[1]"}, "guided_json"),
-        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"response_format": {"type": "json_schema"}}, "response_format"),
         ({"structured_outputs": {"yaml": "a"}}, "structured_outputs"),
         ({"guided_choice": "yes"}, "guided_choice"),
