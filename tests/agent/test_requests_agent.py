@@ -216,12 +216,23 @@ async def test_completions_take_no_tools():
     assert json.loads(reply.text)["error"]["code"] == "unsupported_parameter"
 
 
-@pytest.mark.parametrize("tool_parser", [None, "qwen3_coder", "deepseek_v3", "openai", "glm45", "kimi_k2"])
-def test_forced_calls_in_a_markup_without_a_grammar_are_json_calls_read_back(tool_parser):
+@pytest.mark.parametrize(
+    ("tool_parser", "markup"),
+    [
+        (None, "llama3_json"),
+        ("deepseek_v3", "llama3_json"),
+        ("openai", "llama3_json"),
+        ("kimi_k2", "llama3_json"),
+        ("qwen3_coder", "qwen3_coder"),
+        ("glm45", "glm45"),
+        ("hermes", "hermes"),
+    ],
+)
+def test_forced_calls_take_the_models_markup_or_json_calls_read_back(tool_parser, markup):
     body = {"model": MODEL, "messages": [ASK], "tools": [WEATHER], "tool_choice": "required"}
     names = ServedNames((MODEL,))
     forced = parse_chat(body, model_names=names, max_n=8, tool_parser=tool_parser)
-    assert forced.params.constraint.tool_call_format == "llama3_json" and forced.tools.parser == "llama3_json"
+    assert forced.params.constraint.tool_call_format == markup and forced.tools.parser == markup
     if tool_parser is not None:
         auto = parse_chat({**body, "tool_choice": "auto"}, model_names=names, max_n=8, tool_parser=tool_parser)
         assert auto.params.constraint is None and auto.tools.parser == tool_parser
