@@ -19,8 +19,10 @@ DISTRIBUTED = "distributed"
 VLM = "vlm"
 #: "batched" plus draft -> verify rounds for a request alone in the batch; chosen by speculative.method.
 SPECULATIVE = "speculative"
+#: An embedding model: answers embedding jobs, generates no text (worker/embed/runner.py).
+EMBED = "embed"
 #: The kinds the engine ships, in the order errors and docs list them.
-BUILTIN_KINDS = (SIMPLE, BATCHED, DISTRIBUTED, VLM, SPECULATIVE)
+BUILTIN_KINDS = (SIMPLE, BATCHED, DISTRIBUTED, VLM, SPECULATIVE, EMBED)
 #: The kinds ``speculative.method`` may run with: "batched" (replaced by the speculative kind) or that kind itself.
 SPECULATIVE_BASES = (BATCHED, SPECULATIVE)
 #: ``speculative.method``'s value that leaves speculative decoding off.

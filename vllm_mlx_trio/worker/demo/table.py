@@ -15,7 +15,7 @@ from types import MappingProxyType
 
 import attrs
 
-from . import mtp, mtp_dsv3, smollm2, vlm
+from . import embed, mtp, mtp_dsv3, smollm2, vlm
 from .model import write_qwen3_demo
 from .recipe import (
     DEFAULT_DTYPE,
@@ -70,6 +70,8 @@ DEMO_BUILDERS: Mapping[str, DemoBuilder] = MappingProxyType(
         smollm2.SMOLLM2: DemoBuilder(
             write=smollm2.write_smollm2, version=smollm2.SMOLLM2_FORMAT_VERSION, template_hash=smollm2.template_hash
         ),
+        # an embedding model: tiny's weights in the sentence-transformers layout, float32 (worker/demo/embed.py)
+        embed.EMBED_TINY: DemoBuilder(write=embed.write_embed_tiny, dtype="float32"),
     }
 )
 
