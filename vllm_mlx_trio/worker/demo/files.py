@@ -72,16 +72,20 @@ def to_bfloat16_bytes(array: np.ndarray) -> bytes:
 
 
 def write_safetensors(path: pathlib.Path, tensors: dict[str, np.ndarray], dtype: str) -> None:
-    """Write ``tensors`` as safetensors by hand: sorted keys, no timestamps."""
+    """Write ``tensors`` as safetensors by hand: sorted keys, no timestamps. Float tensors are stored in ``dtype``;
+    uint32 ones (packed quantized weights) as they are."""
     blobs = []
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name in sorted(tensors):
         array = tensors[name]
-        f32 = np.ascontiguousarray(array, dtype="<f4")
-        blob = to_bfloat16_bytes(f32) if dtype == "bfloat16" else f32.tobytes()
+        if array.dtype == np.uint32:
+            blob, stored = np.ascontiguousarray(array, dtype="<u4").tobytes(), "U32"
+        else:
+            f32 = np.ascontiguousarray(array, dtype="<f4")
+            blob, stored = (to_bfloat16_bytes(f32) if dtype == "bfloat16" else f32.tobytes()), DTYPES[dtype]
         span = [offset, offset + len(blob)]
-        header[name] = {"data_offsets": span, "dtype": DTYPES[dtype], "shape": list(array.shape)}
+        header[name] = {"data_offsets": span, "dtype": stored, "shape": list(array.shape)}
         offset += len(blob)
         blobs.append(blob)
     encoded = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
