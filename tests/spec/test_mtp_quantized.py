@@ -19,14 +19,22 @@ from vllm_mlx_trio import SamplingParams, open_engine
 from vllm_mlx_trio.cli import main
 from vllm_mlx_trio.errors import ModelLoadError
 from vllm_mlx_trio.worker.demo import DEMO_MARKER, resolve_demo_model
-from vllm_mlx_trio.worker.demo.mtp_quant import QUANTIZED_MTP_DEMOS
+from vllm_mlx_trio.worker.demo.mtp_quant import QUANTIZED_MTP_DEMOS, QuantizedMTPDemo, write_quantized
 from vllm_mlx_trio.worker.speculative.mtp.drafter import MTPDrafter
 from vllm_mlx_trio.worker.speculative.mtp.head import safetensors_shapes
 from vllm_mlx_trio.worker.speculative.mtp.head_deepseek import _same
 from vllm_mlx_trio.worker.speculative.mtp.quantized import head_quantization
 
 from .conftest import spec_config
-from .mtp_parts import alone, generate, mtp_config, plain_and_mtp_runners, spec_counts
+from .mtp_parts import (
+    alone,
+    generate,
+    mtp_config,
+    plain_and_mtp_runners,
+    plain_greedy,
+    spec_counts,
+    speculative_greedy,
+)
 
 pytestmark = pytest.mark.mlx
 
@@ -65,6 +73,11 @@ def test_the_checkpoint_stores_the_head_packed_with_its_config_and_the_target_lo
     assert any(k.endswith("norm.weight") and header[k]["dtype"] in ("F32", "BF16") for k in header)
     model, _ = mlx_lm.load(str(directory))
     assert not any(isinstance(m, nn.QuantizedLinear) for _, m in model.named_modules())
+
+
+def _head_modules_of(drafter):
+    """(path, module) of the drafter's head (the DeepSeek-V3 layer behind its adapter)."""
+    return getattr(drafter.head, "layer", drafter.head).named_modules()
 
 
 def _header(path):
@@ -111,12 +124,7 @@ def test_greedy_output_with_the_quantized_head_equals_speculation_off_and_drafts
     assert output == reference
     proposed, accepted = spec_counts(driver)
     assert proposed > 0 and accepted > 0  # the quantized head still agrees with the target (q4 ~0.4-0.7, q8 ~0.65)
-    assert any(type(m).__name__.startswith("Quantized") for _, m in _head_modules(spec))
-
-
-def _head_modules(runner):
-    head = runner._drafter.head
-    return getattr(head, "layer", head).named_modules()
+    assert any(type(m).__name__.startswith("Quantized") for _, m in _head_modules_of(spec._drafter))
 
 
 async def test_through_the_engine_speculation_changes_no_token_and_reports_acceptance(demo_cache_dir):
@@ -133,6 +141,20 @@ async def test_through_the_engine_speculation_changes_no_token_and_reports_accep
     assert counts.num_drafts > 0 and 0 < counts.num_accepted_tokens <= counts.num_draft_tokens
     accepted = re.search(r"^vllm:spec_decode_num_accepted_tokens_total(?:\{[^}]*\})? (\S+)$", exposition, re.M)
     assert accepted is not None and float(accepted[1]) == counts.num_accepted_tokens
+
+
+@pytest.mark.parametrize(("base", "mode", "bits"), [("mtp-tiny", "mxfp4", 4), ("mtp-dsv3", "mxfp8", 8)])
+def test_a_head_in_a_microscaling_mode_loads_and_drafts(base, mode, bits, tmp_path):
+    """MLX's other modes (uint8 scales, no biases) through the same path: the mode comes from the config."""
+    demo = QuantizedMTPDemo(base, bits=bits, group_size=32, mode=mode)
+    write_quantized(demo, tmp_path, name=f"{base}-{mode}", seed=0, dtype="float32")
+    model, tokenizer = mlx_lm.load(str(tmp_path))
+    drafter = MTPDrafter.for_target(model, tmp_path, hidden_state_mode=None)
+    layers = [m for _, m in _head_modules_of(drafter) if isinstance(m, nn.QuantizedLinear)]
+    assert layers and all(m.mode == mode and "biases" not in m for m in layers)
+    ids = tokenizer.encode("Once upon a time")
+    output, proposed, accepted = speculative_greedy(model, drafter, ids, 24, 3)
+    assert output == plain_greedy(model, ids, 24) and 0 < accepted <= proposed
 
 
 # -- tensors that do not fit the config ----------------------------------------------------------------------------

@@ -36,6 +36,8 @@ class QuantizedMTPDemo:
     group_size: int
     #: Layer path relative to the head -> ``to_quantized`` parameters, or False to keep the layer in float.
     overrides: Mapping[str, dict[str, Any] | bool] = attrs.field(factory=dict)
+    #: MLX's quantization mode ("affine": scales and biases; "mxfp4", "mxfp8", "nvfp4": uint8 scales only).
+    mode: str = "affine"
 
 
 #: Each demo keeps one per-layer override on the head's input projection (``fc`` / ``eh_proj``, 2H -> H): 8-bit
@@ -52,7 +54,12 @@ QUANTIZED_MTP_DEMOS: Mapping[str, QuantizedMTPDemo] = {
 
 def write_quantized_mtp(name: str, directory: pathlib.Path, *, seed: int, dtype: str) -> None:
     """Write every file of ``demo:<name>`` into ``directory``, the marker last (worker/demo/table.py's writer)."""
-    demo = QUANTIZED_MTP_DEMOS[name]
+    write_quantized(QUANTIZED_MTP_DEMOS[name], directory, name=name, seed=seed, dtype=dtype)
+
+
+def write_quantized(demo: QuantizedMTPDemo, directory: pathlib.Path, *, name: str, seed: int, dtype: str) -> None:
+    """Write the float demo ``demo.base`` into ``directory`` with its head quantized by ``demo``; the marker (last)
+    records ``name``."""
     write_base, recipe_version, quantize_files = _BASES[demo.base]
     write_base(directory, seed=seed, dtype=dtype)
     (directory / DEMO_MARKER).unlink()  # the float demo's marker: rewritten below, last
@@ -64,9 +71,9 @@ def write_quantized_mtp(name: str, directory: pathlib.Path, *, seed: int, dtype:
 
 def quantization_config(demo: QuantizedMTPDemo, prefix: str) -> dict[str, Any]:
     """``config.json``'s ``quantization`` and ``quantization_config``, as ``mlx_lm.convert`` writes them."""
-    quantization: dict[str, Any] = {"group_size": demo.group_size, "bits": demo.bits, "mode": "affine"}
+    quantization: dict[str, Any] = {"group_size": demo.group_size, "bits": demo.bits, "mode": demo.mode}
     for path, override in demo.overrides.items():
-        quantization[prefix + path] = {**override, "mode": "affine"} if isinstance(override, dict) else override
+        quantization[prefix + path] = {"mode": demo.mode, **override} if isinstance(override, dict) else override
     return {"quantization": quantization, "quantization_config": dict(quantization)}
 
 
@@ -85,9 +92,9 @@ def quantized_tensors(module: Any, weights: dict[str, Any], demo: QuantizedMTPDe
         group_size = params["group_size"] if isinstance(params, dict) else demo.group_size
         if params is False or layer.weight.shape[-1] % group_size:
             return False
-        return dict(params) if isinstance(params, dict) else True
+        return {"mode": demo.mode, **params} if isinstance(params, dict) else True
 
-    nn.quantize(module, group_size=demo.group_size, bits=demo.bits, mode="affine", class_predicate=predicate)
+    nn.quantize(module, group_size=demo.group_size, bits=demo.bits, mode=demo.mode, class_predicate=predicate)
     return dict(tree_flatten(module.parameters()))
 
 
@@ -134,10 +141,11 @@ def _quantize_deepseek_layer(
 
 
 def _to_numpy(tensors: dict[str, Any]) -> dict[str, np.ndarray]:
-    """MLX arrays as numpy: packed weights as uint32, the rest as float32 (a bfloat16 tensor exactly)."""
+    """MLX arrays as numpy: integer ones (packed weights, microscaling scales) as they are, the rest as float32 (a
+    bfloat16 tensor exactly)."""
     import mlx.core as mx
 
-    return {k: np.array(v if v.dtype == mx.uint32 else v.astype(mx.float32)) for k, v in tensors.items()}
+    return {k: np.array(v if mx.issubdtype(v.dtype, mx.integer) else v.astype(mx.float32)) for k, v in tensors.items()}
 
 
 #: base demo -> (its writer, its recipe version, what quantizes its head's files and returns the checkpoint prefix)
