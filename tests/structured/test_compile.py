@@ -138,7 +138,7 @@ def test_other_tool_call_markups(compiler, llg_tokenizer, fmt, text):
         (spec("choice", []), "choice", "non-empty"),
         (spec("tool_calls", []), "tool_choice", "at least one tool"),
         (spec("tool_calls", [{"type": "function", "function": {}}]), "tools[0]", "name"),
-        (spec("tool_calls", [WEATHER], tool_call_format="qwen3_coder"), "tool_choice", "qwen3_coder"),
+        (spec("tool_calls", [WEATHER], tool_call_format="kimi_k2"), "tool_choice", "kimi_k2"),
     ],
 )
 def test_invalid_or_unsupported_specs_are_400s_naming_the_problem(compiler, constraint, param, words):

@@ -14,7 +14,21 @@ from typing import Any
 import attrs
 
 #: The demo models' names, as worker/demo/table.py builds them (a test keeps the two in step).
-DEMO_SIZES = ("tiny", "small", "vlm-tiny", "spec-target", "spec-draft", "mtp-tiny", "mtp-dsv3", "smollm2", "embed-tiny")
+DEMO_SIZES = (
+    "tiny",
+    "small",
+    "vlm-tiny",
+    "spec-target",
+    "spec-draft",
+    "mtp-tiny",
+    "mtp-dsv3",
+    "mtp-tiny-q4",
+    "mtp-tiny-q8",
+    "mtp-dsv3-q4",
+    "mtp-dsv3-q8",
+    "smollm2",
+    "embed-tiny",
+)
 
 
 class _FieldError(ValueError):

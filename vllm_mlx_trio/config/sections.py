@@ -104,7 +104,8 @@ class ModelConfig:
 
     #: Hub id, local directory, a GGUF file (or a directory holding one), or "demo:<name>" for a
     #: built-in demo: "smollm2" (a real trained 135M model from a PyPI wheel), or a random model
-    #: (tiny, small, vlm-tiny, spec-target, spec-draft, mtp-tiny, mtp-dsv3).
+    #: (tiny, small, vlm-tiny, spec-target, spec-draft, mtp-tiny, mtp-dsv3; mtp-tiny-q4, mtp-tiny-q8, mtp-dsv3-q4,
+    #: mtp-dsv3-q8 with their MTP head quantized; embed-tiny).
     path: str = _option("demo:tiny", _non_empty, _model_path)
     #: How a GGUF file's weights are held: "native" keeps Q4_0/Q4_1/Q8_0 packed, "float32",
     #: "float16" or "bfloat16" dequantize (a WARNING gives the memory), "auto" is float32 on MLX's
