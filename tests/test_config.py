@@ -317,7 +317,7 @@ def test_range_error_from_file_names_the_file(tmp_path):
     assert config_error(path=path) == expected
 
 
-@pytest.mark.parametrize("mode", ["simple", "vlm", "distributed"])
+@pytest.mark.parametrize("mode", ["simple", "vlm"])
 def test_speculation_with_another_mode_names_both_keys(tmp_path, mode):
     message = config_error(overrides=[f"engine.mode={mode}", "speculative.method=mtp"])
     assert message == (
@@ -327,6 +327,18 @@ def test_speculation_with_another_mode_names_both_keys(tmp_path, mode):
     path = write(tmp_path, f'[engine]\nmode = "{mode}"\n')
     message = config_error(path=path, overrides=["speculative.method=draft", "speculative.draft_model=demo:spec-draft"])
     assert message.startswith(f'speculative.method = "draft" needs engine.mode = "batched" (engine.mode is "{mode}")')
+    assert f"config file {path}" in message
+
+
+def test_speculation_on_a_sharded_model_names_the_combination(tmp_path):
+    message = config_error(overrides=["engine.mode=distributed", "speculative.method=mtp"])
+    assert message == (
+        'speculative.method = "mtp" cannot run on a sharded model (engine.mode = "distributed") '
+        "(from --set speculative.method=mtp, --set engine.mode=distributed)"
+    )
+    path = write(tmp_path, '[engine]\nmode = "distributed"\n')
+    message = config_error(path=path, overrides=["speculative.method=draft", "speculative.draft_model=demo:spec-draft"])
+    assert message.startswith('speculative.method = "draft" cannot run on a sharded model')
     assert f"config file {path}" in message
 
 

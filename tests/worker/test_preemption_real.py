@@ -1,9 +1,11 @@
 """Preemption on the real demo model: with a KV budget too small for the whole batch, the
 newest requests are dropped and recomputed from prompt + output, and every request still
-produces exactly what it produces with room to spare (greedy and seeded alike)."""
+produces exactly what it produces with room to spare (greedy and seeded alike); a request of
+a higher priority preempts a full batch, with the same exactness."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import trio
 
@@ -56,3 +58,33 @@ async def test_preempted_requests_finish_with_the_tokens_they_would_have_had(flo
     assert stats.num_requests == 0 and stats.cache.num_leased == 0
     assert all(len(tokens) == 300 for tokens in tight.values())
     assert tight == roomy
+
+
+async def test_a_higher_priority_preempts_the_full_batch_and_both_outputs_are_exact(float32_dir):
+    low = attrs.evolve(SEEDED, max_tokens=80, priority=5)  # sampled: its PRNG resumes where it stopped
+    high = attrs.evolve(GREEDY, max_tokens=20, priority=0)
+    with trio.fail_after(TIMEOUT_S):
+        async with open_engine(config(float32_dir, "engine.max_num_seqs=1")) as engine:
+            alone = {
+                name: [t async for d in engine.generate(chat(name), params) for t in d.token_ids]
+                for name, params in (("low", low), ("high", high))
+            }
+            order: list[str] = []
+            together: dict[str, list[int]] = {}
+
+            async def run(name: str, stream) -> None:
+                with stream:
+                    together[name] = [t async for d in stream for t in d.token_ids]
+                order.append(name)
+
+            async with trio.open_nursery() as nursery:
+                low_stream = await engine.submit(chat("low"), low)
+                first = await low_stream.__anext__()  # low is running and has streamed
+                nursery.start_soon(run, "high", await engine.submit(chat("high"), high))
+                rest = [t async for d in low_stream for t in d.token_ids]
+                together["low"] = [*first.token_ids, *rest]
+                order.append("low")
+            stats = engine.statistics()
+    assert stats.scheduler.num_preemptions == 1
+    assert order == ["high", "low"]
+    assert together == alone

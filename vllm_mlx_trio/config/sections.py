@@ -19,7 +19,7 @@ from vllm_mlx_trio.config.fields import (
     _to_float,
     _to_tuple,
 )
-from vllm_mlx_trio.runner_kinds import BUILTIN_KINDS, SPECULATION_OFF, SPECULATIVE, SPECULATIVE_BASES
+from vllm_mlx_trio.runner_kinds import BUILTIN_KINDS, DISTRIBUTED, SPECULATION_OFF, SPECULATIVE, SPECULATIVE_BASES
 
 #: The runner kinds the engine ships: what ``load_config`` accepts for ``engine.mode`` unless told
 #: of others (a program that embeds the engine may run its own kinds: worker/registry.py).
@@ -308,6 +308,15 @@ class DistributedConfig:
     collective_timeout_s: float = _option(60.0, _in_range(0.001), converter=_to_float)
 
 
+def _sharding_fits_cache(inst, attribute, value: DistributedConfig) -> None:
+    """Validator of EngineConfig.distributed: a sharded model has no disk tier (each rank holds
+    its own shard of every block; their files would have to stay in step on every rank)."""
+    if inst.engine.mode == DISTRIBUTED and inst.cache.disk_dir is not None:
+        keys = ((CacheConfig, "disk_dir"), (EngineSection, "mode"))
+        problem = 'cache.disk_dir (the disk tier) cannot be used with a sharded model (engine.mode = "distributed")'
+        raise _ConflictError(keys, problem)
+
+
 #: ``[speculative]`` methods: off, a separate draft model, or the model's own MTP heads.
 SPECULATIVE_METHODS = ("off", "draft", "mtp")
 #: Most draft tokens one speculative step proposes (a verify forward is num_draft_tokens + 1 long).
@@ -349,6 +358,9 @@ def _speculation_fits_mode(inst, attribute, value: SpeculativeConfig) -> None:
     itself), and engine.mode "speculative" needs a method."""
     mode, method = inst.engine.mode, value.method
     keys = ((SpeculativeConfig, "method"), (EngineSection, "mode"))
+    if method != SPECULATION_OFF and mode == DISTRIBUTED:
+        problem = f'speculative.method = "{method}" cannot run on a sharded model (engine.mode = "distributed")'
+        raise _ConflictError(keys, problem)
     if method != SPECULATION_OFF and mode not in SPECULATIVE_BASES:
         problem = f'speculative.method = "{method}" needs engine.mode = "batched" (engine.mode is "{mode}")'
         raise _ConflictError(keys, problem)
@@ -427,7 +439,7 @@ class EngineConfig:
     #: ``[limits]``: queue depth and request-size limits.
     limits: LimitsConfig = _option(attrs.Factory(LimitsConfig))
     #: ``[distributed]``: sharded serving over mlx.launch's ranks.
-    distributed: DistributedConfig = _option(attrs.Factory(DistributedConfig))
+    distributed: DistributedConfig = _option(attrs.Factory(DistributedConfig), _sharding_fits_cache)
     #: ``[metrics]``: the Prometheus endpoint.
     metrics: MetricsConfig = _option(attrs.Factory(MetricsConfig))
     #: ``[logging]``: log level and format.

@@ -60,6 +60,8 @@ class Scheduler:
         #: flight), plus those the next step adds: tokens, not steps (a step may give several).
         self.lookahead_tokens = lookahead_tokens
         self.num_preemptions = 0
+        #: Requests preempted by a waiting request of a higher priority, not yet taken.
+        self.priority_preempted: list[Request] = []
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.prefill_chunk_decoding_tokens = prefill_chunk_decoding_tokens
@@ -120,14 +122,46 @@ class Scheduler:
     def pop_startable(self) -> Iterator[Request]:
         """Yield waiting requests, oldest first, while a running slot is free.
 
+        A head that finds the batch full (every slot taken, or no KV room left) preempts the
+        running request of the lowest priority below its own (:meth:`_priority_victim`) until
+        it fits, as vLLM's priority scheduling does; the victims are recomputed later, like
+        the requests preempted for growth, and are listed in ``priority_preempted``.
         The caller either :meth:`start`\\s each one or drops it (client gone).
         """
-        while self.waiting and len(self.running) < self.max_running:  # running includes starting
-            if self.running and not self._fits(self.waiting[0], ADMIT_HEADROOM_TOKENS):
-                return  # the head waits for room; nobody overtakes it
-            if not self._prefill_fits(self.waiting[0]):
+        while self.waiting:
+            head = self.waiting[0]
+            full = len(self.running) >= self.max_running  # running includes starting
+            if full or (self.running and not self._fits(head, ADMIT_HEADROOM_TOKENS)):
+                victim = self._priority_victim(head)
+                if victim is None:
+                    return  # the head waits for room; nobody overtakes it
+                self.priority_preempted.append(self._preempt(victim))
+                continue
+            if not self._prefill_fits(head):
                 return  # the step's token budget is spent; the head waits for the next
             yield self.waiting.popleft()
+
+    def _priority_victim(self, head: Request) -> Request | None:
+        """The running request ``head`` preempts: of those with a lower priority (a larger
+        ``priority`` value), the lowest, the latest started among equals. None when none is
+        lower, or when ``head`` would not fit even without all of them (nobody is preempted
+        for nothing)."""
+        priority = head.params.priority
+        lower = [r for r in self.running.values() if r.params.priority > priority]
+        if not lower:
+            return None
+        kept = [r.num_tokens for r in self.running.values() if r.params.priority <= priority]
+        if len(kept) >= self.max_running:
+            return None
+        if kept and self.kv_budget_tokens is not None:
+            if self._kv_need([*kept, head.num_tokens], ADMIT_HEADROOM_TOKENS) > self.kv_budget_tokens:
+                return None
+        return max(reversed(lower), key=lambda r: r.params.priority)
+
+    def take_priority_preemptions(self) -> list[Request]:
+        """The requests preempted for a higher priority since the last call."""
+        taken, self.priority_preempted = self.priority_preempted, []
+        return taken
 
     def _chunk(self, num_prompt_tokens: int) -> int:
         """Prompt tokens the runner gives a prompt this long in one step (the smaller chunk
@@ -178,23 +212,27 @@ class Scheduler:
         return self._kv_need(lengths, self.lookahead_tokens + tokens) <= self.kv_budget_tokens
 
     def preempt_for_growth(self) -> list[Request]:
-        """Preempt the newest running requests until the next steps fit the KV budget."""
+        """Preempt running requests until the next steps fit the KV budget: the lowest
+        priority first, the newest among equals."""
         preempted: list[Request] = []
         budget = self.kv_budget_tokens
         while budget is not None and len(self.running) > 1:
             lengths = [r.num_tokens for r in self.running.values()]
             if self._kv_need(lengths, self.lookahead_tokens) <= budget:
                 break
-            newest = next(reversed(self.running))
-            preempted.append(self._preempt(self.running[newest]))
+            victim = max(reversed(self.running.values()), key=lambda r: r.params.priority)
+            preempted.append(self._preempt(victim))
         return preempted
 
     def _preempt(self, request: Request) -> Request:
-        """Back to the head of the queue; the executor drops its row in the next plan."""
+        """Back to the queue, ahead of every waiting request of its priority (it arrived
+        before them) and behind the higher ones; the executor drops its row in the next plan."""
         self.abort(request.request_id, RequestStatus.WAITING)
         request.num_preemptions += 1
         request.first_valid_step = self._next_step_id
-        self.waiting.appendleft(request)
+        priority = request.params.priority
+        index = next((i for i, r in enumerate(self.waiting) if r.params.priority >= priority), len(self.waiting))
+        self.waiting.insert(index, request)
         self.num_preemptions += 1
         return request
 

@@ -6,12 +6,19 @@ runner (:data:`INNER_RUNNER`). The processes are started by ``mlx.launch``
 front and every actor, as a single process does; its executor thread drives this runner. The
 other ranks run :func:`follow`: the same inner runner on their shard, and nothing else.
 
-Each step, rank 0 broadcasts the :class:`StepPlan` (ids and numbers only) to every rank, then
-every rank executes it on its shard; the model's own collectives (``all_sum`` in the sharded
-layers) keep them in lock-step, and every rank gets the same logits. Sampling is made identical
-by rank 0 fixing a seed for every request that has none before broadcasting, so every rank
-draws the same tokens from the same key. A stop marker (an empty plan message) ends the
-followers when rank 0's runner closes.
+Each step, rank 0 broadcasts the :class:`StepPlan` to every rank as plain data (ids, numbers
+and specs: :func:`plain_plan` leaves out what admission compiled, such as a constraint's
+grammar), then every rank executes it on its shard; the model's own collectives (``all_sum`` in
+the sharded layers) keep them in lock-step, and every rank gets the same logits. Each row's
+token is sampled once, on rank 0, and broadcast (worker/sharded_batch.py): the other ranks
+never sample, so no sampler state has to agree. A new sequence whose part of the plan cannot
+be encoded fails alone, with a clear error, and the step goes on without it
+(:func:`encode_plan`). A stop marker (an empty plan message) ends the followers when rank 0's
+runner closes.
+
+Refused at load, with an error naming the combination: a vision-language checkpoint (the
+sharded runner is the batched text runner), and, at configuration load, speculative decoding
+and the disk tier (config/sections.py).
 
 A rank that dies closes its sockets. A follower waiting for a plan gets an error at once ("connection to a peer
 was lost") and exits 1. Rank 0 mid-step may instead wait forever in MLX (the ring backend
@@ -36,19 +43,20 @@ import attrs
 import mlx.core as mx
 import numpy as np
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ModelLoadError
 from ..logs import configure_logging
-from ..messages import ModelInfo, StepPlan, StepResult
+from ..messages import ModelInfo, RequestId, StepPlan, StepResult
 from ..runner_kinds import RunnerShape
 from . import loading
-from .batched.runner import BatchRunner
+from .sharded_batch import ShardedBatchRunner
 
 logger = logging.getLogger(__name__)
 
 #: Exit status of a rank whose collective timed out (as of engine death on rank 0).
 COLLECTIVE_TIMEOUT_EXIT = 1
-#: The runner every rank runs on its shard: continuous batching, as a single process does.
-INNER_RUNNER = BatchRunner
+#: The runner every rank runs on its shard: continuous batching, as a single process does,
+#: each row's token sampled on rank 0 and broadcast.
+INNER_RUNNER = ShardedBatchRunner
 _STOP = b""
 
 
@@ -185,18 +193,42 @@ class PlanChannel:
         return self._sum(packed).astype(np.int32).tobytes()[:size]
 
 
-def fix_seeds(plan: StepPlan) -> StepPlan:
-    """The plan with a seed drawn here for every new sequence that has none, so every rank's
-    sampler starts from the same key (an unseeded request stays random: the seed is fresh)."""
-    if all(seq.params.seed is not None for seq in plan.new_seqs):
+def plain_plan(plan: StepPlan) -> StepPlan:
+    """The plan as the other ranks get it: every new sequence's parameters without what
+    admission compiled from them (a constraint's grammar): only rank 0 samples."""
+    if all(seq.params.grammar is None for seq in plan.new_seqs):
         return plan
     seqs = tuple(
-        seq
-        if seq.params.seed is not None
-        else attrs.evolve(seq, params=attrs.evolve(seq.params, seed=int.from_bytes(os.urandom(8), "little") >> 1))
+        seq if seq.params.grammar is None else attrs.evolve(seq, params=attrs.evolve(seq.params, grammar=None))
         for seq in plan.new_seqs
     )
     return attrs.evolve(plan, new_seqs=seqs)
+
+
+def encode_plan(plan: StepPlan) -> tuple[StepPlan, bytes, tuple[tuple[RequestId, str], ...]]:
+    """(the plan to run, its bytes for the other ranks, the new sequences left out with why).
+
+    A new sequence whose part of the plan cannot be encoded is left out of the plan, on every
+    rank, and fails alone; the rest of the plan (ids and numbers) always encodes."""
+    try:
+        return plan, pickle.dumps(plain_plan(plan)), ()
+    except Exception:  # boundary: some new sequence holds what pickle cannot encode; it fails alone
+        refused = _unsendable(plan)
+    gone = {rid for rid, _ in refused}
+    kept = attrs.evolve(plan, new_seqs=tuple(seq for seq in plan.new_seqs if seq.request_id not in gone))
+    return kept, pickle.dumps(plain_plan(kept)), refused
+
+
+def _unsendable(plan: StepPlan) -> tuple[tuple[RequestId, str], ...]:
+    """The plan's new sequences that cannot be encoded, each with the request's error."""
+    refused = []
+    for seq in plain_plan(plan).new_seqs:
+        try:
+            pickle.dumps(seq)
+        except Exception as exc:  # boundary: what pickle raises for an object it cannot encode
+            why = f"its step plan cannot be sent to the other ranks of the sharded model ({type(exc).__name__}: {exc})"
+            refused.append((seq.request_id, why))
+    return tuple(refused)
 
 
 class _ShardedRunner:
@@ -208,7 +240,7 @@ class _ShardedRunner:
         self._cfg = cfg
         self._group = init_group(cfg)
         self.rank = self._group.rank()
-        self._inner = INNER_RUNNER(cfg)
+        self._inner = INNER_RUNNER(cfg, group=self._group)
         self._channel = PlanChannel(self._group)
         self._watchdog = CollectiveWatchdog(self.step_timeout_s(cfg), self.rank)
         #: Never called: a sharded plan runs one step (every rank must run the same steps).
@@ -218,10 +250,20 @@ class _ShardedRunner:
         return cfg.distributed.collective_timeout_s
 
     def load(self) -> ModelInfo:
+        refuse_vision_models(self._cfg.model)
         with loading.sharded_over(self._group, pipeline=self._cfg.distributed.pipeline > 1):
             info = self._inner.load()
         self._channel.stream = getattr(self._inner, "compute_stream", None)
         return info
+
+
+def refuse_vision_models(model_cfg: Any) -> None:
+    """A vision-language checkpoint cannot be sharded: refused before any rank loads it."""
+    if loading.is_vision_checkpoint(model_cfg):
+        raise ModelLoadError(
+            f'model {model_cfg.path!r} is a vision-language model: engine.mode = "distributed" shards text '
+            'models only (serve it on one process with engine.mode = "vlm")'
+        )
 
 
 class DistributedRunner(_ShardedRunner):
@@ -244,10 +286,13 @@ class DistributedRunner(_ShardedRunner):
         )
 
     def execute(self, plan: StepPlan) -> StepResult:
-        plan = fix_seeds(plan)
+        plan, message, refused = encode_plan(plan)
+        for request_id, why in refused:
+            logger.error("request %s failed: %s", request_id, why)
         with self._watchdog.guard(f"step {plan.step_id}"):
-            self._channel.send(pickle.dumps(plan))
-            return self._inner.execute(plan)
+            self._channel.send(message)
+            result = self._inner.execute(plan)
+        return attrs.evolve(result, failed=(*result.failed, *refused)) if refused else result
 
     def close(self) -> None:
         try:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import pathlib
 from collections.abc import Iterator
@@ -59,6 +60,20 @@ def sharding() -> bool:
     return _SHARDING is not None
 
 
+def is_vision_checkpoint(model_cfg: ModelConfig) -> bool:
+    """Whether the model is a local checkpoint of a vision-language model (its config.json has
+    a ``vision_config``); a hub id is checked once loaded (:func:`load_model`)."""
+    path = pathlib.Path(resolve_model_path(model_cfg)) / "config.json"
+    try:
+        return _has_vision(json.loads(path.read_text()))
+    except (OSError, ValueError):  # not a local checkpoint: the loader says what it is
+        return False
+
+
+def _has_vision(config: dict) -> bool:
+    return isinstance(config, dict) and "vision_config" in config
+
+
 def _shard(model: Any, model_cfg: ModelConfig) -> None:
     group, pipeline = _SHARDING  # type: ignore[misc]
     inner = getattr(model, "model", None)
@@ -99,6 +114,11 @@ def load_model(model_cfg: ModelConfig) -> tuple[Any, Any, dict]:
         raise ModelLoadError(f"could not load model {model_cfg.path!r}: {type(exc).__name__}: {exc}") from exc
     if _SHARDING is not None:
         refuse_adapter(model_cfg, "a sharded model")
+        if _has_vision(config):
+            raise ModelLoadError(
+                f"model {model_cfg.path!r} is a vision-language model: sharded serving "
+                '(engine.mode = "distributed") takes text models only'
+            )
         _shard(model, model_cfg)
     if model_cfg.chat_template is not None:
         # The last change to the tokenizer on this thread: it is handed to the Trio side in

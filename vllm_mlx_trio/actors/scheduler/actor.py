@@ -33,7 +33,7 @@ from .control_inbox import ControlInbox
 from .delivery import Delivery
 from .settings import SchedulerSettings
 from .stats import SchedulerStatistics, scheduler_statistics
-from .step_outcome import abort_departed, apply_result, fail_held, preempt_for_growth
+from .step_outcome import abort_departed, apply_result, fail_held, preempt_for_growth, record_preemptions
 from .watchdog import StepWatchdog
 
 
@@ -264,13 +264,21 @@ class SchedulerActor:
             await self._wait_for_work()
 
     async def _start_waiting(self) -> None:
-        """Start the waiting requests that fit (a prefix lookup each); one whose client has
-        left is dropped instead."""
+        """Start the waiting requests that fit (a prefix lookup each), preempting running ones
+        of a lower priority when the batch is full; one whose client has left is dropped instead."""
+        try:
+            await self._start_fitting()
+        finally:
+            preempted = self._scheduler.take_priority_preemptions()
+            record_preemptions(preempted, "for a request of a higher priority", self._metrics)
+
+    async def _start_fitting(self) -> None:
         for request in self._scheduler.pop_startable():
             if self._delivery.has_departed(request):
                 self._delivery.finish_aborted(request)
                 continue
             try:
+                await self._release_leases()  # a request preempted for this one may start again below
                 match = await self._cache.lookup(request)
             except BaseException:  # cancelled (the engine failed or stops): not swallowed
                 self._scheduler.waiting.appendleft(request)  # back where whoever cleans up finds it
@@ -387,6 +395,10 @@ class SchedulerActor:
 
     async def _release_finished(self) -> None:
         abort_departed(scheduler=self._scheduler, delivery=self._delivery)
+        await self._release_leases()
+
+    async def _release_leases(self) -> None:
+        """End the prefix-cache leases of the requests that left the batch since the last call."""
         dropped = self._scheduler.take_lease_releases()
         if dropped:
             released = await self._cache.release(dropped)

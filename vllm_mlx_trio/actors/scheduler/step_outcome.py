@@ -71,12 +71,19 @@ def fail_held(error: VllmMlxTrioError, *, scheduler: Scheduler, delivery: Delive
 
 
 def preempt_for_growth(scheduler: Scheduler, metrics: EngineMetrics | None) -> None:
-    """Make room for the batch to grow: the newest running requests go back to the queue."""
-    for request in scheduler.preempt_for_growth():
+    """Make room for the batch to grow: the lowest-priority, newest running requests go back to the queue."""
+    record_preemptions(scheduler.preempt_for_growth(), "to stay within the KV budget", metrics)
+
+
+def record_preemptions(requests: list[Request], why: str, metrics: EngineMetrics | None) -> None:
+    """Log and count requests that went back to the queue, to be recomputed later."""
+    for request in requests:
         logger.info(
-            "preempted request %s to stay within the KV budget (%d tokens held, run %d)",
+            "preempted request %s %s (%d tokens held, priority %d, run %d)",
             request.request_id,
+            why,
             request.num_tokens,
+            request.params.priority,
             request.num_preemptions,
         )
         if metrics is not None:

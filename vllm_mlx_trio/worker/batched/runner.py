@@ -269,6 +269,7 @@ class BatchRunner(RunnerBase):
         ended (worker/batched/generator_join.py), and the prompts it finished."""
         assert self._generator is not None
         prompt_progress, generated = self._generator.next()
+        self._sampled()
         first = [r.uid for r in prompt_progress if r.end_of_prompt]
         # All but the last prompt token are in the cache (mlx-lm makes that token its own
         # segment): where the prefix store checkpoints a prompt. An earlier segment's end is a
@@ -293,6 +294,11 @@ class BatchRunner(RunnerBase):
             for uid, token, row in self._direct.first_tokens(self._generator, first)
         ]
         return Advance(emissions, prompts_done)
+
+    def _sampled(self) -> None:
+        """Called once a generator step has sampled every row's next token (in
+        ``GenerationBatch._next_tokens``), before anything reads them: a kind that must share
+        them (the sharded runner) does it here."""
 
     def _emission(self, response) -> Emission:
         """A generator response as an emission; an ended row is let go (the generator has)."""
@@ -352,7 +358,7 @@ class BatchRunner(RunnerBase):
         """The generator row of a prompt whose chunk ends it in this plan while more of its burst waits, else None;
         it takes its first token from its own prefill (prefill_burst.py) unless it has logits processors."""
         assert self._prefill is not None
-        if sharding() or not self._prefix.layout.knows_position or not self._prefill.gives_first_logits:
+        if not self._prefix.layout.knows_position or not self._prefill.gives_first_logits:
             return None
         if not burst_continues(self._prefill, self._live, self._cfg.engine.prefill_step_size):
             return None
