@@ -9,10 +9,21 @@ import shutil
 
 #: Four layers: two per rank in a 2-stage pipeline.
 CONFIG = {
-    "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "vocab_size": 512, "hidden_size": 64,
-    "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 4,
-    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 2048, "tie_word_embeddings": True,
-    "bos_token_id": 0, "eos_token_id": 2, "torch_dtype": "float32",
+    "model_type": "qwen2",
+    "architectures": ["Qwen2ForCausalLM"],
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 4,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": True,
+    "bos_token_id": 0,
+    "eos_token_id": 2,
+    "torch_dtype": "float32",
 }
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 

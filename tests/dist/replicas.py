@@ -81,7 +81,19 @@ def replica(tmp_path: pathlib.Path, demo_cache_dir: str, *overrides: str):
 def router(tmp_path: pathlib.Path, workers: list[str], policy: str, *flags: str):
     port = free_port()
     argv = [
-        str(ROUTER), "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port()),
-        "--policy", policy, "--worker-urls", *workers, "--log-level", "info", *flags,
+        str(ROUTER),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--prometheus-port",
+        str(free_port()),
+        "--policy",
+        policy,
+        "--worker-urls",
+        *workers,
+        "--log-level",
+        "info",
+        *flags,
     ]
     return started(argv, f"http://127.0.0.1:{port}", tmp_path / f"router-{port}.log", "/v1/models")

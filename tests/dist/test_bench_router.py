@@ -20,7 +20,11 @@ def test_summary_is_the_median_and_spread_per_target_and_level():
     }
     direct, sharded = summary_rows(rows)
     assert (direct["target"], direct["rounds"], direct["agg_tok_s"], direct["agg_tok_s_spread"]) == (
-        "direct", 3, 200.0, "100.0-300.0")
+        "direct",
+        3,
+        200.0,
+        "100.0-300.0",
+    )
     assert sharded["itl_p50_ms"] is None and sharded["agg_tok_s"] == 50.0
 
 
@@ -33,8 +37,24 @@ def test_unknown_targets_are_refused_before_anything_starts():
 @pytest.mark.skipif(not ROUTER.exists(), reason="vllm-router is not installed (the test extra has it)")
 def test_a_short_run_behind_the_router(tmp_path, demo_cache_dir, capsys):
     out = tmp_path / "router.json"
-    code = main(["bench", "router", "--set", f"model.demo_cache_dir={demo_cache_dir}", "--targets", "direct,router-1",
-                 "--rounds", "1", "--max-tokens", "4", "--concurrency", "1", "--json", str(out)])
+    code = main(
+        [
+            "bench",
+            "router",
+            "--set",
+            f"model.demo_cache_dir={demo_cache_dir}",
+            "--targets",
+            "direct,router-1",
+            "--rounds",
+            "1",
+            "--max-tokens",
+            "4",
+            "--concurrency",
+            "1",
+            "--json",
+            str(out),
+        ]
+    )
     assert code == 0
     rows = json.loads(out.read_text())["rows"]
     assert [(row["target"], row["conc"], row["rounds"]) for row in rows] == [("direct", 1, 1), ("router-1", 1, 1)]

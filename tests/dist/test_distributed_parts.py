@@ -69,7 +69,10 @@ def test_a_sequence_that_cannot_be_sent_fails_alone_and_the_step_goes_on():
     [
         (["cache.disk_dir=/tmp/tier"], r"cache.disk_dir \(the disk tier\) cannot be used with a sharded model"),
         (["speculative.method=mtp"], r'speculative.method = "mtp" cannot run on a sharded model'),
-        (["speculative.method=draft", "speculative.draft_model=demo:tiny"], r'speculative.method = "draft" cannot run on a sharded model'),
+        (
+            ["speculative.method=draft", "speculative.draft_model=demo:tiny"],
+            r'speculative.method = "draft" cannot run on a sharded model',
+        ),
     ],
 )
 def test_combinations_a_sharded_model_refuses_at_config_load(overrides, message):

@@ -93,7 +93,9 @@ def test_unknown_fields_ignore_policy_drops_them_but_still_checks_known_ones():
     with pytest.raises(InvalidRequestError):
         parse_chat({**body, "temperature": "hot"}, model_names=ServedNames((MODEL,)), max_n=4, unknown_fields="ignore")
     with pytest.raises(InvalidRequestError):
-        parse_chat({**body, "use_beam_search": True}, model_names=ServedNames((MODEL,)), max_n=4, unknown_fields="ignore")
+        parse_chat(
+            {**body, "use_beam_search": True}, model_names=ServedNames((MODEL,)), max_n=4, unknown_fields="ignore"
+        )
 
 
 # -- behaviour -----------------------------------------------------------------------------

@@ -22,8 +22,16 @@ SUCCESS = "vllm:request_success_total"
 #: Long enough that the stream is still running when the replica starts draining.
 LONG_TOKENS = 1500
 ROUTER_FLAGS = (
-    "--cb-failure-threshold", "1", "--retry-max-retries", "3", "--retry-initial-backoff-ms", "10",
-    "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
+    "--cb-failure-threshold",
+    "1",
+    "--retry-max-retries",
+    "3",
+    "--retry-initial-backoff-ms",
+    "10",
+    "--health-check-interval-secs",
+    "1",
+    "--health-failure-threshold",
+    "1",
 )
 
 
@@ -46,8 +54,12 @@ async def test_draining_replica_finishes_its_stream_while_new_requests_go_to_the
         ):
             client = openai.AsyncOpenAI(base_url=f"{front.url}/v1", api_key="none", max_retries=0)
             stream = await client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "tell a long story"}], max_tokens=LONG_TOKENS,
-                stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+                model=MODEL,
+                messages=[{"role": "user", "content": "tell a long story"}],
+                max_tokens=LONG_TOKENS,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
             )
             chunks = [await stream.__anext__()]
             holder, other = (a, b) if await a.metric(http, RUNNING) else (b, a)

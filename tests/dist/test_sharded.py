@@ -33,8 +33,12 @@ async def two_ranks(tmp_path: pathlib.Path, model_dir: str, *overrides: str, rea
     hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"], [f"127.0.0.1:{free_port()}"]]))
     port = free_port()
     sets = [
-        f"server.port={port}", f"model.path={model_dir}", "engine.mode=distributed", "distributed.backend=ring",
-        "cache.block_size=16", *overrides,
+        f"server.port={port}",
+        f"model.path={model_dir}",
+        "engine.mode=distributed",
+        "distributed.backend=ring",
+        "cache.block_size=16",
+        *overrides,
     ]
     argv = [sys.executable, "-m", "vllm_mlx_trio.cli", "serve", *[a for s in sets for a in ("--set", s)]]
     ranks = []
@@ -181,3 +185,49 @@ async def test_a_vision_checkpoint_is_refused_at_load_and_both_ranks_exit_1(tmp_
     assert codes == [1, 1], [rank.output()[-2000:] for rank in ranks]
     for rank in ranks:
         assert "is a vision-language model" in rank.output()
+
+
+async def _race(url: str, model: str, low: dict, high: dict) -> tuple[list[str], dict[str, str]]:
+    """``low`` streaming in the one slot, then ``high``: the order they finished, and their texts."""
+    order: list[str] = []
+    texts: dict[str, str] = {}
+    async with httpx.AsyncClient(timeout=120) as http:
+
+        async def run_high() -> None:
+            resp = await http.post(f"{url}/v1/completions", json={"model": model, **high})
+            assert resp.status_code == 200, resp.text
+            texts["high"] = resp.json()["choices"][0]["text"]
+            order.append("high")
+
+        async with trio.open_nursery() as nursery:
+            chunks: list[str] = []
+            body = {"model": model, **low, "stream": True}
+            async with http.stream("POST", f"{url}/v1/completions", json=body) as resp:
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: {"):
+                        if not chunks:
+                            nursery.start_soon(run_high)  # arrives while low holds the only slot
+                        chunks.append(json.loads(line[6:])["choices"][0]["text"])
+            texts["low"] = "".join(chunks)
+            order.append("low")
+    return order, texts
+
+
+async def test_priority_preempts_on_two_ranks_and_outputs_stay_exact(tmp_path, float32_dir, demo_cache_dir):
+    low = {"prompt": "a long story", "max_tokens": 64, "ignore_eos": True, "temperature": 0.8, "seed": 5, "priority": 5}
+    high = {"prompt": "quick", "max_tokens": 8, "temperature": 0, "priority": -5}
+    with trio.fail_after(300):
+        async with two_ranks(tmp_path, float32_dir, "engine.max_num_seqs=1") as (rank0, _rank1):
+            order, texts = await _race(rank0.url, float32_dir, low, high)
+            async with httpx.AsyncClient() as http:
+                metrics = (await http.get(f"{rank0.url}/metrics")).text
+        async with replica(tmp_path, demo_cache_dir, f"model.path={float32_dir}") as single:
+            async with httpx.AsyncClient(timeout=120) as http:
+                solo = {}
+                for name, body in (("low", low), ("high", high)):
+                    resp = await http.post(f"{single.url}/v1/completions", json={"model": float32_dir, **body})
+                    solo[name] = resp.json()["choices"][0]["text"]
+    assert order == ["high", "low"]
+    assert texts == solo
+    preempted = [line for line in metrics.splitlines() if line.startswith("vllm:num_preemptions_total")]
+    assert preempted and float(preempted[0].split()[-1]) >= 1
