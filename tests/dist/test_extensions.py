@@ -9,10 +9,10 @@ import httpx
 import pytest
 import trio
 
-from vllm_mlx_trio.http.model_names import ServedNames
 from vllm_mlx_trio.actors.admission.chat_template import ChatTemplateOptions, tokenize_prompt
 from vllm_mlx_trio.core.scheduler import Scheduler
 from vllm_mlx_trio.errors import InvalidRequestError
+from vllm_mlx_trio.http.model_names import ServedNames
 from vllm_mlx_trio.http.openai import extensions
 from vllm_mlx_trio.http.openai.requests import parse_chat, parse_completion
 from vllm_mlx_trio.messages import ChatMessage, TextPart

@@ -8,8 +8,8 @@ import trio
 import zmq
 
 from vllm_mlx_trio.actors.prefix.cache_manager import CacheManagerActor
-from vllm_mlx_trio.config import CacheConfig
 from vllm_mlx_trio.actors.prefix.kv_events import TOPIC, KVEventRecorder, ZmqKVEventPublisher, external_hash
+from vllm_mlx_trio.config import CacheConfig
 from vllm_mlx_trio.errors import ConfigError
 from vllm_mlx_trio.messages import PrefixClear, PrefixCommit, PrefixLookup, PrefixRelease, RequestId
 from vllm_mlx_trio.testing.harness import free_port
