@@ -92,6 +92,7 @@ CODEX_FIELDS = {
     "store": False,
     "include": ["reasoning.encrypted_content"],
     "prompt_cache_key": "thread-1234",
+    "client_metadata": {"traceparent": "00-abc-def-01"},
     "text": {"verbosity": "low"},
 }
 

@@ -2,8 +2,9 @@
 
 ``input`` items are decoded one by one (:func:`..translate.input_items`): a message item may
 leave out its ``type``, which a tagged union cannot express. Bookkeeping fields (``metadata``
-is echoed back; ``user``, ``safety_identifier``, ``prompt_cache_key``, ``service_tier``,
-``stream_options``) are accepted and change nothing in the answer.
+is echoed back; ``user``, ``safety_identifier``, ``prompt_cache_key``,
+``prompt_cache_retention``, ``client_metadata``, ``service_tier``, ``stream_options``) are
+accepted and change nothing in the answer.
 """
 
 from __future__ import annotations
@@ -162,4 +163,7 @@ class ResponsesBody(_Object):
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    #: Client-side metadata (Codex sends its trace context here); never echoed.
+    client_metadata: dict[str, Any] | None = None
     service_tier: Literal["auto", "default", "flex", "priority"] | None = None
