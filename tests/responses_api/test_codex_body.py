@@ -92,7 +92,6 @@ CODEX_FIELDS = {
     "store": False,
     "include": ["reasoning.encrypted_content"],
     "prompt_cache_key": "thread-1234",
-    "client_metadata": {"traceparent": "00-abc-def-01"},
     "text": {"verbosity": "low"},
 }
 
@@ -110,7 +109,7 @@ server = functools.partial(fake_server, tokens_per_step=(1, 3, 2))
 
 
 def test_history_renders_flat_names_custom_inputs_and_developer_turns():
-    body = {"model": MODEL, "input": HISTORY, **CODEX_FIELDS}
+    body = {"model": MODEL, "input": HISTORY, **CODEX_FIELDS, "client_metadata": {"traceparent": "00-1"}}
     request = parse_responses(body, model_names=ServedNames((MODEL,)), output=OutputFormat(tool_parser="hermes"))
     prompt = request.prompt(())
     names = [tool["function"]["name"] for tool in prompt.tools]
@@ -130,6 +129,7 @@ def test_history_renders_flat_names_custom_inputs_and_developer_turns():
 async def test_a_namespaced_call_goes_back_with_its_namespace(stream):
     reply = call_markup("mcp__github__create_issue", {"title": "Typo in README"})
     kwargs = {"model": MODEL, "input": HISTORY, **CODEX_FIELDS, "stream": stream}
+    kwargs["extra_body"] = {"client_metadata": {"traceparent": "00-abc-def-01"}}  # not an SDK keyword
     executors: list[FakeExecutor] = []
     with trio.fail_after(20):
         async with server(hermes_cfg(), reply, executors=executors) as srv, openai_client(srv.url) as c:
