@@ -125,10 +125,11 @@ class ModelConfig:
 class EngineSection:
     """``[engine]``: how requests are run."""
 
-    #: The runner kind: "batched" (continuous batching: requests join and leave a shared batch
-    #: between steps), "simple" (one request at a time through mlx-lm's generate_step),
+    #: The runner kind: "auto" ("vlm" for a model whose config.json declares a vision or audio
+    #: tower, else "batched"), "batched" (continuous batching: requests join and leave a shared
+    #: batch between steps), "simple" (one request at a time through mlx-lm's generate_step),
     #: "distributed", "vlm" or "speculative"; ``load_config`` checks the name (ENGINE_MODES).
-    mode: str = _option("batched", _non_empty)
+    mode: str = _option("auto", _non_empty)
     #: Prompt tokens per forward pass during prefill (>= 1); in batched mode a long prompt is
     #: prefilled in chunks of this size between decode steps.
     prefill_step_size: int = _option(512, _in_range(1))
@@ -319,12 +320,12 @@ class SpeculativeConfig:
 
 
 def _speculation_fits_mode(inst, attribute, value: SpeculativeConfig) -> None:
-    """Validator of EngineConfig.speculative: a method needs engine.mode "batched" (or "speculative"
-    itself), and engine.mode "speculative" needs a method."""
+    """Validator of EngineConfig.speculative: a method needs engine.mode "auto" or "batched" (or
+    "speculative" itself), and engine.mode "speculative" needs a method."""
     mode, method = inst.engine.mode, value.method
     keys = ((SpeculativeConfig, "method"), (EngineSection, "mode"))
     if method != SPECULATION_OFF and mode not in SPECULATIVE_BASES:
-        problem = f'speculative.method = "{method}" needs engine.mode = "batched" (engine.mode is "{mode}")'
+        problem = f'speculative.method = "{method}" needs engine.mode = "auto" or "batched" (engine.mode is "{mode}")'
         raise _ConflictError(keys, problem)
     if mode == SPECULATIVE and method == SPECULATION_OFF:
         problem = 'engine.mode = "speculative" needs speculative.method = "draft" or "mtp" (it is "off")'

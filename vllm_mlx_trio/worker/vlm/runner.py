@@ -22,9 +22,11 @@ import attrs
 
 from ...errors import ModelLoadError
 from ...messages import KVReady, ModelInfo, NewSequence, RequestId, StepPlan, StepResult
+from ...runner_kinds import VLM
 from ..batched.runner import BatchRunner
 from ..kv_budget import kv_budget_tokens
 from ..loading import context_length, resolve_model_path
+from ..modality import declared_towers, read_model_config
 from ..runner_base import Advance, LiveSequence
 from ..thread_streams import enter_mlx_thread
 from .model import LanguageAdapter, MediaPrefill, new_prefill
@@ -55,11 +57,10 @@ def load_vlm(model_cfg) -> tuple[object, object, dict]:
     import mlx_vlm
     from mlx_vlm.utils import load_config
 
+    path = resolve_model_path(model_cfg)
+    check_served(model_cfg.path, read_model_config(path, revision=model_cfg.revision))
     try:
-        path = resolve_model_path(model_cfg)
         config = load_config(path)
-        if config.get("model_type") not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"model_type {config.get('model_type')!r} is not one of {SUPPORTED_MODEL_TYPES}")
         trust = model_cfg.trust_remote_code
         model, processor = mlx_vlm.load(path, revision=model_cfg.revision, trust_remote_code=trust)
     except Exception as exc:  # boundary: hub, filesystem, transformers and mlx-vlm errors
@@ -67,8 +68,27 @@ def load_vlm(model_cfg) -> tuple[object, object, dict]:
     return model, processor, config
 
 
+def check_served(name: str, config: dict) -> None:
+    """Refuse, at startup and naming the reason, a text model or an architecture not served here."""
+    model_type = config.get("model_type")
+    if not declared_towers(config):
+        raise ModelLoadError(
+            f"engine.mode = 'vlm' needs a vision-language model, but {name!r} is a text model "
+            f"(model_type {model_type!r}, no vision_config in its config.json); "
+            "use engine.mode = 'auto' or 'batched'"
+        )
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(
+            f"model {name!r}: vision-language model_type {model_type!r} is not served yet "
+            f"(served: {', '.join(SUPPORTED_MODEL_TYPES)}); engine.mode = 'batched' serves it text-only "
+            "where mlx-lm has the architecture"
+        )
+
+
 class VlmRunner(BatchRunner):
     """Batched mode for a VLM: text rows and media rows in one BatchGenerator."""
+
+    kind = VLM
 
     def __init__(self, cfg, *, request_waiting=None):
         super().__init__(cfg, request_waiting=request_waiting)
