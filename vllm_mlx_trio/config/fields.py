@@ -14,7 +14,17 @@ from typing import Any
 import attrs
 
 #: The demo models' names, as worker/demo/table.py builds them (a test keeps the two in step).
-DEMO_SIZES = ("tiny", "small", "vlm-tiny", "spec-target", "spec-draft", "mtp-tiny", "mtp-dsv3", "smollm2")
+DEMO_SIZES = (
+    "tiny",
+    "small",
+    "vlm-tiny",
+    "vlm-qwen2_5_vl",
+    "spec-target",
+    "spec-draft",
+    "mtp-tiny",
+    "mtp-dsv3",
+    "smollm2",
+)
 
 
 class _FieldError(ValueError):

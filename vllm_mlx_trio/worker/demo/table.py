@@ -57,8 +57,11 @@ DEMO_BUILDERS: Mapping[str, DemoBuilder] = MappingProxyType(
     {
         "tiny": _qwen3("tiny"),
         "small": _qwen3("small"),
-        # a tiny Qwen2-VL (worker/demo/vlm.py)
-        vlm.VLM_SIZE: DemoBuilder(write=vlm.write_vlm, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm.template_hash),
+        # tiny Qwen-VL family models: Qwen2-VL (vlm-tiny), Qwen2.5-VL, ... (worker/demo/vlm.py)
+        **{
+            size: DemoBuilder(write=vlm.writer(size), version=vlm.VLM_FORMAT_VERSION, template_hash=vlm.template_hash)
+            for size in vlm.QWEN_VL_DEMOS
+        },
         # the agreeing speculative pair (worker/demo/spec.py)
         "spec-target": _qwen3("spec-target", weights=partial(spec_weights, "spec-target")),
         "spec-draft": _qwen3("spec-draft", weights=partial(spec_weights, "spec-draft")),

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
+from functools import partial
 from typing import Any
 
+import attrs
 import numpy as np
 
 from . import files, recipe
@@ -64,6 +66,49 @@ VIDEO_MAX_PIXELS = 112 * 112
 IMAGE_MEAN = [0.48145466, 0.4578275, 0.40821073]
 IMAGE_STD = [0.26862954, 0.26130258, 0.27577711]
 
+
+@attrs.frozen
+class QwenVlDemo:
+    """One Qwen-VL family architecture as a demo: what its config.json and processor files name."""
+
+    #: The demo name (``demo:<size>``).
+    size: str
+    model_type: str
+    architecture: str
+    processor_class: str
+    #: The vision tower's config beyond :data:`VISION_SHAPE` (each architecture's own fields).
+    vision_extra: dict[str, Any] = attrs.field(factory=dict)
+    #: Text fields beyond :data:`TEXT_SHAPE`.
+    text_extra: dict[str, Any] = attrs.field(factory=dict)
+    #: The text config nests under ``text_config`` (Qwen3-VL) instead of the top level (Qwen2/2.5-VL).
+    nested_text: bool = False
+
+
+#: The Qwen-VL family demos by name: Qwen2-VL (``demo:vlm-tiny``), Qwen2.5-VL (windowed vision
+#: tower with full-attention blocks), Qwen3-VL (learned position embeddings, deepstack features
+#: added in the first text layers, nested text config).
+QWEN_VL_DEMOS = {
+    demo.size: demo
+    for demo in (
+        QwenVlDemo(VLM_SIZE, "qwen2_vl", "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor"),
+        QwenVlDemo(
+            "vlm-qwen2_5_vl",
+            "qwen2_5_vl",
+            "Qwen2_5_VLForConditionalGeneration",
+            "Qwen2_5_VLProcessor",
+            # window 56 px = 2x2 merged tokens: an 84x112 image spans several windows
+            vision_extra={
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "out_hidden_size": TEXT_SHAPE["hidden_size"],
+                "window_size": 56,
+                "fullatt_block_indexes": [1],
+                "depth": 2,
+            },
+        ),
+    )
+}
+
 #: The text demo's ChatML template, with media parts rendered as Qwen2-VL placeholders.
 CHAT_TEMPLATE = recipe.CHAT_TEMPLATE.replace(
     "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}",
@@ -79,20 +124,30 @@ def template_hash() -> str:
     return hashlib.sha256(f"{VLM_FORMAT_VERSION}:{CHAT_TEMPLATE}".encode()).hexdigest()
 
 
+def writer(size: str) -> Any:
+    """``write(directory, *, seed, dtype)`` of the Qwen-VL family demo ``size``."""
+    return partial(write_vlm, demo=QWEN_VL_DEMOS[size])
+
+
 def build_demo_vlm(
-    out_dir: str | pathlib.Path, *, seed: int = 0, dtype: str = recipe.DEFAULT_DTYPE, replace: bool = True
+    out_dir: str | pathlib.Path,
+    *,
+    seed: int = 0,
+    dtype: str = recipe.DEFAULT_DTYPE,
+    replace: bool = True,
+    size: str = VLM_SIZE,
 ) -> pathlib.Path:
-    """Build the tiny VLM into ``out_dir`` (through a temporary sibling, as every demo is built)."""
-    return recipe.build_into(out_dir, write_vlm, seed=seed, dtype=dtype, replace=replace)
+    """Build the tiny VLM ``size`` into ``out_dir`` (through a temporary sibling, as every demo is built)."""
+    return recipe.build_into(out_dir, writer(size), seed=seed, dtype=dtype, replace=replace)
 
 
-def write_vlm(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
-    """Write every file of ``demo:vlm-tiny`` into ``directory``, the marker last."""
+def write_vlm(directory: pathlib.Path, *, seed: int, dtype: str, demo: QwenVlDemo = QWEN_VL_DEMOS[VLM_SIZE]) -> None:
+    """Write every file of the demo ``demo`` (``demo:vlm-tiny`` by default) into ``directory``, the marker last."""
     tokenizer = files.train_tokenizer(recipe.DEMO_SIZES["tiny"].vocab_size)
     tokenizer.add_special_tokens(list(VISION_TOKENS))
     ids = {token: tokenizer.token_to_id(token) for token in (*files.SPECIAL_TOKENS, *VISION_TOKENS)}
     (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
-    config = _config(tokenizer.get_vocab_size(), dtype, ids)
+    config = _config(demo, tokenizer.get_vocab_size(), dtype, ids)
     weights = _random_weights(config, seed, files.damped_ids(tokenizer))
     files.write_safetensors(directory / "model.safetensors", weights, dtype)
     files.write_json(directory / "config.json", config)
@@ -103,29 +158,38 @@ def write_vlm(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
     files.write_json(directory / "tokenizer_config.json", tokenizer_config)
     special = {"eos_token": files.IM_END, "pad_token": files.ENDOFTEXT}
     files.write_json(directory / "special_tokens_map.json", special)
-    files.write_json(directory / "preprocessor_config.json", _image_processor_config())
-    files.write_json(directory / "video_preprocessor_config.json", _video_processor_config())
+    files.write_json(directory / "preprocessor_config.json", _image_processor_config(demo))
+    files.write_json(directory / "video_preprocessor_config.json", _video_processor_config(demo))
     # Present so mlx-vlm's processor loader never asks the hub for it.
-    files.write_json(directory / "processor_config.json", {"processor_class": "Qwen2VLProcessor"})
-    marker = {"format_version": VLM_FORMAT_VERSION, "size": VLM_SIZE, "seed": seed, "dtype": dtype}
+    files.write_json(directory / "processor_config.json", {"processor_class": demo.processor_class})
+    marker = {"format_version": VLM_FORMAT_VERSION, "size": demo.size, "seed": seed, "dtype": dtype}
     files.write_json(directory / recipe.DEMO_MARKER, {**marker, "chat_template_sha256": template_hash()})
 
 
-def _config(vocab_size: int, dtype: str, ids: dict[str, int]) -> dict[str, Any]:
-    """``config.json`` of a Qwen2-VL checkpoint (text fields at the top level, as Qwen2-VL has them)."""
-    return {
+def _config(demo: QwenVlDemo, vocab_size: int, dtype: str, ids: dict[str, int]) -> dict[str, Any]:
+    """``config.json`` of the architecture's checkpoint (text fields at the top level, as
+    Qwen2/2.5-VL have them, or under ``text_config`` as Qwen3-VL has them)."""
+    text = {
         **TEXT_SHAPE,
-        "model_type": "qwen2_vl",
-        "architectures": ["Qwen2VLForConditionalGeneration"],
+        **demo.text_extra,
+        "model_type": demo.model_type,
         "vocab_size": vocab_size,
         "rms_norm_eps": recipe.RMS_NORM_EPS,
         "rope_theta": recipe.ROPE_THETA,
         "rope_scaling": {"type": "mrope", "mrope_section": MROPE_SECTION},
         "tie_word_embeddings": True,
+        "hidden_act": "silu",
+    }
+    vision = {**VISION_SHAPE, "hidden_size": TEXT_SHAPE["hidden_size"], **demo.vision_extra}
+    return {
+        **({"text_config": text} if demo.nested_text else text),
+        "model_type": demo.model_type,
+        "architectures": [demo.architecture],
+        "vocab_size": vocab_size,
+        "tie_word_embeddings": True,
         "torch_dtype": dtype,
         "use_cache": True,
-        "hidden_act": "silu",
-        "vision_config": {**VISION_SHAPE, "hidden_size": TEXT_SHAPE["hidden_size"], "model_type": "qwen2_vl"},
+        "vision_config": {**vision, "model_type": demo.model_type},
         "image_token_id": ids[IMAGE_PAD],
         "video_token_id": ids[VIDEO_PAD],
         "vision_start_token_id": ids[VISION_START],
@@ -136,7 +200,7 @@ def _config(vocab_size: int, dtype: str, ids: dict[str, int]) -> dict[str, Any]:
     }
 
 
-def _processor_common() -> dict[str, Any]:
+def _processor_common(demo: QwenVlDemo) -> dict[str, Any]:
     return {
         "patch_size": VISION_SHAPE["patch_size"],
         "temporal_patch_size": VISION_SHAPE["temporal_patch_size"],
@@ -147,12 +211,12 @@ def _processor_common() -> dict[str, Any]:
         "rescale_factor": 1 / 255,
         "do_normalize": True,
         "do_convert_rgb": True,
-        "processor_class": "Qwen2VLProcessor",
+        "processor_class": demo.processor_class,
     }
 
 
-def _image_processor_config() -> dict[str, Any]:
-    common = _processor_common()
+def _image_processor_config(demo: QwenVlDemo) -> dict[str, Any]:
+    common = _processor_common(demo)
     return {
         **common,
         "image_processor_type": "Qwen2VLImageProcessor",
@@ -161,8 +225,8 @@ def _image_processor_config() -> dict[str, Any]:
     }
 
 
-def _video_processor_config() -> dict[str, Any]:
-    common = _processor_common()
+def _video_processor_config(demo: QwenVlDemo) -> dict[str, Any]:
+    common = _processor_common(demo)
     return {
         **common,
         "video_processor_type": "Qwen2VLVideoProcessor",
@@ -176,13 +240,16 @@ def _video_processor_config() -> dict[str, Any]:
 
 def _parameter_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Checkpoint names (``model.*``, ``visual.*``, as Hugging Face stores Qwen2-VL) and shapes."""
-    from mlx.utils import tree_flatten
-    from mlx_vlm.models import qwen2_vl
+    import importlib
 
-    model_config = qwen2_vl.ModelConfig.from_dict(dict(config))
-    model_config.vision_config = qwen2_vl.VisionConfig.from_dict(config["vision_config"])
-    model_config.text_config = qwen2_vl.TextConfig.from_dict(model_config.text_config)
-    model = qwen2_vl.Model(model_config)
+    from mlx.utils import tree_flatten
+
+    arch = importlib.import_module(f"mlx_vlm.models.{config['model_type']}")
+    model_config = arch.ModelConfig.from_dict(dict(config))
+    model_config.vision_config = arch.VisionConfig.from_dict(config["vision_config"])
+    text = model_config.text_config
+    model_config.text_config = text if isinstance(text, arch.TextConfig) else arch.TextConfig.from_dict(text)
+    model = arch.Model(model_config)
     shapes = {}
     for name, p in tree_flatten(model.parameters()):
         name = name.replace("language_model.model.", "model.").replace("vision_tower.", "visual.")
@@ -194,7 +261,7 @@ def _random_weights(config: dict[str, Any], seed: int, damped_ids: list[int]) ->
     """As the text demo draws them (sorted names, one rng): normal matrices, constant norms,
     the final norm scaling logits to ``LOGIT_STD``, damped special/byte rows."""
     rng = np.random.default_rng(seed)
-    hidden = config["hidden_size"]
+    hidden = TEXT_SHAPE["hidden_size"]
     weights: dict[str, np.ndarray] = {}
     for name, shape in sorted(_parameter_shapes(config).items()):
         if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight")):

@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 #: The model families this runner drives: Qwen2-VL (M-RoPE, the demo VLM's architecture). Others
 #: (Qwen2.5-VL's windowed tower and video time scale, 1-D RoPE VLMs) are not verified here yet.
-SUPPORTED_MODEL_TYPES = ("qwen2_vl",)
+SUPPORTED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
 #: What a request may send to such a model.
 MEDIA_KINDS = frozenset({"image_url", "video_url"})
 

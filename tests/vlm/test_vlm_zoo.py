@@ -1,0 +1,85 @@
+"""The VLM zoo: every architecture the vlm runner serves, each as a tiny random-weight demo in
+its real architecture (float32, so a greedy row's tokens do not depend on its batch).
+
+Per architecture: an image + text prompt gives mlx-vlm's own greedy ``stream_generate``
+tokens, alone and in a batch beside text and image rows; over HTTP a repeated image request
+reuses its cached prefix past the image (the content-keyed prefix cache, with the
+architecture's position scheme) and answers as the cold one did."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from test_vlm_runner import GREEDY, Driver, picture
+from vlm_helpers import image_message, image_url
+
+from vllm_mlx_trio.config import load_config
+from vllm_mlx_trio.testing.clients import openai_client
+from vllm_mlx_trio.testing.harness import open_server
+
+pytestmark = pytest.mark.mlx
+
+#: Every served architecture's demo (worker/demo/vlm.py).
+ZOO = ("vlm-tiny", "vlm-qwen2_5_vl")
+QUESTION = "Describe the picture."
+TIMEOUT_S = 120
+
+
+@pytest.fixture(scope="module", params=ZOO)
+def zoo_dir(request, tmp_path_factory) -> str:
+    from vllm_mlx_trio.worker.demo.vlm import build_demo_vlm
+
+    out = tmp_path_factory.mktemp("zoo") / request.param
+    return str(build_demo_vlm(out, dtype="float32", size=request.param))
+
+
+def mlx_vlm_greedy(model_dir: str, model, tokenizer, text: str, image) -> list[int]:
+    """mlx-vlm's own greedy tokens for one user turn of ``text`` then ``image``."""
+    import mlx_vlm
+    from mlx_vlm.generate.dispatch import stream_generate
+
+    processor = mlx_vlm.load(model_dir)[1]
+    content = [{"type": "text", "text": text}, {"type": "image"}]
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+    )
+    steps = stream_generate(model, processor, rendered, image=[image], max_tokens=GREEDY.max_tokens, temperature=0.0)
+    return [step.token for step in steps][: GREEDY.max_tokens]
+
+
+def test_greedy_output_is_mlx_vlms_alone_and_in_a_mixed_batch(zoo_dir):
+    driver = Driver(zoo_dir)
+    try:
+        driver.step(driver.sequence("alone", QUESTION, picture(7)))
+        driver.run_out()
+        driver.step(
+            driver.sequence("text", "Tell me about the sea."), driver.sequence("other", "And here?", picture(2))
+        )
+        driver.step(driver.sequence("mixed", QUESTION, picture(7)))
+        driver.run_out()
+        reference = mlx_vlm_greedy(zoo_dir, driver.runner._adapter.vlm, driver.info.tokenizer, QUESTION, picture(7))
+    finally:
+        driver.close()
+    assert len(set(reference)) > 1, "a demo whose greedy output is one token repeated tests nothing"
+    assert driver.tokens["alone"] == reference
+    assert driver.tokens["mixed"] == reference
+
+
+async def test_a_repeated_image_reuses_its_prefix_and_answers_the_same(zoo_dir):
+    cfg = load_config(
+        None,
+        overrides=[f"model.path={zoo_dir}", "server.port=0", "server.drain_timeout_s=5", "cache.block_size=16"],
+        environ={},
+    )
+    messages = [image_message("Look at this picture closely, then answer in a few words.", image_url(3))]
+    with trio.fail_after(TIMEOUT_S):
+        async with open_server(cfg) as srv, openai_client(srv.url) as c:
+            replies = [
+                await c.chat.completions.create(model=zoo_dir, messages=messages, temperature=0, max_tokens=6)
+                for _ in range(2)
+            ]
+    cold, repeat = replies
+    assert repeat.choices[0].message.content == cold.choices[0].message.content
+    assert cold.usage.prompt_tokens_details is None or not cold.usage.prompt_tokens_details.cached_tokens
+    # the image sits inside the prompt: a hit past it shows its tokens were cached under its content
+    assert repeat.usage.prompt_tokens_details.cached_tokens >= cold.usage.prompt_tokens - 16
