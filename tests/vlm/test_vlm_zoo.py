@@ -20,7 +20,7 @@ from vllm_mlx_trio.testing.harness import open_server
 pytestmark = pytest.mark.mlx
 
 #: Every served architecture's demo (worker/demo/vlm.py).
-ZOO = ("vlm-tiny", "vlm-qwen2_5_vl")
+ZOO = ("vlm-tiny", "vlm-qwen2_5_vl", "vlm-qwen3_vl")
 QUESTION = "Describe the picture."
 TIMEOUT_S = 120
 
@@ -48,7 +48,8 @@ def mlx_vlm_greedy(model_dir: str, model, tokenizer, text: str, image) -> list[i
 
 
 def test_greedy_output_is_mlx_vlms_alone_and_in_a_mixed_batch(zoo_dir):
-    driver = Driver(zoo_dir)
+    # 8-token prefill chunks: the image's tokens (and their positions, deepstack features) span several
+    driver = Driver(zoo_dir, "engine.mllm_prefill_step_size=8")
     try:
         driver.step(driver.sequence("alone", QUESTION, picture(7)))
         driver.run_out()

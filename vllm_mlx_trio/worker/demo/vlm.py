@@ -82,6 +82,9 @@ class QwenVlDemo:
     text_extra: dict[str, Any] = attrs.field(factory=dict)
     #: The text config nests under ``text_config`` (Qwen3-VL) instead of the top level (Qwen2/2.5-VL).
     nested_text: bool = False
+    #: Where the checkpoint keeps the language model and the vision tower (mlx-vlm's sanitize maps them back).
+    text_prefix: str = "model."
+    vision_prefix: str = "visual."
 
 
 #: The Qwen-VL family demos by name: Qwen2-VL (``demo:vlm-tiny``), Qwen2.5-VL (windowed vision
@@ -105,6 +108,27 @@ QWEN_VL_DEMOS = {
                 "fullatt_block_indexes": [1],
                 "depth": 2,
             },
+        ),
+        QwenVlDemo(
+            "vlm-qwen3_vl",
+            "qwen3_vl",
+            "Qwen3VLForConditionalGeneration",
+            "Qwen3VLProcessor",
+            # 16-pixel patches merged 2x2 (one token per 32x32 pixels), a 4x4 learned position grid,
+            # deepstack features from the first block added after the first text layer
+            vision_extra={
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "out_hidden_size": TEXT_SHAPE["hidden_size"],
+                "patch_size": 16,
+                "num_position_embeddings": 16,
+                "deepstack_visual_indexes": [0],
+                "depth": 2,
+            },
+            text_extra={"head_dim": 16},
+            nested_text=True,
+            text_prefix="model.language_model.",
+            vision_prefix="model.visual.",
         ),
     )
 }
@@ -148,7 +172,7 @@ def write_vlm(directory: pathlib.Path, *, seed: int, dtype: str, demo: QwenVlDem
     ids = {token: tokenizer.token_to_id(token) for token in (*files.SPECIAL_TOKENS, *VISION_TOKENS)}
     (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
     config = _config(demo, tokenizer.get_vocab_size(), dtype, ids)
-    weights = _random_weights(config, seed, files.damped_ids(tokenizer))
+    weights = _random_weights(demo, config, seed, files.damped_ids(tokenizer))
     files.write_safetensors(directory / "model.safetensors", weights, dtype)
     files.write_json(directory / "config.json", config)
     end = ids[files.IM_END], ids[files.ENDOFTEXT]
@@ -202,7 +226,7 @@ def _config(demo: QwenVlDemo, vocab_size: int, dtype: str, ids: dict[str, int]) 
 
 def _processor_common(demo: QwenVlDemo) -> dict[str, Any]:
     return {
-        "patch_size": VISION_SHAPE["patch_size"],
+        "patch_size": {**VISION_SHAPE, **demo.vision_extra}["patch_size"],
         "temporal_patch_size": VISION_SHAPE["temporal_patch_size"],
         "merge_size": VISION_SHAPE["spatial_merge_size"],
         "image_mean": IMAGE_MEAN,
@@ -238,8 +262,9 @@ def _video_processor_config(demo: QwenVlDemo) -> dict[str, Any]:
     }
 
 
-def _parameter_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """Checkpoint names (``model.*``, ``visual.*``, as Hugging Face stores Qwen2-VL) and shapes."""
+def _parameter_shapes(demo: QwenVlDemo, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Checkpoint names (as Hugging Face stores the architecture: ``model.*`` and ``visual.*`` for
+    Qwen2-VL) and shapes."""
     import importlib
 
     from mlx.utils import tree_flatten
@@ -252,26 +277,29 @@ def _parameter_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     model = arch.Model(model_config)
     shapes = {}
     for name, p in tree_flatten(model.parameters()):
-        name = name.replace("language_model.model.", "model.").replace("vision_tower.", "visual.")
+        name = name.replace("language_model.model.", demo.text_prefix).replace("vision_tower.", demo.vision_prefix)
         shapes[name] = tuple(p.shape)
     return shapes
 
 
-def _random_weights(config: dict[str, Any], seed: int, damped_ids: list[int]) -> dict[str, np.ndarray]:
+def _random_weights(
+    demo: QwenVlDemo, config: dict[str, Any], seed: int, damped_ids: list[int]
+) -> dict[str, np.ndarray]:
     """As the text demo draws them (sorted names, one rng): normal matrices, constant norms,
     the final norm scaling logits to ``LOGIT_STD``, damped special/byte rows."""
     rng = np.random.default_rng(seed)
     hidden = TEXT_SHAPE["hidden_size"]
     weights: dict[str, np.ndarray] = {}
-    for name, shape in sorted(_parameter_shapes(config).items()):
+    embed = demo.text_prefix + "embed_tokens.weight"
+    for name, shape in sorted(_parameter_shapes(demo, config).items()):
         if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight")):
-            final = name == "model.norm.weight"
+            final = name == demo.text_prefix + "norm.weight"
             scale = recipe.LOGIT_STD / (recipe.EMBED_STD * hidden**0.5) if final else 1.0
             weights[name] = np.full(shape, scale, dtype=np.float32)
         elif len(shape) == 1:  # biases
             weights[name] = np.zeros(shape, dtype=np.float32)
         else:
-            std = recipe.EMBED_STD if name == recipe.EMBED else int(np.prod(shape[1:])) ** -0.5
+            std = recipe.EMBED_STD if name == embed else int(np.prod(shape[1:])) ** -0.5
             weights[name] = rng.standard_normal(shape, dtype=np.float32) * np.float32(std)
-    weights[recipe.EMBED][damped_ids] *= np.float32(recipe.SPECIAL_ROW_SCALE)
+    weights[embed][damped_ids] *= np.float32(recipe.SPECIAL_ROW_SCALE)
     return weights

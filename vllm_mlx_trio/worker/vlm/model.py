@@ -74,6 +74,10 @@ class MediaPrefill:
     to_encode: list[MediaInput] = attrs.field(factory=list)
     #: This step encoded the last item (the runner reports ``encode_s`` then).
     encoding_finished: bool = False
+    #: Qwen3-VL's deepstack: (layers, L - 1 - start, hidden) vision features added to the first
+    #: text layers' outputs at the image tokens, and which of the uncached tokens those are.
+    deepstack: mx.array | None = None
+    visual: np.ndarray | None = None
 
     @property
     def end(self) -> int:
@@ -105,10 +109,28 @@ class MediaPrefill:
         a, b = self.start + self.cursor, min(self.end, self.start + self.cursor + self.chunk)
         if a < b:
             ids = mx.array(self.seq.prompt_token_ids[a:b])[None]
-            embeds = self.embeds[:, self.cursor : self.cursor + (b - a)]
-            lm(ids, inputs_embeds=embeds, cache=self.cache, position_ids=self.positions[..., a:b])
+            window = slice(self.cursor, self.cursor + (b - a))
+            embeds = self.embeds[:, window]
+            lm(
+                ids,
+                inputs_embeds=embeds,
+                cache=self.cache,
+                position_ids=self.positions[..., a:b],
+                **self._deepstack(window),
+            )
             mx.eval([c.state for c in self.cache])
         self.cursor += b - a
+
+    def _deepstack(self, window: slice) -> dict[str, Any]:
+        """The deepstack arguments of the chunk ``window`` of the uncached tokens (none without
+        visual tokens in it): its visual mask and those tokens' features, compact, per layer."""
+        if self.deepstack is None or not self.visual[window].any():
+            return {}
+        rows = mx.array(np.flatnonzero(self.visual[window]) + window.start)
+        return {
+            "visual_pos_masks": mx.array(self.visual[window])[None],
+            "deepstack_visual_embeds": [layer[rows] for layer in self.deepstack],
+        }
 
     def _start(self, model: Any) -> None:
         """Positions for the whole prompt (its delta with them); token embeddings of the
@@ -126,19 +148,31 @@ class MediaPrefill:
     def _encode(self, model: Any, item: MediaInput) -> None:
         """One item's features, written over its placeholder tokens' embeddings (the uncached ones)."""
         lo, hi = max(item.start, self.start), min(item.start + item.num_tokens, self.end)
-        features = encode_media(model, item)
+        features, deepstack = encode_media(model, item)
         self.embeds[:, lo - self.start : hi - self.start] = features[lo - item.start : hi - item.start][None]
-        mx.eval(self.embeds)
+        if deepstack is not None:
+            self._add_deepstack(deepstack[:, lo - item.start : hi - item.start], lo - self.start, hi - self.start)
+        mx.eval(self.embeds, self.deepstack)
         self.num_encoded += 1
 
+    def _add_deepstack(self, features: mx.array, lo: int, hi: int) -> None:
+        if self.deepstack is None:
+            length = self.embeds.shape[1]
+            self.deepstack = mx.zeros((features.shape[0], length, features.shape[-1]), features.dtype)
+            self.visual = np.zeros(length, dtype=bool)
+        self.deepstack[:, lo:hi] = features
+        self.visual[lo:hi] = True
 
-def encode_media(model: Any, item: MediaInput) -> mx.array:
-    """The vision tower's features of one image or video: (num_tokens, hidden)."""
+
+def encode_media(model: Any, item: MediaInput) -> tuple[mx.array, mx.array | None]:
+    """The vision tower's features of one image or video, (num_tokens, hidden), and its
+    deepstack features (layers, num_tokens, hidden) for a tower that gives them (Qwen3-VL)."""
     tower = model.vision_tower
     pixels = mx.array(item.pixels).astype(tower.patch_embed.proj.weight.dtype)
-    features = tower(pixels, mx.array([item.grid_thw]), output_hidden_states=False)
+    out = tower(pixels, mx.array([item.grid_thw]), output_hidden_states=False)
+    features, deepstack = out if isinstance(out, tuple) else (out, None)
     assert features.shape[0] == item.num_tokens, (features.shape, item.num_tokens)
-    return features
+    return features, (mx.stack(deepstack) if deepstack else None)
 
 
 def _grids(media: tuple[MediaInput, ...], kind: str) -> mx.array | None:

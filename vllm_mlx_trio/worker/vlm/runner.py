@@ -34,11 +34,14 @@ from .processor import VlmPromptProcessor
 
 logger = logging.getLogger(__name__)
 
-#: The model families this runner drives: Qwen2-VL (M-RoPE, the demo VLM's architecture). Others
-#: (Qwen2.5-VL's windowed tower and video time scale, 1-D RoPE VLMs) are not verified here yet.
-SUPPORTED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
-#: What a request may send to such a model.
+#: The architectures this runner drives, each verified against mlx-vlm's own generate on a demo
+#: (tests/vlm/test_vlm_zoo.py): the Qwen-VL family (M-RoPE with a per-row delta; Qwen2.5-VL's
+#: windowed tower; Qwen3-VL's deepstack features). Others are refused at load, naming the type.
+SUPPORTED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+#: What a request may send to such a model: images, and video where the prompt's video
+#: placeholders expand as the model's processor expands them (Qwen3-VL's carry timestamps: not yet).
 MEDIA_KINDS = frozenset({"image_url", "video_url"})
+IMAGE_ONLY_MODEL_TYPES = frozenset({"qwen3_vl"})
 
 
 def require_vlm_extra() -> None:
@@ -125,7 +128,7 @@ class VlmRunner(BatchRunner):
             token_bytes=byte_level_table(tokenizer),
             kv_budget_tokens=budget_tokens,
             kv_bytes_per_token=bytes_per_token,
-            media_kinds=MEDIA_KINDS,
+            media_kinds=MEDIA_KINDS - {"video_url"} if config["model_type"] in IMAGE_ONLY_MODEL_TYPES else MEDIA_KINDS,
             media_processor=VlmPromptProcessor.of(processor),
         )
 
