@@ -8,6 +8,8 @@ architecture's position scheme) and answers as the cold one did."""
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 import trio
 from test_vlm_runner import GREEDY, Driver, picture
@@ -19,23 +21,30 @@ from vllm_mlx_trio.testing.harness import open_server
 
 pytestmark = pytest.mark.mlx
 
-#: Every served architecture's demo (worker/demo/vlm.py).
-ZOO = ("vlm-tiny", "vlm-qwen2_5_vl", "vlm-qwen3_vl")
+#: Every served architecture's demo (worker/demo/vlm.py, vlm_llava.py).
 QUESTION = "Describe the picture."
 TIMEOUT_S = 120
 
 
+ZOO = ("vlm-tiny", "vlm-qwen2_5_vl", "vlm-qwen3_vl", "vlm-llava")
+#: Where mlx-vlm 0.7.10's ``stream_generate`` cannot prepare the inputs under transformers 5 (it
+#: passes ``padding`` on to CLIP's image processor): the reference runs mlx-vlm's processor call
+#: and its ``generate_step`` directly.
+PROCESSOR_CALL = {"vlm-llava"}
+
+
 @pytest.fixture(scope="module", params=ZOO)
 def zoo_dir(request, tmp_path_factory) -> str:
-    from vllm_mlx_trio.worker.demo.vlm import build_demo_vlm
+    from vllm_mlx_trio.worker.demo import build_demo_model
 
     out = tmp_path_factory.mktemp("zoo") / request.param
-    return str(build_demo_vlm(out, dtype="float32", size=request.param))
+    return str(build_demo_model(out, size=request.param, dtype="float32"))
 
 
 def mlx_vlm_greedy(model_dir: str, model, tokenizer, text: str, image) -> list[int]:
     """mlx-vlm's own greedy tokens for one user turn of ``text`` then ``image``."""
     import mlx_vlm
+    from mlx_vlm.generate.ar import generate_step
     from mlx_vlm.generate.dispatch import stream_generate
 
     processor = mlx_vlm.load(model_dir)[1]
@@ -43,6 +52,12 @@ def mlx_vlm_greedy(model_dir: str, model, tokenizer, text: str, image) -> list[i
     rendered = tokenizer.apply_chat_template(
         [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
     )
+    if pathlib.Path(model_dir).name in PROCESSOR_CALL:
+        inputs = processor(images=[image], text=[rendered])
+        steps = generate_step(
+            inputs["input_ids"], model, inputs["pixel_values"], None, max_tokens=GREEDY.max_tokens, temperature=0.0
+        )
+        return [int(token) for token, _ in steps][: GREEDY.max_tokens]
     steps = stream_generate(model, processor, rendered, image=[image], max_tokens=GREEDY.max_tokens, temperature=0.0)
     return [step.token for step in steps][: GREEDY.max_tokens]
 

@@ -15,7 +15,7 @@ from types import MappingProxyType
 
 import attrs
 
-from . import mtp, mtp_dsv3, smollm2, vlm
+from . import mtp, mtp_dsv3, smollm2, vlm, vlm_llava
 from .model import write_qwen3_demo
 from .recipe import (
     DEFAULT_DTYPE,
@@ -62,6 +62,10 @@ DEMO_BUILDERS: Mapping[str, DemoBuilder] = MappingProxyType(
             size: DemoBuilder(write=vlm.writer(size), version=vlm.VLM_FORMAT_VERSION, template_hash=vlm.template_hash)
             for size in vlm.QWEN_VL_DEMOS
         },
+        # a tiny LLaVA: CLIP tower, Llama text model, 1-D RoPE (worker/demo/vlm_llava.py)
+        vlm_llava.LLAVA_SIZE: DemoBuilder(
+            write=vlm_llava.write_llava, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm_llava.template_hash
+        ),
         # the agreeing speculative pair (worker/demo/spec.py)
         "spec-target": _qwen3("spec-target", weights=partial(spec_weights, "spec-target")),
         "spec-draft": _qwen3("spec-draft", weights=partial(spec_weights, "spec-draft")),

@@ -265,6 +265,15 @@ def _video_processor_config(demo: QwenVlDemo) -> dict[str, Any]:
 def _parameter_shapes(demo: QwenVlDemo, config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     """Checkpoint names (as Hugging Face stores the architecture: ``model.*`` and ``visual.*`` for
     Qwen2-VL) and shapes."""
+    shapes = mlx_vlm_shapes(config)
+    return {
+        name.replace("language_model.model.", demo.text_prefix).replace("vision_tower.", demo.vision_prefix): shape
+        for name, shape in shapes.items()
+    }
+
+
+def mlx_vlm_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """mlx-vlm's own parameter names and shapes of the model ``config`` describes."""
     import importlib
 
     from mlx.utils import tree_flatten
@@ -275,25 +284,28 @@ def _parameter_shapes(demo: QwenVlDemo, config: dict[str, Any]) -> dict[str, tup
     text = model_config.text_config
     model_config.text_config = text if isinstance(text, arch.TextConfig) else arch.TextConfig.from_dict(text)
     model = arch.Model(model_config)
-    shapes = {}
-    for name, p in tree_flatten(model.parameters()):
-        name = name.replace("language_model.model.", demo.text_prefix).replace("vision_tower.", demo.vision_prefix)
-        shapes[name] = tuple(p.shape)
-    return shapes
+    return {name: tuple(p.shape) for name, p in tree_flatten(model.parameters())}
 
 
 def _random_weights(
     demo: QwenVlDemo, config: dict[str, Any], seed: int, damped_ids: list[int]
 ) -> dict[str, np.ndarray]:
+    return draw_weights(_parameter_shapes(demo, config), demo.text_prefix, seed, damped_ids)
+
+
+def draw_weights(
+    shapes: dict[str, tuple[int, ...]], text_prefix: str, seed: int, damped_ids: list[int]
+) -> dict[str, np.ndarray]:
     """As the text demo draws them (sorted names, one rng): normal matrices, constant norms,
-    the final norm scaling logits to ``LOGIT_STD``, damped special/byte rows."""
+    the final norm (``<text_prefix>norm.weight``) scaling logits to ``LOGIT_STD``, damped
+    special/byte rows of ``<text_prefix>embed_tokens.weight``."""
     rng = np.random.default_rng(seed)
     hidden = TEXT_SHAPE["hidden_size"]
     weights: dict[str, np.ndarray] = {}
-    embed = demo.text_prefix + "embed_tokens.weight"
-    for name, shape in sorted(_parameter_shapes(demo, config).items()):
+    embed = text_prefix + "embed_tokens.weight"
+    for name, shape in sorted(shapes.items()):
         if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "ln_q.weight")):
-            final = name == demo.text_prefix + "norm.weight"
+            final = name == text_prefix + "norm.weight"
             scale = recipe.LOGIT_STD / (recipe.EMBED_STD * hidden**0.5) if final else 1.0
             weights[name] = np.full(shape, scale, dtype=np.float32)
         elif len(shape) == 1:  # biases

@@ -33,6 +33,9 @@ class LanguageAdapter:
     def __init__(self, model: Any):
         self.vlm = model
         self.language_model = model.language_model
+        #: Qwen-VL's 3-D M-RoPE (positions from ``get_rope_index``, a delta per row); else 1-D
+        #: RoPE, where the language model places tokens by its cache offset alone.
+        self.mrope = hasattr(model.language_model, "get_rope_index")
 
     @property
     def layers(self) -> list[Any]:
@@ -43,6 +46,8 @@ class LanguageAdapter:
 
     def __call__(self, inputs: mx.array, cache: list[Any] | None = None, **_: Any) -> mx.array:
         assert cache is not None, "the adapter decodes from a cache"
+        if not self.mrope:
+            return self.language_model(inputs, cache=cache).logits
         positions = row_positions(cache[0], inputs.shape[1])
         return self.language_model(inputs, cache=cache, position_ids=positions).logits
 
@@ -93,9 +98,9 @@ class MediaPrefill:
         started = time.perf_counter()
         self.encoding_finished = False
         if self.embeds is None:
-            self._start(adapter.vlm)
+            self._start(adapter)
         if self.to_encode:
-            self._encode(adapter.vlm, self.to_encode.pop(0))
+            self._encode(adapter, self.to_encode.pop(0))
             self.encoding_finished = not self.to_encode
             self.encode_s += time.perf_counter() - started
         else:
@@ -111,13 +116,8 @@ class MediaPrefill:
             ids = mx.array(self.seq.prompt_token_ids[a:b])[None]
             window = slice(self.cursor, self.cursor + (b - a))
             embeds = self.embeds[:, window]
-            lm(
-                ids,
-                inputs_embeds=embeds,
-                cache=self.cache,
-                position_ids=self.positions[..., a:b],
-                **self._deepstack(window),
-            )
+            place = {} if self.positions is None else {"position_ids": self.positions[..., a:b]}
+            lm(ids, inputs_embeds=embeds, cache=self.cache, **place, **self._deepstack(window))
             mx.eval([c.state for c in self.cache])
         self.cursor += b - a
 
@@ -132,23 +132,28 @@ class MediaPrefill:
             "deepstack_visual_embeds": [layer[rows] for layer in self.deepstack],
         }
 
-    def _start(self, model: Any) -> None:
+    def _start(self, adapter: LanguageAdapter) -> None:
         """Positions for the whole prompt (its delta with them); token embeddings of the
         uncached part; which media items reach into it."""
         ids = mx.array(self.seq.prompt_token_ids)[None]
-        media = self.seq.media
-        grids = {kind: _grids(media, kind) for kind in ("image", "video")}
-        self.positions, deltas = model.language_model.get_rope_index(ids, grids["image"], grids["video"])
-        self.rope_delta = int(np.asarray(deltas).reshape(-1)[0])
+        media, model = self.seq.media, adapter.vlm
+        if adapter.mrope:
+            grids = {kind: _grids(media, kind) for kind in ("image", "video")}
+            self.positions, deltas = model.language_model.get_rope_index(ids, grids["image"], grids["video"])
+            self.rope_delta = int(np.asarray(deltas).reshape(-1)[0])
         self.embeds = model.language_model.model.embed_tokens(ids[:, self.start : self.end])
         self.to_encode = [
             item for item in media if max(item.start, self.start) < min(item.start + item.num_tokens, self.end)
         ]
 
-    def _encode(self, model: Any, item: MediaInput) -> None:
+    def _encode(self, adapter: LanguageAdapter, item: MediaInput) -> None:
         """One item's features, written over its placeholder tokens' embeddings (the uncached ones)."""
         lo, hi = max(item.start, self.start), min(item.start + item.num_tokens, self.end)
-        features, deepstack = encode_media(model, item)
+        if adapter.mrope:
+            features, deepstack = encode_media(adapter.vlm, item)
+        else:
+            placeholders = self.seq.prompt_token_ids[item.start : item.start + item.num_tokens]
+            features, deepstack = embed_media(adapter.vlm, placeholders, item), None
         self.embeds[:, lo - self.start : hi - self.start] = features[lo - item.start : hi - item.start][None]
         if deepstack is not None:
             self._add_deepstack(deepstack[:, lo - item.start : hi - item.start], lo - self.start, hi - self.start)
@@ -173,6 +178,16 @@ def encode_media(model: Any, item: MediaInput) -> tuple[mx.array, mx.array | Non
     features, deepstack = out if isinstance(out, tuple) else (out, None)
     assert features.shape[0] == item.num_tokens, (features.shape, item.num_tokens)
     return features, (mx.stack(deepstack) if deepstack else None)
+
+
+def embed_media(model: Any, placeholders: tuple[int, ...], item: MediaInput) -> mx.array:
+    """One image's features through the model's own ``get_input_embeddings`` (the vision tower,
+    feature selection and projector, as mlx-vlm runs them): the embeddings of its run of
+    placeholder tokens, (num_tokens, hidden)."""
+    ids = mx.array(placeholders)[None]
+    features = model.get_input_embeddings(ids, pixel_values=mx.array(item.pixels)).inputs_embeds[0]
+    assert features.shape[0] == item.num_tokens, (features.shape, item.num_tokens)
+    return features
 
 
 def _grids(media: tuple[MediaInput, ...], kind: str) -> mx.array | None:

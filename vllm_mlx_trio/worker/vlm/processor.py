@@ -34,6 +34,8 @@ class VlmPromptProcessor:
     image_pad_id: int
     video_pad_id: int
     merge_size: int
+    #: Tokens an item takes beyond its merged patches (LLaVA: its tower's class token, when kept).
+    extra_tokens: int = 0
 
     @classmethod
     def of(cls, processor: Any) -> VlmPromptProcessor:
@@ -79,7 +81,7 @@ class VlmPromptProcessor:
 
     def num_tokens(self, grid_thw: tuple[int, int, int]) -> int:
         t, h, w = grid_thw
-        return t * h * w // self.merge_size**2
+        return t * h * w // self.merge_size**2 + self.extra_tokens
 
     def media_inputs(
         self, token_ids: list[int], items: list[tuple[str, np.ndarray, tuple]], loaded: tuple[Any, ...]
@@ -104,3 +106,44 @@ class VlmPromptProcessor:
             )
             cursor += num_tokens
         return tuple(media)
+
+
+@attrs.frozen(kw_only=True)
+class LlavaPromptProcessor(VlmPromptProcessor):
+    """LLaVA's: one ``<image>`` repeated once per vision patch of the (resized, cropped) image;
+    images only."""
+
+    patch_size: int
+
+    @classmethod
+    def of(cls, processor: Any) -> LlavaPromptProcessor:
+        token = processor.image_token
+        token_id = processor.tokenizer.convert_tokens_to_ids(token)
+        extra = processor.num_additional_image_tokens - (processor.vision_feature_select_strategy == "default")
+        return cls(
+            image_processor=processor.image_processor,
+            video_processor=None,
+            image_pad=token,
+            video_pad=token,
+            image_pad_id=token_id,
+            video_pad_id=token_id,
+            merge_size=1,
+            extra_tokens=extra,
+            patch_size=processor.patch_size,
+        )
+
+    def vision_inputs(self, item: Any) -> tuple[str, np.ndarray, tuple[int, int, int]]:
+        if hasattr(item, "frames"):
+            raise InvalidRequestError("this model takes images, not video", param="messages")
+        pixels = np.asarray(self.image_processor(images=[item.image], return_tensors="np")["pixel_values"])
+        height, width = pixels.shape[-2:]
+        return IMAGE, pixels, (1, height // self.patch_size, width // self.patch_size)
+
+
+#: The prompt processor of each architecture the vlm runner serves.
+PROMPT_PROCESSORS = {"llava": LlavaPromptProcessor}
+
+
+def prompt_processor(model_type: str, processor: Any) -> VlmPromptProcessor:
+    """The numpy prompt processor of a ``model_type`` model, from its mlx-vlm processor."""
+    return PROMPT_PROCESSORS.get(model_type, VlmPromptProcessor).of(processor)

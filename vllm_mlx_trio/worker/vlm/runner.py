@@ -30,18 +30,18 @@ from ..modality import declared_towers, read_model_config
 from ..runner_base import Advance, LiveSequence
 from ..thread_streams import enter_mlx_thread
 from .model import LanguageAdapter, MediaPrefill, new_prefill
-from .processor import VlmPromptProcessor
+from .processor import prompt_processor
 
 logger = logging.getLogger(__name__)
 
 #: The architectures this runner drives, each verified against mlx-vlm's own generate on a demo
 #: (tests/vlm/test_vlm_zoo.py): the Qwen-VL family (M-RoPE with a per-row delta; Qwen2.5-VL's
 #: windowed tower; Qwen3-VL's deepstack features). Others are refused at load, naming the type.
-SUPPORTED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
+SUPPORTED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava")
 #: What a request may send to such a model: images, and video where the prompt's video
 #: placeholders expand as the model's processor expands them (Qwen3-VL's carry timestamps: not yet).
 MEDIA_KINDS = frozenset({"image_url", "video_url"})
-IMAGE_ONLY_MODEL_TYPES = frozenset({"qwen3_vl"})
+IMAGE_ONLY_MODEL_TYPES = frozenset({"qwen3_vl", "llava"})
 
 
 def require_vlm_extra() -> None:
@@ -129,7 +129,7 @@ class VlmRunner(BatchRunner):
             kv_budget_tokens=budget_tokens,
             kv_bytes_per_token=bytes_per_token,
             media_kinds=MEDIA_KINDS - {"video_url"} if config["model_type"] in IMAGE_ONLY_MODEL_TYPES else MEDIA_KINDS,
-            media_processor=VlmPromptProcessor.of(processor),
+            media_processor=prompt_processor(config["model_type"], processor),
         )
 
     def execute(self, plan: StepPlan) -> StepResult:
