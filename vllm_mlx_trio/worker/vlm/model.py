@@ -21,6 +21,7 @@ from typing import Any
 import attrs
 import mlx.core as mx
 import numpy as np
+from mlx_lm.models.cache import RotatingKVCache
 
 from ...messages import MediaInput, NewSequence
 from .cache import RopeKVCache, row_positions
@@ -41,8 +42,13 @@ class LanguageAdapter:
     def layers(self) -> list[Any]:
         return self.language_model.model.layers
 
-    def make_cache(self) -> list[RopeKVCache]:
-        return [RopeKVCache() for _ in self.layers]
+    def make_cache(self) -> list[Any]:
+        """mlx-lm caches (what the generator batches): the language model's own layout where it
+        has one (Gemma 3's sliding-window layers rotate), else one :class:`RopeKVCache` a layer."""
+        own = getattr(self.language_model, "make_cache", None)
+        if own is None:
+            return [RopeKVCache() for _ in self.layers]
+        return [_mlx_lm_cache(cache) for cache in own()]
 
     def __call__(self, inputs: mx.array, cache: list[Any] | None = None, **_: Any) -> mx.array:
         assert cache is not None, "the adapter decodes from a cache"
@@ -180,12 +186,20 @@ def encode_media(model: Any, item: MediaInput) -> tuple[mx.array, mx.array | Non
     return features, (mx.stack(deepstack) if deepstack else None)
 
 
+def _mlx_lm_cache(cache: Any) -> Any:
+    """mlx-lm's cache of the kind of mlx-vlm's ``cache`` (a rotating window, or plain KV)."""
+    if hasattr(cache, "max_size"):
+        return RotatingKVCache(max_size=cache.max_size, keep=cache.keep)
+    return RopeKVCache()
+
+
 def embed_media(model: Any, placeholders: tuple[int, ...], item: MediaInput) -> mx.array:
     """One image's features through the model's own ``get_input_embeddings`` (the vision tower,
     feature selection and projector, as mlx-vlm runs them): the embeddings of its run of
     placeholder tokens, (num_tokens, hidden)."""
     ids = mx.array(placeholders)[None]
-    features = model.get_input_embeddings(ids, pixel_values=mx.array(item.pixels)).inputs_embeds[0]
+    features = model.get_input_embeddings(ids, pixel_values=mx.array(item.pixels), mask=mx.ones_like(ids))
+    features = features.inputs_embeds[0]
     assert features.shape[0] == item.num_tokens, (features.shape, item.num_tokens)
     return features
 

@@ -73,11 +73,15 @@ class VlmPromptProcessor:
         out, index = [], 0
         for piece in pieces:
             if piece in (self.image_pad, self.video_pad):
-                out.append(piece * self.num_tokens(items[index][2]))
+                out.append(self.expansion(piece, self.num_tokens(items[index][2])))
                 index += 1
             else:
                 out.append(piece)
         return "".join(out), items
+
+    def expansion(self, placeholder: str, num_tokens: int) -> str:
+        """The text a template's placeholder becomes for an item of ``num_tokens`` tokens."""
+        return placeholder * num_tokens
 
     def num_tokens(self, grid_thw: tuple[int, int, int]) -> int:
         t, h, w = grid_thw
@@ -140,8 +144,44 @@ class LlavaPromptProcessor(VlmPromptProcessor):
         return IMAGE, pixels, (1, height // self.patch_size, width // self.patch_size)
 
 
+@attrs.frozen(kw_only=True)
+class Gemma3PromptProcessor(VlmPromptProcessor):
+    """Gemma 3's: the template's ``<start_of_image>`` becomes ``\n\n<start_of_image>``, one
+    image token per pooled vision token, ``<end_of_image>\n\n``; images only, no pan-and-scan crops."""
+
+    image_token: str
+    end_of_image: str
+    tokens_per_image: int
+
+    @classmethod
+    def of(cls, processor: Any) -> Gemma3PromptProcessor:
+        tokenizer = processor.tokenizer
+        token_id = tokenizer.convert_tokens_to_ids(processor.image_token)
+        return cls(
+            image_processor=processor.image_processor,
+            video_processor=None,
+            image_pad=processor.boi_token,
+            video_pad=processor.boi_token,
+            image_pad_id=token_id,
+            video_pad_id=token_id,
+            merge_size=1,
+            image_token=processor.image_token,
+            end_of_image=tokenizer.eoi_token,
+            tokens_per_image=processor.image_seq_length,
+        )
+
+    def vision_inputs(self, item: Any) -> tuple[str, np.ndarray, tuple[int, int, int]]:
+        if hasattr(item, "frames"):
+            raise InvalidRequestError("this model takes images, not video", param="messages")
+        out = self.image_processor(images=[item.image], return_tensors="np", do_pan_and_scan=False)
+        return IMAGE, np.asarray(out["pixel_values"]), (1, 1, self.tokens_per_image)
+
+    def expansion(self, placeholder: str, num_tokens: int) -> str:
+        return f"\n\n{placeholder}{self.image_token * num_tokens}{self.end_of_image}\n\n"
+
+
 #: The prompt processor of each architecture the vlm runner serves.
-PROMPT_PROCESSORS = {"llava": LlavaPromptProcessor}
+PROMPT_PROCESSORS = {"llava": LlavaPromptProcessor, "gemma3": Gemma3PromptProcessor}
 
 
 def prompt_processor(model_type: str, processor: Any) -> VlmPromptProcessor:
