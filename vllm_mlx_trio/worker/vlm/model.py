@@ -186,6 +186,11 @@ def encode_media(model: Any, item: MediaInput) -> tuple[mx.array, mx.array | Non
     return features, (mx.stack(deepstack) if deepstack else None)
 
 
+#: What an architecture's ``get_input_embeddings`` needs beside the pixels, from the item
+#: (worker/vlm/processor.py says what its grid holds): Mistral 3's tower takes the image's size.
+EMBED_KWARGS = {"mistral3": lambda item: {"image_sizes": [item.grid_thw[1:]]}}
+
+
 def _mlx_lm_cache(cache: Any) -> Any:
     """mlx-lm's cache of the kind of mlx-vlm's ``cache`` (a rotating window, or plain KV)."""
     if hasattr(cache, "max_size"):
@@ -198,8 +203,9 @@ def embed_media(model: Any, placeholders: tuple[int, ...], item: MediaInput) -> 
     feature selection and projector, as mlx-vlm runs them): the embeddings of its run of
     placeholder tokens, (num_tokens, hidden)."""
     ids = mx.array(placeholders)[None]
-    features = model.get_input_embeddings(ids, pixel_values=mx.array(item.pixels), mask=mx.ones_like(ids))
-    features = features.inputs_embeds[0]
+    extra = EMBED_KWARGS.get(model.config.model_type, lambda item: {})(item)
+    pixels = mx.array(item.pixels)
+    features = model.get_input_embeddings(ids, pixel_values=pixels, mask=mx.ones_like(ids), **extra).inputs_embeds[0]
     assert features.shape[0] == item.num_tokens, (features.shape, item.num_tokens)
     return features
 

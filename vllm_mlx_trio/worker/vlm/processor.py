@@ -73,15 +73,19 @@ class VlmPromptProcessor:
         out, index = [], 0
         for piece in pieces:
             if piece in (self.image_pad, self.video_pad):
-                out.append(self.expansion(piece, self.num_tokens(items[index][2])))
+                out.append(self.expansion(piece, items[index][2]))
                 index += 1
             else:
                 out.append(piece)
         return "".join(out), items
 
-    def expansion(self, placeholder: str, num_tokens: int) -> str:
-        """The text a template's placeholder becomes for an item of ``num_tokens`` tokens."""
-        return placeholder * num_tokens
+    def expansion(self, placeholder: str, grid: tuple[int, int, int]) -> str:
+        """The text a template's placeholder becomes for an item of grid ``grid``."""
+        return placeholder * self.num_tokens(grid)
+
+    def num_pads(self, grid: tuple[int, int, int]) -> int:
+        """How many placeholder tokens (``image_pad_id``) an item's run holds: all of it here."""
+        return self.num_tokens(grid)
 
     def num_tokens(self, grid_thw: tuple[int, int, int]) -> int:
         t, h, w = grid_thw
@@ -90,13 +94,13 @@ class VlmPromptProcessor:
     def media_inputs(
         self, token_ids: list[int], items: list[tuple[str, np.ndarray, tuple]], loaded: tuple[Any, ...]
     ) -> tuple[MediaInput, ...]:
-        """Each item with where its run of placeholder tokens starts in ``token_ids``."""
+        """Each item with where its run of tokens starts in ``token_ids`` (at its first placeholder token)."""
         pad_ids = {self.image_pad_id, self.video_pad_id}
         pad_positions = [i for i, t in enumerate(token_ids) if t in pad_ids]
         media, cursor = [], 0
         for (kind, pixels, grid), item in zip(items, loaded, strict=True):
-            num_tokens = self.num_tokens(grid)
-            if cursor + num_tokens > len(pad_positions):
+            num_tokens, num_pads = self.num_tokens(grid), self.num_pads(grid)
+            if cursor + num_pads > len(pad_positions):
                 raise InvalidRequestError("the prompt's media placeholders did not tokenize", param="messages")
             media.append(
                 MediaInput(
@@ -108,7 +112,7 @@ class VlmPromptProcessor:
                     cache_key=item.cache_key,
                 )
             )
-            cursor += num_tokens
+            cursor += num_pads
         return tuple(media)
 
 
@@ -176,12 +180,66 @@ class Gemma3PromptProcessor(VlmPromptProcessor):
         out = self.image_processor(images=[item.image], return_tensors="np", do_pan_and_scan=False)
         return IMAGE, np.asarray(out["pixel_values"]), (1, 1, self.tokens_per_image)
 
-    def expansion(self, placeholder: str, num_tokens: int) -> str:
-        return f"\n\n{placeholder}{self.image_token * num_tokens}{self.end_of_image}\n\n"
+    def expansion(self, placeholder: str, grid: tuple[int, int, int]) -> str:
+        return f"\n\n{placeholder}{self.image_token * self.num_tokens(grid)}{self.end_of_image}\n\n"
 
 
-#: The prompt processor of each architecture the vlm runner serves.
-PROMPT_PROCESSORS = {"llava": LlavaPromptProcessor, "gemma3": Gemma3PromptProcessor}
+@attrs.frozen(kw_only=True)
+class Mistral3PromptProcessor(VlmPromptProcessor):
+    """Mistral 3's (Pixtral's): the template's ``[IMG]`` becomes one ``[IMG]`` per merged cell of
+    the resized image, row by row, ``[IMG_BREAK]`` between rows, ``[IMG_END]`` last; the run
+    counts all of them. An item's grid is ``(1, height, width)`` in pixels after resizing (the
+    tower's ``image_sizes``); images only."""
+
+    cell: int
+    image_break: str
+    image_end: str
+
+    @classmethod
+    def of(cls, processor: Any) -> Mistral3PromptProcessor:
+        token_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+        return cls(
+            image_processor=processor.image_processor,
+            video_processor=None,
+            image_pad=processor.image_token,
+            video_pad=processor.image_token,
+            image_pad_id=token_id,
+            video_pad_id=token_id,
+            merge_size=1,
+            cell=processor.patch_size * processor.spatial_merge_size,
+            image_break=processor.image_break_token,
+            image_end=processor.image_end_token,
+        )
+
+    def vision_inputs(self, item: Any) -> tuple[str, np.ndarray, tuple[int, int, int]]:
+        if hasattr(item, "frames"):
+            raise InvalidRequestError("this model takes images, not video", param="messages")
+        out = self.image_processor(images=[item.image], patch_size=self.cell)
+        (height, width) = out["image_sizes"][0]
+        return IMAGE, np.asarray(out["pixel_values"]), (1, int(height), int(width))
+
+    def _cells(self, grid: tuple[int, int, int]) -> tuple[int, int]:
+        return grid[1] // self.cell, grid[2] // self.cell
+
+    def expansion(self, placeholder: str, grid: tuple[int, int, int]) -> str:
+        rows, cols = self._cells(grid)
+        return self.image_break.join([placeholder * cols] * rows) + self.image_end
+
+    def num_tokens(self, grid: tuple[int, int, int]) -> int:
+        rows, cols = self._cells(grid)
+        return rows * cols + rows  # the cells, a break after each row but the last, the end
+
+    def num_pads(self, grid: tuple[int, int, int]) -> int:
+        rows, cols = self._cells(grid)
+        return rows * cols
+
+
+#: The prompt processor of each architecture the vlm runner serves (Qwen-VL's by default).
+PROMPT_PROCESSORS = {
+    "llava": LlavaPromptProcessor,
+    "gemma3": Gemma3PromptProcessor,
+    "mistral3": Mistral3PromptProcessor,
+}
 
 
 def prompt_processor(model_type: str, processor: Any) -> VlmPromptProcessor:
