@@ -15,7 +15,7 @@ from types import MappingProxyType
 
 import attrs
 
-from . import mtp, mtp_dsv3, smollm2, vlm, vlm_gemma3, vlm_llava, vlm_mistral3
+from . import mtp, mtp_dsv3, smollm2, vlm, vlm_gemma3, vlm_llava, vlm_mistral3, vlm_smolvlm
 from .model import write_qwen3_demo
 from .recipe import (
     DEFAULT_DTYPE,
@@ -73,6 +73,10 @@ DEMO_BUILDERS: Mapping[str, DemoBuilder] = MappingProxyType(
         # a tiny Mistral 3: Pixtral tower, rows of [IMG] with breaks (worker/demo/vlm_mistral3.py)
         vlm_mistral3.MISTRAL3_SIZE: DemoBuilder(
             write=vlm_mistral3.write_mistral3, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm_mistral3.template_hash
+        ),
+        # a tiny SmolVLM: Idefics3 layout, image split into tiles + a global view (worker/demo/vlm_smolvlm.py)
+        vlm_smolvlm.SMOLVLM_SIZE: DemoBuilder(
+            write=vlm_smolvlm.write_smolvlm, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm_smolvlm.template_hash
         ),
         # the agreeing speculative pair (worker/demo/spec.py)
         "spec-target": _qwen3("spec-target", weights=partial(spec_weights, "spec-target")),

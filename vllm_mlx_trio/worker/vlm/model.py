@@ -34,13 +34,15 @@ class LanguageAdapter:
     def __init__(self, model: Any):
         self.vlm = model
         self.language_model = model.language_model
+        #: The decoder stack (``language_model.model``, or the language model itself: Idefics3).
+        self.text_model = getattr(model.language_model, "model", model.language_model)
         #: Qwen-VL's 3-D M-RoPE (positions from ``get_rope_index``, a delta per row); else 1-D
         #: RoPE, where the language model places tokens by its cache offset alone.
         self.mrope = hasattr(model.language_model, "get_rope_index")
 
     @property
     def layers(self) -> list[Any]:
-        return self.language_model.model.layers
+        return self.text_model.layers
 
     def make_cache(self) -> list[Any]:
         """mlx-lm caches (what the generator batches): the language model's own layout where it
@@ -147,7 +149,7 @@ class MediaPrefill:
             grids = {kind: _grids(media, kind) for kind in ("image", "video")}
             self.positions, deltas = model.language_model.get_rope_index(ids, grids["image"], grids["video"])
             self.rope_delta = int(np.asarray(deltas).reshape(-1)[0])
-        self.embeds = model.language_model.model.embed_tokens(ids[:, self.start : self.end])
+        self.embeds = adapter.text_model.embed_tokens(ids[:, self.start : self.end])
         self.to_encode = [
             item for item in media if max(item.start, self.start) < min(item.start + item.num_tokens, self.end)
         ]

@@ -94,19 +94,21 @@ class VlmPromptProcessor:
     def media_inputs(
         self, token_ids: list[int], items: list[tuple[str, np.ndarray, tuple]], loaded: tuple[Any, ...]
     ) -> tuple[MediaInput, ...]:
-        """Each item with where its run of tokens starts in ``token_ids`` (at its first placeholder token)."""
+        """Each item with its run of tokens in ``token_ids``: from its first placeholder token to
+        its last (markers between them, such as row breaks, belong to the run)."""
         pad_ids = {self.image_pad_id, self.video_pad_id}
         pad_positions = [i for i, t in enumerate(token_ids) if t in pad_ids]
         media, cursor = [], 0
         for (kind, pixels, grid), item in zip(items, loaded, strict=True):
-            num_tokens, num_pads = self.num_tokens(grid), self.num_pads(grid)
+            num_pads = self.num_pads(grid)
             if cursor + num_pads > len(pad_positions):
                 raise InvalidRequestError("the prompt's media placeholders did not tokenize", param="messages")
+            start, last = pad_positions[cursor], pad_positions[cursor + num_pads - 1]
             media.append(
                 MediaInput(
                     kind=kind,
-                    start=pad_positions[cursor],
-                    num_tokens=num_tokens,
+                    start=start,
+                    num_tokens=last - start + 1,
                     pixels=pixels,
                     grid_thw=grid,
                     cache_key=item.cache_key,
@@ -225,13 +227,63 @@ class Mistral3PromptProcessor(VlmPromptProcessor):
         rows, cols = self._cells(grid)
         return self.image_break.join([placeholder * cols] * rows) + self.image_end
 
-    def num_tokens(self, grid: tuple[int, int, int]) -> int:
-        rows, cols = self._cells(grid)
-        return rows * cols + rows  # the cells, a break after each row but the last, the end
-
     def num_pads(self, grid: tuple[int, int, int]) -> int:
         rows, cols = self._cells(grid)
         return rows * cols
+
+
+@attrs.frozen(kw_only=True)
+class SmolVlmPromptProcessor(VlmPromptProcessor):
+    """SmolVLM's (Idefics3 layout): the template's ``<image>`` becomes, per tile of the split
+    image, a row/column marker and its run of ``<image>`` tokens, then the global view's run,
+    as the model's own processor writes it (its ``get_image_prompt_string``). An item's grid is
+    ``(1, rows, cols)`` of tiles (0, 0: not split); its pixels hold every tile and the global view."""
+
+    prompt_string: Any = attrs.field(repr=False)
+    tile_tokens: int
+    fake_token: str
+    global_token: str
+
+    @classmethod
+    def of(cls, processor: Any) -> SmolVlmPromptProcessor:
+        import sys
+
+        token = processor.image_token
+        token_id = processor.tokenizer.convert_tokens_to_ids(token)
+        return cls(
+            image_processor=processor.image_processor,
+            video_processor=None,
+            image_pad=token,
+            video_pad=token,
+            image_pad_id=token_id,
+            video_pad_id=token_id,
+            merge_size=1,
+            prompt_string=sys.modules[type(processor).__module__].get_image_prompt_string,
+            tile_tokens=processor.image_seq_len,
+            fake_token=processor.fake_image_token,
+            global_token=processor.global_image_token,
+        )
+
+    def vision_inputs(self, item: Any) -> tuple[str, np.ndarray, tuple[int, int, int]]:
+        if hasattr(item, "frames"):
+            raise InvalidRequestError("this model takes images, not video", param="messages")
+        out = self.image_processor(images=[[item.image]], return_row_col_info=True, return_tensors="np")
+        return IMAGE, np.asarray(out["pixel_values"]), (1, int(out["rows"][0][0]), int(out["cols"][0][0]))
+
+    def expansion(self, placeholder: str, grid: tuple[int, int, int]) -> str:
+        _, rows, cols = grid
+        return self.prompt_string(
+            rows,
+            cols,
+            self.tile_tokens,
+            fake_token_around_image=self.fake_token,
+            image_token=placeholder,
+            global_image_token=self.global_token,
+        )
+
+    def num_pads(self, grid: tuple[int, int, int]) -> int:
+        _, rows, cols = grid
+        return (rows * cols + 1) * self.tile_tokens if rows or cols else self.tile_tokens
 
 
 #: The prompt processor of each architecture the vlm runner serves (Qwen-VL's by default).
@@ -239,6 +291,7 @@ PROMPT_PROCESSORS = {
     "llava": LlavaPromptProcessor,
     "gemma3": Gemma3PromptProcessor,
     "mistral3": Mistral3PromptProcessor,
+    "smolvlm": SmolVlmPromptProcessor,
 }
 
 
