@@ -26,7 +26,16 @@ QUESTION = "Describe the picture."
 TIMEOUT_S = 120
 
 
-ZOO = ("vlm-tiny", "vlm-qwen2_5_vl", "vlm-qwen3_vl", "vlm-llava", "vlm-gemma3", "vlm-mistral3", "vlm-smolvlm")
+ZOO = (
+    "vlm-tiny",
+    "vlm-qwen2_5_vl",
+    "vlm-qwen3_vl",
+    "vlm-llava",
+    "vlm-gemma3",
+    "vlm-mistral3",
+    "vlm-pixtral",
+    "vlm-smolvlm",
+)
 #: Where mlx-vlm 0.7.10's ``stream_generate`` cannot prepare the inputs under transformers 5 (it
 #: passes ``padding`` on to CLIP's image processor): the reference runs mlx-vlm's processor call
 #: and its ``generate_step`` directly.

@@ -23,6 +23,7 @@ DEMO_SIZES = (
     "vlm-llava",
     "vlm-gemma3",
     "vlm-mistral3",
+    "vlm-pixtral",
     "vlm-smolvlm",
     "spec-target",
     "spec-draft",

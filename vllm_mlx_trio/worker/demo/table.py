@@ -74,6 +74,10 @@ DEMO_BUILDERS: Mapping[str, DemoBuilder] = MappingProxyType(
         vlm_mistral3.MISTRAL3_SIZE: DemoBuilder(
             write=vlm_mistral3.write_mistral3, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm_mistral3.template_hash
         ),
+        # a tiny Pixtral: the same tower, a token per patch (worker/demo/vlm_mistral3.py)
+        vlm_mistral3.PIXTRAL_SIZE: DemoBuilder(
+            write=vlm_mistral3.write_pixtral, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm_mistral3.template_hash
+        ),
         # a tiny SmolVLM: Idefics3 layout, image split into tiles + a global view (worker/demo/vlm_smolvlm.py)
         vlm_smolvlm.SMOLVLM_SIZE: DemoBuilder(
             write=vlm_smolvlm.write_smolvlm, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm_smolvlm.template_hash

@@ -21,6 +21,8 @@ from . import files, recipe
 from .vlm import IMAGE_MEAN, IMAGE_STD, TEXT_SHAPE, VLM_FORMAT_VERSION, draw_weights, mlx_vlm_shapes
 
 MISTRAL3_SIZE = "vlm-mistral3"
+#: Pixtral (12B's layout): the same tower without the 2x2 patch merger, one token per patch.
+PIXTRAL_SIZE = "vlm-pixtral"
 IMAGE_TOKEN, IMAGE_BREAK, IMAGE_END = "[IMG]", "[IMG_BREAK]", "[IMG_END]"
 PATCH_SIZE = 14
 SPATIAL_MERGE = 2
@@ -48,13 +50,20 @@ def template_hash() -> str:
     return hashlib.sha256(f"{VLM_FORMAT_VERSION}:{CHAT_TEMPLATE}".encode()).hexdigest()
 
 
-def write_mistral3(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
-    """Write every file of ``demo:vlm-mistral3`` into ``directory``, the marker last."""
+def write_pixtral(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
+    """Write every file of ``demo:vlm-pixtral`` into ``directory``, the marker last."""
+    write_mistral3(directory, seed=seed, dtype=dtype, merge=1)
+
+
+def write_mistral3(directory: pathlib.Path, *, seed: int, dtype: str, merge: int = SPATIAL_MERGE) -> None:
+    """Write every file of ``demo:vlm-mistral3`` (``merge`` 2) or ``demo:vlm-pixtral`` (1) into
+    ``directory``, the marker last."""
+    size, model_type = (MISTRAL3_SIZE, "mistral3") if merge > 1 else (PIXTRAL_SIZE, "pixtral")
     tokenizer = files.train_tokenizer(recipe.DEMO_SIZES["tiny"].vocab_size)
     tokenizer.add_special_tokens([IMAGE_TOKEN, IMAGE_BREAK, IMAGE_END])
     ids = {token: tokenizer.token_to_id(token) for token in (*files.SPECIAL_TOKENS, IMAGE_TOKEN)}
     (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
-    config = _config(tokenizer.get_vocab_size(), dtype, ids)
+    config = _config(tokenizer.get_vocab_size(), dtype, ids, model_type, merge)
     weights = draw_weights(mlx_vlm_shapes(config), "language_model.model.", seed, files.damped_ids(tokenizer))
     files.write_safetensors(directory / "model.safetensors", weights, dtype)
     files.write_json(directory / "config.json", config)
@@ -65,21 +74,21 @@ def write_mistral3(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
     files.write_json(directory / "tokenizer_config.json", tokenizer_config)
     special = {"eos_token": files.IM_END, "pad_token": files.ENDOFTEXT}
     files.write_json(directory / "special_tokens_map.json", special)
-    files.write_json(directory / "preprocessor_config.json", _image_processor_config())
     processor = {
-        "processor_class": "Mistral3Processor",
+        "processor_class": "Mistral3Processor" if merge > 1 else "PixtralProcessor",
         "patch_size": PATCH_SIZE,
-        "spatial_merge_size": SPATIAL_MERGE,
+        "spatial_merge_size": merge,
         "image_token": IMAGE_TOKEN,
         "image_break_token": IMAGE_BREAK,
         "image_end_token": IMAGE_END,
     }
+    files.write_json(directory / "preprocessor_config.json", _image_processor_config(processor["processor_class"]))
     files.write_json(directory / "processor_config.json", processor)
-    marker = {"format_version": VLM_FORMAT_VERSION, "size": MISTRAL3_SIZE, "seed": seed, "dtype": dtype}
+    marker = {"format_version": VLM_FORMAT_VERSION, "size": size, "seed": seed, "dtype": dtype}
     files.write_json(directory / recipe.DEMO_MARKER, {**marker, "chat_template_sha256": template_hash()})
 
 
-def _config(vocab_size: int, dtype: str, ids: dict[str, int]) -> dict[str, Any]:
+def _config(vocab_size: int, dtype: str, ids: dict[str, int], model_type: str, merge: int) -> dict[str, Any]:
     text = {
         **TEXT_SHAPE,
         "model_type": "mistral",
@@ -90,12 +99,12 @@ def _config(vocab_size: int, dtype: str, ids: dict[str, int]) -> dict[str, Any]:
         "tie_word_embeddings": True,
     }
     return {
-        "model_type": "mistral3",
-        "architectures": ["Mistral3ForConditionalGeneration"],
+        "model_type": model_type,
+        "architectures": ["Mistral3ForConditionalGeneration" if merge > 1 else "LlavaForConditionalGeneration"],
         "text_config": text,
         "vision_config": VISION_SHAPE,
         "image_token_index": ids[IMAGE_TOKEN],
-        "spatial_merge_size": SPATIAL_MERGE,
+        "spatial_merge_size": merge,
         "vision_feature_layer": -1,
         "multimodal_projector_bias": False,
         "projector_hidden_act": "gelu",
@@ -108,10 +117,10 @@ def _config(vocab_size: int, dtype: str, ids: dict[str, int]) -> dict[str, Any]:
     }
 
 
-def _image_processor_config() -> dict[str, Any]:
+def _image_processor_config(processor_class: str) -> dict[str, Any]:
     return {
         "image_processor_type": "PixtralImageProcessor",
-        "processor_class": "Mistral3Processor",
+        "processor_class": processor_class,
         "size": {"longest_edge": LONGEST_EDGE},
         "patch_size": {"height": PATCH_SIZE, "width": PATCH_SIZE},
         "do_resize": True,

@@ -190,7 +190,10 @@ def encode_media(model: Any, item: MediaInput) -> tuple[mx.array, mx.array | Non
 
 #: What an architecture's ``get_input_embeddings`` needs beside the pixels, from the item
 #: (worker/vlm/processor.py says what its grid holds): Mistral 3's tower takes the image's size.
-EMBED_KWARGS = {"mistral3": lambda item: {"image_sizes": [item.grid_thw[1:]]}}
+EMBED_KWARGS = {
+    "mistral3": lambda item: {"image_sizes": [item.grid_thw[1:]]},
+    "pixtral": lambda item: {"image_sizes": [item.grid_thw[1:]]},
+}
 
 
 def _mlx_lm_cache(cache: Any) -> Any:

@@ -292,6 +292,7 @@ PROMPT_PROCESSORS = {
     "gemma3": Gemma3PromptProcessor,
     "mistral3": Mistral3PromptProcessor,
     "smolvlm": SmolVlmPromptProcessor,
+    "pixtral": Mistral3PromptProcessor,  # the same layout, without the patch merger
 }
 
 
