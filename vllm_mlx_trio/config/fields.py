@@ -20,6 +20,7 @@ DEMO_SIZES = (
     "vlm-tiny",
     "vlm-qwen2_5_vl",
     "vlm-qwen3_vl",
+    "vlm-qwen3_5",
     "vlm-llava",
     "vlm-gemma3",
     "vlm-mistral3",

@@ -46,5 +46,5 @@ class AutoRunner:
         from .registry import runner_class
 
         kind = auto_kind(cfg)
-        logger.info("engine.mode = 'auto': model %r runs in %r mode", cfg.model.path, kind)
+        logger.debug("engine.mode = 'auto': model %r runs in %r mode", cfg.model.path, kind)  # the ready line says it
         return runner_class(kind)(cfg, request_waiting=request_waiting)

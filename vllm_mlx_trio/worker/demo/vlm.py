@@ -130,6 +130,42 @@ QWEN_VL_DEMOS = {
             text_prefix="model.language_model.",
             vision_prefix="model.visual.",
         ),
+        QwenVlDemo(
+            "vlm-qwen3_5",
+            "qwen3_5",
+            "Qwen3_5ForConditionalGeneration",
+            "Qwen3VLProcessor",
+            # Qwen3-VL's tower (its deepstack features unused); a hybrid text model: three
+            # Gated DeltaNet layers, then one attention layer with partial M-RoPE
+            vision_extra={
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "out_hidden_size": TEXT_SHAPE["hidden_size"],
+                "patch_size": 16,
+                "num_position_embeddings": 16,
+                "deepstack_visual_indexes": [],
+                "depth": 2,
+            },
+            text_extra={
+                "num_hidden_layers": 4,
+                "full_attention_interval": 4,
+                "head_dim": 16,
+                "linear_num_value_heads": 4,
+                "linear_num_key_heads": 2,
+                "linear_key_head_dim": 16,
+                "linear_value_head_dim": 16,
+                "linear_conv_kernel_dim": 4,
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": recipe.ROPE_THETA,
+                    "partial_rotary_factor": 0.25,
+                    "mrope_section": [1, 1, 0],
+                },
+            },
+            nested_text=True,
+            text_prefix="model.language_model.",
+            vision_prefix="model.visual.",
+        ),
     )
 }
 

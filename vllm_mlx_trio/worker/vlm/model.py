@@ -15,6 +15,7 @@ and the media grids), so a hit continues exactly as a cold prefill would.
 
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Any
 
@@ -39,6 +40,12 @@ class LanguageAdapter:
         #: Qwen-VL's 3-D M-RoPE (positions from ``get_rope_index``, a delta per row); else 1-D
         #: RoPE, where the language model places tokens by its cache offset alone.
         self.mrope = hasattr(model.language_model, "get_rope_index")
+        #: Qwen3-VL adds its tower's deepstack features in its first text layers (Qwen3.5,
+        #: with the same tower, does not).
+        self.deepstack = "deepstack_visual_embeds" in inspect.signature(model.language_model.__call__).parameters
+        #: The first layer holding KV (a hybrid model's first layers are recurrent): its cache
+        #: has the rows' offsets and rope deltas.
+        self.kv_layer = next(i for i, c in enumerate(self.make_cache()) if isinstance(c, RopeKVCache | RotatingKVCache))
 
     @property
     def layers(self) -> list[Any]:
@@ -56,7 +63,7 @@ class LanguageAdapter:
         assert cache is not None, "the adapter decodes from a cache"
         if not self.mrope:
             return self.language_model(inputs, cache=cache).logits
-        positions = row_positions(cache[0], inputs.shape[1])
+        positions = row_positions(cache[self.kv_layer], inputs.shape[1])
         return self.language_model(inputs, cache=cache, position_ids=positions).logits
 
     def parameters(self) -> Any:
@@ -116,7 +123,8 @@ class MediaPrefill:
             self.prefill_s += time.perf_counter() - started
         if self.done:  # the next tokens are placed after the prompt's M-RoPE grid
             for layer in self.cache:
-                layer.rope_delta = self.rope_delta
+                if isinstance(layer, RopeKVCache):
+                    layer.rope_delta = self.rope_delta
 
     def _prefill_chunk(self, lm: Any) -> None:
         a, b = self.start + self.cursor, min(self.end, self.start + self.cursor + self.chunk)
@@ -159,6 +167,7 @@ class MediaPrefill:
         lo, hi = max(item.start, self.start), min(item.start + item.num_tokens, self.end)
         if adapter.mrope:
             features, deepstack = encode_media(adapter.vlm, item)
+            deepstack = deepstack if adapter.deepstack else None
         else:
             placeholders = self.seq.prompt_token_ids[item.start : item.start + item.num_tokens]
             features, deepstack = embed_media(adapter.vlm, placeholders, item), None
@@ -197,9 +206,15 @@ EMBED_KWARGS = {
 
 
 def _mlx_lm_cache(cache: Any) -> Any:
-    """mlx-lm's cache of the kind of mlx-vlm's ``cache`` (a rotating window, or plain KV)."""
+    """mlx-lm's cache of the kind of mlx-vlm's ``cache``: a rotating window, a recurrent
+    layer's state arrays (Qwen3.5's Gated DeltaNet), or plain KV."""
     if hasattr(cache, "max_size"):
         return RotatingKVCache(max_size=cache.max_size, keep=cache.keep)
+    if not hasattr(cache, "offset") and hasattr(cache, "cache"):
+        # mlx-vlm's own recurrent-state cache (its Gated DeltaNet calls its API); it batches
+        # as mlx-lm's does, and the prefix store snapshots its arrays
+        cache.prefix_layer_kind = "state"
+        return cache
     return RopeKVCache()
 
 

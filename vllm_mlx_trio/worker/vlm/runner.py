@@ -37,11 +37,21 @@ logger = logging.getLogger(__name__)
 #: The architectures this runner drives, each verified against mlx-vlm's own generate on a demo
 #: (tests/vlm/test_vlm_zoo.py): the Qwen-VL family (M-RoPE with a per-row delta; Qwen2.5-VL's
 #: windowed tower; Qwen3-VL's deepstack features). Others are refused at load, naming the type.
-SUPPORTED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "llava", "gemma3", "mistral3", "pixtral", "smolvlm")
+SUPPORTED_MODEL_TYPES = (
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "qwen3_5",
+    "llava",
+    "gemma3",
+    "mistral3",
+    "pixtral",
+    "smolvlm",
+)
 #: What a request may send to such a model: images, and video where the prompt's video
 #: placeholders expand as the model's processor expands them (Qwen3-VL's carry timestamps: not yet).
 MEDIA_KINDS = frozenset({"image_url", "video_url"})
-IMAGE_ONLY_MODEL_TYPES = frozenset({"qwen3_vl", "llava", "gemma3", "mistral3", "pixtral", "smolvlm"})
+IMAGE_ONLY_MODEL_TYPES = frozenset({"qwen3_vl", "qwen3_5", "llava", "gemma3", "mistral3", "pixtral", "smolvlm"})
 
 
 def require_vlm_extra() -> None:
