@@ -98,7 +98,7 @@ def test_load_prod_toml():
     cfg = load_config(str(PROD_TOML), environ={})
     assert cfg.model.path == "mlx-community/Qwen3-0.6B-8bit"
     assert cfg.model_name == "mlx-community/Qwen3-0.6B-8bit"
-    assert cfg.engine.mode == "batched"
+    assert cfg.engine.mode == "auto"
 
 
 # --- precedence -----------------------------------------------------------------------------
@@ -490,6 +490,7 @@ def test_round_trip_with_every_option_set():
             "video_max_frames": 8,
             "max_request_video_fps": 4.0,
             "max_request_video_frames": 16,
+            "video_decode_timeout_s": 12.5,
             "allow_url_fetch": False,
             "fetch_timeout_s": 2.0,
             "max_redirects": 1,

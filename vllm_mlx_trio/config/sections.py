@@ -363,6 +363,8 @@ class MllmSection:
     max_request_video_fps: float = _option(30.0, _in_range(0.001), converter=_to_float)
     #: Largest ``video_max_frames`` a request may ask for (>= 2).
     max_request_video_frames: int = _option(128, _in_range(2))
+    #: Seconds decoding and sampling one video may take (> 0); beyond it a 400 naming the part.
+    video_decode_timeout_s: float = _option(30.0, _in_range(0.001), converter=_to_float)
     #: Fetch http(s) media URLs (false: only data: URLs and allowed local files).
     allow_url_fetch: bool = _option(True)
     #: Total seconds one URL fetch may take, redirects and all (> 0); beyond it a 400.
