@@ -442,6 +442,7 @@ def test_round_trip_with_every_option_set():
             "prefill_step_size_decoding": 16,
             "prefill_time_ratio": 0.25,
             "mllm_prefill_step_size": 24,
+            "mllm_encode_step_ms": 7.5,
             "run_ahead_steps": 3,
             "hold_run_ahead_tokens": True,
             "run_ahead_ms": 24.0,

@@ -172,6 +172,9 @@ class EngineSection:
     #: prefill_step_size). Its vision encoding is one step, then a chunk per step, so running
     #: text streams keep getting tokens while a large image or video prefills.
     mllm_prefill_step_size: int | None = _option(None, _in_range(1))
+    #: VLM runner: milliseconds of vision-tower blocks one step evaluates while running rows
+    #: decode between steps (> 0; at least one block a step; none: an image's whole encoding in one step).
+    mllm_encode_step_ms: float | None = _option(20.0, _in_range(0.001), converter=_to_float)
     #: Batched mode: most sequences in the model at once (>= 1); the rest wait in the queue.
     max_num_seqs: int = _option(32, _in_range(1))
     #: Batched mode: token budget of one step (>= 1; none: no budget): a decoding row counts

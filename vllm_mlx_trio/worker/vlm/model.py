@@ -26,6 +26,7 @@ from mlx_lm.models.cache import RotatingKVCache
 
 from ...messages import MediaInput, NewSequence
 from .cache import RopeKVCache, row_positions
+from .encode import SplitEncode
 
 
 class LanguageAdapter:
@@ -37,6 +38,8 @@ class LanguageAdapter:
         self.language_model = model.language_model
         #: The decoder stack (``language_model.model``, or the language model itself: Idefics3).
         self.text_model = getattr(model.language_model, "model", model.language_model)
+        #: The vision encoder (``vision_tower``; Idefics3 / SmolVLM: ``vision_model``).
+        self.tower = getattr(model, "vision_tower", None) or getattr(model, "vision_model", None)
         #: Qwen-VL's 3-D M-RoPE (positions from ``get_rope_index``, a delta per row); else 1-D
         #: RoPE, where the language model places tokens by its cache offset alone.
         self.mrope = hasattr(model.language_model, "get_rope_index")
@@ -81,6 +84,9 @@ class MediaPrefill:
     cache: list[Any]
     start: int
     chunk: int
+    #: Seconds of vision-tower blocks one step evaluates (at least one block); None: an
+    #: item's whole encoding in one step (worker/vlm/encode.py).
+    encode_budget_s: float | None = None
     #: (3, 1, L) M-RoPE positions of the whole prompt, and the delta after it.
     positions: mx.array | None = None
     rope_delta: int = 0
@@ -90,8 +96,10 @@ class MediaPrefill:
     prefill_s: float = 0.0
     #: Media items the vision tower encoded (those wholly inside a prefix hit are not).
     num_encoded: int = 0
-    #: Items still to encode, one per step (those reaching past the cached prefix).
+    #: Items still to encode, in order (those reaching past the cached prefix).
     to_encode: list[MediaInput] = attrs.field(factory=list)
+    #: The item being encoded, over one or more steps, and its encoding.
+    encoding: tuple[MediaInput, SplitEncode] | None = None
     #: This step encoded the last item (the runner reports ``encode_s`` then).
     encoding_finished: bool = False
     #: Qwen3-VL's deepstack: (layers, L - 1 - start, hidden) vision features added to the first
@@ -105,18 +113,19 @@ class MediaPrefill:
 
     @property
     def done(self) -> bool:
-        return self.embeds is not None and not self.to_encode and self.start + self.cursor >= self.end
+        encoded = not self.to_encode and self.encoding is None
+        return self.embeds is not None and encoded and self.start + self.cursor >= self.end
 
     def step(self, adapter: LanguageAdapter) -> None:
-        """One unit of work: one media item's vision encoding while any is left, else one
-        chunk of language prefill."""
+        """One unit of work: a piece of a media item's vision encoding (its blocks for
+        ``encode_budget_s``) while any is left, else one chunk of language prefill."""
         started = time.perf_counter()
         self.encoding_finished = False
         if self.embeds is None:
             self._start(adapter)
-        if self.to_encode:
-            self._encode(adapter, self.to_encode.pop(0))
-            self.encoding_finished = not self.to_encode
+        if self.to_encode or self.encoding is not None:
+            self._encode_step(adapter)
+            self.encoding_finished = not self.to_encode and self.encoding is None
             self.encode_s += time.perf_counter() - started
         else:
             self._prefill_chunk(adapter.language_model)
@@ -162,15 +171,29 @@ class MediaPrefill:
             item for item in media if max(item.start, self.start) < min(item.start + item.num_tokens, self.end)
         ]
 
-    def _encode(self, adapter: LanguageAdapter, item: MediaInput) -> None:
-        """One item's features, written over its placeholder tokens' embeddings (the uncached ones)."""
-        lo, hi = max(item.start, self.start), min(item.start + item.num_tokens, self.end)
+    def _encode_step(self, adapter: LanguageAdapter) -> None:
+        """Start the next item's encoding if none runs, then evaluate a piece of it; its
+        features go into the embeddings once it is whole."""
+        if self.encoding is None:
+            item = self.to_encode.pop(0)
+            encoding = SplitEncode(lambda: self._features(adapter, item), adapter.tower, self.encode_budget_s)
+            self.encoding = (item, encoding)
+        item, encoding = self.encoding
+        if encoding.step():
+            self.encoding = None
+            self._write(item, *encoding.result)
+
+    def _features(self, adapter: LanguageAdapter, item: MediaInput) -> tuple[mx.array, mx.array | None]:
+        """(features, deepstack or None) of one item, as a lazy graph."""
         if adapter.mrope:
             features, deepstack = encode_media(adapter.vlm, item)
-            deepstack = deepstack if adapter.deepstack else None
-        else:
-            placeholders = self.seq.prompt_token_ids[item.start : item.start + item.num_tokens]
-            features, deepstack = embed_media(adapter.vlm, placeholders, item), None
+            return features, deepstack if adapter.deepstack else None
+        placeholders = self.seq.prompt_token_ids[item.start : item.start + item.num_tokens]
+        return embed_media(adapter.vlm, placeholders, item), None
+
+    def _write(self, item: MediaInput, features: mx.array, deepstack: mx.array | None) -> None:
+        """One item's features, written over its placeholder tokens' embeddings (the uncached ones)."""
+        lo, hi = max(item.start, self.start), min(item.start + item.num_tokens, self.end)
         self.embeds[:, lo - self.start : hi - self.start] = features[lo - item.start : hi - item.start][None]
         if deepstack is not None:
             self._add_deepstack(deepstack[:, lo - item.start : hi - item.start], lo - self.start, hi - self.start)
@@ -235,6 +258,13 @@ def _grids(media: tuple[MediaInput, ...], kind: str) -> mx.array | None:
     return mx.array(grids) if grids else None
 
 
-def new_prefill(seq: NewSequence, cache: list[Any] | None, adapter: LanguageAdapter, chunk: int) -> MediaPrefill:
+def new_prefill(
+    seq: NewSequence,
+    cache: list[Any] | None,
+    adapter: LanguageAdapter,
+    chunk: int,
+    encode_budget_s: float | None = None,
+) -> MediaPrefill:
     """The prefill of a media prompt, from its prefix hit's cache (or an empty one)."""
-    return MediaPrefill(seq=seq, cache=cache or adapter.make_cache(), start=seq.num_cached_tokens, chunk=chunk)
+    cache = cache or adapter.make_cache()
+    return MediaPrefill(seq=seq, cache=cache, start=seq.num_cached_tokens, chunk=chunk, encode_budget_s=encode_budget_s)

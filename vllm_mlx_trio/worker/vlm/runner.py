@@ -151,11 +151,13 @@ class VlmRunner(BatchRunner):
         text = [sequence for sequence in live if not sequence.seq.media]
         if text:
             super()._insert(text)
-        chunk = self._cfg.engine.mllm_prefill_step_size or self._cfg.engine.prefill_step_size
+        engine = self._cfg.engine
+        chunk = engine.mllm_prefill_step_size or engine.prefill_step_size
+        budget_s = None if engine.mllm_encode_step_ms is None else engine.mllm_encode_step_ms / 1000
         for sequence in live:
             if sequence.seq.media:
                 seq, cache = self._media_hit(sequence.seq)
-                self._prefills.append(new_prefill(seq, cache, self._adapter, chunk))
+                self._prefills.append(new_prefill(seq, cache, self._adapter, chunk, budget_s))
 
     def _media_hit(self, seq: NewSequence) -> tuple[NewSequence, list | None]:
         """The sequence as it is prefilled, and its prefix hit's cache. A spilled block the disk
