@@ -18,6 +18,7 @@ DEMO_SIZES = (
     "tiny",
     "small",
     "vlm-tiny",
+    "vlm-deep-tower",
     "vlm-qwen2_5_vl",
     "vlm-qwen3_vl",
     "vlm-qwen3_5",

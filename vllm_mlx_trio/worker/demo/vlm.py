@@ -94,6 +94,14 @@ QWEN_VL_DEMOS = {
     demo.size: demo
     for demo in (
         QwenVlDemo(VLM_SIZE, "qwen2_vl", "Qwen2VLForConditionalGeneration", "Qwen2VLProcessor"),
+        # demo:vlm-tiny with an 8-block vision tower: for measuring an encoding spread over steps
+        QwenVlDemo(
+            "vlm-deep-tower",
+            "qwen2_vl",
+            "Qwen2VLForConditionalGeneration",
+            "Qwen2VLProcessor",
+            vision_extra={"depth": 8, "embed_dim": 64, "num_heads": 4},
+        ),
         QwenVlDemo(
             "vlm-qwen2_5_vl",
             "qwen2_5_vl",
