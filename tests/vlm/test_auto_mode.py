@@ -27,7 +27,7 @@ def test_declared_towers_read_config_json(tmp_path):
     assert "gemma3 model declares a vision tower" in text_only_note({"model_type": "gemma3", "vision_config": {"a": 1}})
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llava", "vision_config": {"a": 1}}))
     assert declared_towers(read_model_config(str(tmp_path))) == ("vision",)
-    with pytest.raises(ModelLoadError, match="could not read the config.json"):
+    with pytest.raises(ModelLoadError, match="could not load model"):
         read_model_config(str(tmp_path / "missing"))
 
 

@@ -26,9 +26,9 @@ logger = logging.getLogger(__name__)
 
 def auto_kind(cfg: EngineConfig) -> str:
     """ "vlm" when the configured model declares a tower, else "batched" (may download config.json)."""
-    from .loading import resolve_model_path
+    from .loading import resolve_or_fail
 
-    path = resolve_model_path(cfg.model)
+    path = resolve_or_fail(cfg.model)
     towers = declared_towers(read_model_config(path, revision=cfg.model.revision))
     return VLM if towers else BATCHED
 

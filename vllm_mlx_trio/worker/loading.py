@@ -38,6 +38,14 @@ def resolve_model_path(model_cfg: ModelConfig) -> str:
     return model_cfg.path
 
 
+def resolve_or_fail(model_cfg: ModelConfig) -> str:
+    """:func:`resolve_model_path`, its failures (a demo that cannot be built) a one-line ModelLoadError."""
+    try:
+        return resolve_model_path(model_cfg)
+    except Exception as exc:  # boundary: demo builds (downloads, filesystem)
+        raise ModelLoadError(f"could not load model {model_cfg.path!r}: {type(exc).__name__}: {exc}") from exc
+
+
 #: Set while a distributed runner loads its inner runner: (group, pipeline?) to shard over.
 _SHARDING: tuple[Any, bool] | None = None
 

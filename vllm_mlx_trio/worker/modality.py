@@ -48,7 +48,7 @@ def read_model_config(path: str, *, revision: str | None = None) -> dict[str, An
             file = pathlib.Path(hf_hub_download(path, "config.json", revision=revision))
         return json.loads(file.read_text(encoding="utf-8"))
     except Exception as exc:  # boundary: filesystem, hub and JSON errors
-        raise ModelLoadError(f"could not read the config.json of model {path!r}: {type(exc).__name__}: {exc}") from exc
+        raise ModelLoadError(f"could not load model {path!r}: {type(exc).__name__}: {exc}") from exc
 
 
 def text_only_note(config: Mapping[str, Any]) -> str | None:

@@ -25,7 +25,7 @@ from ...messages import KVReady, ModelInfo, NewSequence, RequestId, StepPlan, St
 from ...runner_kinds import VLM
 from ..batched.runner import BatchRunner
 from ..kv_budget import kv_budget_tokens
-from ..loading import context_length, resolve_model_path
+from ..loading import context_length, resolve_model_path, resolve_or_fail
 from ..modality import declared_towers, read_model_config
 from ..runner_base import Advance, LiveSequence
 from ..thread_streams import enter_mlx_thread
@@ -70,7 +70,7 @@ def load_vlm(model_cfg) -> tuple[object, object, dict]:
     import mlx_vlm
     from mlx_vlm.utils import load_config
 
-    path = resolve_model_path(model_cfg)
+    path = resolve_or_fail(model_cfg)
     check_served(model_cfg.path, read_model_config(path, revision=model_cfg.revision))
     try:
         config = load_config(path)
