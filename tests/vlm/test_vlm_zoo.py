@@ -31,6 +31,7 @@ ZOO = (
     "vlm-qwen2_5_vl",
     "vlm-qwen3_vl",
     "vlm-qwen3_5",
+    "vlm-qwen3_5_moe",
     "vlm-llava",
     "vlm-gemma3",
     "vlm-mistral3",
@@ -41,6 +42,8 @@ ZOO = (
 #: passes ``padding`` on to CLIP's image processor): the reference runs mlx-vlm's processor call
 #: and its ``generate_step`` directly.
 PROCESSOR_CALL = {"vlm-llava"}
+#: The demos whose video parts are served (the others' are refused before decoding).
+VIDEO_MODELS = {"vlm-tiny", "vlm-qwen2_5_vl"}
 
 
 @pytest.fixture(scope="module", params=ZOO)
@@ -104,6 +107,9 @@ async def test_a_repeated_image_reuses_its_prefix_and_answers_the_same(zoo_dir):
                 await c.chat.completions.create(model=zoo_dir, messages=messages, temperature=0, max_tokens=6)
                 for _ in range(2)
             ]
+            [card] = (await c.models.list()).data
+    video = pathlib.Path(zoo_dir).name in VIDEO_MODELS
+    assert card.model_extra["input_modalities"] == ["text", "image", *(["video"] if video else [])]
     cold, repeat = replies
     assert repeat.choices[0].message.content == cold.choices[0].message.content
     assert cold.usage.prompt_tokens_details is None or not cold.usage.prompt_tokens_details.cached_tokens

@@ -22,6 +22,7 @@ DEMO_SIZES = (
     "vlm-qwen2_5_vl",
     "vlm-qwen3_vl",
     "vlm-qwen3_5",
+    "vlm-qwen3_5_moe",
     "vlm-llava",
     "vlm-gemma3",
     "vlm-mistral3",

@@ -59,8 +59,13 @@ DEMO_BUILDERS: Mapping[str, DemoBuilder] = MappingProxyType(
         "small": _qwen3("small"),
         # tiny Qwen-VL family models: Qwen2-VL (vlm-tiny), Qwen2.5-VL, ... (worker/demo/vlm.py)
         **{
-            size: DemoBuilder(write=vlm.writer(size), version=vlm.VLM_FORMAT_VERSION, template_hash=vlm.template_hash)
-            for size in vlm.QWEN_VL_DEMOS
+            size: DemoBuilder(
+                write=vlm.writer(size),
+                dtype=demo.dtype or DEFAULT_DTYPE,
+                version=vlm.VLM_FORMAT_VERSION,
+                template_hash=vlm.template_hash,
+            )
+            for size, demo in vlm.QWEN_VL_DEMOS.items()
         },
         # a tiny LLaVA: CLIP tower, Llama text model, 1-D RoPE (worker/demo/vlm_llava.py)
         vlm_llava.LLAVA_SIZE: DemoBuilder(

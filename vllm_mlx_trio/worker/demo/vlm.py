@@ -82,6 +82,8 @@ class QwenVlDemo:
     text_extra: dict[str, Any] = attrs.field(factory=dict)
     #: The text config nests under ``text_config`` (Qwen3-VL) instead of the top level (Qwen2/2.5-VL).
     nested_text: bool = False
+    #: The stored dtype when none is asked for (None: the demos' default).
+    dtype: str | None = None
     #: Where the checkpoint keeps the language model and the vision tower (mlx-vlm's sanitize maps them back).
     text_prefix: str = "model."
     vision_prefix: str = "visual."
@@ -163,6 +165,49 @@ QWEN_VL_DEMOS = {
                 "linear_key_head_dim": 16,
                 "linear_value_head_dim": 16,
                 "linear_conv_kernel_dim": 4,
+                "rope_parameters": {
+                    "rope_type": "default",
+                    "rope_theta": recipe.ROPE_THETA,
+                    "partial_rotary_factor": 0.25,
+                    "mrope_section": [1, 1, 0],
+                },
+            },
+            nested_text=True,
+            text_prefix="model.language_model.",
+            vision_prefix="model.visual.",
+        ),
+        QwenVlDemo(
+            "vlm-qwen3_5_moe",
+            "qwen3_5_moe",
+            "Qwen3_5MoeForConditionalGeneration",
+            "Qwen3VLProcessor",
+            dtype="float32",
+            # as vlm-qwen3_5, its MLPs a mixture of 4 experts (2 a token) and a shared expert; float32:
+            # MLX on the CPU has no bfloat16 GatherMM
+            # Qwen3-VL's tower (its deepstack features unused); a hybrid text model: three
+            # Gated DeltaNet layers, then one attention layer with partial M-RoPE
+            vision_extra={
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "out_hidden_size": TEXT_SHAPE["hidden_size"],
+                "patch_size": 16,
+                "num_position_embeddings": 16,
+                "deepstack_visual_indexes": [],
+                "depth": 2,
+            },
+            text_extra={
+                "num_hidden_layers": 4,
+                "full_attention_interval": 4,
+                "head_dim": 16,
+                "linear_num_value_heads": 4,
+                "linear_num_key_heads": 2,
+                "linear_key_head_dim": 16,
+                "linear_value_head_dim": 16,
+                "linear_conv_kernel_dim": 4,
+                "num_experts": 4,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": 32,
+                "shared_expert_intermediate_size": 64,
                 "rope_parameters": {
                     "rope_type": "default",
                     "rope_theta": recipe.ROPE_THETA,

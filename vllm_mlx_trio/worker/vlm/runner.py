@@ -35,13 +35,16 @@ from .processor import prompt_processor
 logger = logging.getLogger(__name__)
 
 #: The architectures this runner drives, each verified against mlx-vlm's own generate on a demo
-#: (tests/vlm/test_vlm_zoo.py): the Qwen-VL family (M-RoPE with a per-row delta; Qwen2.5-VL's
-#: windowed tower; Qwen3-VL's deepstack features). Others are refused at load, naming the type.
+#: (tests/vlm/test_vlm_zoo.py): the Qwen-VL family with M-RoPE and a per-row delta (Qwen2.5-VL's
+#: windowed tower, Qwen3-VL's deepstack features, Qwen3.5's hybrid text model and its MoE), and
+#: 1-D RoPE models (LLaVA, Gemma 3, Mistral 3, Pixtral, SmolVLM). Others are refused at load,
+#: naming the type.
 SUPPORTED_MODEL_TYPES = (
     "qwen2_vl",
     "qwen2_5_vl",
     "qwen3_vl",
     "qwen3_5",
+    "qwen3_5_moe",
     "llava",
     "gemma3",
     "mistral3",
@@ -49,9 +52,11 @@ SUPPORTED_MODEL_TYPES = (
     "smolvlm",
 )
 #: What a request may send to such a model: images, and video where the prompt's video
-#: placeholders expand as the model's processor expands them (Qwen3-VL's carry timestamps: not yet).
+#: placeholders expand as the model's processor expands them (Qwen2-VL, Qwen2.5-VL).
 MEDIA_KINDS = frozenset({"image_url", "video_url"})
-IMAGE_ONLY_MODEL_TYPES = frozenset({"qwen3_vl", "qwen3_5", "llava", "gemma3", "mistral3", "pixtral", "smolvlm"})
+#: Image-only: Qwen3-VL / Qwen3.5 timestamp video frames in the prompt (not written here yet);
+#: the 1-D models' processors here take images only.
+IMAGE_ONLY_MODEL_TYPES = frozenset(SUPPORTED_MODEL_TYPES) - {"qwen2_vl", "qwen2_5_vl"}
 
 
 def require_vlm_extra() -> None:
