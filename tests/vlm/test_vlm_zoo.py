@@ -30,6 +30,7 @@ ZOO = (
     "vlm-tiny",
     "vlm-qwen2_5_vl",
     "vlm-qwen3_vl",
+    "vlm-qwen3_vl_moe",
     "vlm-qwen3_5",
     "vlm-qwen3_5_moe",
     "vlm-llava",

@@ -21,6 +21,7 @@ DEMO_SIZES = (
     "vlm-deep-tower",
     "vlm-qwen2_5_vl",
     "vlm-qwen3_vl",
+    "vlm-qwen3_vl_moe",
     "vlm-qwen3_5",
     "vlm-qwen3_5_moe",
     "vlm-llava",

@@ -141,6 +141,36 @@ QWEN_VL_DEMOS = {
             vision_prefix="model.visual.",
         ),
         QwenVlDemo(
+            "vlm-qwen3_vl_moe",
+            "qwen3_vl_moe",
+            "Qwen3VLMoeForConditionalGeneration",
+            "Qwen3VLProcessor",
+            # as vlm-qwen3_vl, its MLPs a mixture of 4 experts (2 a token); float32: no bfloat16 GatherMM on the CPU
+            dtype="float32",
+            # 16-pixel patches merged 2x2 (one token per 32x32 pixels), a 4x4 learned position grid,
+            # deepstack features from the first block added after the first text layer
+            vision_extra={
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "out_hidden_size": TEXT_SHAPE["hidden_size"],
+                "patch_size": 16,
+                "num_position_embeddings": 16,
+                "deepstack_visual_indexes": [0],
+                "depth": 2,
+            },
+            text_extra={
+                "head_dim": 16,
+                "num_experts": 4,
+                "num_experts_per_tok": 2,
+                "decoder_sparse_step": 1,
+                "mlp_only_layers": [],
+                "moe_intermediate_size": 32,
+            },
+            nested_text=True,
+            text_prefix="model.language_model.",
+            vision_prefix="model.visual.",
+        ),
+        QwenVlDemo(
             "vlm-qwen3_5",
             "qwen3_5",
             "Qwen3_5ForConditionalGeneration",
