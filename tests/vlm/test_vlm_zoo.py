@@ -38,6 +38,7 @@ ZOO = (
     "vlm-mistral3",
     "vlm-pixtral",
     "vlm-smolvlm",
+    "vlm-idefics3",
 )
 #: Where mlx-vlm 0.7.10's ``stream_generate`` cannot prepare the inputs under transformers 5 (it
 #: passes ``padding`` on to CLIP's image processor): the reference runs mlx-vlm's processor call

@@ -29,6 +29,7 @@ DEMO_SIZES = (
     "vlm-mistral3",
     "vlm-pixtral",
     "vlm-smolvlm",
+    "vlm-idefics3",
     "spec-target",
     "spec-draft",
     "mtp-tiny",

@@ -87,6 +87,10 @@ DEMO_BUILDERS: Mapping[str, DemoBuilder] = MappingProxyType(
         vlm_smolvlm.SMOLVLM_SIZE: DemoBuilder(
             write=vlm_smolvlm.write_smolvlm, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm_smolvlm.template_hash
         ),
+        # a tiny Idefics3: the same files under Idefics3's names (worker/demo/vlm_smolvlm.py)
+        vlm_smolvlm.IDEFICS3_SIZE: DemoBuilder(
+            write=vlm_smolvlm.write_idefics3, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm_smolvlm.template_hash
+        ),
         # the agreeing speculative pair (worker/demo/spec.py)
         "spec-target": _qwen3("spec-target", weights=partial(spec_weights, "spec-target")),
         "spec-draft": _qwen3("spec-draft", weights=partial(spec_weights, "spec-draft")),

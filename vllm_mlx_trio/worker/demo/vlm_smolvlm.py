@@ -23,6 +23,8 @@ from . import files, recipe
 from .vlm import IMAGE_MEAN, IMAGE_STD, TEXT_SHAPE, VLM_FORMAT_VERSION, draw_weights, mlx_vlm_shapes
 
 SMOLVLM_SIZE = "vlm-smolvlm"
+#: Idefics3 (SmolVLM's first release, Idefics3-8B): the same layout under its own names.
+IDEFICS3_SIZE = "vlm-idefics3"
 IMAGE_TOKEN, FAKE_TOKEN, GLOBAL_TOKEN = "<image>", "<fake_token_around_image>", "<global-img>"
 #: Tiles of 56x56 pixels: 4x4 patches of 14, pixel-shuffled 2x2 into 4 tokens.
 TILE = 56
@@ -55,13 +57,22 @@ def template_hash() -> str:
     return hashlib.sha256(f"{VLM_FORMAT_VERSION}:{CHAT_TEMPLATE}".encode()).hexdigest()
 
 
-def write_smolvlm(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
-    """Write every file of ``demo:vlm-smolvlm`` into ``directory``, the marker last."""
+def write_idefics3(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
+    """Write every file of ``demo:vlm-idefics3`` into ``directory``, the marker last."""
+    write_smolvlm(directory, seed=seed, dtype=dtype, family="idefics3")
+
+
+def write_smolvlm(directory: pathlib.Path, *, seed: int, dtype: str, family: str = "smolvlm") -> None:
+    """Write every file of ``demo:vlm-smolvlm`` (``family`` "smolvlm") or ``demo:vlm-idefics3``
+    ("idefics3") into ``directory``, the marker last."""
+    size, processor_class = (
+        (SMOLVLM_SIZE, "SmolVLMProcessor") if family == "smolvlm" else (IDEFICS3_SIZE, "Idefics3Processor")
+    )
     tokenizer = files.train_tokenizer(recipe.DEMO_SIZES["tiny"].vocab_size)
     tokenizer.add_special_tokens([IMAGE_TOKEN, FAKE_TOKEN, GLOBAL_TOKEN, *ROW_COL_TOKENS])
     ids = {token: tokenizer.token_to_id(token) for token in (*files.SPECIAL_TOKENS, IMAGE_TOKEN)}
     (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
-    config = _config(tokenizer.get_vocab_size(), dtype, ids)
+    config = _config(tokenizer.get_vocab_size(), dtype, ids, family)
     weights = draw_weights(mlx_vlm_shapes(config), "language_model.", seed, files.damped_ids(tokenizer))
     files.write_safetensors(directory / "model.safetensors", weights, dtype)
     files.write_json(directory / "config.json", config)
@@ -72,15 +83,15 @@ def write_smolvlm(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
     files.write_json(directory / "tokenizer_config.json", tokenizer_config)
     special = {"eos_token": files.IM_END, "pad_token": files.ENDOFTEXT}
     files.write_json(directory / "special_tokens_map.json", special)
-    files.write_json(directory / "preprocessor_config.json", _image_processor_config())
+    files.write_json(directory / "preprocessor_config.json", _image_processor_config(family, processor_class))
     files.write_json(
-        directory / "processor_config.json", {"processor_class": "SmolVLMProcessor", "image_seq_len": TILE_TOKENS}
+        directory / "processor_config.json", {"processor_class": processor_class, "image_seq_len": TILE_TOKENS}
     )
-    marker = {"format_version": VLM_FORMAT_VERSION, "size": SMOLVLM_SIZE, "seed": seed, "dtype": dtype}
+    marker = {"format_version": VLM_FORMAT_VERSION, "size": size, "seed": seed, "dtype": dtype}
     files.write_json(directory / recipe.DEMO_MARKER, {**marker, "chat_template_sha256": template_hash()})
 
 
-def _config(vocab_size: int, dtype: str, ids: dict[str, int]) -> dict[str, Any]:
+def _config(vocab_size: int, dtype: str, ids: dict[str, int], family: str) -> dict[str, Any]:
     text = {
         **TEXT_SHAPE,
         "model_type": "llama",
@@ -89,10 +100,12 @@ def _config(vocab_size: int, dtype: str, ids: dict[str, int]) -> dict[str, Any]:
         "rope_theta": recipe.ROPE_THETA,
     }
     return {
-        "model_type": "smolvlm",
-        "architectures": ["SmolVLMForConditionalGeneration"],
+        "model_type": family,
+        "architectures": [
+            "SmolVLMForConditionalGeneration" if family == "smolvlm" else "Idefics3ForConditionalGeneration"
+        ],
         "text_config": text,
-        "vision_config": VISION_SHAPE,
+        "vision_config": {**VISION_SHAPE, "model_type": f"{family}_vision"},
         "scale_factor": 2,
         "image_token_id": ids[IMAGE_TOKEN],
         "vocab_size": vocab_size,
@@ -103,10 +116,10 @@ def _config(vocab_size: int, dtype: str, ids: dict[str, int]) -> dict[str, Any]:
     }
 
 
-def _image_processor_config() -> dict[str, Any]:
+def _image_processor_config(family: str, processor_class: str) -> dict[str, Any]:
     return {
-        "image_processor_type": "SmolVLMImageProcessor",
-        "processor_class": "SmolVLMProcessor",
+        "image_processor_type": "SmolVLMImageProcessor" if family == "smolvlm" else "Idefics3ImageProcessor",
+        "processor_class": processor_class,
         "size": {"longest_edge": LONGEST_EDGE},
         "max_image_size": {"longest_edge": TILE},
         "do_image_splitting": True,

@@ -234,7 +234,7 @@ class Mistral3PromptProcessor(VlmPromptProcessor):
 
 @attrs.frozen(kw_only=True)
 class SmolVlmPromptProcessor(VlmPromptProcessor):
-    """SmolVLM's (Idefics3 layout): the template's ``<image>`` becomes, per tile of the split
+    """SmolVLM's and Idefics3's: the template's ``<image>`` becomes, per tile of the split
     image, a row/column marker and its run of ``<image>`` tokens, then the global view's run,
     as the model's own processor writes it (its ``get_image_prompt_string``). An item's grid is
     ``(1, rows, cols)`` of tiles (0, 0: not split); its pixels hold every tile and the global view."""
@@ -261,7 +261,8 @@ class SmolVlmPromptProcessor(VlmPromptProcessor):
             prompt_string=sys.modules[type(processor).__module__].get_image_prompt_string,
             tile_tokens=processor.image_seq_len,
             fake_token=processor.fake_image_token,
-            global_token=processor.global_image_token,
+            # Idefics3's processor calls it a tag
+            global_token=getattr(processor, "global_image_token", None) or processor.global_image_tag,
         )
 
     def vision_inputs(self, item: Any) -> tuple[str, np.ndarray, tuple[int, int, int]]:
@@ -272,14 +273,8 @@ class SmolVlmPromptProcessor(VlmPromptProcessor):
 
     def expansion(self, placeholder: str, grid: tuple[int, int, int]) -> str:
         _, rows, cols = grid
-        return self.prompt_string(
-            rows,
-            cols,
-            self.tile_tokens,
-            fake_token_around_image=self.fake_token,
-            image_token=placeholder,
-            global_image_token=self.global_token,
-        )
+        # positional: SmolVLM's and Idefics3's functions name the last argument differently
+        return self.prompt_string(rows, cols, self.tile_tokens, self.fake_token, placeholder, self.global_token)
 
     def num_pads(self, grid: tuple[int, int, int]) -> int:
         _, rows, cols = grid
@@ -292,6 +287,7 @@ PROMPT_PROCESSORS = {
     "gemma3": Gemma3PromptProcessor,
     "mistral3": Mistral3PromptProcessor,
     "smolvlm": SmolVlmPromptProcessor,
+    "idefics3": SmolVlmPromptProcessor,  # the same layout: SmolVLM's first release, Idefics3-8B
     "pixtral": Mistral3PromptProcessor,  # the same layout, without the patch merger
 }
 

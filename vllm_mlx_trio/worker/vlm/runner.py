@@ -51,6 +51,7 @@ SUPPORTED_MODEL_TYPES = (
     "mistral3",
     "pixtral",
     "smolvlm",
+    "idefics3",
 )
 #: What a request may send to such a model: images, and video where the prompt's video
 #: placeholders expand as the model's processor expands them (Qwen2-VL, Qwen2.5-VL).
