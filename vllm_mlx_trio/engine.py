@@ -3,7 +3,8 @@
 It holds the outside ends of the actors' wiring (``actors/topology.py``): it turns a
 request into a ``Submit`` on the submit channel and the request's outbox into a stream of
 text deltas, sends operator actions (``fail_requests``, ``clear_prefix_cache``) as commands
-on the control channel, and reads the actors' ``statistics()``.
+on the control channel, an embedding model's rows (``embed``) as jobs straight to the
+executor, and reads the actors' ``statistics()``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import functools
 import itertools
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import attrs
@@ -29,7 +30,18 @@ from .core.prefix.warm_prompts import warm_prefix_cache
 from .core.text import with_special_markup
 from .errors import EngineClosedError, QueueFullError, VllmMlxTrioError
 from .health import DrainStarted, HealthSnapshot
-from .messages import ChatMessage, ChatPrompt, ClearPrefixCache, Departed, FailAll, ModelInfo, RequestId, Submit
+from .messages import (
+    ChatMessage,
+    ChatPrompt,
+    ClearPrefixCache,
+    Departed,
+    EmbedJob,
+    EmbedReply,
+    FailAll,
+    ModelInfo,
+    RequestId,
+    Submit,
+)
 from .output_format import OutputFormat
 from .stream import Delta, RequestStream
 from .worker.registry import RUNNERS, RunnerTable
@@ -91,6 +103,7 @@ class Engine:
         self._submit_send = topology.submit_send
         self._control_send = topology.control_send
         self._depart_send = topology.depart_send
+        self._job_send = topology.job_send
         self._scheduler = topology.scheduler
         self._cache = topology.cache
         self.metrics = topology.metrics
@@ -244,6 +257,46 @@ class Engine:
             await stream.wait_accepted()
             on_error.pop_all()
         return stream
+
+    async def embed(
+        self, inputs: Sequence[Sequence[int]], *, dimensions: int | None = None
+    ) -> tuple[tuple[float, ...], ...]:
+        """One L2-normalised vector per row of token ids (an embedding model's, engine.mode =
+        "embed"), cut to ``dimensions`` first when given; the rows go to the MLX thread as one
+        job, batched there with the jobs queued beside it.
+
+        Takes one of the engine's request slots while it runs (:class:`QueueFullError` when
+        none is free). Raises the job's error (an :class:`InvalidRequestError` on a model
+        that does not embed), or :class:`EngineClosedError` when the engine stops first.
+        """
+        self._take_slot()
+        try:
+            job_reply, replies = trio.open_memory_channel[EmbedReply](1)
+            job = EmbedJob(inputs=tuple(tuple(row) for row in inputs), dimensions=dimensions, reply=job_reply)
+            with replies:
+                await self._hand_over(job)
+                try:
+                    reply = await replies.receive()
+                except trio.EndOfChannel:
+                    raise EngineClosedError("The engine stopped before the embedding was computed.") from None
+        finally:
+            self._slots.release()
+            if not self.num_requests:
+                self._empty.set()
+        if reply.error is not None:
+            raise reply.error
+        return reply.vectors
+
+    async def _hand_over(self, job: EmbedJob) -> None:
+        """Send ``job`` to the executor; its reply channel is the executor's once sent, and
+        closed here otherwise."""
+        with contextlib.ExitStack() as unsent:
+            unsent.callback(job.reply.close)
+            try:
+                await self._job_send.send(job)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                raise EngineClosedError("The engine is not accepting requests.") from None
+            unsent.pop_all()
 
     def _take_slot(self) -> None:
         """One of the engine's request slots, or the error that says why there is none."""

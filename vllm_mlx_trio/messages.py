@@ -258,6 +258,50 @@ class ModelInfo:
     #: The runner kind serving the model ("batched", "vlm", ...: what engine.mode "auto" chose);
     #: empty for a runner that names none.
     runner_kind: str = ""
+    #: An embedding model's facts (engine.mode = "embed"): it answers :class:`EmbedJob` and
+    #: generates no text. None: a generative model.
+    embedding: EmbeddingInfo | None = None
+
+
+@_frozen
+class EmbeddingInfo:
+    """What an embedding model gives: vectors of ``dims`` floats, pooled and L2-normalised."""
+
+    dims: int
+    #: How a row's hidden states become one vector: "last" (the last token's), "mean", "cls".
+    pooling: str
+    #: The model was trained so a prefix of the vector is itself an embedding (Matryoshka):
+    #: only then may a request ask for fewer ``dimensions``.
+    matryoshka: bool = False
+    #: The prefixes it was trained for; empty: any length up to ``dims``.
+    matryoshka_dimensions: tuple[int, ...] = ()
+
+
+# -- engine facade -> ExecutorActor (jobs outside the scheduler's plans) -------------------
+
+
+@_frozen
+class EmbedJob:
+    """Embed token rows on the MLX thread: the facade sends it on its clone of the plan
+    channel (the executor's inbox). Each vector is pooled, cut to ``dimensions`` (None: all)
+    and L2-normalised. Whoever holds the job owns ``reply`` and closes it; the answer is one
+    :class:`EmbedReply`."""
+
+    inputs: tuple[tuple[int, ...], ...]
+    dimensions: int | None
+    reply: trio.MemorySendChannel[EmbedReply]
+
+
+@_frozen
+class EmbedReply:
+    """An :class:`EmbedJob`'s answer: one vector per input, in order, or the error."""
+
+    vectors: tuple[tuple[float, ...], ...] = ()
+    error: VllmMlxTrioError | None = None
+
+
+#: What the executor receives: the scheduler's plans and hints, and the facade's jobs.
+ExecutorMessage: TypeAlias = PlanMessage | EmbedJob
 
 
 # -- engine facade -> SchedulerActor (the control channel: operator actions) -------------

@@ -14,6 +14,7 @@ import attrs
 
 from . import parsers
 from .config.sections import PARSER_AUTO, PARSER_NONE, ModelConfig
+from .prompting.tool_prompt import TOOL_PROMPT_PARSER, template_takes_tools
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ def resolve_output_format(model_cfg: ModelConfig, tokenizer: Any) -> OutputForma
     """The configured parsers, "auto" detected from ``tokenizer``'s chat template."""
     template = chat_template_text(tokenizer)
     resolved = OutputFormat(
-        tool_parser=_resolve(model_cfg.tool_parser, parsers.detect_tool_parser, template),
+        tool_parser=_resolve(model_cfg.tool_parser, _detect_tool_parser, template),
         reasoning_parser=_resolve(model_cfg.reasoning_parser, parsers.detect_reasoning_parser, template),
     )
     logger.info(
@@ -53,6 +54,14 @@ def resolve_output_format(model_cfg: ModelConfig, tokenizer: Any) -> OutputForma
         model_cfg.reasoning_parser,
     )
     return resolved
+
+
+def _detect_tool_parser(template: str | None) -> str | None:
+    """The parser of the template's own markup; for a template that cannot render tools at all,
+    the parser of the format admission writes the tools in (prompting/tool_prompt.py)."""
+    if template is not None and not template_takes_tools(template):
+        return TOOL_PROMPT_PARSER
+    return parsers.detect_tool_parser(template)
 
 
 def _resolve(setting: str, detect: Any, template: str | None) -> str | None:

@@ -22,8 +22,10 @@ DISTRIBUTED = "distributed"
 VLM = "vlm"
 #: "batched" plus draft -> verify rounds for a request alone in the batch; chosen by speculative.method.
 SPECULATIVE = "speculative"
+#: An embedding model: answers embedding jobs, generates no text (worker/embed/runner.py).
+EMBED = "embed"
 #: The kinds the engine ships, in the order errors and docs list them.
-BUILTIN_KINDS = (AUTO, SIMPLE, BATCHED, DISTRIBUTED, VLM, SPECULATIVE)
+BUILTIN_KINDS = (AUTO, SIMPLE, BATCHED, DISTRIBUTED, VLM, SPECULATIVE, EMBED)
 #: The kinds ``speculative.method`` may run with: "auto" or "batched" (replaced by the speculative
 #: kind, which runs text models: a vision-language model is then served text-only) or that kind itself.
 SPECULATIVE_BASES = (AUTO, BATCHED, SPECULATIVE)

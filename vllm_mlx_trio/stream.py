@@ -21,6 +21,9 @@ class Usage:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
+    #: Of ``completion_tokens``, those of the reasoning the output parser split out (counted by
+    #: the route that parsed the reply; 0 where nothing was split).
+    reasoning_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:

@@ -27,7 +27,7 @@ def test_a_join_plan_queued_behind_a_plan_comes_out_with_it():
     inbox.put(StepPlan(step_id=0, decode_ids=(A,)))
     inbox.put(StepPlan(step_id=1, new_seqs=(new_seq(B),), join_previous=True))
     assert inbox.starts_waiting()
-    assert [p.step_id for p in inbox.next_plans()] == [0, 1]
+    assert [p.step_id for p in inbox.next_work()] == [0, 1]
     assert not inbox.starts_waiting()
 
 
@@ -35,17 +35,17 @@ def test_regular_plans_queued_together_stay_steps_of_their_own():
     inbox = _Inbox()
     inbox.put(StepPlan(step_id=0, new_seqs=(new_seq(A),)))
     inbox.put(StepPlan(step_id=1, decode_ids=(A,)))
-    assert [p.step_id for p in inbox.next_plans()] == [0]
-    assert [p.step_id for p in inbox.next_plans()] == [1]
+    assert [p.step_id for p in inbox.next_work()] == [0]
+    assert [p.step_id for p in inbox.next_work()] == [1]
 
 
 def test_a_plan_that_cannot_join_is_the_next_step_and_still_counts_as_waiting():
     inbox = _Inbox()
     inbox.put(StepPlan(step_id=0, new_seqs=(new_seq(A),)))
     inbox.put(StepPlan(step_id=1, finished_ids=(A,), new_seqs=(new_seq(B),), join_previous=True))  # drops A
-    assert [p.step_id for p in inbox.next_plans()] == [0]
+    assert [p.step_id for p in inbox.next_work()] == [0]
     assert inbox.starts_waiting()  # held for the next step, not yet taken
-    assert [p.step_id for p in inbox.next_plans()] == [1]
+    assert [p.step_id for p in inbox.next_work()] == [1]
     assert not inbox.starts_waiting()
 
 
@@ -54,8 +54,8 @@ def test_the_stop_marker_ends_after_the_plans_before_it():
     inbox.put(StepPlan(step_id=0, decode_ids=(A,)))
     inbox.stop()
     inbox.put(StepPlan(step_id=1, decode_ids=(A,)))  # never taken
-    assert [p.step_id for p in inbox.next_plans()] == [0]
-    assert inbox.next_plans() is None
+    assert [p.step_id for p in inbox.next_work()] == [0]
+    assert inbox.next_work() is None
 
 
 async def test_the_executor_answers_each_plan_of_a_joined_step_in_order():

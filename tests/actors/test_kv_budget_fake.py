@@ -57,16 +57,16 @@ async def test_a_request_that_can_never_fit_the_budget_is_refused_at_once(autoju
         async with open_fake_engine(kv_budget_tokens=100) as fake:
             with pytest.raises(PromptTooLongError) as refused:
                 await fake.engine.submit("x" * 40, SamplingParams(max_tokens=80))
-            with pytest.raises(PromptTooLongError, match="leaves no room"):
+            with pytest.raises(PromptTooLongError, match="your request has 100 input tokens"):
                 await fake.engine.submit("x" * 100)
             await trio.testing.wait_all_tasks_blocked()
             assert fake.executor.plans == []  # never queued, never prefilled
             fits = await fake.engine.submit("x" * 40, SamplingParams(max_tokens=60))
             fits.close()
     message = str(refused.value)
-    assert message.startswith("This model's maximum context length is 4096 tokens")
-    assert "KV cache budget (engine.kv_memory_mb) holds 100 tokens" in message
-    assert "you requested 120 tokens (40 in the prompt, 80 for the completion)" in message
+    assert message.startswith("'max_tokens' or 'max_completion_tokens' is too large: 80. This model's maximum")
+    assert "maximum context length is 100 tokens and your request has 40 input tokens (80 > 100 - 40)." in message
+    assert "context is 4096 tokens; this server's KV cache budget (engine.kv_memory_mb) holds 100" in message
     assert refused.value.code == "context_length_exceeded" and refused.value.param == "max_tokens"
 
 

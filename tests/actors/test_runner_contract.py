@@ -212,10 +212,10 @@ def test_the_inbox_tells_whether_a_queued_plan_starts_a_sequence():
     inbox = _Inbox()
     inbox.put(StepPlan(step_id=0, decode_ids=(A,)))
     assert not inbox.starts_waiting()
-    assert [p.step_id for p in inbox.next_plans()] == [0]
+    assert [p.step_id for p in inbox.next_work()] == [0]
     inbox.put(StepPlan(step_id=1, new_seqs=(new_seq(B),)))
     assert inbox.starts_waiting()
-    assert [p.step_id for p in inbox.next_plans()] == [1] and not inbox.starts_waiting()
+    assert [p.step_id for p in inbox.next_work()] == [1] and not inbox.starts_waiting()
 
 
 async def test_the_executor_builds_the_runner_with_the_event_a_waiting_request_sets():
@@ -253,7 +253,7 @@ def test_the_inbox_hears_that_a_request_waits_until_the_next_plan_is_taken():
     inbox.request_waiting()
     assert inbox.starts_waiting()  # the plan running now ends its run-ahead
     inbox.put(StepPlan(step_id=0, decode_ids=(A,)))
-    assert [p.step_id for p in inbox.next_plans()] == [0] and not inbox.starts_waiting()
+    assert [p.step_id for p in inbox.next_work()] == [0] and not inbox.starts_waiting()
 
 
 async def test_a_request_admitted_mid_plan_ends_the_plans_run_ahead(fake_cfg, blocking_kind):

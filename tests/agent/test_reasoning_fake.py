@@ -107,3 +107,56 @@ async def test_a_reply_sent_back_whole_is_accepted_and_its_reasoning_reaches_the
     assert echoed["content"] is None and echoed["reasoning_content"] == echoed["reasoning"] == "hmm"
     assert again.choices[0].finish_reason == "stop"
     assert seen[-1][1] == {"role": "assistant", "content": "", "reasoning_content": "hmm"}
+
+
+THOUGHT = "<think>\nadd 2 and 2\n</think>\n\nIt is 4."
+#: The byte-level fake tokenizer: one token per byte of the split-out reasoning.
+REASONING_TOKENS = len(b"add 2 and 2")
+
+
+async def test_reasoning_tokens_are_counted_in_usage():
+    with trio.fail_after(TIMEOUT_S):
+        whole, chunks = await both(THOUGHT, parser_cfg("none", "qwen3"), stream_options=None)
+        async with scripted_server(parser_cfg("none", "qwen3"), THOUGHT) as srv, client(srv.url) as c:
+            stream = await c.chat.completions.create(
+                model=MODEL, messages=ASK, stream=True, stream_options={"include_usage": True}
+            )
+            usage = [chunk.usage async for chunk in stream if chunk.usage][0]
+            response = await c.responses.create(model=MODEL, input="Think, then answer.")
+    assert whole.usage.completion_tokens_details.reasoning_tokens == REASONING_TOKENS
+    assert usage.completion_tokens_details.reasoning_tokens == REASONING_TOKENS
+    assert response.usage.output_tokens_details.reasoning_tokens == REASONING_TOKENS
+    with trio.fail_after(TIMEOUT_S):
+        plain, _ = await both(THOUGHT, parser_cfg("none", "none"))
+    assert plain.usage.completion_tokens_details.reasoning_tokens == 0  # nothing split out
+
+
+async def test_include_reasoning_false_leaves_it_out_and_still_counts_it():
+    with trio.fail_after(TIMEOUT_S):
+        whole, chunks = await both(THOUGHT, parser_cfg("none", "qwen3"), extra_body={"include_reasoning": False})
+    message = whole.choices[0].message
+    assert message.content == "It is 4." and "reasoning_content" not in message.model_extra
+    streamed = streamed_message(chunks)
+    assert (streamed["reasoning"], streamed["content"]) == ("", "It is 4.")
+    assert whole.usage.completion_tokens_details.reasoning_tokens == REASONING_TOKENS
+
+
+async def test_separate_reasoning_false_keeps_the_thinking_in_the_content():
+    with trio.fail_after(TIMEOUT_S):
+        whole, chunks = await both(THOUGHT, parser_cfg("none", "qwen3"), extra_body={"separate_reasoning": False})
+    assert whole.choices[0].message.content == THOUGHT
+    assert streamed_message(chunks)["content"] == THOUGHT
+    assert whole.usage.completion_tokens_details.reasoning_tokens == 0
+
+
+async def test_stream_reasoning_false_sends_the_reasoning_in_one_delta_when_it_ends():
+    with trio.fail_after(TIMEOUT_S):
+        _, chunks = await both(THOUGHT, parser_cfg("none", "qwen3"), extra_body={"stream_reasoning": False})
+        _, streamed_chunks = await both(THOUGHT, parser_cfg("none", "qwen3"))
+    deltas = [chunk.choices[0].delta for chunk in chunks if chunk.choices]
+    reasoning = [i for i, d in enumerate(deltas) if getattr(d, "reasoning_content", None)]
+    content = [i for i, d in enumerate(deltas) if d.content]
+    assert len(reasoning) == 1 and deltas[reasoning[0]].reasoning_content == "add 2 and 2"
+    assert reasoning[0] < content[0]
+    streamed = [c for c in streamed_chunks if c.choices and getattr(c.choices[0].delta, "reasoning_content", None)]
+    assert len(streamed) > 1  # by default it streams as generated

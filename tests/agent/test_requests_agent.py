@@ -12,6 +12,7 @@ from agent_helpers import MODEL, TIME, WEATHER, parser_cfg, scripted_server
 from vllm_mlx_trio.actors.admission.actor import AdmissionActor, AdmissionLimits
 from vllm_mlx_trio.core.constraint import ConstraintSpec, canonical_json
 from vllm_mlx_trio.core.params import SamplingParams
+from vllm_mlx_trio.http.model_names import ServedNames
 from vllm_mlx_trio.http.openai.requests import parse_chat
 from vllm_mlx_trio.messages import ChatMessage, ChatPrompt
 from vllm_mlx_trio.testing.fake_executor import FakeTokenizer
@@ -39,7 +40,7 @@ class Recording(FakeTokenizer):
 
 
 def template_call(body: dict, tool_parser: str | None = "hermes"):
-    parsed = parse_chat({"model": MODEL, **body}, model_name=MODEL, max_n=8, tool_parser=tool_parser)
+    parsed = parse_chat({"model": MODEL, **body}, model_names=ServedNames((MODEL,)), max_n=8, tool_parser=tool_parser)
     limits = AdmissionLimits(max_context_tokens=4096, default_max_tokens=None, max_stop_sequences=4, vocab_size=259)
     send, recv = trio.open_memory_channel(0)
     actor = AdmissionActor(submit_recv=recv, admit_send=send, tokenizer=Recording(), limits=limits)
@@ -87,23 +88,25 @@ def test_tool_choice_none_still_renders_the_tools_without_a_parser():
 
 def test_required_and_named_choices_become_tool_call_constraints():
     body = {"model": MODEL, "messages": [ASK], "tools": [WEATHER, TIME]}
-    required = parse_chat({**body, "tool_choice": "required"}, model_name=MODEL, max_n=8, tool_parser="hermes")
+    required = parse_chat(
+        {**body, "tool_choice": "required"}, model_names=ServedNames((MODEL,)), max_n=8, tool_parser="hermes"
+    )
     assert required.params.constraint == ConstraintSpec(
         kind="tool_calls", body=canonical_json([WEATHER, TIME]), tool_call_format="hermes", parallel=True
     )
     named = {"type": "function", "function": {"name": "get_time"}}
-    one = parse_chat({**body, "tool_choice": named}, model_name=MODEL, max_n=8, tool_parser="hermes")
+    one = parse_chat({**body, "tool_choice": named}, model_names=ServedNames((MODEL,)), max_n=8, tool_parser="hermes")
     assert one.params.constraint == ConstraintSpec(
         kind="tool_calls", body=canonical_json([TIME]), tool_call_format="hermes", parallel=False
     )
     single = parse_chat(
         {**body, "tool_choice": "required", "parallel_tool_calls": False},
-        model_name=MODEL,
+        model_names=ServedNames((MODEL,)),
         max_n=8,
         tool_parser="hermes",
     )
     assert single.params.constraint.parallel is False
-    auto = parse_chat(body, model_name=MODEL, max_n=8, tool_parser="hermes")
+    auto = parse_chat(body, model_names=ServedNames((MODEL,)), max_n=8, tool_parser="hermes")
     assert auto.params.constraint is None and auto.tools.parse_calls
 
 
@@ -213,13 +216,23 @@ async def test_completions_take_no_tools():
     assert json.loads(reply.text)["error"]["code"] == "unsupported_parameter"
 
 
-async def test_forced_calls_in_a_markup_without_a_grammar_are_a_400_naming_the_parser():
+@pytest.mark.parametrize(
+    ("tool_parser", "markup"),
+    [
+        (None, "llama3_json"),
+        ("deepseek_v3", "llama3_json"),
+        ("openai", "llama3_json"),
+        ("kimi_k2", "llama3_json"),
+        ("qwen3_coder", "qwen3_coder"),
+        ("glm45", "glm45"),
+        ("hermes", "hermes"),
+    ],
+)
+def test_forced_calls_take_the_models_markup_or_json_calls_read_back(tool_parser, markup):
     body = {"model": MODEL, "messages": [ASK], "tools": [WEATHER], "tool_choice": "required"}
-    with trio.fail_after(20):
-        async with scripted_server(parser_cfg("qwen3_coder"), "x") as srv, httpx.AsyncClient() as http:
-            reply = await http.post(f"{srv.url}/v1/chat/completions", json=body)
-            auto = await http.post(f"{srv.url}/v1/chat/completions", json={**body, "tool_choice": "auto"})
-    assert reply.status_code == 400, reply.text
-    error = reply.json()["error"]
-    assert error["param"] == "tool_choice" and "qwen3_coder" in error["message"], error
-    assert auto.status_code == 200  # parsed, not forced: any tool parser will do
+    names = ServedNames((MODEL,))
+    forced = parse_chat(body, model_names=names, max_n=8, tool_parser=tool_parser)
+    assert forced.params.constraint.tool_call_format == markup and forced.tools.parser == markup
+    if tool_parser is not None:
+        auto = parse_chat({**body, "tool_choice": "auto"}, model_names=names, max_n=8, tool_parser=tool_parser)
+        assert auto.params.constraint is None and auto.tools.parser == tool_parser

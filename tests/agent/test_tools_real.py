@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 from typing import Literal
 
+import attrs
 import jsonschema
+import openai
 import pytest
 import trio
 from agent_helpers import client, streamed_message
@@ -136,3 +138,30 @@ async def test_langchain_bind_tools_and_structured_output(demo_cfg):
     assert [call["name"] for call in message.tool_calls] == ["get_weather"]
     jsonschema.validate(message.tool_calls[0]["args"], WEATHER["function"]["parameters"])
     assert isinstance(forecast, Forecast) and isinstance(forecast_by_tool, Forecast)
+
+
+@pytest.mark.parametrize("tool_parser", ["none", "qwen3_coder", "glm45", "kimi_k2"])
+async def test_forced_calls_on_any_tool_parser_and_on_none(demo_cfg, tool_parser):
+    """Forced calls on a model with no tool parser, or one whose markup has no grammar, are
+    generated as JSON calls under the grammar and come back as tool_calls; ``auto`` on a model
+    with no parser stays a 400."""
+    cfg = attrs.evolve(demo_cfg, model=attrs.evolve(demo_cfg.model, tool_parser=tool_parser))
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    # bounded values only: a random model writes free text until max_tokens
+    zone = {"type": "object", "properties": {"zone": {"type": "string", "enum": ["UTC", "CET"]}}, "required": ["zone"]}
+    time = {"type": "function", "function": {"name": "get_time", "parameters": zone}}
+    request = {"model": MODEL, "messages": ASK, "tools": [WEATHER, time], "max_tokens": 120, "temperature": 0}
+    with trio.fail_after(TIMEOUT_S):
+        async with open_server(cfg) as srv, client(srv.url) as c:
+            required = await c.chat.completions.create(**request, tool_choice="required")
+            stream = await c.chat.completions.create(**request, tool_choice=named, stream=True)
+            chunks = [chunk async for chunk in stream]
+            if tool_parser == "none":
+                with pytest.raises(openai.BadRequestError) as caught:
+                    await c.chat.completions.create(**request, tool_choice="auto")
+                assert caught.value.body["param"] == "tools"
+    assert required.choices[0].finish_reason == "tool_calls"
+    check_calls(required.choices[0].message.tool_calls)
+    streamed = streamed_message(chunks)
+    assert streamed["finish"] == "tool_calls" and [s["name"] for s in streamed["calls"]] == ["get_weather"]
+    jsonschema.validate(json.loads(streamed["calls"][0]["arguments"]), WEATHER["function"]["parameters"])

@@ -117,7 +117,7 @@ def unsupported(rng, body):
             [
                 {"background": True},
                 {"truncation": "auto"},
-                {"tools": [{"type": "web_search"}]},
+                {"tools": [{"type": "computer_use_2030"}]},
                 {"top_logprobs": 3},
                 {"include": ["file_search_call.results"]},
             ]

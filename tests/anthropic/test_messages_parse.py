@@ -8,6 +8,7 @@ import pytest
 
 from vllm_mlx_trio.errors import InvalidRequestError
 from vllm_mlx_trio.http.anthropic.translate import parse_count_tokens, parse_messages
+from vllm_mlx_trio.http.model_names import ServedNames
 from vllm_mlx_trio.messages import ImagePart
 from vllm_mlx_trio.output_format import OutputFormat
 
@@ -17,7 +18,7 @@ SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
 
 def parse(**fields):
     body = {"model": MODEL, "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}], **fields}
-    return parse_messages(body, model_name=MODEL, output=OutputFormat())
+    return parse_messages(body, model_names=ServedNames((MODEL,)), output=OutputFormat())
 
 
 def test_format_becomes_the_json_schema_constraint_and_effort_the_template_variable():
@@ -30,7 +31,7 @@ def test_format_becomes_the_json_schema_constraint_and_effort_the_template_varia
 
 def test_count_tokens_renders_effort_too():
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "output_config": {"effort": "high"}}
-    prompt, prefill = parse_count_tokens(body, model_name=MODEL, output=OutputFormat())
+    prompt, prefill = parse_count_tokens(body, model_names=ServedNames((MODEL,)), output=OutputFormat())
     assert dict(prompt.template_kwargs) == {"reasoning_effort": "high"} and not prefill
 
 

@@ -9,6 +9,7 @@ import httpx
 import pytest
 import trio
 
+from vllm_mlx_trio.http.model_names import ServedNames
 from vllm_mlx_trio.actors.admission.chat_template import ChatTemplateOptions, tokenize_prompt
 from vllm_mlx_trio.core.scheduler import Scheduler
 from vllm_mlx_trio.errors import InvalidRequestError
@@ -25,11 +26,11 @@ CHAT = [{"role": "user", "content": "hi"}]
 
 
 def parsed_chat(**fields):
-    return parse_chat(chat_body(**fields), model_name=MODEL, max_n=4)
+    return parse_chat(chat_body(**fields), model_names=ServedNames((MODEL,)), max_n=4)
 
 
 def completion(**fields):
-    return parse_completion({"model": MODEL, "prompt": "Say:", **fields}, model_name=MODEL, max_n=4)
+    return parse_completion({"model": MODEL, "prompt": "Say:", **fields}, model_names=ServedNames((MODEL,)), max_n=4)
 
 
 # -- parsing -------------------------------------------------------------------------------
@@ -87,12 +88,12 @@ def test_listed_fields_are_ignored_and_off_values_accepted(caplog):
 
 def test_unknown_fields_ignore_policy_drops_them_but_still_checks_known_ones():
     body = {"model": MODEL, "messages": CHAT, "my_own_field": [1], "temperature": 0.5}
-    parsed = parse_chat(body, model_name=MODEL, max_n=4, unknown_fields="ignore")
+    parsed = parse_chat(body, model_names=ServedNames((MODEL,)), max_n=4, unknown_fields="ignore")
     assert parsed.params.temperature == 0.5
     with pytest.raises(InvalidRequestError):
-        parse_chat({**body, "temperature": "hot"}, model_name=MODEL, max_n=4, unknown_fields="ignore")
+        parse_chat({**body, "temperature": "hot"}, model_names=ServedNames((MODEL,)), max_n=4, unknown_fields="ignore")
     with pytest.raises(InvalidRequestError):
-        parse_chat({**body, "use_beam_search": True}, model_name=MODEL, max_n=4, unknown_fields="ignore")
+        parse_chat({**body, "use_beam_search": True}, model_names=ServedNames((MODEL,)), max_n=4, unknown_fields="ignore")
 
 
 # -- behaviour -----------------------------------------------------------------------------

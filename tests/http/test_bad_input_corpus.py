@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from vllm_mlx_trio.core.params import SamplingParams
+from vllm_mlx_trio.http.model_names import ServedNames
 from vllm_mlx_trio.http.openai.requests import parse_chat, parse_completion
 from vllm_mlx_trio.testing.fake_executor import FakeTokenizer, letters_script
 from vllm_mlx_trio.testing.harness import fake_server
@@ -104,7 +105,7 @@ def base_body(rng: random.Random, chat: bool) -> dict:
 def _assert_valid(body: dict, chat: bool) -> None:
     """The base must pass the server's own checks, so each mutation is the only fault."""
     parse = parse_chat if chat else parse_completion
-    params: SamplingParams = parse(body, model_name=MODEL, max_n=MAX_N).params
+    params: SamplingParams = parse(body, model_names=ServedNames((MODEL,)), max_n=MAX_N).params
     params.check(max_stop_sequences=MAX_STOP)
     params.check_token_ids(VOCAB)
 

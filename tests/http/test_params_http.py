@@ -13,6 +13,7 @@ import trio
 from vllm_mlx_trio.config import load_config
 from vllm_mlx_trio.core.params import SamplingParams
 from vllm_mlx_trio.errors import ExecutorCrashedError, InvalidRequestError
+from vllm_mlx_trio.http.model_names import ServedNames
 from vllm_mlx_trio.http.openai.requests import parse_chat, parse_completion
 from vllm_mlx_trio.http.openai.responses import ChoiceResult, ResponseBuilder
 from vllm_mlx_trio.http.openai.routes import ChoicesSseBody, choice_params
@@ -50,7 +51,7 @@ async def post_stream(http, url, route, body) -> list:
 
 
 def chat_params(**fields) -> SamplingParams:
-    return parse_chat(chat_body(**fields), model_name=MODEL, max_n=8).params
+    return parse_chat(chat_body(**fields), model_names=ServedNames((MODEL,)), max_n=8).params
 
 
 def test_new_fields_are_parsed_into_sampling_params():
@@ -81,16 +82,16 @@ def test_chat_logprobs_and_top_logprobs(fields, expected):
 
 @pytest.mark.parametrize(("logprobs", "expected"), [(None, None), (0, 0), (5, 5)])
 def test_completion_logprobs_is_the_number_of_alternatives(logprobs, expected):
-    parsed = parse_completion(completion_body(logprobs=logprobs), model_name=MODEL, max_n=8)
+    parsed = parse_completion(completion_body(logprobs=logprobs), model_names=ServedNames((MODEL,)), max_n=8)
     assert parsed.params.logprobs == expected
 
 
 def test_n_goes_into_the_parsed_request_bounded_by_max_n():
-    assert parse_chat(chat_body(), model_name=MODEL, max_n=8).n == 1
-    assert parse_chat(chat_body(n=3), model_name=MODEL, max_n=8).n == 3
-    assert parse_completion(completion_body(n=2), model_name=MODEL, max_n=2).n == 2
+    assert parse_chat(chat_body(), model_names=ServedNames((MODEL,)), max_n=8).n == 1
+    assert parse_chat(chat_body(n=3), model_names=ServedNames((MODEL,)), max_n=8).n == 3
+    assert parse_completion(completion_body(n=2), model_names=ServedNames((MODEL,)), max_n=2).n == 2
     with pytest.raises(InvalidRequestError) as caught:
-        parse_completion(completion_body(n=3), model_name=MODEL, max_n=2)
+        parse_completion(completion_body(n=3), model_names=ServedNames((MODEL,)), max_n=2)
     assert caught.value.param == "n"
 
 
@@ -132,7 +133,11 @@ BAD_FIELDS = [
     ("chat", {"n": 0}, "n"),
     ("chat", {"n": 9}, "n"),
     ("chat", {"n": "2"}, "n"),
-    ("chat", {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}, "response_format"),
+    (
+        "chat",
+        {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+        "response_format.json_schema",
+    ),
     ("chat", {"response_format": {"type": "json_object"}, "guided_regex": "a+"}, "guided_regex"),
     ("completions", {"logprobs": 6}, "logprobs"),
     ("completions", {"logprobs": -1}, "logprobs"),
@@ -410,7 +415,7 @@ def test_an_answer_sent_back_as_openai_python_writes_it_is_accepted():
         "audio": None,
         "annotations": [],
     }
-    parsed = parse_chat(chat_body(messages=[*CHAT, echoed, *CHAT]), model_name=MODEL, max_n=8)
+    parsed = parse_chat(chat_body(messages=[*CHAT, echoed, *CHAT]), model_names=ServedNames((MODEL,)), max_n=8)
     assert [m.role for m in parsed.prompt] == ["user", "assistant", "user"]
 
 
@@ -427,7 +432,7 @@ def test_an_answer_sent_back_as_openai_python_writes_it_is_accepted():
 )
 def test_message_fields_this_server_would_ignore_are_refused(message, param, code):
     with pytest.raises(InvalidRequestError) as refused:
-        parse_chat(chat_body(messages=[message]), model_name=MODEL, max_n=8)
+        parse_chat(chat_body(messages=[message]), model_names=ServedNames((MODEL,)), max_n=8)
     assert refused.value.param == param and refused.value.code == code
 
 
@@ -442,7 +447,9 @@ def test_a_message_name_reaches_the_chat_template():
             return super().apply_chat_template(messages, **kwargs)
 
     parsed = parse_chat(
-        chat_body(messages=[{"role": "user", "content": "hi", "name": "ada"}, *CHAT]), model_name=MODEL, max_n=8
+        chat_body(messages=[{"role": "user", "content": "hi", "name": "ada"}, *CHAT]),
+        model_names=ServedNames((MODEL,)),
+        max_n=8,
     )
     limits = AdmissionLimits(max_context_tokens=99, default_max_tokens=None, max_stop_sequences=4, vocab_size=259)
     send, recv = trio.open_memory_channel(0)

@@ -7,6 +7,7 @@ import msgspec
 import pytest
 
 from vllm_mlx_trio.errors import InvalidRequestError
+from vllm_mlx_trio.http.model_names import ServedNames
 from vllm_mlx_trio.http.openai import schemas
 from vllm_mlx_trio.http.openai.requests import parse_chat, parse_completion
 from vllm_mlx_trio.messages import ImagePart, TextPart, VideoPart
@@ -16,13 +17,13 @@ USER = {"role": "user", "content": "hi"}
 
 
 def parsed_chat(**fields):
-    return parse_chat(chat_body(**fields), model_name=MODEL, max_n=8)
+    return parse_chat(chat_body(**fields), model_names=ServedNames((MODEL,)), max_n=8)
 
 
 def refused(parse=parse_chat, **fields) -> InvalidRequestError:
     body = {"model": MODEL, **({"messages": [USER]} if parse is parse_chat else {"prompt": "p"}), **fields}
     with pytest.raises(InvalidRequestError) as info:
-        parse(body, model_name=MODEL, max_n=8)
+        parse(body, model_names=ServedNames((MODEL,)), max_n=8)
     return info.value
 
 
@@ -88,12 +89,16 @@ def test_content_parts_become_text_and_media_references():
             {"type": "video_url", "video_url": {"url": "file:///clip.mp4"}},
         ],
     }
-    parsed = parse_chat({"model": MODEL, "messages": [message]}, model_name=MODEL, max_n=8)
+    parsed = parse_chat({"model": MODEL, "messages": [message]}, model_names=ServedNames((MODEL,)), max_n=8)
     text, image, video = parsed.prompt[0].content
     assert text == TextPart(text="look ")
     assert isinstance(image, ImagePart) and image.ref == url and len(image.content_hash) == 64
     assert isinstance(video, VideoPart) and video.ref == "file:///clip.mp4"
-    again = parse_chat({"model": MODEL, "messages": [message]}, model_name=MODEL, max_n=8).prompt[0].content[1]
+    again = (
+        parse_chat({"model": MODEL, "messages": [message]}, model_names=ServedNames((MODEL,)), max_n=8)
+        .prompt[0]
+        .content[1]
+    )
     assert again.content_hash == image.content_hash  # same media, same prefix-cache key
     assert parsed.prompt[0].text is None
 

@@ -11,6 +11,7 @@ from media_helpers import data_url, image, image_bytes, loader, prompt
 from PIL import Image
 
 from vllm_mlx_trio.errors import InvalidRequestError
+from vllm_mlx_trio.http.model_names import ServedNames
 from vllm_mlx_trio.http.openai.requests import parse_chat
 from vllm_mlx_trio.media.images import fitted_size
 from vllm_mlx_trio.messages import ImagePart
@@ -261,5 +262,5 @@ def test_detail_reaches_the_image_part_from_a_chat_body():
             }
         ],
     }
-    (part,) = parse_chat(body, model_name="m", max_n=1).prompt.messages[0].content
+    (part,) = parse_chat(body, model_names=ServedNames(("m",)), max_n=1).prompt.messages[0].content
     assert isinstance(part, ImagePart) and part.detail == "low"

@@ -45,3 +45,24 @@ async def test_the_anthropic_client_gets_the_greedy_answer(smollm2_url, referenc
     assert message.content[0].text == expected.text and PARIS in expected.text
     assert message.stop_reason == "end_turn"
     assert streamed == final.content[0].text == expected.text and final.stop_reason == "end_turn"
+
+
+async def test_claude_codes_tool_loop_on_a_model_whose_template_has_no_tools(smollm2_url):
+    """SmolLM2's template renders no tools: they are written into its system turn, a forced call
+    comes back as a tool_use block, and the tool's result is answered in the next turn."""
+    from vllm_mlx_trio.bench.agents.shapes import READ_SCHEMA
+
+    read = {"name": "Read", "description": "Reads a file from the local filesystem.", "input_schema": READ_SCHEMA}
+    ask = [{"role": "user", "content": "Read the file /etc/hostname."}]
+    kwargs = {"model": MODEL, "max_tokens": 64, "tools": [read], "extra_body": {"temperature": 0}}
+    with trio.fail_after(TIMEOUT_S):
+        async with anthropic_client(smollm2_url) as client:
+            called = await client.messages.create(**kwargs, messages=ask, tool_choice={"type": "any"})
+            [use] = [block for block in called.content if block.type == "tool_use"]
+            result = {"type": "tool_result", "tool_use_id": use.id, "content": "paris-01"}
+            history = [*ask, {"role": "assistant", "content": called.content}, {"role": "user", "content": [result]}]
+            answered = await client.messages.create(**kwargs, messages=history)
+    assert called.stop_reason == "tool_use" and use.name == "Read"
+    assert isinstance(use.input["file_path"], str) and use.input["file_path"]
+    assert answered.stop_reason in ("end_turn", "max_tokens", "tool_use") and answered.usage.output_tokens > 0
+    assert answered.usage.cache_read_input_tokens > 0  # the first turn's prompt, reused

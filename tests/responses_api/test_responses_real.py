@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import trio
@@ -86,3 +87,22 @@ async def test_forced_function_call_and_json_schema_output(demo_cfg):
         assert structured.incomplete_details.reason == "max_output_tokens"
     else:
         assert isinstance(json.loads(structured.output_text)["answer"], int)
+
+
+async def test_forced_custom_tool_reply_is_its_input_held_to_its_lark_grammar(demo_cfg):
+    lark = 'start: "*** Begin Patch\\n" /[a-z]{1,12}/ "\\n*** End Patch"\n'
+    patch = {
+        "type": "custom",
+        "name": "apply_patch",
+        "format": {"type": "grammar", "syntax": "lark", "definition": lark},
+    }
+    forced = {"type": "custom", "name": "apply_patch"}
+    with trio.fail_after(TIMEOUT_S):
+        async with open_server(demo_cfg) as srv:
+            async with openai_client(srv.url) as c:
+                response = await c.responses.create(
+                    model=MODEL, input="Fix it.", tools=[patch], tool_choice=forced, max_output_tokens=60
+                )
+    [call] = response.output
+    assert call.type == "custom_tool_call" and call.name == "apply_patch"
+    assert re.fullmatch(r"\*\*\* Begin Patch\n[a-z]{1,12}\n\*\*\* End Patch", call.input)

@@ -138,7 +138,7 @@ def test_other_tool_call_markups(compiler, llg_tokenizer, fmt, text):
         (spec("choice", []), "choice", "non-empty"),
         (spec("tool_calls", []), "tool_choice", "at least one tool"),
         (spec("tool_calls", [{"type": "function", "function": {}}]), "tools[0]", "name"),
-        (spec("tool_calls", [WEATHER], tool_call_format="qwen3_coder"), "tool_choice", "qwen3_coder"),
+        (spec("tool_calls", [WEATHER], tool_call_format="kimi_k2"), "tool_choice", "kimi_k2"),
     ],
 )
 def test_invalid_or_unsupported_specs_are_400s_naming_the_problem(compiler, constraint, param, words):
@@ -182,3 +182,72 @@ def test_the_admission_step_builds_the_tokenizer_once_and_sees_an_opened_thinkin
     assert opened.reasoning.starts_inside and not closed.reasoning.starts_inside
     assert step.compiler.compiles == 2
     assert step.attach(params, tokenizer.encode("x"), tokenizer).grammar is closed  # cached
+
+
+def test_agent_client_tool_schemas_compile_and_a_bad_one_is_named():
+    """Schemas as Claude Code and Codex send them ($schema, additionalProperties: false, enum,
+    format: uri, minLength) compile for forced calls; one llguidance cannot take is a 400
+    naming that tool, not the grammar's internal rule."""
+    from vllm_mlx_trio.bench.agents.shapes import TOOL_SPECS
+
+    tools = [{"type": "function", "function": {"name": n, "parameters": s}} for n, _, s in TOOL_SPECS]
+    spec = ConstraintSpec(kind="tool_calls", body=canonical_json(tools), tool_call_format="hermes")
+    compile_constraint(spec, reasoning=None)
+    broken = {"type": "object", "properties": {"path": {"$ref": "#/$defs/Missing"}}}
+    tools.append({"type": "function", "function": {"name": "Glob", "parameters": broken}})
+    spec = ConstraintSpec(kind="tool_calls", body=canonical_json(tools), tool_call_format="llama3_json")
+    with pytest.raises(InvalidRequestError) as caught:
+        compile_constraint(spec, reasoning=None)
+    assert caught.value.param == "tools"
+    assert str(caught.value).startswith("Invalid or unsupported parameters schema for tool 'Glob': ")
+    assert "/$defs/Missing" in str(caught.value)
+
+
+XML_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "edit_file",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string"},
+                "mode": {"type": "string", "enum": ["append", "replace"]},
+                "line": {"type": "integer"},
+                "dry_run": {"type": "boolean"},
+            },
+            "required": ["path", "line"],
+        },
+    },
+}
+XML_OUTPUTS = {
+    "qwen3_coder": (
+        "<tool_call>\n<function=edit_file>\n<parameter=path>\nsrc/a b.py\n</parameter>\n"
+        "<parameter=mode>\nreplace\n</parameter>\n<parameter=line>\n12\n</parameter>\n</function>\n</tool_call>"
+    ),
+    "glm45": (
+        "<tool_call>edit_file\n<arg_key>path</arg_key>\n<arg_value>src/a b.py</arg_value>\n"
+        "<arg_key>mode</arg_key>\n<arg_value>replace</arg_value>\n<arg_key>line</arg_key>\n<arg_value>12</arg_value>\n"
+        "</tool_call>"
+    ),
+}
+
+
+@pytest.mark.parametrize("markup", sorted(XML_OUTPUTS))
+def test_forced_calls_in_xml_markups_take_the_models_own_form_and_parse_back(markup, llg_tokenizer):
+    from llguidance import LLMatcher
+
+    from vllm_mlx_trio.parsers import OutputParser
+    from vllm_mlx_trio.structured.grammar import build_grammar
+
+    spec = ConstraintSpec(kind="tool_calls", body=canonical_json([XML_TOOL]), tool_call_format=markup)
+    grammar = build_grammar(spec)
+    text = XML_OUTPUTS[markup]
+    matcher = LLMatcher(llg_tokenizer, grammar)
+    assert matcher.consume_tokens(llg_tokenizer.tokenize_str(text)) and matcher.is_accepting()
+    wrong = LLMatcher(llg_tokenizer, grammar)  # the required "line" left out
+    assert not (wrong.consume_tokens(llg_tokenizer.tokenize_str(text.replace("12", "x"))) and wrong.is_accepting())
+    parser = OutputParser(tool_parser=markup, reasoning_parser=None, tools=(XML_TOOL,))
+    parser.feed(text)
+    parser.finish()
+    [call] = parser.message().tool_calls
+    assert json.loads(call.arguments) == {"path": "src/a b.py", "mode": "replace", "line": 12}

@@ -8,6 +8,7 @@ import pytest
 
 from vllm_mlx_trio.core.constraint import ConstraintSpec
 from vllm_mlx_trio.errors import InvalidRequestError
+from vllm_mlx_trio.http.model_names import ServedNames
 from vllm_mlx_trio.http.openai.requests import parse_chat, parse_completion
 
 MODEL = "m"
@@ -20,7 +21,7 @@ def constraint(parse=parse_chat, **fields) -> ConstraintSpec | None:
         **({"messages": [{"role": "user", "content": "hi"}]} if parse is parse_chat else {"prompt": "p"}),
         **fields,
     }
-    return parse(body, model_name=MODEL, max_n=8).params.constraint
+    return parse(body, model_names=ServedNames((MODEL,)), max_n=8).params.constraint
 
 
 def refused(**fields) -> InvalidRequestError:
@@ -86,7 +87,7 @@ def test_more_than_one_constraint_is_a_400_naming_the_second(fields, param):
     [
         ({"guided_json": "{not json"}, "guided_json"),
         ({"guided_json": "[1]"}, "guided_json"),
-        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"response_format": {"type": "xml"}}, "response_format.type"),
         ({"response_format": {"type": "json_schema"}}, "response_format"),
         ({"structured_outputs": {"yaml": "a"}}, "structured_outputs"),
         ({"guided_choice": "yes"}, "guided_choice"),

@@ -13,10 +13,14 @@ sequence, or the scheduler has said that a request waits for the next plan bound
 (``starts_waiting``), so a new request waits about one step.
 Plans queued back to back run as one step when they can (core/plan_join.py): a request's plan
 sent while another waits behind the running step starts it in that step.
+Jobs (an embedding model's :class:`EmbedJob`, sent by the facade on its clone of the plan
+channel) queue in the same inbox; the jobs queued back to back run together, between steps,
+through the runner's ``run_jobs``, and each is answered on its own reply channel.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
@@ -24,12 +28,15 @@ from collections.abc import Callable
 import trio
 
 from ..core.plan_join import can_join, joined, placeholder_result
-from ..errors import ExecutorCrashedError, VllmMlxTrioError
-from ..messages import ModelInfo, PlanMessage, RequestWaiting, StepPlan, StepResult
+from ..errors import ExecutorCrashedError, InvalidRequestError, VllmMlxTrioError
+from ..messages import EmbedJob, EmbedReply, ExecutorMessage, ModelInfo, RequestWaiting, StepPlan, StepResult
 from ..worker.registry import Runner
 
 #: The stop marker: the thread closes the runner and ends when it takes this from its inbox.
 _STOP = object()
+#: Most jobs the thread takes together (the runner batches their rows): a bound on one
+#: batch's host memory, far above what concurrent HTTP requests queue between two batches.
+MAX_JOBS_PER_BATCH = 64
 
 
 class _Inbox:
@@ -55,6 +62,18 @@ class _Inbox:
         if plan.new_seqs:
             self._change(starting=1)
         self._queue.put(plan)
+
+    def put_job(self, job: EmbedJob) -> None:
+        self._queue.put(job)
+
+    def leftover_jobs(self) -> list[EmbedJob]:
+        """(On the Trio side, once the thread has stopped or been abandoned.) The jobs it never
+        took, so their replies can be closed."""
+        jobs = []
+        while (item := self._take(block=False)) is not None:
+            if isinstance(item, EmbedJob):
+                jobs.append(item)
+        return jobs
 
     def request_waiting(self) -> None:
         """A request waits for the next plan boundary: the plan running now ends its run-ahead."""
@@ -83,12 +102,15 @@ class _Inbox:
         self._abandoned.set()
         self._queue.put(_STOP)
 
-    def next_plans(self) -> list[StepPlan] | None:
+    def next_work(self) -> list[StepPlan] | list[EmbedJob] | None:
         """The next plan to run, with those queued right behind it that can run in the same
-        step (blocks for the first); None: stop now."""
+        step; or the next job with the jobs queued right behind it (blocks for the first);
+        None: stop now."""
         first = self._take(block=True)
-        if not isinstance(first, StepPlan) or self._abandoned.is_set():
+        if self._abandoned.is_set() or not isinstance(first, StepPlan | EmbedJob):
             return None
+        if isinstance(first, EmbedJob):
+            return self._jobs_after(first)
         # The plan that ended for it has gone back; from here a queued plan that starts the
         # request (``_starting``) is what ends this one's run-ahead.
         self._change(hinted=False)
@@ -102,6 +124,15 @@ class _Inbox:
         if starting:
             self._change(starting=-starting)
         return plans
+
+    def _jobs_after(self, first: EmbedJob) -> list[EmbedJob]:
+        jobs = [first]
+        while len(jobs) < MAX_JOBS_PER_BATCH and (following := self._take(block=False)) is not None:
+            if not isinstance(following, EmbedJob):
+                self._held = following
+                break
+            jobs.append(following)
+        return jobs
 
     def _take(self, *, block: bool) -> object | None:
         """The next item (a plan or the stop marker); None: nothing queued (``block`` False)."""
@@ -128,7 +159,7 @@ class ExecutorActor:
     def __init__(
         self,
         *,
-        plan_recv: trio.MemoryReceiveChannel[PlanMessage],
+        plan_recv: trio.MemoryReceiveChannel[ExecutorMessage],
         result_send: trio.MemorySendChannel[StepResult],
         runner_factory: Callable[[threading.Event], Runner],
     ):
@@ -142,15 +173,21 @@ class ExecutorActor:
     async def run(self, *, task_status: trio.TaskStatus[ModelInfo] = trio.TASK_STATUS_IGNORED) -> None:
         inbox = _Inbox()
         with self._plan_recv, self._result_send:
-            async with trio.open_nursery() as nursery:
-                model_info = await nursery.start(self._run_thread, inbox)
-                task_status.started(model_info)
-                async for message in self._plan_recv:
-                    if isinstance(message, RequestWaiting):
-                        inbox.request_waiting()
-                    else:
-                        inbox.put(message)
-                inbox.stop()
+            try:
+                async with trio.open_nursery() as nursery:
+                    model_info = await nursery.start(self._run_thread, inbox)
+                    task_status.started(model_info)
+                    async for message in self._plan_recv:
+                        if isinstance(message, RequestWaiting):
+                            inbox.request_waiting()
+                        elif isinstance(message, EmbedJob):
+                            inbox.put_job(message)
+                        else:
+                            inbox.put(message)
+                    inbox.stop()
+            finally:
+                for job in inbox.leftover_jobs():
+                    job.reply.close()  # its caller hears that the engine stopped
 
     async def _run_thread(self, inbox: _Inbox, *, task_status: trio.TaskStatus[ModelInfo]) -> None:
         async with trio.open_nursery() as nursery:
@@ -176,7 +213,11 @@ class ExecutorActor:
             trio.from_thread.run_sync(report_started, model_info)
             # A plan that runs several steps hands each one's tokens over as it ends.
             runner.publish = lambda result: trio_token.run_sync_soon(self._deliver, result, inbox)
-            while (plans := inbox.next_plans()) is not None:
+            while (work := inbox.next_work()) is not None:
+                if isinstance(work[0], EmbedJob):
+                    self._run_jobs(runner, work, trio_token)  # type: ignore[arg-type]
+                    continue
+                plans: list[StepPlan] = work  # type: ignore[assignment]
                 result = _execute(runner, joined(plans))
                 # Fire and forget, one result per plan in order: the thread goes straight on to
                 # the next queued plan.
@@ -185,6 +226,27 @@ class ExecutorActor:
                 trio_token.run_sync_soon(self._deliver, result, inbox)
         finally:
             runner.close()
+
+    def _run_jobs(self, runner: Runner, jobs: list[EmbedJob], trio_token: trio.lowlevel.TrioToken) -> None:
+        """Run queued jobs together through the runner and answer each (fire and forget). A
+        runner without ``run_jobs`` answers none: every job gets the error. An unexpected
+        failure answers every job and kills the engine, as a failed step does."""
+        run = getattr(runner, "run_jobs", None)
+        if run is None:
+            error = InvalidRequestError("This model does not support the Embeddings API: it is not an embedding model.")
+            replies = [EmbedReply(error=error)] * len(jobs)
+        else:
+            try:
+                replies = run(jobs)
+            except VllmMlxTrioError as exc:
+                replies = [EmbedReply(error=exc)] * len(jobs)
+            except Exception as exc:  # boundary: an MLX failure kills the engine, with a clear cause
+                crash = ExecutorCrashedError(f"embedding failed: {type(exc).__name__}: {exc}")
+                for job in jobs:
+                    trio_token.run_sync_soon(_answer, job, EmbedReply(error=crash))
+                raise crash from exc
+        for job, reply in zip(jobs, replies, strict=True):
+            trio_token.run_sync_soon(_answer, job, reply)
 
     def _deliver(self, result: StepResult, inbox: _Inbox) -> None:
         """Hand a result to the scheduler; runs in Trio and must not raise.
@@ -197,6 +259,12 @@ class ExecutorActor:
             self._result_send.send_nowait(result)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             inbox.abandon()
+
+
+def _answer(job: EmbedJob, reply: EmbedReply) -> None:
+    """Send a job's answer and close its reply channel; runs in Trio and must not raise."""
+    with job.reply, contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        job.reply.send_nowait(reply)  # else its caller has left
 
 
 async def _stop_thread_on_cancel(inbox: _Inbox) -> None:

@@ -26,9 +26,9 @@ import attrs
 import trio
 
 from ..config import EngineConfig
-from ..errors import ExecutorCrashedError, VllmMlxTrioError
+from ..errors import ExecutorCrashedError, ModelLoadError, VllmMlxTrioError
 from ..health import EngineFailed, EngineHealth
-from ..messages import Admit, ControlCommand, Departed, ModelInfo, StepPlan, StepResult, Submit
+from ..messages import Admit, ControlCommand, Departed, EmbedJob, ModelInfo, StepPlan, StepResult, Submit
 from ..metrics import EngineMetrics, engine_snapshot
 from ..output_format import OutputFormat, resolve_output_format
 from ..runner_kinds import RunnerShape
@@ -98,6 +98,9 @@ class Topology:
     control_send: trio.MemorySendChannel[ControlCommand]
     #: Streams closed before their output ended tell the scheduler here.
     depart_send: trio.MemorySendChannel[Departed]
+    #: The facade's clone of the plan channel: jobs (an embedding model's) straight to the
+    #: executor's inbox, beside the scheduler's plans.
+    job_send: trio.MemorySendChannel[EmbedJob]
     scheduler: SchedulerActor
     cache: CacheManagerActor
     metrics: EngineMetrics
@@ -122,7 +125,7 @@ async def open_topology(
     shape = runner_for(cfg, runners).shape(cfg)
     async with trio.open_nursery() as nursery:
         topology = await _start(cfg, nursery, factory, shape)
-        with topology.submit_send, topology.control_send, topology.depart_send:
+        with topology.submit_send, topology.control_send, topology.depart_send, topology.job_send:
             yield topology
     error = topology.health.snapshot().error
     if error is not None:
@@ -135,6 +138,7 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
     control_send, control_recv = trio.open_memory_channel[ControlCommand](CONTROL_BUFFER)
     admit_send, admit_recv = trio.open_memory_channel(ADMIT_BUFFER)
     plan_send, plan_recv = trio.open_memory_channel(0)
+    job_send = plan_send.clone()  # the facade's, closed with its other ends
     result_send, result_recv = trio.open_memory_channel(max_outstanding(in_flight, running) * shape.results_per_plan)
     cache_send, cache_recv = trio.open_memory_channel(CACHE_BUFFER)
     match_send, match_recv = trio.open_memory_channel(1)
@@ -142,7 +146,7 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
     # finds it full is noticed later, by the failed send of the request's next output.
     depart_send, depart_recv = trio.open_memory_channel[Departed](cfg.limits.max_waiting + running)
     health = EngineHealth()
-    model_info = await _start_executor(nursery, factory(plan_recv, result_send), health)
+    model_info = capped_context(await _start_executor(nursery, factory(plan_recv, result_send), health), cfg)
     cache = CacheManagerActor(
         command_recv=cache_recv,
         reply_send=match_send,
@@ -179,6 +183,7 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
         submit_send=submit_send,
         control_send=control_send,
         depart_send=depart_send,
+        job_send=job_send,
         scheduler=scheduler,
         cache=cache,
         metrics=metrics,
@@ -186,6 +191,21 @@ async def _start(cfg: EngineConfig, nursery: trio.Nursery, factory: ExecutorFact
         max_running=running,
         output_format=output_format,
     )
+
+
+def capped_context(model_info: ModelInfo, cfg: EngineConfig) -> ModelInfo:
+    """The loaded model's facts with its context capped at ``model.max_model_len`` (vLLM's
+    ``--max-model-len``): every limit, ``/v1/models`` and the metrics read the capped value.
+    A cap above the model's own context is refused, as vLLM refuses it."""
+    cap = cfg.model.max_model_len
+    if cap is None:
+        return model_info
+    if cap > model_info.max_context_tokens:
+        raise ModelLoadError(
+            f"model.max_model_len ({cap}) is greater than the model's own context length "
+            f"({model_info.max_context_tokens} tokens, from its config); set it to at most that"
+        )
+    return attrs.evolve(model_info, max_context_tokens=cap)
 
 
 async def _start_executor(nursery: trio.Nursery, executor: Any, health: EngineHealth) -> ModelInfo:
@@ -243,6 +263,8 @@ def _admission(
             media_kinds=model_info.media_kinds,
             text_only_note=model_info.text_only_note,
             tool_media_placeholders=cfg.limits.tool_result_media == "placeholder",
+            generates=model_info.embedding is None,
+            clamp_max_tokens=cfg.limits.clamp_max_tokens,
         ),
         preprocess_threads=cfg.limits.preprocess_threads,
         output_format=output_format,

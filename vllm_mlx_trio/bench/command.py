@@ -86,6 +86,14 @@ def add_bench_parser(commands, config_args: ConfigArgs) -> None:
     _latency_args(sub, config_args)
     _router_args(sub, config_args)
     _server_args(sub, config_args)
+    _agents_args(sub, config_args)
+
+
+def _agents_args(sub, config_args: ConfigArgs) -> None:
+    from .agents.command import add_agents_args
+
+    text = "multi-turn Claude Code, Codex and OpenCode sessions: prefix-cache reuse per turn"
+    add_agents_args(_add(sub, config_args, "agents", handlers.agents, text))
 
 
 def _in_process_args(sub, config_args: ConfigArgs) -> None:

@@ -39,6 +39,12 @@ def mllm(cfg, args: argparse.Namespace) -> int:
     return run_mllm_command(cfg, args)
 
 
+def agents(cfg, args: argparse.Namespace) -> int:
+    from .agents.command import run_agents_command
+
+    return run_agents_command(cfg, args)
+
+
 def speculative(cfg, args: argparse.Namespace) -> int:
     from .speculative.command import run_speculative_command
 

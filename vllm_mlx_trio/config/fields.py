@@ -34,7 +34,12 @@ DEMO_SIZES = (
     "spec-draft",
     "mtp-tiny",
     "mtp-dsv3",
+    "mtp-tiny-q4",
+    "mtp-tiny-q8",
+    "mtp-dsv3-q4",
+    "mtp-dsv3-q8",
     "smollm2",
+    "embed-tiny",
 )
 
 
@@ -135,6 +140,15 @@ def _to_float(value: Any) -> Any:
 def _to_tuple(value: Any) -> Any:
     """Converter for array fields: a list becomes a tuple (frozen); anything else is left."""
     return tuple(value) if isinstance(value, list) else value
+
+
+def _aliases(inst: Any, attribute: attrs.Attribute, value: tuple[str, ...]) -> None:
+    """Validator: each alias is a non-empty string, and none is given twice."""
+    for alias in value:
+        if not isinstance(alias, str) or not alias.strip():
+            raise _FieldError(type(inst), attribute.name, f"each alias must be a non-empty string, got {alias!r}")
+    if len(set(value)) != len(value):
+        raise _FieldError(type(inst), attribute.name, f"an alias is given twice in {list(value)!r}")
 
 
 def _origins(inst: Any, attribute: attrs.Attribute, value: tuple[str, ...]) -> None:

@@ -7,6 +7,7 @@ test keeps it in step with these classes.
 import attrs
 
 from vllm_mlx_trio.config.fields import (
+    _aliases,
     _ConflictError,
     _FieldError,
     _in_range,
@@ -26,6 +27,8 @@ ENGINE_MODES = BUILTIN_KINDS
 LOG_LEVELS = ("debug", "info", "warning", "error")
 #: ``[model] gguf_dtype``: worker/gguf/dtype.py says what "auto" picks.
 GGUF_DTYPES = ("auto", "native", "float32", "float16", "bfloat16")
+#: ``[model] pooling``: an embedding model's (worker/embed/pooling.py says what "auto" picks).
+POOLINGS = ("auto", "last", "mean", "cls")
 LOG_FORMATS = ("text", "json")
 UNKNOWN_FIELDS = ("reject", "ignore")
 DISTRIBUTED_BACKENDS = ("any", "ring", "jaccl", "mpi")
@@ -90,6 +93,9 @@ class ServerConfig:
     #: A request field neither OpenAI's nor a known vLLM extension: "reject" (a 400 naming it)
     #: or "ignore" (dropped, one DEBUG line), for clients that send their own extras.
     unknown_fields: str = _option("reject", _one_of(UNKNOWN_FIELDS))
+    #: Answer a request whatever its ``model`` names (echoing that name), for clients that send
+    #: their own fixed names (Claude Code's main and small models); /v1/models still lists ours.
+    accept_any_model_name: bool = _option(False)
 
 
 @attrs.frozen(kw_only=True)
@@ -98,7 +104,8 @@ class ModelConfig:
 
     #: Hub id, local directory, a GGUF file (or a directory holding one), or "demo:<name>" for a
     #: built-in demo: "smollm2" (a real trained 135M model from a PyPI wheel), or a random model
-    #: (tiny, small, vlm-tiny, spec-target, spec-draft, mtp-tiny, mtp-dsv3).
+    #: (tiny, small, vlm-tiny, spec-target, spec-draft, mtp-tiny, mtp-dsv3; mtp-tiny-q4, mtp-tiny-q8, mtp-dsv3-q4,
+    #: mtp-dsv3-q8 with their MTP head quantized; embed-tiny).
     path: str = _option("demo:tiny", _non_empty, _model_path)
     #: How a GGUF file's weights are held: "native" keeps Q4_0/Q4_1/Q8_0 packed, "float32",
     #: "float16" or "bfloat16" dequantize (a WARNING gives the memory), "auto" is float32 on MLX's
@@ -106,8 +113,22 @@ class ModelConfig:
     gguf_dtype: str = _option("auto", _one_of(GGUF_DTYPES))
     #: Hub revision (branch, tag or commit); None means the default branch.
     revision: str | None = _option(None, _non_empty)
+    #: More names the model is served under (each listed in /v1/models and accepted in requests).
+    aliases: tuple[str, ...] = _option((), _aliases, converter=_to_tuple)
     #: Allow model code from the hub to run; only for repositories you trust.
     trust_remote_code: bool = _option(False)
+    #: Most tokens one request may hold, prompt plus completion (vLLM's max_model_len): caps the
+    #: model's own context length (>= 1; None: the model's config). Above the model's own
+    #: context, startup fails.
+    max_model_len: int | None = _option(None, _in_range(1))
+    #: A LoRA adapter folder in mlx-lm's format (adapter_config.json + adapters.safetensors, as
+    #: mlx_lm.lora writes it), applied at load as mlx_lm.load(path, adapter_path=...) applies
+    #: it; "demo:tiny-lora" is a built-in random one for demo:tiny. None: the base model.
+    adapter_path: str | None = _option(None, _non_empty)
+    #: An embedding model's pooling (engine.mode = "embed"): "last" (the last token's hidden
+    #: state, Qwen3-Embedding's), "mean" (over the input's tokens), "cls" (the first token's);
+    #: "auto" reads the model's sentence-transformers pooling config, else "last".
+    pooling: str = _option("auto", _one_of(POOLINGS))
     #: A Jinja chat template that replaces the tokenizer's own; None keeps the tokenizer's.
     chat_template: str | None = _option(None, _non_empty)
     #: Where demo models are built; None means ~/.cache/vllm-mlx-trio/demo.
@@ -128,7 +149,8 @@ class EngineSection:
     #: The runner kind: "auto" ("vlm" for a model whose config.json declares a vision or audio
     #: tower, else "batched"), "batched" (continuous batching: requests join and leave a shared
     #: batch between steps), "simple" (one request at a time through mlx-lm's generate_step),
-    #: "distributed", "vlm" or "speculative"; ``load_config`` checks the name (ENGINE_MODES).
+    #: "distributed", "vlm", "speculative" or "embed" (an embedding model: /v1/embeddings only);
+    #: ``load_config`` checks the name (ENGINE_MODES).
     mode: str = _option("auto", _non_empty)
     #: Prompt tokens per forward pass during prefill (>= 1); in batched mode a long prompt is
     #: prefilled in chunks of this size between decode steps.
@@ -268,6 +290,10 @@ class LimitsConfig:
     #: on a model that cannot take it: "placeholder" replaces it with a short text saying it was
     #: omitted, so an agent's session goes on; "refuse" answers 400, as for the user's own image.
     tool_result_media: str = _option("placeholder", _one_of(TOOL_RESULT_MEDIA))
+    #: A ``max_tokens`` larger than the room the prompt leaves in the context: false answers
+    #: vLLM's 400; true lowers it to that room (as Ollama and LM Studio do), for clients that
+    #: always send a large one (Claude Code sends 32000).
+    clamp_max_tokens: bool = _option(False)
 
 
 @attrs.frozen(kw_only=True)
@@ -421,3 +447,8 @@ class EngineConfig:
     def model_name(self) -> str:
         """The name the server answers to: server.served_model_name, else model.path."""
         return self.server.served_model_name or self.model.path
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """Every name the model is served under: :attr:`model_name`, then ``model.aliases``."""
+        return tuple(dict.fromkeys((self.model_name, *self.model.aliases)))

@@ -30,6 +30,10 @@ class OutputSpec:
     tools: tuple[dict[str, Any], ...] | None = None
     #: More than one call may be returned (``parallel_tool_calls``); else only the first.
     parallel: bool = True
+    #: The reasoning goes out in the reply (``include_reasoning``); it is split and counted either way.
+    include_reasoning: bool = True
+    #: Reasoning deltas leave as generated; else held and sent in one delta when the reasoning ends.
+    stream_reasoning: bool = True
 
     def new_parser(self, *, starts_in_reasoning: bool = False) -> OutputParser:
         """A parser for one choice's reply."""
@@ -41,19 +45,37 @@ class OutputSpec:
         )
 
 
+def count_text_tokens(tokenizer: Any, text: str) -> int:
+    """The tokens ``text`` encodes to (no special tokens added): a split-out reasoning's count."""
+    return len(tokenizer.encode(text, add_special_tokens=False)) if text else 0
+
+
 def output_spec(
-    output: OutputFormat, *, tools: Sequence[dict[str, Any]] | None, parse_calls: bool, parallel: bool
+    output: OutputFormat,
+    *,
+    tools: Sequence[dict[str, Any]] | None,
+    parse_calls: bool,
+    parallel: bool,
+    reasoning: tuple[bool, bool, bool] = (True, True, True),
+    tool_parser: str | None = None,
 ) -> OutputSpec | None:
     """The parsing a chat request's choices go through; None when nothing is parsed (no
-    reasoning parser, and no tools whose calls are parsed): the text is the content, as ever."""
-    tool_parser = output.tool_parser if parse_calls else None
-    if tool_parser is None and output.reasoning_parser is None:
+    reasoning parser, and no tools whose calls are parsed): the text is the content, as ever.
+    ``reasoning`` is (include, separate, stream) as the request's reasoning options set them;
+    not separate: no reasoning parser (the thinking stays in the content). ``tool_parser``: the
+    parser of this request's calls when not the model's (forced calls in another markup)."""
+    include, separate, stream = reasoning
+    tool_parser = (tool_parser or output.tool_parser) if parse_calls else None
+    reasoning_parser = output.reasoning_parser if separate else None
+    if tool_parser is None and reasoning_parser is None:
         return None
     return OutputSpec(
         tool_parser=tool_parser,
-        reasoning_parser=output.reasoning_parser,
+        reasoning_parser=reasoning_parser,
         tools=tuple(tools) if tools else None,
         parallel=parallel,
+        include_reasoning=include,
+        stream_reasoning=stream,
     )
 
 
@@ -64,6 +86,13 @@ class ChoiceOutput:
         self._spec = spec
         self._parser = spec.new_parser(starts_in_reasoning=starts_in_reasoning)
         self._called = False
+        self._reasoning: list[str] = []
+        self._held_reasoning = ""
+
+    @property
+    def reasoning_text(self) -> str:
+        """The reasoning split out so far (whether or not the reply carries it)."""
+        return "".join(self._reasoning)
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         """The deltas this text completes (possibly none: markup being held back)."""
@@ -71,7 +100,7 @@ class ChoiceOutput:
 
     def finish(self) -> list[dict[str, Any]]:
         """The deltas of the text held back until the end."""
-        return self._deltas(self._parser.finish())
+        return self._deltas(self._parser.finish(), final=True)
 
     def finish_reason(self, reason: str | None) -> str | None:
         """``tool_calls`` for a choice that stopped normally after calling tools."""
@@ -81,13 +110,38 @@ class ChoiceOutput:
         """After :meth:`finish`: the assistant message's fields (no ``role``)."""
         return message_fields(self._parser.message(), self._spec)
 
-    def _deltas(self, pieces: list[ParsedDelta]) -> list[dict[str, Any]]:
+    def _deltas(self, pieces: list[ParsedDelta], *, final: bool = False) -> list[dict[str, Any]]:
         deltas: list[dict[str, Any]] = []
         for piece in pieces:
             if piece.tool_index is not None and (self._spec.parallel or piece.tool_index == 0):
                 self._called = True
-            _append(deltas, _delta(piece, self._spec))
+            if piece.reasoning:
+                self._reasoning.append(piece.reasoning)
+            for shown in self._shown(piece):
+                _append(deltas, _delta(shown, self._spec))
+        if final and self._held_reasoning:
+            _append(deltas, _delta(ParsedDelta(reasoning=self._release_reasoning()), self._spec))
         return [delta for delta in deltas if delta]
+
+    def _shown(self, piece: ParsedDelta) -> list[ParsedDelta]:
+        """The piece as the reply shows it: reasoning left out (``include_reasoning: false``), or
+        held until the first piece after it (``stream_reasoning: false``)."""
+        if not piece.reasoning:
+            shown = [piece]
+        elif not self._spec.include_reasoning:
+            shown = [attrs.evolve(piece, reasoning="")]
+        elif not self._spec.stream_reasoning:
+            self._held_reasoning += piece.reasoning
+            shown = [attrs.evolve(piece, reasoning="")]
+        else:
+            return [piece]
+        if self._held_reasoning and (shown[0].content or shown[0].tool_index is not None):
+            shown.insert(0, ParsedDelta(reasoning=self._release_reasoning()))
+        return shown
+
+    def _release_reasoning(self) -> str:
+        held, self._held_reasoning = self._held_reasoning, ""
+        return held
 
 
 def _delta(piece: ParsedDelta, spec: OutputSpec) -> dict[str, Any]:
@@ -142,7 +196,7 @@ def message_fields(message: ParsedMessage, spec: OutputSpec) -> dict[str, Any]:
     if content is None and not calls and not message.reasoning:
         content = ""  # an empty reply is empty content, as without parsers
     fields: dict[str, Any] = {"content": content}
-    if spec.reasoning_parser is not None:
+    if spec.reasoning_parser is not None and spec.include_reasoning:
         fields["reasoning_content"] = fields["reasoning"] = message.reasoning or None
     if calls:
         fields["tool_calls"] = [

@@ -17,11 +17,13 @@ from .cache_routes import register_cache_routes
 from .close_connection import close_after_last_body
 from .cors import CorsPolicy, register_cors
 from .errors import describe, error_body
+from .openai.embeddings import register_embeddings_route
 from .openai.routes import register_routes
 from .ops_routes import ThroughputMeter, register_ops_routes
 from .request_log import REQUEST_ID_HEADER, request_id_from
 from .request_streams import close_streams_at_end
 from .responses import register_responses_routes
+from .tokenize_routes import register_tokenize_routes
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +56,8 @@ def create_app(
     register_anthropic_routes(app, engine)
     register_responses_routes(app, engine)
     register_cache_routes(app, engine)
+    register_tokenize_routes(app, engine)
+    register_embeddings_route(app, engine)
     register_ops_routes(app, engine, throughput or ThroughputMeter.for_engine(engine))
     app.asgi_app = close_streams_at_end(close_after_last_body(app.asgi_app))  # type: ignore[method-assign]
 

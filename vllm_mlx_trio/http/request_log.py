@@ -103,6 +103,8 @@ class RequestRecord:
         self._submitted: float | None = None
         self._first_delta: float | None = None
         self._done = False
+        #: Input tokens of a request that has no streams (an embedding request's).
+        self.input_tokens = 0
 
     def submitting(self) -> None:
         """The first engine request is about to be submitted: TTFT counts from here."""
@@ -161,7 +163,7 @@ class RequestRecord:
             "request_id": self.request_id,
             "endpoint": self.endpoint,
             "status": status,
-            "prompt_tokens": usage.prompt_tokens if usage else 0,
+            "prompt_tokens": usage.prompt_tokens if usage else self.input_tokens,
             "completion_tokens": usage.completion_tokens if usage else 0,
             "cached_tokens": usage.cached_tokens if usage else 0,
             "ttft_s": ttft,

@@ -8,6 +8,7 @@ preprocessing thread, so the MLX thread only copies a ready matcher (``deep_copy
 from __future__ import annotations
 
 import collections
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import attrs
 from llguidance import LLMatcher, LLTokenizer
 
-from ..core.constraint import ConstraintSpec, ReasoningMarkers
+from ..core.constraint import ConstraintSpec, ReasoningMarkers, canonical_json
 from ..errors import InvalidRequestError
 from .grammar import build_grammar
 
@@ -88,8 +89,39 @@ _WHAT = {
 
 
 def _invalid(spec: ConstraintSpec, error: str) -> InvalidRequestError:
+    if spec.kind == "tool_calls":
+        culprit = _failing_tool(spec)
+        if culprit is not None:
+            name, reason = culprit
+            return InvalidRequestError(
+                f"Invalid or unsupported parameters schema for tool {name!r:.80}: {_first_line(reason)}",
+                param="tools",
+            )
     first_lines = "\n".join(error.strip().splitlines()[:6])
     return InvalidRequestError(f"Invalid or unsupported {_WHAT[spec.kind]}: {first_lines}", param=_PARAMS[spec.kind])
+
+
+def _failing_tool(spec: ConstraintSpec) -> tuple[str, str] | None:
+    """The first tool whose schema alone does not compile, and why (tool schemas come from
+    clients as they are: Claude Code's and Codex's carry ``$schema``, ``format``...)."""
+    try:
+        tools = json.loads(spec.body)
+    except ValueError:
+        return None
+    for tool in tools:
+        alone = attrs.evolve(spec, body=canonical_json([tool]), parallel=False)
+        try:
+            error = LLMatcher.validate_grammar(build_grammar(alone, None))
+        except (ValueError, TypeError, InvalidRequestError) as exc:
+            error = str(exc)
+        if error:
+            return str(tool.get("function", {}).get("name", "?")), error
+    return None
+
+
+def _first_line(error: str) -> str:
+    """The cause in llguidance's message (its first line names it; the rest quotes the grammar)."""
+    return error.strip().splitlines()[0][:300] if error.strip() else error
 
 
 def llg_tokenizer_from(tokenizer: Any, *, vocab_size: int, eos_token_ids: tuple[int, ...]) -> LLTokenizer:

@@ -1,4 +1,5 @@
-"""Forced tool calls (``tool_choice`` required or named) as a Lark grammar.
+"""Forced tool calls (``tool_choice`` required or named) as a Lark grammar (the XML-style
+markups, whose arguments are tags, in ``xml_calls.py``).
 
 Each callable tool is one alternative: a ``%json`` object whose ``name`` is that tool's name
 and whose arguments follow its ``parameters`` schema, wrapped in the markup of the model's
@@ -15,6 +16,7 @@ import attrs
 
 from ..core.constraint import ConstraintSpec
 from ..errors import InvalidRequestError
+from .xml_calls import XML_MARKUP, xml_calls_lark
 
 #: Tool-call JSON is written as chat templates write it (Python's ``json.dumps``), never with free whitespace.
 TOOL_JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -45,12 +47,24 @@ CALL_MARKUP: dict[str, CallMarkup] = {
     # Mistral: [TOOL_CALLS][{"name": ..., "arguments": {...}}, ...].
     "mistral": CallMarkup(before="[TOOL_CALLS][", after="]", between=", ", call_open="", call_close=""),
 }
-TOOL_CALL_FORMATS: tuple[str, ...] = tuple(CALL_MARKUP)
+TOOL_CALL_FORMATS: tuple[str, ...] = (*CALL_MARKUP, *XML_MARKUP)
+#: The markup forced calls take where no grammar is written for the model's own (deepseek_v3,
+#: openai, kimi_k2) and on a model with no tool parser: bare JSON objects
+#: ``{"name", "parameters"}``, read back by the llama3_json parser (vLLM forces JSON too when
+#: no parser is set).
+FALLBACK_CALL_FORMAT = "llama3_json"
+
+
+def forced_call_format(tool_parser: str | None) -> str:
+    """The markup a request's forced calls are generated (and parsed) in."""
+    return tool_parser if tool_parser in TOOL_CALL_FORMATS else FALLBACK_CALL_FORMAT
 
 
 def tool_calls_lark(spec: ConstraintSpec) -> str:
     """The Lark grammar whose sentences are the calls ``spec`` allows."""
     name = spec.tool_call_format or DEFAULT_TOOL_CALL_FORMAT
+    if name in XML_MARKUP:
+        return xml_calls_lark(XML_MARKUP[name], _tools(spec.body), parallel=spec.parallel)
     markup = CALL_MARKUP.get(name)
     if markup is None:
         known = ", ".join(TOOL_CALL_FORMATS)

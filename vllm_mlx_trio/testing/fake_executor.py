@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import trio
 
-from ..messages import ModelInfo, NewSequence, RequestId, StepPlan, StepResult, TokenLogprob
+from ..messages import EmbedJob, ModelInfo, NewSequence, RequestId, StepPlan, StepResult, TokenLogprob
 
 #: The fake tokenizer's special tokens; every other id is a byte value + NUM_SPECIAL.
 ENDOFTEXT, IM_START, IM_END = 0, 1, 2
@@ -140,6 +140,9 @@ class FakeExecutor:
                 )
             )
             async for plan in self._plan_recv:
+                if isinstance(plan, EmbedJob):
+                    plan.reply.close()  # no embedding model here: its caller hears the engine stopped
+                    continue
                 if not isinstance(plan, StepPlan):
                     continue  # a RequestWaiting hint: no run-ahead to end here
                 if self._gate is not None:

@@ -18,6 +18,7 @@ from ..core.text import byte_level_table
 from ..errors import ModelLoadError
 from ..messages import ModelInfo
 from .demo import is_demo_path, resolve_demo_model
+from .demo.adapter import resolve_demo_adapter
 from .gguf import is_gguf_path
 from .gguf.dtype import gguf_dtype
 from .gguf.loader import load_gguf
@@ -87,6 +88,7 @@ def load_model(model_cfg: ModelConfig) -> tuple[Any, Any, dict]:
     try:
         path = resolve_model_path(model_cfg)
         if is_gguf_path(path):
+            refuse_adapter(model_cfg, "a GGUF file")
             model, tokenizer, config = load_gguf(
                 path, dtype=gguf_dtype(model_cfg.gguf_dtype), cache_dir=_gguf_cache_dir(model_cfg)
             )
@@ -95,6 +97,7 @@ def load_model(model_cfg: ModelConfig) -> tuple[Any, Any, dict]:
             model, tokenizer, config = mlx_lm.load(
                 path,
                 tokenizer_config=tokenizer_config,
+                adapter_path=resolve_adapter_path(model_cfg),
                 revision=model_cfg.revision,
                 trust_remote_code=model_cfg.trust_remote_code,
                 return_config=True,
@@ -104,12 +107,31 @@ def load_model(model_cfg: ModelConfig) -> tuple[Any, Any, dict]:
     except Exception as exc:  # boundary: hub, filesystem, safetensors and mlx-lm errors
         raise ModelLoadError(f"could not load model {model_cfg.path!r}: {type(exc).__name__}: {exc}") from exc
     if _SHARDING is not None:
+        refuse_adapter(model_cfg, "a sharded model")
         _shard(model, model_cfg)
     if model_cfg.chat_template is not None:
         # The last change to the tokenizer on this thread: it is handed to the Trio side in
         # ModelInfo and never touched here again (docs/architecture.md, "Who owns the tokenizer").
         tokenizer._tokenizer.chat_template = model_cfg.chat_template
     return model, tokenizer, config
+
+
+def resolve_adapter_path(model_cfg: ModelConfig) -> str | None:
+    """The adapter folder ``model.adapter_path`` names (a demo adapter built first), or None."""
+    path = model_cfg.adapter_path
+    if path is None:
+        return None
+    if is_demo_path(path):
+        return str(resolve_demo_adapter(path, model_cfg.demo_cache_dir))
+    if not (pathlib.Path(path) / "adapter_config.json").is_file():
+        raise ModelLoadError(f"model.adapter_path {path!r}: no adapter_config.json there (mlx-lm's adapter format)")
+    return path
+
+
+def refuse_adapter(model_cfg: ModelConfig, what: str) -> None:
+    """``model.adapter_path`` cannot be applied to ``what``: a load error, never ignored."""
+    if model_cfg.adapter_path is not None:
+        raise ModelLoadError(f"model.adapter_path is not supported for {what} (model {model_cfg.path!r})")
 
 
 def _gguf_cache_dir(model_cfg: ModelConfig) -> pathlib.Path | None:

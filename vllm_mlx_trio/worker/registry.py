@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import ConfigError
-from ..runner_kinds import AUTO, BATCHED, DISTRIBUTED, SIMPLE, SPECULATIVE, VLM, RunnerShape, kind_for
+from ..runner_kinds import AUTO, BATCHED, DISTRIBUTED, EMBED, SIMPLE, SPECULATIVE, VLM, RunnerShape, kind_for
 
 if TYPE_CHECKING:
     import threading
@@ -92,9 +92,23 @@ def _speculative() -> type[Runner]:
     return SpecRunner
 
 
+def _embed() -> type[Runner]:
+    from .embed.runner import EmbedRunner
+
+    return EmbedRunner
+
+
 #: The kinds the engine ships (read-only). Ordered: the first is listed first in errors and docs.
 RUNNERS: RunnerTable = MappingProxyType(
-    {AUTO: _auto, SIMPLE: _simple, BATCHED: _batched, DISTRIBUTED: _distributed, VLM: _vlm, SPECULATIVE: _speculative}
+    {
+        AUTO: _auto,
+        SIMPLE: _simple,
+        BATCHED: _batched,
+        DISTRIBUTED: _distributed,
+        VLM: _vlm,
+        SPECULATIVE: _speculative,
+        EMBED: _embed,
+    }
 )
 
 

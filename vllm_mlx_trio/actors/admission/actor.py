@@ -64,6 +64,10 @@ class AdmissionLimits:
     #: A tool turn's media the model cannot take becomes a short text (limits.tool_result_media
     #: "placeholder"); False: a 400, as for the user's own.
     tool_media_placeholders: bool = True
+    #: False for an embedding model (engine.mode = "embed"): it generates no text.
+    generates: bool = True
+    #: A max_tokens past the room left is lowered to it (limits.clamp_max_tokens), not a 400.
+    clamp_max_tokens: bool = False
 
 
 class AdmissionActor:
@@ -201,6 +205,7 @@ class AdmissionActor:
         ``borrower`` holds a limiter token (None: ``preprocess_threads = 0``)."""
         template = ChatTemplateOptions.of(params)
         try:
+            self.check_generates()
             self.check_media(prompt)
             media = has_media(prompt)
             if not in_thread and not media:
@@ -247,6 +252,13 @@ class AdmissionActor:
             prompt,
         )
 
+    def check_generates(self) -> None:
+        """Refuse every generation request on an embedding model (before tokenizing)."""
+        if not self._limits.generates:
+            raise InvalidRequestError(
+                "This model is an embedding model: it generates no text. Use /v1/embeddings.", param="model"
+            )
+
     def check_media(self, prompt: Prompt) -> None:
         """Refuse content parts of kinds this model does not take (a text-only model: all)."""
         if isinstance(prompt, str):
@@ -285,20 +297,26 @@ class AdmissionActor:
         return resolved
 
     def _resolve_max_tokens(self, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
-        room = self._max_tokens_per_request() - num_prompt_tokens
+        """vLLM's rule and words: the prompt must leave room for one token, and
+        prompt + ``max_tokens`` must fit the context (``model.max_model_len`` when set)."""
+        limit = self._max_tokens_per_request()
+        room = limit - num_prompt_tokens
         if room < 1:
             raise PromptTooLongError(
-                f"{self._limit_text()} However, your prompt has {num_prompt_tokens} tokens, "
-                "which leaves no room for a completion."
+                f"This model's maximum context length is {limit} tokens. However, your request has "
+                f"{num_prompt_tokens} input tokens. Please reduce the length of the input messages."
+                + self._kv_budget_note()
             )
         if params.max_tokens is None:
             default = self._limits.default_max_tokens
             return attrs.evolve(params, max_tokens=min(default, room) if default else room)
+        if params.max_tokens > room and self._limits.clamp_max_tokens:
+            return attrs.evolve(params, max_tokens=room)
         if params.max_tokens > room:
             raise PromptTooLongError(
-                f"{self._limit_text()} However, you requested "
-                f"{num_prompt_tokens + params.max_tokens} tokens ({num_prompt_tokens} in the "
-                f"prompt, {params.max_tokens} for the completion).",
+                f"'max_tokens' or 'max_completion_tokens' is too large: {params.max_tokens}. This model's "
+                f"maximum context length is {limit} tokens and your request has {num_prompt_tokens} input "
+                f"tokens ({params.max_tokens} > {limit} - {num_prompt_tokens})." + self._kv_budget_note(),
                 param="max_tokens",
             )
         return params
@@ -309,14 +327,12 @@ class AdmissionActor:
         context = self._limits.max_context_tokens
         return context if kv is None else min(context, kv)
 
-    def _limit_text(self) -> str:
-        """The first sentence of a too-long refusal (OpenAI's wording, then our KV budget)."""
-        context = self._limits.max_context_tokens
-        text = f"This model's maximum context length is {context} tokens."
-        kv = self._limits.kv_budget_tokens
-        if kv is not None and kv < context:
-            text = (
-                f"This model's maximum context length is {context} tokens, but this server's "
-                f"KV cache budget (engine.kv_memory_mb) holds {kv} tokens for one request."
-            )
-        return text
+    def _kv_budget_note(self) -> str:
+        """Why the limit is below the model's context, when the KV budget is what binds."""
+        context, kv = self._limits.max_context_tokens, self._limits.kv_budget_tokens
+        if kv is None or kv >= context:
+            return ""
+        return (
+            f" (The model's context is {context} tokens; this server's KV cache budget "
+            f"(engine.kv_memory_mb) holds {kv} tokens for one request.)"
+        )

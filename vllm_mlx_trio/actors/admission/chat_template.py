@@ -13,6 +13,9 @@ from ...core.billing_header import SYSTEM_ROLES, stable_billing_header
 from ...core.params import SamplingParams
 from ...errors import InvalidRequestError
 from ...messages import ChatMessage, ChatPrompt, TextPart
+from ...output_format import chat_template_text
+from ...prompting.system_turns import developer_as_system, merged_system_turns
+from ...prompting.tool_prompt import template_takes_tools, tools_in_system_prompt
 
 Prompt = str | ChatPrompt
 
@@ -77,16 +80,31 @@ def tokenize_prompt(tokenizer: Tokenizer, prompt: Prompt, template: ChatTemplate
 def render_prompt(tokenizer: Tokenizer, prompt: ChatPrompt, template: ChatTemplateOptions | None = None) -> str:
     """The chat template applied to the turns (media parts as ``{"type": "image"}`` placeholders),
     a billing header at the start of the system turn made the same on every request
-    (core/billing_header.py)."""
+    (core/billing_header.py); tools written into the system turn where the template cannot
+    render them (prompting/tool_prompt.py); developer turns as system ones where the template does not know
+    the role, and the system turns merged into one at the front where the template refuses
+    them as sent (prompting/system_turns.py)."""
     prompt = as_prompt(prompt)
     if not prompt:
         raise InvalidRequestError("messages must not be empty.", param="messages")
-    turns = [_turn(m) for m in _with_stable_header(prompt.messages)]
+    source = chat_template_text(tokenizer)
+    if prompt.tools and source is not None and not template_takes_tools(source):
+        prompt = tools_in_system_prompt(prompt)
+    messages = developer_as_system(prompt.messages, source)
     options = (template or ChatTemplateOptions()).kwargs()
     arguments = _template_arguments(prompt)
-    return call_tokenizer(
-        lambda: tokenizer.apply_chat_template(turns, tokenize=False, **options, **arguments), "messages"
-    )
+
+    def render(turns: tuple[ChatMessage, ...]) -> str:
+        dicts = [_turn(m) for m in _with_stable_header(turns)]
+        return tokenizer.apply_chat_template(dicts, tokenize=False, **options, **arguments)
+
+    try:
+        return render(messages)
+    except Exception as exc:  # boundary: a strict template refusing the system turns as sent
+        merged = merged_system_turns(messages)
+        if merged is None:
+            raise _template_error(exc) from exc
+    return call_tokenizer(lambda: render(merged), "messages")
 
 
 def has_media(prompt: str | ChatPrompt | tuple[ChatMessage, ...]) -> bool:
@@ -115,7 +133,11 @@ def call_tokenizer(fn: Any, param: str) -> Any:
     try:
         return fn()
     except Exception as exc:  # boundary: tokenizer / Jinja errors are the request's fault
-        raise InvalidRequestError(f"Could not process {param}: {type(exc).__name__}: {exc}", param=param) from exc
+        raise _template_error(exc, param) from exc
+
+
+def _template_error(exc: Exception, param: str = "messages") -> InvalidRequestError:
+    return InvalidRequestError(f"Could not process {param}: {type(exc).__name__}: {exc}", param=param)
 
 
 def prompt_chars(prompt: str | ChatPrompt | tuple[ChatMessage, ...]) -> int:

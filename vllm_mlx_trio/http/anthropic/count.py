@@ -8,12 +8,8 @@ to share between threads), one count at a time.
 
 from __future__ import annotations
 
-import copy
-import logging
+from functools import partial
 
-import trio
-
-from ...actors.admission.actor import PREPROCESS_INLINE_CHARS
 from ...actors.admission.chat_template import (
     ChatTemplateOptions,
     Tokenizer,
@@ -22,33 +18,20 @@ from ...actors.admission.chat_template import (
     tokenize_prompt,
 )
 from ...messages import ChatMessage, ChatPrompt
-
-logger = logging.getLogger(__name__)
+from ..tokenizer_access import TokenizerAccess
 
 
 class TokenCounter:
     def __init__(self, tokenizer: Tokenizer):
-        self._tokenizer = tokenizer
-        self._thread_tokenizer: Tokenizer | None = None
-        self._lock = trio.Lock()
+        self._access = TokenizerAccess(tokenizer)
 
     async def count(self, turns: ChatPrompt | tuple[ChatMessage, ...], *, prefill: bool = False) -> int:
         """The prompt's tokens; ``prefill``: its last (assistant) turn is left open to continue."""
         prompt = as_prompt(turns)
         options = ChatTemplateOptions(add_generation_prompt=not prefill, continue_final_message=prefill)
-        if prompt_chars(prompt) < PREPROCESS_INLINE_CHARS:
-            return len(tokenize_prompt(self._tokenizer, prompt, options))
-        async with self._lock:
-            if self._thread_tokenizer is None:
-                self._thread_tokenizer = await trio.to_thread.run_sync(_copy_or_none, self._tokenizer)
-            if self._thread_tokenizer is None:
-                return len(tokenize_prompt(self._tokenizer, prompt, options))
-            return len(await trio.to_thread.run_sync(tokenize_prompt, self._thread_tokenizer, prompt, options))
+        tokenize = partial(_tokenize, prompt=prompt, options=options)
+        return len(await self._access.run(tokenize, prompt_chars(prompt)))
 
 
-def _copy_or_none(tokenizer: Tokenizer) -> Tokenizer | None:
-    try:
-        return copy.deepcopy(tokenizer)
-    except Exception as exc:  # boundary: a tokenizer class that cannot be copied
-        logger.warning("tokenizer cannot be copied (%s); count_tokens counts on the event loop", exc)
-        return None
+def _tokenize(tokenizer: Tokenizer, *, prompt, options: ChatTemplateOptions) -> list[int]:
+    return tokenize_prompt(tokenizer, prompt, options)

@@ -6,6 +6,7 @@ import quart
 
 from ...engine import Engine
 from ..body import read_json_body
+from ..model_names import ServedNames
 from ..one_request import OneRequestRunner
 from .count import TokenCounter
 from .errors import MESSAGES_PATH, register_error_shape
@@ -19,7 +20,7 @@ PING_INTERVAL_S = 5.0
 
 
 def register_anthropic_routes(app: quart.Quart, engine: Engine) -> None:
-    model_name = engine.cfg.model_name
+    model_names = ServedNames.from_config(engine.cfg)
     runner = OneRequestRunner(engine)
     counter = TokenCounter(engine.model_info.tokenizer)
     markers = marker_ids(engine.model_info.tokenizer, engine.output_format.reasoning_markers)
@@ -29,18 +30,18 @@ def register_anthropic_routes(app: quart.Quart, engine: Engine) -> None:
     async def messages():
         with runner.record() as (record, ids):
             body = await read_json_body()
-            parsed = parse_messages(body, model_name=model_name, output=engine.output_format, markers=markers)
+            parsed = parse_messages(body, model_names=model_names, output=engine.output_format, markers=markers)
             stream = await runner.submit(record, ids, parsed.prompt, parsed.params)
             if parsed.stream:
                 return runner.streaming_response(
                     stream,
-                    MessageEvents(model_name, parsed.output, omit_thinking=parsed.omit_thinking),
+                    MessageEvents(body["model"], parsed.output, omit_thinking=parsed.omit_thinking),
                     record,
                     ping_interval_s=PING_INTERVAL_S,
                 )
             outcome = await runner.collect(stream, record)
             return full_message(
-                model=model_name,
+                model=body["model"],
                 text=outcome.text,
                 finish_reason=outcome.finish_reason,
                 stop_sequence=outcome.stop_sequence,
@@ -53,5 +54,7 @@ def register_anthropic_routes(app: quart.Quart, engine: Engine) -> None:
     @app.post(f"{MESSAGES_PATH}/count_tokens")
     async def count_tokens():
         # ``?beta=true`` (sent by some clients) changes nothing here.
-        prompt, prefill = parse_count_tokens(await read_json_body(), model_name=model_name, output=engine.output_format)
+        prompt, prefill = parse_count_tokens(
+            await read_json_body(), model_names=model_names, output=engine.output_format
+        )
         return {"input_tokens": await counter.count(prompt, prefill=prefill)}

@@ -33,6 +33,7 @@ from ...core.thinking_budget import ThinkingBudget
 from ...errors import InvalidRequestError
 from ...messages import ImagePart, TextPart
 from ...output_format import OutputFormat
+from ...structured.tools import forced_call_format
 from ..agent_output import OutputSpec
 from . import schemas
 
@@ -71,13 +72,15 @@ def tool_plan(
         raise InvalidRequestError("tool_choice: a tool choice needs tools.", param="tool_choice")
     parallel = not getattr(choice, "disable_parallel_tool_use", None)
     parse_calls = bool(tools) and not isinstance(choice, schemas.NoneChoice)
-    if parse_calls and output.tool_parser is None:
+    forced = isinstance(choice, schemas.AnyChoice | schemas.NamedChoice)
+    if parse_calls and not forced and output.tool_parser is None:
         raise InvalidRequestError(
             "tools: this model has no tool parser, so tool calls cannot be read from its output: set "
-            '[model] tool_parser (e.g. hermes), or send tool_choice {"type": "none"}.',
+            '[model] tool_parser (e.g. hermes), or send tool_choice {"type": "none"}, "any" or "tool".',
             param="tools",
         )
-    constraint = _forced(tools, choice, output.tool_parser, parallel=parallel)
+    markup = forced_call_format(output.tool_parser) if forced else output.tool_parser
+    constraint = _forced(tools, choice, markup, parallel=parallel)
     json_format = _format_constraint(body.output_config)
     if json_format is not None and constraint is not None:
         raise InvalidRequestError(
@@ -89,7 +92,7 @@ def tool_plan(
     if isinstance(choice, schemas.NamedChoice):
         parallel = False
     spec = None
-    tool_parser = output.tool_parser if parse_calls else None
+    tool_parser = markup if parse_calls else None
     if tool_parser is not None or output.reasoning_parser is not None:
         spec = OutputSpec(
             tool_parser=tool_parser, reasoning_parser=output.reasoning_parser, tools=tools or None, parallel=parallel

@@ -15,10 +15,11 @@ import attrs
 import msgspec
 
 from ...core.params import SamplingParams
-from ...errors import InvalidRequestError, ModelNotFoundError
+from ...errors import InvalidRequestError
 from ...messages import CalledTool, ChatMessage, ChatPrompt, ContentPart, ImagePart, TextPart
 from ...output_format import OutputFormat
 from ..agent_output import OutputSpec
+from ..model_names import ServedNames
 from ..openai.requests import _content_hash
 from . import schemas
 from .tools import MarkerIds, tool_arguments, tool_plan, tool_result_content
@@ -43,10 +44,10 @@ class MessagesRequest:
 
 
 def parse_messages(
-    body: Any, *, model_name: str, output: OutputFormat, markers: MarkerIds | None = None
+    body: Any, *, model_names: ServedNames, output: OutputFormat, markers: MarkerIds | None = None
 ) -> MessagesRequest:
     """``markers``: the thinking block's markers as token ids (``budget_tokens`` is enforced with them)."""
-    decoded = _decode(body, schemas.MessagesBody, model_name)
+    decoded = _decode(body, schemas.MessagesBody, model_names)
     plan = tool_plan(decoded, output, markers)
     prompt = ChatPrompt(messages=build_turns(decoded), tools=plan.tools, template_kwargs=plan.template_kwargs)
     params = SamplingParams(
@@ -63,9 +64,9 @@ def parse_messages(
     )
 
 
-def parse_count_tokens(body: Any, *, model_name: str, output: OutputFormat) -> tuple[ChatPrompt, bool]:
+def parse_count_tokens(body: Any, *, model_names: ServedNames, output: OutputFormat) -> tuple[ChatPrompt, bool]:
     """The prompt to count, and whether it ends in a prefill (rendered left open)."""
-    decoded = _decode(body, schemas.CountTokensBody, model_name)
+    decoded = _decode(body, schemas.CountTokensBody, model_names)
     plan = tool_plan(decoded, output)
     prompt = ChatPrompt(messages=build_turns(decoded), tools=plan.tools, template_kwargs=plan.template_kwargs)
     return prompt, ends_in_prefill(decoded)
@@ -89,15 +90,14 @@ def _sampling_fields(body: schemas.MessagesBody) -> dict[str, Any]:
     return {name: value for name, value in fields.items() if value is not None}
 
 
-def _decode(body: Any, schema: type, model_name: str) -> Any:
+def _decode(body: Any, schema: type, model_names: ServedNames) -> Any:
     if not isinstance(body, dict):
         raise InvalidRequestError("The request body must be a JSON object.")
     check_unsupported(body)
     model = body.get("model")
     if not isinstance(model, str):
         raise InvalidRequestError("model: Field required (a string).", param="model")
-    if model != model_name:
-        raise ModelNotFoundError(model)
+    model_names.resolve(model)
     try:
         return msgspec.convert(body, schema)
     except (msgspec.ValidationError, UnicodeEncodeError) as exc:

@@ -41,10 +41,19 @@ class VllmExtensions(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     priority: int | None = None
     request_id: str | None = None
     return_tokens_as_token_ids: bool | None = None
+    #: Chat only (vLLM): false leaves the reasoning out of the reply (it is still generated and counted).
+    include_reasoning: bool | None = None
+    #: Chat only (SGLang): false keeps the reasoning in ``content``, unsplit.
+    separate_reasoning: bool | None = None
+    #: Chat only (SGLang): false sends the reasoning in one delta when it ends, not as it is generated.
+    stream_reasoning: bool | None = None
 
 
-#: Honoured on both routes; chat's ``echo`` and template options on chat only.
-_CHAT_ONLY = frozenset({"echo", "add_generation_prompt", "continue_final_message"})
+#: The reasoning options: honoured on chat, accepted and ignored on completions (nothing is
+#: split out of a completion's text; vllm-router sends them with every body).
+_REASONING_OPTIONS = frozenset({"include_reasoning", "separate_reasoning", "stream_reasoning"})
+#: Honoured on both routes; chat's ``echo``, template options and reasoning options on chat only.
+_CHAT_ONLY = frozenset({"echo", "add_generation_prompt", "continue_final_message", *_REASONING_OPTIONS})
 HONOURED = frozenset(VllmExtensions.__struct_fields__)
 
 #: Accepted and ignored (one DEBUG line), with the reason: they have no meaning on this server.
@@ -52,9 +61,6 @@ IGNORED: dict[str, str] = {
     "spaces_between_special_tokens": "fast tokenizers (every mlx-lm model's) join special tokens as they are",
     "length_penalty": "only weighs beam search, which this server does not run",
     "kv_transfer_params": "no disaggregated prefill/decode here",
-    "separate_reasoning": "reasoning is not split out here",
-    "stream_reasoning": "reasoning is not split out here",
-    "include_reasoning": "reasoning is not split out here",
 }
 
 #: Accepted only at these values (what vLLM does by default); any other value is a 400.
@@ -85,6 +91,9 @@ class Extensions:
     priority: int = 0
     request_id: str | None = None
     return_tokens_as_token_ids: bool = False
+    include_reasoning: bool = True
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
 
     def params(self) -> dict[str, Any]:
         """The SamplingParams fields these set."""
@@ -112,6 +121,8 @@ def split(
             taken[name] = value
         elif name in IGNORED:
             logger.debug("ignoring %s: %s", name, IGNORED[name])
+        elif name in _REASONING_OPTIONS and not chat:
+            logger.debug("ignoring %s: a completion's text has no reasoning split out", name)
         elif name in OFF_ONLY and name not in known:
             if not is_off_value(value, OFF_ONLY[name]):
                 raise bad(f"{name} is not supported by this server.", name, "unsupported_parameter")
@@ -149,6 +160,9 @@ def _settle(ext: VllmExtensions) -> Extensions:
         priority=0 if ext.priority is None else ext.priority,
         request_id=ext.request_id,
         return_tokens_as_token_ids=bool(ext.return_tokens_as_token_ids),
+        include_reasoning=ext.include_reasoning is not False,
+        separate_reasoning=ext.separate_reasoning is not False,
+        stream_reasoning=ext.stream_reasoning is not False,
     )
 
 

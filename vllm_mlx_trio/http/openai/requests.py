@@ -23,8 +23,9 @@ import msgspec
 
 from ...core.constraint import ConstraintSpec, canonical_json
 from ...core.params import SamplingParams
-from ...errors import InvalidRequestError, ModelNotFoundError
+from ...errors import InvalidRequestError
 from ...messages import ChatMessage, ChatPrompt, ContentPart, ImagePart, TextPart, VideoPart
+from ..model_names import ServedNames
 from . import extensions, schemas
 from .schema_errors import bad, check_position, is_off_value, logit_bias_pairs, part_error, type_faults
 from .tool_requests import ToolUse, chat_prompt, tool_message, tool_use, with_tool_constraint
@@ -49,22 +50,26 @@ class ParsedRequest:
     extensions: extensions.Extensions = extensions.Extensions()
     #: Chat only: the tools and how the reply's calls are parsed (None: no tools).
     tools: ToolUse | None = None
+    #: The model name the reply carries: the one the request sent.
+    model: str = ""
 
 
 def parse_chat(
-    body: Any, *, model_name: str, max_n: int, tool_parser: str | None = None, unknown_fields: str = "reject"
+    body: Any, *, model_names: ServedNames, max_n: int, tool_parser: str | None = None, unknown_fields: str = "reject"
 ) -> ParsedRequest:
     """A chat body; ``tool_parser`` is the model's (None: requests that need one get a 400)."""
     body, ext = extensions.split(body, _CHAT_NAMES, chat=True, unknown_fields=unknown_fields)
     build = partial(_chat, max_n=max_n, tool_parser=tool_parser)
-    parsed = _parse(body, schemas.ChatBody, _CHAT_NAMES, model_name, build, schemas.NOT_YET_OFF)
+    parsed = _parse(body, schemas.ChatBody, _CHAT_NAMES, model_names, build, schemas.NOT_YET_OFF)
     return _with_extensions(parsed, ext)
 
 
-def parse_completion(body: Any, *, model_name: str, max_n: int, unknown_fields: str = "reject") -> ParsedRequest:
+def parse_completion(
+    body: Any, *, model_names: ServedNames, max_n: int, unknown_fields: str = "reject"
+) -> ParsedRequest:
     body, ext = extensions.split(body, _COMPLETION_NAMES, chat=False, unknown_fields=unknown_fields)
     build = partial(_completion, max_n=max_n)
-    parsed = _parse(body, schemas.CompletionBody, _COMPLETION_NAMES, model_name, build, schemas.COMPLETION_OFF)
+    parsed = _parse(body, schemas.CompletionBody, _COMPLETION_NAMES, model_names, build, schemas.COMPLETION_OFF)
     return _with_extensions(parsed, ext)
 
 
@@ -110,7 +115,7 @@ def _completion(completion: schemas.CompletionBody, body: dict, *, max_n: int) -
 
 
 def _parse(
-    body: Any, schema: type, names: frozenset[str], model_name: str, build: Callable, not_yet: dict[str, tuple]
+    body: Any, schema: type, names: frozenset[str], model_names: ServedNames, build: Callable, not_yet: dict[str, tuple]
 ) -> ParsedRequest:
     """Check field names (``not_yet``: the route's fields accepted only when off) and the model
     (in the body's order), decode, then ``build``."""
@@ -125,13 +130,12 @@ def _parse(
     model = body.get("model")
     if not isinstance(model, str):
         raise bad("model is required and must be a string.", "model")
-    if model != model_name:
-        raise ModelNotFoundError(model)
+    served_as = model_names.resolve(model)
     try:
         decoded = msgspec.convert(body, schema)
     except (msgspec.ValidationError, UnicodeEncodeError):  # the latter: a lone surrogate in a name
         raise _first_error(body, schema, build) from None
-    return build(decoded, body)
+    return attrs.evolve(build(decoded, body), model=served_as)
 
 
 def _first_error(body: dict, schema: type, build: Callable) -> InvalidRequestError:

@@ -27,6 +27,8 @@ class ChoiceResult:
     #: A chat choice's message fields when its text went through output parsers (content,
     #: reasoning, tool calls: ``agent_output.ChoiceOutput.message``); None: the text is the content.
     message: dict[str, Any] | None = None
+    #: Tokens of the reasoning the output parser split out of the text.
+    reasoning_tokens: int = 0
 
 
 class ResponseBuilder:
@@ -67,7 +69,7 @@ class ResponseBuilder:
             "chat.completion" if self.chat else "text_completion",
             [self._full_choice(choice) for choice in choices],
         )
-        body["usage"] = usage_json(usage)
+        body["usage"] = usage_json(usage, chat=self.chat)
         return body
 
     def _full_choice(self, choice: ChoiceResult) -> dict[str, Any]:
@@ -145,7 +147,7 @@ class ResponseBuilder:
     def usage_chunk(self, usage: Usage) -> str:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
         body = self._envelope(kind, [])
-        body["usage"] = usage_json(usage)
+        body["usage"] = usage_json(usage, chat=self.chat)
         return sse(body)
 
     def _logprobs(self, index: int, entries: tuple[TokenLogprob, ...]) -> dict[str, Any] | None:
@@ -164,16 +166,21 @@ def combined_usage(usages: Sequence[Usage]) -> Usage:
         prompt_tokens=first.prompt_tokens,
         completion_tokens=sum(u.completion_tokens for u in usages),
         cached_tokens=first.cached_tokens,
+        reasoning_tokens=sum(u.reasoning_tokens for u in usages),
     )
 
 
-def usage_json(usage: Usage) -> dict[str, Any]:
-    return {
+def usage_json(usage: Usage, *, chat: bool = False) -> dict[str, Any]:
+    """OpenAI's ``usage``; a chat reply's also has ``completion_tokens_details.reasoning_tokens``."""
+    body: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "total_tokens": usage.total_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
+    if chat:
+        body["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}
+    return body
 
 
 #: Stands for the text in a chunk template; the last occurrence is the text's (choices come

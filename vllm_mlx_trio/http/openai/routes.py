@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from functools import partial
 from types import TracebackType
 
 import attrs
@@ -22,9 +23,10 @@ from ...engine import Engine
 from ...errors import VllmMlxTrioError
 from ...messages import TokenLogprob
 from ...stream import Delta, RequestStream
-from ..agent_output import ChoiceOutput, OutputSpec, output_spec
+from ..agent_output import ChoiceOutput, OutputSpec, count_text_tokens, output_spec
 from ..body import read_json_body
 from ..errors import describe
+from ..model_names import ServedNames
 from ..request_log import (
     REQUEST_ID_HEADER,
     EngineIds,
@@ -51,7 +53,7 @@ _SEED_MIN = -(2**63)
 
 
 def register_routes(app: quart.Quart, engine: Engine) -> None:
-    model_name = engine.cfg.model_name
+    model_names = ServedNames.from_config(engine.cfg)
     max_n = engine.cfg.limits.max_n
     unknown_fields = engine.cfg.server.unknown_fields
     engine_ids = EngineIds(engine)
@@ -67,10 +69,22 @@ def register_routes(app: quart.Quart, engine: Engine) -> None:
 
     @app.get("/v1/models")
     async def models():
-        card = {"id": model_name, "object": "model", "created": 0, "owned_by": "vllm-mlx-trio"}
         # which inputs the model takes: text, and images / videos for a VLM
-        card["input_modalities"] = input_modalities(engine.model_info.media_kinds)
-        return {"object": "list", "data": [card]}
+        modalities = input_modalities(engine.model_info.media_kinds)
+        # prompt + completion tokens one request may hold (vLLM's max_model_len; model.max_model_len caps it)
+        max_model_len = engine.model_info.max_context_tokens
+        cards = [
+            {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "vllm-mlx-trio",
+                "max_model_len": max_model_len,
+                "input_modalities": modalities,
+            }
+            for name in model_names.names
+        ]
+        return {"object": "list", "data": cards}
 
     async def handle(*, chat: bool):
         ids: list[str] = []  # the engine's ids for the choices, once the body is parsed
@@ -82,10 +96,10 @@ def register_routes(app: quart.Quart, engine: Engine) -> None:
             body = await read_json_body()
             if chat:
                 parsed = parse_chat(
-                    body, model_name=model_name, max_n=max_n, tool_parser=tool_parser, unknown_fields=unknown_fields
+                    body, model_names=model_names, max_n=max_n, tool_parser=tool_parser, unknown_fields=unknown_fields
                 )
             else:
-                parsed = parse_completion(body, model_name=model_name, max_n=max_n, unknown_fields=unknown_fields)
+                parsed = parse_completion(body, model_names=model_names, max_n=max_n, unknown_fields=unknown_fields)
             ids.extend(engine_ids.reserve(record.request_id, parsed.n))
             return await _complete(engine, parsed, record, ids, chat=chat)
 
@@ -100,8 +114,9 @@ def choice_params(params: SamplingParams, index: int) -> SamplingParams:
 
 async def _complete(engine: Engine, parsed: ParsedRequest, record: RequestRecord, ids: list[str], *, chat: bool):
     """Run the choices; a streaming response's body finishes ``record``, otherwise this does."""
-    builder = extended_builder(parsed, chat=chat, model=engine.cfg.model_name, tokenizer=engine.model_info.tokenizer)
+    builder = extended_builder(parsed, chat=chat, model=parsed.model, tokenizer=engine.model_info.tokenizer)
     spec = _output_spec(engine, parsed) if chat else None
+    count_tokens = partial(count_text_tokens, engine.model_info.tokenizer)
     record.submitting()
     streams = await _submit_choices(engine, parsed, ids, endpoint=record.endpoint)
     record.streams = streams
@@ -112,10 +127,18 @@ async def _complete(engine: Engine, parsed: ParsedRequest, record: RequestRecord
             results = await _collect_choices(streams, record)
         record.finish("ok")
         if spec is not None:
-            results = [_parsed_choice(result, spec, stream) for result, stream in zip(results, streams, strict=True)]
-        return builder.full(results, combined_usage([s.usage for s in streams]))
+            results = [
+                _parsed_choice(result, spec, stream, count_tokens)
+                for result, stream in zip(results, streams, strict=True)
+            ]
+        usage = combined_usage([s.usage for s in streams])
+        reasoning_tokens = sum(result.reasoning_tokens for result in results)
+        return builder.full(results, attrs.evolve(usage, reasoning_tokens=reasoning_tokens))
+    body = ChoicesSseBody(
+        streams, builder, include_usage=parsed.include_usage, record=record, output=spec, count_tokens=count_tokens
+    )
     response = quart.Response(
-        ChoicesSseBody(streams, builder, include_usage=parsed.include_usage, record=record, output=spec),
+        body,
         mimetype="text/event-stream",
         headers=SSE_HEADERS,
     )
@@ -126,20 +149,30 @@ async def _complete(engine: Engine, parsed: ParsedRequest, record: RequestRecord
 def _output_spec(engine: Engine, parsed: ParsedRequest) -> OutputSpec | None:
     """How a chat request's choices are parsed (None: not at all, the text is the content)."""
     use = parsed.tools
+    ext = parsed.extensions
     return output_spec(
         engine.output_format,
         tools=use.tools if use else None,
         parse_calls=bool(use and use.parse_calls),
         parallel=use.parallel if use else True,
+        reasoning=(ext.include_reasoning, ext.separate_reasoning, ext.stream_reasoning),
+        tool_parser=use.parser if use else None,
     )
 
 
-def _parsed_choice(result: ChoiceResult, spec: OutputSpec, stream: RequestStream) -> ChoiceResult:
+def _parsed_choice(
+    result: ChoiceResult, spec: OutputSpec, stream: RequestStream, count_tokens: Callable[[str], int]
+) -> ChoiceResult:
     """A non-streamed choice through the same parser a stream goes through."""
     output = ChoiceOutput(spec, starts_in_reasoning=stream.starts_in_reasoning)
     output.feed(result.text)
     output.finish()
-    return attrs.evolve(result, message=output.message(), finish_reason=output.finish_reason(result.finish_reason))
+    return attrs.evolve(
+        result,
+        message=output.message(),
+        finish_reason=output.finish_reason(result.finish_reason),
+        reasoning_tokens=count_tokens(output.reasoning_text),
+    )
 
 
 async def _submit_choices(
@@ -205,8 +238,11 @@ class ChoicesSseBody(ResponseBody):
         include_usage: bool,
         record: RequestRecord | None = None,
         output: OutputSpec | None = None,
+        count_tokens: Callable[[str], int] = len,
     ):
         self._streams = streams
+        #: Counts a text's tokens: the split-out reasoning's, for ``usage``.
+        self.count_tokens = count_tokens
         #: Chat choices whose text goes through output parsers: one parser per choice.
         self._outputs = (
             [ChoiceOutput(output, starts_in_reasoning=s.starts_in_reasoning) for s in streams] if output else None
@@ -273,7 +309,9 @@ class ChoicesSseBody(ResponseBody):
                 if failed:
                     return
         if self._include_usage:
-            yield builder.usage_chunk(combined_usage([s.usage for s in self._streams]))
+            usage = combined_usage([s.usage for s in self._streams])
+            reasoning = sum(self.count_tokens(output.reasoning_text) for output in self._outputs or ())
+            yield builder.usage_chunk(attrs.evolve(usage, reasoning_tokens=reasoning))
         self._complete = True
         yield SSE_DONE
 

@@ -113,6 +113,14 @@ def mismatch(value: Any, kind: Any) -> str | None:
     return None
 
 
+def json_path(steps: list[str]) -> str:
+    """``["tools", "1", "type"]`` as ``tools[1].type``."""
+    out = steps[0]
+    for step in steps[1:]:
+        out += f"[{step}]" if step.isdigit() else f".{step}"
+    return out
+
+
 def explain(text: str, body: dict, schema: type) -> InvalidRequestError:
     """The 400 for msgspec's error ``text`` about one top-level field of ``body``."""
     match = _AT.search(text)
@@ -127,6 +135,9 @@ def explain(text: str, body: dict, schema: type) -> InvalidRequestError:
     if field == "stream_options":
         return _stream_options_error(raw, body)
     kind = schemas.field_kind(schema, field)
+    if kind is None and len(path) > 1:
+        where = json_path(path)
+        return bad(f"{where}: {_AT.sub('', text)}", where)
     if kind is None:
         return bad(f"{field} is not valid: {text}", field)
     return bad(f"{field} must be {_TYPE_NAMES[kind]}, got {type(raw).__name__}.", field)

@@ -9,6 +9,8 @@ What the OpenAI fields mean here (vLLM's choices, so clients carry their habits 
 - ``"none"``: the tools are still rendered (as vLLM does), the reply is never parsed for calls;
 - ``"required"`` / a named function: the calls are enforced by a grammar
   (``SamplingParams.constraint``, kind ``tool_calls``) in the tool parser's markup, and parsed;
+  for a parser no grammar is written for, and on a model with no tool parser, in bare JSON
+  objects read back by the llama3_json parser (``structured.tools.forced_call_format``);
   a named function allows exactly one call, ``required`` one or more unless
   ``parallel_tool_calls`` is false;
 - ``parallel_tool_calls: false``: at most one call is returned (the first), as vLLM does.
@@ -22,7 +24,7 @@ import attrs
 
 from ...core.constraint import ConstraintSpec, canonical_json
 from ...messages import CalledTool, ChatMessage, ChatPrompt, ContentPart
-from ...structured.tools import TOOL_CALL_FORMATS
+from ...structured.tools import forced_call_format
 from . import schemas
 from .schema_errors import bad
 
@@ -39,6 +41,8 @@ class ToolUse:
     parallel: bool
     #: The forced calls (``required`` / named), else None.
     constraint: ConstraintSpec | None = None
+    #: The parser that reads this request's calls: the model's, or the forced calls' markup.
+    parser: str | None = None
 
 
 def tool_use(chat: schemas.ChatBody, body: dict, tool_parser: str | None) -> ToolUse | None:
@@ -53,23 +57,24 @@ def tool_use(chat: schemas.ChatBody, body: dict, tool_parser: str | None) -> Too
     parallel = chat.parallel_tool_calls is not False
     if choice == "none":
         return ToolUse(tools=tools, parse_calls=False, parallel=parallel)
-    if tool_parser is None:
-        raise bad(
-            "This model has no tool parser, so tool calls cannot be read from its output: set "
-            '[model] tool_parser (e.g. hermes), or send tool_choice "none".',
-            "tools",
-        )
     if choice is None or choice == "auto":
-        return ToolUse(tools=tools, parse_calls=True, parallel=parallel)
+        if tool_parser is None:
+            raise bad(
+                "This model has no tool parser, so tool calls cannot be read from its output: set "
+                '[model] tool_parser (e.g. hermes), or send tool_choice "none", "required" or a named function.',
+                "tools",
+            )
+        return ToolUse(tools=tools, parse_calls=True, parallel=parallel, parser=tool_parser)
+    markup = forced_call_format(tool_parser)
     if choice == "required":
-        spec = _forced(tools, tool_parser, parallel=parallel)
-        return ToolUse(tools=tools, parse_calls=True, parallel=parallel, constraint=spec)
+        spec = _forced(tools, markup, parallel=parallel)
+        return ToolUse(tools=tools, parse_calls=True, parallel=parallel, constraint=spec, parser=markup)
     name = choice.function.name
     if name not in names:
         raise bad(f"tool_choice names function {name!r:.80}, which is not one of the tools given.", "tool_choice")
     named = tuple(tool for tool, tool_name in zip(tools, names, strict=True) if tool_name == name)
-    spec = _forced(named, tool_parser, parallel=False)
-    return ToolUse(tools=tools, parse_calls=True, parallel=False, constraint=spec)
+    spec = _forced(named, markup, parallel=False)
+    return ToolUse(tools=tools, parse_calls=True, parallel=False, constraint=spec, parser=markup)
 
 
 def _tool_names(tools: list[schemas.Tool]) -> list[str]:
@@ -84,18 +89,10 @@ def _tool_names(tools: list[schemas.Tool]) -> list[str]:
     return names
 
 
-def _forced(tools: tuple[dict[str, Any], ...], tool_parser: str, *, parallel: bool) -> ConstraintSpec:
-    """Forced calls in ``tool_parser``'s markup; a markup no grammar is written for is a 400
-    here, before the request is queued (admission's compile would refuse it too)."""
-    if tool_parser not in TOOL_CALL_FORMATS:
-        known = ", ".join(TOOL_CALL_FORMATS)
-        raise bad(
-            f'tool_choice "required" or a named function cannot be enforced for this model\'s tool parser '
-            f'{tool_parser!r} (forced calls support {known}); use tool_choice "auto".',
-            "tool_choice",
-        )
+def _forced(tools: tuple[dict[str, Any], ...], markup: str, *, parallel: bool) -> ConstraintSpec:
+    """Forced calls in ``markup`` (one of ``TOOL_CALL_FORMATS``)."""
     return ConstraintSpec(
-        kind="tool_calls", body=canonical_json(list(tools)), tool_call_format=tool_parser, parallel=parallel
+        kind="tool_calls", body=canonical_json(list(tools)), tool_call_format=markup, parallel=parallel
     )
 
 

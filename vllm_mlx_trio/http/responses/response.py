@@ -12,7 +12,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
+
+import attrs
 
 from ...errors import VllmMlxTrioError
 from ...stream import Delta, RequestStream, Usage
@@ -26,7 +29,7 @@ def usage_json(usage: Usage) -> dict[str, Any]:
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": usage.cached_tokens},
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": usage.total_tokens,
     }
 
@@ -34,8 +37,10 @@ def usage_json(usage: Usage) -> dict[str, Any]:
 class ResponseBuilder:
     """The objects of one response: one id, one ``created_at``, the request's settings echoed."""
 
-    def __init__(self, request: ResponsesRequest, model: str):
+    def __init__(self, request: ResponsesRequest, model: str, count_tokens: Callable[[str], int] = len):
+        """``count_tokens`` counts the tokens of a text (the reasoning's, for ``usage``)."""
         self.id = f"resp_{uuid.uuid4().hex}"
+        self._count_tokens = count_tokens
         self._request = request
         self._model = model
         self._created_at = int(time.time())
@@ -77,11 +82,18 @@ class ResponseBuilder:
         }
 
     def output_items(self, starts_in_reasoning: bool) -> OutputItems:
-        return OutputItems(self._request.plan.output, starts_in_reasoning=starts_in_reasoning)
+        plan = self._request.plan
+        return OutputItems(
+            plan.output, starts_in_reasoning=starts_in_reasoning, routes=plan.routes, forced_custom=plan.forced_custom
+        )
 
     def final(self, items: OutputItems, finish_reason: str | None, usage: Usage) -> dict[str, Any]:
         """The finished response (non-streamed, or ``response.completed``'s)."""
         status = "incomplete" if finish_reason == "length" else "completed"
+        reasoning = "".join(
+            part["text"] for item in items.items if item["type"] == "reasoning" for part in item["content"]
+        )
+        usage = attrs.evolve(usage, reasoning_tokens=self._count_tokens(reasoning) if reasoning else 0)
         return self.response(status=status, output=items.items, usage=usage)
 
     def full(self, text: str, finish_reason: str | None, usage: Usage, *, starts_in_reasoning: bool) -> dict:

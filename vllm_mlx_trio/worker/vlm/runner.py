@@ -25,7 +25,7 @@ from ...messages import KVReady, ModelInfo, NewSequence, RequestId, StepPlan, St
 from ...runner_kinds import VLM
 from ..batched.runner import BatchRunner
 from ..kv_budget import kv_budget_tokens
-from ..loading import context_length, resolve_model_path, resolve_or_fail
+from ..loading import context_length, refuse_adapter, resolve_model_path, resolve_or_fail
 from ..modality import declared_towers, read_model_config
 from ..runner_base import Advance, LiveSequence
 from ..thread_streams import enter_mlx_thread
@@ -72,6 +72,7 @@ def require_vlm_extra() -> None:
 def load_vlm(model_cfg) -> tuple[object, object, dict]:
     """(model, processor, config dict) through ``mlx_vlm.load``, as a downloaded model loads."""
     require_vlm_extra()
+    refuse_adapter(model_cfg, 'a vision-language model (engine.mode = "vlm")')
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     # Here, on the MLX thread and only for a VLM: importing mlx-vlm has side effects.
     import mlx_vlm

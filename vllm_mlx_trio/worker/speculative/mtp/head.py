@@ -26,6 +26,7 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.models.qwen3_5 import DecoderLayer, TextModelArgs
 
 from ....errors import ModelLoadError
+from .quantized import head_quantization, quantize_head
 
 MTP_PREFIX = "mtp."
 #: Norm weights that real (Hugging Face layout) Qwen3.5 / Qwen3-Next checkpoints store zero-centred (w - 1): the
@@ -85,7 +86,8 @@ def mtp_head_for(text_config: dict[str, Any]) -> MTPHead:
 
 
 def load_mtp_head(model_dir: str | pathlib.Path, config: dict[str, Any]) -> MTPHead:
-    """The checkpoint's MTP head with its ``mtp.*`` weights loaded (in the checkpoint's dtype)."""
+    """The checkpoint's MTP head with its ``mtp.*`` weights loaded (in the checkpoint's dtype; the layers the
+    checkpoint stores quantized are quantized as its config says, see quantized.py)."""
     model_dir = pathlib.Path(model_dir)
     headers = {path: safetensors_shapes(path) for path in _weight_files(model_dir)}
     files = [path for path, shapes in headers.items() if any(k.startswith(MTP_PREFIX) for k in shapes)]
@@ -99,7 +101,10 @@ def load_mtp_head(model_dir: str | pathlib.Path, config: dict[str, Any]) -> MTPH
     if _is_hf_layout(headers):
         weights = {k: (v + 1.0 if v.ndim == 1 and k.endswith(_ZERO_CENTRED_NORMS) else v) for k, v in weights.items()}
     try:
+        quantize_head(head, weights, head_quantization(config), prefix=MTP_PREFIX)
         head.load_weights(list(weights.items()), strict=True)
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{model_dir}: {exc}") from None
     except ValueError as exc:
         raise ModelLoadError(f"{model_dir}: the mtp.* weights do not fit the MTP head: {exc}") from exc
     mx.eval(head.parameters())
@@ -128,17 +133,18 @@ def _is_hf_layout(headers: dict[pathlib.Path, dict[str, list[int]]]) -> bool:
     return any("conv1d.weight" in k and shape[-1] != 1 for shapes in headers.values() for k, shape in shapes.items())
 
 
-_EXPERT = re.compile(r"^(layers\.\d+\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_EXPERT = re.compile(r"^(layers\.\d+\.mlp)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|scales|biases)$")
 
 
 def _stack_experts(weights: dict[str, mx.array]) -> dict[str, mx.array]:
-    """MoE MTP layers in Hugging Face layout to mlx-lm's ``switch_mlp``: Qwen3-Next's per-expert matrices are
-    stacked, Qwen3.5-MoE's fused ``experts.gate_up_proj`` is split (as mlx-lm's sanitize does for the target)."""
+    """MoE MTP layers in Hugging Face layout to mlx-lm's ``switch_mlp``: Qwen3-Next's per-expert matrices (and their
+    scales and biases where quantized) are stacked, Qwen3.5-MoE's fused ``experts.gate_up_proj`` is split (as
+    mlx-lm's sanitize does for the target)."""
     out: dict[str, mx.array] = {}
     per_expert: dict[tuple[str, str], dict[int, mx.array]] = {}
     for key, value in weights.items():
         if match := _EXPERT.match(key):
-            per_expert.setdefault((match[1], match[3]), {})[int(match[2])] = value
+            per_expert.setdefault((match[1], f"{match[3]}.{match[4]}"), {})[int(match[2])] = value
         elif key.endswith(".mlp.experts.gate_up_proj"):
             prefix, mid = key[: -len(".experts.gate_up_proj")], value.shape[-2] // 2
             out[f"{prefix}.switch_mlp.gate_proj.weight"] = value[..., :mid, :]
@@ -148,5 +154,5 @@ def _stack_experts(weights: dict[str, mx.array]) -> dict[str, mx.array]:
         else:
             out[key] = value
     for (prefix, name), experts in per_expert.items():
-        out[f"{prefix}.switch_mlp.{name}.weight"] = mx.stack([experts[e] for e in sorted(experts)])
+        out[f"{prefix}.switch_mlp.{name}"] = mx.stack([experts[e] for e in sorted(experts)])
     return out

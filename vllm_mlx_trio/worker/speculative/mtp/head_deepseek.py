@@ -32,10 +32,11 @@ from mlx_lm.models.cache import KVCache
 
 from ....errors import ModelLoadError
 from .head import safetensors_shapes, text_config_of
+from .quantized import head_quantization, quantize_head
 
-#: Checkpoint names under the MTP layer that are its own, not the decoder layer's.
-_SHARED_EMBED = "embed_tokens.weight"
-_SHARED_HEAD = "shared_head.head.weight"
+#: The tensors of the checkpoint's copies of the embedding and the head (``embed_tokens.*``, ``shared_head.head.*``)
+#: that :func:`_same` compares with the target's: the weight, and its scales and biases where quantized.
+_COPY_TENSORS = ("weight", "scales", "biases")
 
 
 class DeepseekMTPLayer(deepseek_v3.DeepseekV3DecoderLayer):
@@ -105,13 +106,17 @@ def load_deepseek_mtp(model_dir: str | pathlib.Path, config: dict[str, Any], sha
         )
     weights = sanitized_layer(raw, args)
     layer = DeepseekMTPLayer(args, layer_idx=args.num_hidden_layers)
-    embed, lm_head = _embedding_and_head(layer, weights, shared)
+    _attach_own_copies(layer, weights, shared, args)
     try:
+        quantize_head(layer, weights, head_quantization(config), prefix=prefix)
         layer.load_weights(list(weights.items()), strict=True)
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{model_dir}: {exc}") from None
     except ValueError as exc:
         raise ModelLoadError(f"{model_dir}: the {prefix}* weights do not fit the MTP layer: {exc}") from exc
     mx.eval(layer.parameters())
-    norm = layer.shared_head.norm
+    embed = layer.get("embed_tokens", shared[0])  # looked up after quantize_head, which replaces the modules
+    lm_head, norm = layer.shared_head.get("head", shared[1]), layer.shared_head.norm
     return DeepseekMTPHead(layer), embed, lambda hidden: lm_head(norm(hidden))
 
 
@@ -124,27 +129,43 @@ def sanitized_layer(raw: dict[str, mx.array], args: deepseek_v3.ModelArgs) -> di
     return {k[len("model.layers.0.") :]: v for k, v in out.items()}
 
 
-def _embedding_and_head(layer: DeepseekMTPLayer, weights: dict[str, mx.array], shared: Shared) -> Shared:
-    """The embedding and output head the drafter uses; takes the shared copies out of ``weights`` (the layer's
-    own ``embed_tokens`` / ``shared_head.head`` are attached only where they differ from the target's)."""
+def _attach_own_copies(
+    layer: DeepseekMTPLayer, weights: dict[str, mx.array], shared: Shared, args: deepseek_v3.ModelArgs
+) -> None:
+    """Take the checkpoint's copies of the embedding and the head (with their scales and biases where quantized)
+    out of ``weights``; where one differs from the target's, give the layer its own ``embed_tokens`` /
+    ``shared_head.head`` (float here: :func:`quantize_head` then quantizes it as stored) and put the copy back."""
     embed, lm_head = shared
-    own_embed, own_head = weights.pop(_SHARED_EMBED, None), weights.pop(_SHARED_HEAD, None)
-    if own_embed is not None and not _same(own_embed, getattr(embed, "weight", None)):
-        layer.embed_tokens = nn.Embedding(*own_embed.shape)
-        weights[_SHARED_EMBED] = own_embed
-        embed = layer.embed_tokens
-    if own_head is not None and not _same(own_head, getattr(lm_head, "weight", None)):
-        layer.shared_head.head = nn.Linear(own_head.shape[1], own_head.shape[0], bias=False)
-        weights[_SHARED_HEAD] = own_head
-        lm_head = layer.shared_head.head
-    return embed, lm_head
+    own_embed, own_head = _pop_copy(weights, "embed_tokens."), _pop_copy(weights, "shared_head.head.")
+    if own_embed and not _same(own_embed, embed):
+        layer.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        weights.update({f"embed_tokens.{name}": value for name, value in own_embed.items()})
+    if own_head and not _same(own_head, lm_head):
+        layer.shared_head.head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        weights.update({f"shared_head.head.{name}": value for name, value in own_head.items()})
 
 
-def _same(own: mx.array, target_weight: mx.array | None) -> bool:
-    """Whether the checkpoint's copy equals the target's tensor (a quantized target's never does)."""
-    if target_weight is None or own.shape != target_weight.shape or target_weight.dtype in (mx.uint32, mx.uint8):
+def _pop_copy(weights: dict[str, mx.array], module_path: str) -> dict[str, mx.array]:
+    """The tensors of one shared copy (``weight``, and ``scales`` / ``biases`` where quantized), taken out."""
+    return {name: weights.pop(module_path + name) for name in _COPY_TENSORS if module_path + name in weights}
+
+
+def _same(own: dict[str, mx.array], target_module: Any) -> bool:
+    """Whether the checkpoint's copy holds the target module's tensors: both float and equal (after a cast to the
+    target's dtype), or both quantized alike and bit-equal. A tied head (a bound ``as_linear``) is never the same."""
+    if not isinstance(target_module, nn.Module):
         return False
-    return bool(mx.array_equal(own.astype(target_weight.dtype), target_weight).item())
+    for name in _COPY_TENSORS:
+        mine, theirs = own.get(name), target_module.get(name)
+        if mine is None or theirs is None:
+            if (mine is None) != (theirs is None):
+                return False
+            continue
+        if mine.shape != theirs.shape or mine.dtype == mx.uint32 and theirs.dtype != mx.uint32:
+            return False
+        if not mx.array_equal(mine.astype(theirs.dtype), theirs).item():
+            return False
+    return True
 
 
 def _read_prefixed(model_dir: pathlib.Path, prefix: str) -> dict[str, mx.array]:
