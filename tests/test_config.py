@@ -61,7 +61,7 @@ def test_defaults():
     assert cfg.model.path == "demo:tiny"
     assert cfg.model.revision is None and cfg.model.chat_template is None
     assert cfg.model.trust_remote_code is False and cfg.model.demo_cache_dir is None
-    assert cfg.engine == EngineSection(mode="batched", prefill_step_size=512, max_num_seqs=32)
+    assert cfg.engine == EngineSection(mode="auto", prefill_step_size=512, max_num_seqs=32)
     assert cfg.engine.stream_interval == 1 and cfg.engine.prefill_batch_size == 8
     assert cfg.engine.default_max_tokens is None
     assert cfg.limits == LimitsConfig(max_waiting=64, max_body_bytes=4 * 1024 * 1024, max_stop_sequences=16)
@@ -98,7 +98,7 @@ def test_load_prod_toml():
     cfg = load_config(str(PROD_TOML), environ={})
     assert cfg.model.path == "mlx-community/Qwen3-0.6B-8bit"
     assert cfg.model_name == "mlx-community/Qwen3-0.6B-8bit"
-    assert cfg.engine.mode == "batched"
+    assert cfg.engine.mode == "auto"
 
 
 # --- precedence -----------------------------------------------------------------------------
@@ -294,7 +294,7 @@ def test_wrong_type_from_override():
         ("server.drain_timeout_s=nan", "server.drain_timeout_s: must be >= 0, got nan"),
         (
             "engine.mode=paged",
-            "engine.mode: must be one of simple, batched, distributed, vlm, speculative, embed, got 'paged'",
+            "engine.mode: must be one of auto, simple, batched, distributed, vlm, speculative, embed, got 'paged'",
         ),
         ("logging.level=verbose", "logging.level: must be one of debug, info, warning, error"),
         ("logging.format=xml", "logging.format: must be one of text, json, got 'xml'"),
@@ -321,12 +321,14 @@ def test_range_error_from_file_names_the_file(tmp_path):
 def test_speculation_with_another_mode_names_both_keys(tmp_path, mode):
     message = config_error(overrides=[f"engine.mode={mode}", "speculative.method=mtp"])
     assert message == (
-        f'speculative.method = "mtp" needs engine.mode = "batched" (engine.mode is "{mode}") '
+        f'speculative.method = "mtp" needs engine.mode = "auto" or "batched" (engine.mode is "{mode}") '
         f"(from --set speculative.method=mtp, --set engine.mode={mode})"
     )
     path = write(tmp_path, f'[engine]\nmode = "{mode}"\n')
     message = config_error(path=path, overrides=["speculative.method=draft", "speculative.draft_model=demo:spec-draft"])
-    assert message.startswith(f'speculative.method = "draft" needs engine.mode = "batched" (engine.mode is "{mode}")')
+    assert message.startswith(
+        f'speculative.method = "draft" needs engine.mode = "auto" or "batched" (engine.mode is "{mode}")'
+    )
     assert f"config file {path}" in message
 
 
@@ -355,7 +357,7 @@ def test_the_speculative_mode_needs_a_method():
 
 def test_speculation_and_mode_are_checked_when_built_in_code_too():
     cfg = EngineConfig()
-    with pytest.raises(ValueError, match='needs engine.mode = "batched"'):
+    with pytest.raises(ValueError, match='needs engine.mode = "auto" or "batched"'):
         attrs.evolve(cfg, engine=EngineSection(mode="simple"), speculative=SpeculativeConfig(method="mtp"))
 
 
@@ -457,6 +459,7 @@ def test_round_trip_with_every_option_set():
             "prefill_step_size_decoding": 16,
             "prefill_time_ratio": 0.25,
             "mllm_prefill_step_size": 24,
+            "mllm_encode_step_ms": 7.5,
             "run_ahead_steps": 3,
             "hold_run_ahead_tokens": True,
             "run_ahead_ms": 24.0,
@@ -506,6 +509,7 @@ def test_round_trip_with_every_option_set():
             "video_max_frames": 8,
             "max_request_video_fps": 4.0,
             "max_request_video_frames": 16,
+            "video_decode_timeout_s": 12.5,
             "allow_url_fetch": False,
             "fetch_timeout_s": 2.0,
             "max_redirects": 1,

@@ -252,6 +252,12 @@ class ModelInfo:
     #: A VLM's prompt processor (worker/vlm/processor.py; numpy only, used in admission's
     #: preprocessing threads), None for a text model.
     media_processor: Any = attrs.field(default=None, eq=False, repr=False)
+    #: Why a model that declares a vision or audio tower is served text-only (its media parts'
+    #: 400 says it); None when it is not (a text model, or a VLM served with its media).
+    text_only_note: str | None = None
+    #: The runner kind serving the model ("batched", "vlm", ...: what engine.mode "auto" chose);
+    #: empty for a runner that names none.
+    runner_kind: str = ""
     #: An embedding model's facts (engine.mode = "embed"): it answers :class:`EmbedJob` and
     #: generates no text. None: a generative model.
     embedding: EmbeddingInfo | None = None

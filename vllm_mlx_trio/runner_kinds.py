@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import attrs
 
+#: The default: "vlm" for a model whose config.json declares a vision or audio tower, else
+#: "batched" (worker/auto_runner.py decides when the model loads).
+AUTO = "auto"
 SIMPLE = "simple"
 BATCHED = "batched"
 #: One model sharded over mlx.launch's ranks, each running "batched" on its shard (docs/distributed.md).
@@ -22,9 +25,10 @@ SPECULATIVE = "speculative"
 #: An embedding model: answers embedding jobs, generates no text (worker/embed/runner.py).
 EMBED = "embed"
 #: The kinds the engine ships, in the order errors and docs list them.
-BUILTIN_KINDS = (SIMPLE, BATCHED, DISTRIBUTED, VLM, SPECULATIVE, EMBED)
-#: The kinds ``speculative.method`` may run with: "batched" (replaced by the speculative kind) or that kind itself.
-SPECULATIVE_BASES = (BATCHED, SPECULATIVE)
+BUILTIN_KINDS = (AUTO, SIMPLE, BATCHED, DISTRIBUTED, VLM, SPECULATIVE, EMBED)
+#: The kinds ``speculative.method`` may run with: "auto" or "batched" (replaced by the speculative
+#: kind, which runs text models: a vision-language model is then served text-only) or that kind itself.
+SPECULATIVE_BASES = (AUTO, BATCHED, SPECULATIVE)
 #: ``speculative.method``'s value that leaves speculative decoding off.
 SPECULATION_OFF = "off"
 

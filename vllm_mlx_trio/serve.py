@@ -164,8 +164,9 @@ def _drain_first(engine: Engine, trigger: Callable[[], Awaitable[None]]) -> Call
 def startup_summary(engine: Engine, binds: list[str]) -> str:
     """The one line logged when the server is ready."""
     cfg = engine.cfg
+    mode = engine.model_info.runner_kind or cfg.engine.mode  # what "auto" chose, when it chose
     return (
-        f"ready: model={logfmt_value(cfg.model_name)} mode={cfg.engine.mode}{speculative_label(cfg)} "
+        f"ready: model={logfmt_value(cfg.model_name)} mode={mode}{speculative_label(cfg)} "
         f"max_num_seqs={max_running(cfg)} kv_budget_tokens={engine.model_info.kv_budget_tokens} "
         f"{_cache_budget(engine)} listening={','.join(binds)}"
     )

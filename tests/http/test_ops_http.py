@@ -322,7 +322,7 @@ async def test_startup_summary_line(caplog):
         async with fake_server(config("cache.memory_mb=64")) as srv:
             pass
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ready:")]
-    assert f"model={MODEL} mode=batched max_num_seqs=32 kv_budget_tokens=None prefix_cache_bytes={64 * 2**20}" in line
+    assert f"model={MODEL} mode=auto max_num_seqs=32 kv_budget_tokens=None prefix_cache_bytes={64 * 2**20}" in line
     assert line.endswith(f"listening={srv.url}")
 
 

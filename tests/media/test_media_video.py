@@ -172,3 +172,17 @@ def test_sampling_matches_mlx_vlm_load_video_itself(tmp_path):
     theirs = json.loads(run.stdout.strip().splitlines()[-1])
     ours = [sample_indices(37, 12.0, fps, max_frames).tolist() for fps, max_frames in cases]
     assert ours == theirs
+
+
+def test_a_decode_past_its_deadline_is_a_400_naming_the_part(tmp_path, monkeypatch):
+    """The deadline is checked before each sampled frame: the clock passes it after the first."""
+    from vllm_mlx_trio.media import video as video_module
+
+    clock = iter([100.0, 100.0, 100.0 + 31.0])  # deadline set, first frame, second frame
+    monkeypatch.setattr(video_module, "clock", lambda: next(clock))
+    ref = data_url(clip(tmp_path), "video/avi")
+    with pytest.raises(InvalidRequestError) as refused:
+        loader(video_decode_timeout_s=30.0).load_prompt_media(prompt(video(ref), video_fps=2.0))
+    assert refused.value.param == FIRST
+    assert refused.value.message.startswith(f"{FIRST}: decoding the video took longer than 30 s")
+    assert "mllm.video_decode_timeout_s" in refused.value.message

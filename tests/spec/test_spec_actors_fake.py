@@ -61,7 +61,7 @@ async def test_step_counts_reach_the_metrics_and_the_status():
 
 
 def test_speculation_needs_the_batched_mode():
-    with pytest.raises(ConfigError, match='needs engine.mode = "batched"'):
+    with pytest.raises(ConfigError, match='needs engine.mode = "auto" or "batched"'):
         load_config(None, overrides=["engine.mode=simple", "speculative.method=mtp"], environ={})
     with pytest.raises(ConfigError, match="needs speculative.method"):
         load_config(None, overrides=["engine.mode=speculative"], environ={})

@@ -25,8 +25,7 @@ def vlm_cfg(demo_cache_dir):
             "server.port=0",
             "server.drain_timeout_s=5",
             f"model.demo_cache_dir={demo_cache_dir}",
-            f"model.path={MODEL}",
-            "engine.mode=vlm",
+            f"model.path={MODEL}",  # engine.mode stays "auto": config.json's vision tower picks the vlm runner
             "cache.block_size=16",
         ],
         environ={},

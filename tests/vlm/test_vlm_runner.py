@@ -115,7 +115,8 @@ def full_forward_logprobs(model, seq: NewSequence, output: list[int]) -> list[fl
 def test_a_media_prompt_prefills_in_chunks_while_a_text_row_decodes(vlm32_dir):
     stats = {}
     for chunk in ("8", "none"):
-        driver = Driver(vlm32_dir, f"engine.mllm_prefill_step_size={chunk}")
+        # each encoding in one step (spreading it over steps is timed: tests/vlm/test_split_encode.py)
+        driver = Driver(vlm32_dir, f"engine.mllm_prefill_step_size={chunk}", "engine.mllm_encode_step_ms=none")
         try:
             driver.step(driver.sequence("text", "Tell me a long story.", params=attrs.evolve(GREEDY, max_tokens=200)))
             while "text" not in driver.step():  # until the text row decodes
@@ -138,7 +139,7 @@ def test_a_media_prompt_prefills_in_chunks_while_a_text_row_decodes(vlm32_dir):
 
 
 def test_each_image_of_a_prompt_is_encoded_in_its_own_step(vlm32_dir):
-    driver = Driver(vlm32_dir, "engine.mllm_prefill_step_size=512")
+    driver = Driver(vlm32_dir, "engine.mllm_prefill_step_size=512", "engine.mllm_encode_step_ms=none")
     try:
         driver.step(driver.sequence("text", "Tell me a long story.", params=attrs.evolve(GREEDY, max_tokens=200)))
         while "text" not in driver.step():

@@ -261,6 +261,7 @@ def _admission(
             max_stop_sequences=cfg.limits.max_stop_sequences,
             vocab_size=model_info.vocab_size,
             media_kinds=model_info.media_kinds,
+            text_only_note=model_info.text_only_note,
             tool_media_placeholders=cfg.limits.tool_result_media == "placeholder",
             generates=model_info.embedding is None,
             clamp_max_tokens=cfg.limits.clamp_max_tokens,

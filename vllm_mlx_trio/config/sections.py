@@ -146,11 +146,12 @@ class ModelConfig:
 class EngineSection:
     """``[engine]``: how requests are run."""
 
-    #: The runner kind: "batched" (continuous batching: requests join and leave a shared batch
-    #: between steps), "simple" (one request at a time through mlx-lm's generate_step),
+    #: The runner kind: "auto" ("vlm" for a model whose config.json declares a vision or audio
+    #: tower, else "batched"), "batched" (continuous batching: requests join and leave a shared
+    #: batch between steps), "simple" (one request at a time through mlx-lm's generate_step),
     #: "distributed", "vlm", "speculative" or "embed" (an embedding model: /v1/embeddings only);
     #: ``load_config`` checks the name (ENGINE_MODES).
-    mode: str = _option("batched", _non_empty)
+    mode: str = _option("auto", _non_empty)
     #: Prompt tokens per forward pass during prefill (>= 1); in batched mode a long prompt is
     #: prefilled in chunks of this size between decode steps.
     prefill_step_size: int = _option(512, _in_range(1))
@@ -193,6 +194,9 @@ class EngineSection:
     #: prefill_step_size). Its vision encoding is one step, then a chunk per step, so running
     #: text streams keep getting tokens while a large image or video prefills.
     mllm_prefill_step_size: int | None = _option(None, _in_range(1))
+    #: VLM runner: milliseconds of vision-tower blocks one step evaluates while running rows
+    #: decode between steps (> 0; at least one block a step; none: an image's whole encoding in one step).
+    mllm_encode_step_ms: float | None = _option(20.0, _in_range(0.001), converter=_to_float)
     #: Batched mode: most sequences in the model at once (>= 1); the rest wait in the queue.
     max_num_seqs: int = _option(32, _in_range(1))
     #: Batched mode: token budget of one step (>= 1; none: no budget): a decoding row counts
@@ -354,15 +358,15 @@ class SpeculativeConfig:
 
 
 def _speculation_fits_mode(inst, attribute, value: SpeculativeConfig) -> None:
-    """Validator of EngineConfig.speculative: a method needs engine.mode "batched" (or "speculative"
-    itself), and engine.mode "speculative" needs a method."""
+    """Validator of EngineConfig.speculative: a method needs engine.mode "auto" or "batched" (or
+    "speculative" itself), and engine.mode "speculative" needs a method."""
     mode, method = inst.engine.mode, value.method
     keys = ((SpeculativeConfig, "method"), (EngineSection, "mode"))
     if method != SPECULATION_OFF and mode == DISTRIBUTED:
         problem = f'speculative.method = "{method}" cannot run on a sharded model (engine.mode = "distributed")'
         raise _ConflictError(keys, problem)
     if method != SPECULATION_OFF and mode not in SPECULATIVE_BASES:
-        problem = f'speculative.method = "{method}" needs engine.mode = "batched" (engine.mode is "{mode}")'
+        problem = f'speculative.method = "{method}" needs engine.mode = "auto" or "batched" (engine.mode is "{mode}")'
         raise _ConflictError(keys, problem)
     if mode == SPECULATIVE and method == SPECULATION_OFF:
         problem = 'engine.mode = "speculative" needs speculative.method = "draft" or "mtp" (it is "off")'
@@ -400,6 +404,8 @@ class MllmSection:
     max_request_video_fps: float = _option(30.0, _in_range(0.001), converter=_to_float)
     #: Largest ``video_max_frames`` a request may ask for (>= 2).
     max_request_video_frames: int = _option(128, _in_range(2))
+    #: Seconds decoding and sampling one video may take (> 0); beyond it a 400 naming the part.
+    video_decode_timeout_s: float = _option(30.0, _in_range(0.001), converter=_to_float)
     #: Fetch http(s) media URLs (false: only data: URLs and allowed local files).
     allow_url_fetch: bool = _option(True)
     #: Total seconds one URL fetch may take, redirects and all (> 0); beyond it a 400.

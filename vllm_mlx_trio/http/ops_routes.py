@@ -111,6 +111,7 @@ def status_body(engine: Engine, throughput: ThroughputMeter) -> dict:
             "max_context_tokens": engine.model_info.max_context_tokens,
         },
         "mode": cfg.engine.mode,
+        "runner": engine.model_info.runner_kind or cfg.engine.mode,
         "running": scheduler.num_running,
         "waiting": scheduler.num_waiting,
         "tokens_per_s": throughput.tokens_per_s(),

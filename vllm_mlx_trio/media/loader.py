@@ -92,6 +92,7 @@ class MediaLoader:
             max_pixels=cfg.max_image_pixels,
             max_decoded_pixels=cfg.max_decoded_pixels,
             where=where,
+            timeout_s=cfg.video_decode_timeout_s,
         )
         key = video_cache_key(raw.data, fps=fps, max_frames=max_frames, max_pixels=cfg.max_image_pixels)
         seconds = time.perf_counter() - start

@@ -13,12 +13,15 @@ import hashlib
 import math
 import os
 import tempfile
+import time
 
 import numpy as np
 
 from .images import fitted_size
 from .loaded import refuse
 
+#: The clock video deadlines are read on (tests replace it).
+clock = time.monotonic
 #: mlx-vlm's DEFAULT_VIDEO_SAMPLING: at least this many frames, a multiple of FRAME_FACTOR.
 MIN_FRAMES = 4
 FRAME_FACTOR = 2
@@ -47,9 +50,18 @@ def sample_indices(total_frames: int, source_fps: float, fps: float, max_frames:
 
 
 def decode_video(
-    data: bytes, *, fps: float, max_frames: int, max_pixels: int, max_decoded_pixels: int, where: str
+    data: bytes,
+    *,
+    fps: float,
+    max_frames: int,
+    max_pixels: int,
+    max_decoded_pixels: int,
+    where: str,
+    timeout_s: float = math.inf,
 ) -> tuple[np.ndarray, ...]:
-    """The sampled frames of the video in ``data``: HxWx3 uint8 RGB, at most ``max_pixels`` each."""
+    """The sampled frames of the video in ``data``: HxWx3 uint8 RGB, at most ``max_pixels`` each.
+    Past ``timeout_s`` seconds (checked before each sampled frame is read) a 400 naming ``where``."""
+    deadline = Deadline(clock() + timeout_s, timeout_s, where)
     suffix = container_suffix(data)
     if suffix is None:
         raise refuse(where, "the data is not a video in a supported container (MP4/MOV, AVI, WebM/MKV).")
@@ -64,6 +76,7 @@ def decode_video(
             max_pixels=max_pixels,
             max_decoded_pixels=max_decoded_pixels,
             where=where,
+            deadline=deadline,
         )
     except _cv2_error() as exc:
         raise refuse(where, f"the video cannot be decoded ({type(exc).__name__}).") from None
@@ -77,8 +90,30 @@ def _cv2_error() -> type[Exception]:
     return cv2.error
 
 
+class Deadline:
+    """When one video's decoding must have ended."""
+
+    def __init__(self, at: float, timeout_s: float, where: str):
+        self.at, self.timeout_s, self.where = at, timeout_s, where
+
+    def check(self) -> None:
+        if clock() > self.at:
+            raise refuse(
+                self.where,
+                f"decoding the video took longer than {self.timeout_s:g} s (mllm.video_decode_timeout_s); "
+                "send a shorter or smaller clip, or fewer frames (video_fps, video_max_frames).",
+            )
+
+
 def _sample_file(
-    path: str, *, fps: float, max_frames: int, max_pixels: int, max_decoded_pixels: int, where: str
+    path: str,
+    *,
+    fps: float,
+    max_frames: int,
+    max_pixels: int,
+    max_decoded_pixels: int,
+    where: str,
+    deadline: Deadline,
 ) -> tuple[np.ndarray, ...]:
     import cv2  # heavy: only when a video arrives
 
@@ -95,6 +130,7 @@ def _sample_file(
             raise refuse(where, f"the video has {max(total, 0)} frames; at least {FRAME_FACTOR} are needed.")
         frames = []
         for index in sample_indices(total, source_fps, fps, max_frames):
+            deadline.check()
             capture.set(cv2.CAP_PROP_POS_FRAMES, int(index))
             ok, frame = capture.read()
             if not ok:

@@ -46,7 +46,7 @@ import numpy as np
 from ..errors import ConfigError, ModelLoadError
 from ..logs import configure_logging
 from ..messages import ModelInfo, RequestId, StepPlan, StepResult
-from ..runner_kinds import RunnerShape
+from ..runner_kinds import DISTRIBUTED, RunnerShape
 from . import loading
 from .sharded_batch import ShardedBatchRunner
 
@@ -254,7 +254,7 @@ class _ShardedRunner:
         with loading.sharded_over(self._group, pipeline=self._cfg.distributed.pipeline > 1):
             info = self._inner.load()
         self._channel.stream = getattr(self._inner, "compute_stream", None)
-        return info
+        return attrs.evolve(info, runner_kind=DISTRIBUTED)
 
 
 def refuse_vision_models(model_cfg: Any) -> None:

@@ -24,6 +24,7 @@ from .gguf import is_gguf_path
 from .gguf.dtype import gguf_dtype
 from .gguf.loader import load_gguf
 from .kv_budget import kv_budget_tokens
+from .modality import text_only_note
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,14 @@ def resolve_model_path(model_cfg: ModelConfig) -> str:
     if is_demo_path(model_cfg.path):
         return str(resolve_demo_model(model_cfg.path, model_cfg.demo_cache_dir))
     return model_cfg.path
+
+
+def resolve_or_fail(model_cfg: ModelConfig) -> str:
+    """:func:`resolve_model_path`, its failures (a demo that cannot be built) a one-line ModelLoadError."""
+    try:
+        return resolve_model_path(model_cfg)
+    except Exception as exc:  # boundary: demo builds (downloads, filesystem)
+        raise ModelLoadError(f"could not load model {model_cfg.path!r}: {type(exc).__name__}: {exc}") from exc
 
 
 #: Set while a distributed runner loads its inner runner: (group, pipeline?) to shard over.
@@ -174,8 +183,17 @@ def load_for_serving(model_cfg: ModelConfig, engine: EngineSection) -> tuple[Any
         token_bytes=byte_level_table(tokenizer),
         kv_budget_tokens=budget_tokens,
         kv_bytes_per_token=bytes_per_token,
+        text_only_note=_text_only(model_cfg, config),
     )
     return model, info
+
+
+def _text_only(model_cfg: ModelConfig, config: dict) -> str | None:
+    """A vision-language model loaded by a text runner is served text-only: said once at startup."""
+    note = text_only_note(config)
+    if note is not None:
+        logger.warning("model %r: %s", model_cfg.path, note)
+    return note
 
 
 def mlx_memory(*, idle: bool = False) -> tuple[int, int, int]:

@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import ConfigError
-from ..runner_kinds import BATCHED, DISTRIBUTED, EMBED, SIMPLE, SPECULATIVE, VLM, RunnerShape, kind_for
+from ..runner_kinds import AUTO, BATCHED, DISTRIBUTED, EMBED, SIMPLE, SPECULATIVE, VLM, RunnerShape, kind_for
 
 if TYPE_CHECKING:
     import threading
@@ -56,6 +56,12 @@ RunnerLoader = Callable[[], type[Runner]]
 RunnerTable = Mapping[str, RunnerLoader]
 
 
+def _auto() -> type[Runner]:
+    from .auto_runner import AutoRunner
+
+    return AutoRunner
+
+
 def _simple() -> type[Runner]:
     from .simple_runner import SimpleRunner
 
@@ -95,6 +101,7 @@ def _embed() -> type[Runner]:
 #: The kinds the engine ships (read-only). Ordered: the first is listed first in errors and docs.
 RUNNERS: RunnerTable = MappingProxyType(
     {
+        AUTO: _auto,
         SIMPLE: _simple,
         BATCHED: _batched,
         DISTRIBUTED: _distributed,

@@ -76,6 +76,8 @@ class RunnerBase:
     :meth:`_logprobs`, :meth:`_memory` and :meth:`_close`.
     """
 
+    #: The kind name this class runs as (runner_kinds.py), reported in ``ModelInfo.runner_kind``.
+    kind: ClassVar[str] = ""
     #: What :meth:`shape` reports, unless a kind's values depend on the configuration.
     plans_in_flight: ClassVar[int] = 1
     max_tokens_per_step: ClassVar[int] = 1
@@ -159,7 +161,7 @@ class RunnerBase:
     # -- the Runner protocol -----------------------------------------------------------------
 
     def load(self) -> ModelInfo:
-        self._info = self._load()
+        self._info = attrs.evolve(self._load(), runner_kind=self.kind)
         return self._info
 
     @property

@@ -14,6 +14,7 @@ from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
 from ..messages import KVReady, ModelInfo, TokenLogprob
+from ..runner_kinds import SIMPLE
 from .loading import load_for_serving, mlx_memory
 from .prefix.kv_store import PrefixBlocks
 from .runner_base import Advance, Emission, LiveSequence, RunnerBase
@@ -23,6 +24,8 @@ from .thread_streams import enter_mlx_thread, leave_mlx_thread
 
 class SimpleRunner(RunnerBase):
     """Each live sequence's handle is (its ``generate_step`` generator, its KV cache)."""
+
+    kind = SIMPLE
 
     #: Lock-step: ``generate_step`` already overlaps compute with the host work.
     plans_in_flight = 1

@@ -59,6 +59,8 @@ class AdmissionLimits:
     vocab_size: int
     #: Media content-part kinds the model takes ("image_url", "video_url"); none: text only.
     media_kinds: frozenset[str] = frozenset()
+    #: Why this model's media are refused although it declares a tower (ModelInfo.text_only_note).
+    text_only_note: str | None = None
     #: A tool turn's media the model cannot take becomes a short text (limits.tool_result_media
     #: "placeholder"); False: a 400, as for the user's own.
     tool_media_placeholders: bool = True
@@ -265,9 +267,9 @@ class AdmissionActor:
             for j, part in message.media:
                 if part.kind not in self._limits.media_kinds:
                     where = f"messages[{i}].content[{j}]"
-                    raise InvalidRequestError(
-                        f"{where}: content part of type {part.kind!r} is not supported by this model.", param=where
-                    )
+                    note = f" {self._limits.text_only_note}" if self._limits.text_only_note else ""
+                    message = f"{where}: content part of type {part.kind!r} is not supported by this model.{note}"
+                    raise InvalidRequestError(message, param=where)
 
     def starts_in_reasoning(self, prompt: Prompt, prompt_token_ids: list[int]) -> bool:
         """Whether a chat prompt's template opened the thinking block (the reply is reasoning

@@ -9,8 +9,10 @@ after it until the first token) and the decode (per token after the first).
 Part 2 (the whole engine): 4 greedy text streams run; once each has tokens, one request with a
 large image and a long text is submitted. The streams' inter-token latency (p50 / p95, and
 the longest gap) over the window from that submit to its first token, with the media prefill
-in chunks of ``engine.mllm_prefill_step_size`` and in one piece (``prefill_step_size``).
-Runs alternate between the settings; each row gives the median of its runs and their spread.
+in chunks of ``engine.mllm_prefill_step_size`` and the vision encoding spread over steps
+(``engine.mllm_encode_step_ms``, the configured value), the same with the encoding in one step,
+and both in one piece (``prefill_step_size``, encoding in one step). Runs alternate between
+the settings; each row gives the median of its runs and their spread.
 """
 
 from __future__ import annotations
@@ -59,8 +61,11 @@ def image_prompt(side: int, seed: int, words: int = 8) -> ChatPrompt:
     return ChatPrompt(messages=(ChatMessage(role="user", content=(image, text)),))
 
 
-def vlm_config(cfg: EngineConfig, chunk: int | None) -> EngineConfig:
-    engine = attrs.evolve(cfg.engine, mode="vlm", mllm_prefill_step_size=chunk)
+def vlm_config(cfg: EngineConfig, chunk: int | None, *, split_encode: bool = True) -> EngineConfig:
+    """``cfg`` in vlm mode with media prefill chunks of ``chunk`` (None: whole), the vision
+    encoding spread over steps as configured or (``split_encode`` false) in one step."""
+    encode_ms = cfg.engine.mllm_encode_step_ms if split_encode else None
+    engine = attrs.evolve(cfg.engine, mode="vlm", mllm_prefill_step_size=chunk, mllm_encode_step_ms=encode_ms)
     cache = attrs.evolve(cfg.cache, enabled=False)  # every run prefills the whole prompt
     return attrs.evolve(cfg, engine=engine, cache=cache)
 
@@ -75,7 +80,7 @@ def measure_phases(cfg: EngineConfig, runs: int = 3) -> list[dict]:
     from ...media import MediaLoader
     from ...worker.vlm.runner import VlmRunner
 
-    runner = VlmRunner(vlm_config(cfg, None))
+    runner = VlmRunner(vlm_config(cfg, None, split_encode=False))
     info = runner.load()
     loader, steps = MediaLoader(cfg.mllm), itertools.count()
     rows = []
@@ -178,18 +183,22 @@ async def measure_once(engine: Any, seed: int) -> dict:
 
 
 async def measure_chunking(cfg: EngineConfig, chunk: int, runs: int = 3) -> list[dict]:
-    """Alternating runs with the media prefill chunked (``chunk`` tokens) and in one piece."""
-    settings = {f"mllm_prefill_step_size={chunk}": chunk, "none (prefill_step_size)": None}
-    results: dict[str, list[dict]] = {name: [] for name in settings}
+    """Alternating runs: the media prefill chunked (``chunk`` tokens) with the encoding spread
+    over steps, chunked with the encoding in one step, and both in one piece."""
+    encode_ms = cfg.engine.mllm_encode_step_ms
+    split, one = f"chunk {chunk}, encode {encode_ms} ms/step", f"chunk {chunk}, encode in one step"
+    whole_name = "none (prefill_step_size), encode in one step"
+    results: dict[str, list[dict]] = {name: [] for name in (split, one, whole_name)}
     async with (
-        open_engine(vlm_config(cfg, chunk)) as chunked,
-        open_engine(vlm_config(cfg, None)) as whole,
+        open_engine(vlm_config(cfg, chunk)) as chunked_split,
+        open_engine(vlm_config(cfg, chunk, split_encode=False)) as chunked,
+        open_engine(vlm_config(cfg, None, split_encode=False)) as whole,
     ):
-        engines = {name: chunked if value else whole for name, value in settings.items()}
+        engines = {split: chunked_split, one: chunked, whole_name: whole}
         for run in range(runs):
             for name, engine in engines.items():
                 results[name].append(await measure_once(engine, run))
-    return [_chunk_row(name, results[name]) for name in settings]
+    return [_chunk_row(name, results[name]) for name in engines]
 
 
 def _chunk_row(name: str, runs: list[dict]) -> dict:

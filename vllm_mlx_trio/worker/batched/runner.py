@@ -32,6 +32,7 @@ import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, StopSequences
 
 from ...messages import KVReady, ModelInfo, RequestId, TokenLogprob
+from ...runner_kinds import BATCHED
 from ..loading import load_for_serving, mlx_memory, sharding
 from ..prefix.kv_store import PrefixBlocks
 from ..runner_base import Advance, Emission, LiveSequence, RunnerBase
@@ -57,6 +58,8 @@ class PlanTiming:
 
 class BatchRunner(RunnerBase):
     """Executes step plans on one shared batch; each live sequence's handle is its row's uid."""
+
+    kind = BATCHED
 
     #: One plan queued so the MLX thread starts the next step without waiting for Trio.
     plans_in_flight = 2

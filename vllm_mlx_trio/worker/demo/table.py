@@ -15,7 +15,7 @@ from types import MappingProxyType
 
 import attrs
 
-from . import embed, mtp, mtp_dsv3, mtp_quant, smollm2, vlm
+from . import embed, mtp, mtp_dsv3, mtp_quant, smollm2, vlm, vlm_gemma3, vlm_llava, vlm_mistral3, vlm_smolvlm
 from .model import write_qwen3_demo
 from .recipe import (
     DEFAULT_DTYPE,
@@ -57,8 +57,40 @@ DEMO_BUILDERS: Mapping[str, DemoBuilder] = MappingProxyType(
     {
         "tiny": _qwen3("tiny"),
         "small": _qwen3("small"),
-        # a tiny Qwen2-VL (worker/demo/vlm.py)
-        vlm.VLM_SIZE: DemoBuilder(write=vlm.write_vlm, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm.template_hash),
+        # tiny Qwen-VL family models: Qwen2-VL (vlm-tiny), Qwen2.5-VL, ... (worker/demo/vlm.py)
+        **{
+            size: DemoBuilder(
+                write=vlm.writer(size),
+                dtype=demo.dtype or DEFAULT_DTYPE,
+                version=vlm.VLM_FORMAT_VERSION,
+                template_hash=vlm.template_hash,
+            )
+            for size, demo in vlm.QWEN_VL_DEMOS.items()
+        },
+        # a tiny LLaVA: CLIP tower, Llama text model, 1-D RoPE (worker/demo/vlm_llava.py)
+        vlm_llava.LLAVA_SIZE: DemoBuilder(
+            write=vlm_llava.write_llava, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm_llava.template_hash
+        ),
+        # a tiny Gemma 3: SigLIP tower, sliding-window and global text layers (worker/demo/vlm_gemma3.py)
+        vlm_gemma3.GEMMA3_SIZE: DemoBuilder(
+            write=vlm_gemma3.write_gemma3, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm_gemma3.template_hash
+        ),
+        # a tiny Mistral 3: Pixtral tower, rows of [IMG] with breaks (worker/demo/vlm_mistral3.py)
+        vlm_mistral3.MISTRAL3_SIZE: DemoBuilder(
+            write=vlm_mistral3.write_mistral3, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm_mistral3.template_hash
+        ),
+        # a tiny Pixtral: the same tower, a token per patch (worker/demo/vlm_mistral3.py)
+        vlm_mistral3.PIXTRAL_SIZE: DemoBuilder(
+            write=vlm_mistral3.write_pixtral, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm_mistral3.template_hash
+        ),
+        # a tiny SmolVLM: Idefics3 layout, image split into tiles + a global view (worker/demo/vlm_smolvlm.py)
+        vlm_smolvlm.SMOLVLM_SIZE: DemoBuilder(
+            write=vlm_smolvlm.write_smolvlm, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm_smolvlm.template_hash
+        ),
+        # a tiny Idefics3: the same files under Idefics3's names (worker/demo/vlm_smolvlm.py)
+        vlm_smolvlm.IDEFICS3_SIZE: DemoBuilder(
+            write=vlm_smolvlm.write_idefics3, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm_smolvlm.template_hash
+        ),
         # the agreeing speculative pair (worker/demo/spec.py)
         "spec-target": _qwen3("spec-target", weights=partial(spec_weights, "spec-target")),
         "spec-draft": _qwen3("spec-draft", weights=partial(spec_weights, "spec-draft")),

@@ -101,8 +101,8 @@ def _kind(layer: Any) -> LayerKind | None:
         return "kv"
     if type(layer) is RotatingKVCache and layer.keep == 0:
         return "window"
-    if isinstance(layer, ArraysCache):
-        return "state"
+    if isinstance(layer, ArraysCache) or getattr(layer, "prefix_layer_kind", None) == "state":
+        return "state"  # the second: mlx-vlm's own recurrent-state cache (its Qwen3.5)
     return None
 
 

@@ -39,7 +39,7 @@ from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 from ...core.speculative import SpecDecodeCounts, draft_budget, sampling_fits
 from ...errors import ModelLoadError
 from ...messages import KVReady, ModelInfo, StepPlan, StepResult
-from ...runner_kinds import RunnerShape
+from ...runner_kinds import SPECULATIVE, RunnerShape
 from ..batched.runner import BatchRunner
 from ..runner_base import Advance, Emission, LiveSequence
 from ..sampling import make_request_sampler
@@ -66,6 +66,8 @@ class TrimTransaction:
 
 class SpecRunner(BatchRunner):
     """Batched runner + speculative rounds for a sequence alone in the batch."""
+
+    kind = SPECULATIVE
 
     @classmethod
     def shape(cls, cfg) -> RunnerShape:

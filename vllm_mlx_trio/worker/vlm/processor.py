@@ -34,6 +34,8 @@ class VlmPromptProcessor:
     image_pad_id: int
     video_pad_id: int
     merge_size: int
+    #: Tokens an item takes beyond its merged patches (LLaVA: its tower's class token, when kept).
+    extra_tokens: int = 0
 
     @classmethod
     def of(cls, processor: Any) -> VlmPromptProcessor:
@@ -71,36 +73,225 @@ class VlmPromptProcessor:
         out, index = [], 0
         for piece in pieces:
             if piece in (self.image_pad, self.video_pad):
-                out.append(piece * self.num_tokens(items[index][2]))
+                out.append(self.expansion(piece, items[index][2]))
                 index += 1
             else:
                 out.append(piece)
         return "".join(out), items
 
+    def expansion(self, placeholder: str, grid: tuple[int, int, int]) -> str:
+        """The text a template's placeholder becomes for an item of grid ``grid``."""
+        return placeholder * self.num_tokens(grid)
+
+    def num_pads(self, grid: tuple[int, int, int]) -> int:
+        """How many placeholder tokens (``image_pad_id``) an item's run holds: all of it here."""
+        return self.num_tokens(grid)
+
     def num_tokens(self, grid_thw: tuple[int, int, int]) -> int:
         t, h, w = grid_thw
-        return t * h * w // self.merge_size**2
+        return t * h * w // self.merge_size**2 + self.extra_tokens
 
     def media_inputs(
         self, token_ids: list[int], items: list[tuple[str, np.ndarray, tuple]], loaded: tuple[Any, ...]
     ) -> tuple[MediaInput, ...]:
-        """Each item with where its run of placeholder tokens starts in ``token_ids``."""
+        """Each item with its run of tokens in ``token_ids``: from its first placeholder token to
+        its last (markers between them, such as row breaks, belong to the run)."""
         pad_ids = {self.image_pad_id, self.video_pad_id}
         pad_positions = [i for i, t in enumerate(token_ids) if t in pad_ids]
         media, cursor = [], 0
         for (kind, pixels, grid), item in zip(items, loaded, strict=True):
-            num_tokens = self.num_tokens(grid)
-            if cursor + num_tokens > len(pad_positions):
+            num_pads = self.num_pads(grid)
+            if cursor + num_pads > len(pad_positions):
                 raise InvalidRequestError("the prompt's media placeholders did not tokenize", param="messages")
+            start, last = pad_positions[cursor], pad_positions[cursor + num_pads - 1]
             media.append(
                 MediaInput(
                     kind=kind,
-                    start=pad_positions[cursor],
-                    num_tokens=num_tokens,
+                    start=start,
+                    num_tokens=last - start + 1,
                     pixels=pixels,
                     grid_thw=grid,
                     cache_key=item.cache_key,
                 )
             )
-            cursor += num_tokens
+            cursor += num_pads
         return tuple(media)
+
+
+@attrs.frozen(kw_only=True)
+class LlavaPromptProcessor(VlmPromptProcessor):
+    """LLaVA's: one ``<image>`` repeated once per vision patch of the (resized, cropped) image;
+    images only."""
+
+    patch_size: int
+
+    @classmethod
+    def of(cls, processor: Any) -> LlavaPromptProcessor:
+        token = processor.image_token
+        token_id = processor.tokenizer.convert_tokens_to_ids(token)
+        extra = processor.num_additional_image_tokens - (processor.vision_feature_select_strategy == "default")
+        return cls(
+            image_processor=processor.image_processor,
+            video_processor=None,
+            image_pad=token,
+            video_pad=token,
+            image_pad_id=token_id,
+            video_pad_id=token_id,
+            merge_size=1,
+            extra_tokens=extra,
+            patch_size=processor.patch_size,
+        )
+
+    def vision_inputs(self, item: Any) -> tuple[str, np.ndarray, tuple[int, int, int]]:
+        if hasattr(item, "frames"):
+            raise InvalidRequestError("this model takes images, not video", param="messages")
+        pixels = np.asarray(self.image_processor(images=[item.image], return_tensors="np")["pixel_values"])
+        height, width = pixels.shape[-2:]
+        return IMAGE, pixels, (1, height // self.patch_size, width // self.patch_size)
+
+
+@attrs.frozen(kw_only=True)
+class Gemma3PromptProcessor(VlmPromptProcessor):
+    """Gemma 3's: the template's ``<start_of_image>`` becomes ``\n\n<start_of_image>``, one
+    image token per pooled vision token, ``<end_of_image>\n\n``; images only, no pan-and-scan crops."""
+
+    image_token: str
+    end_of_image: str
+    tokens_per_image: int
+
+    @classmethod
+    def of(cls, processor: Any) -> Gemma3PromptProcessor:
+        tokenizer = processor.tokenizer
+        token_id = tokenizer.convert_tokens_to_ids(processor.image_token)
+        return cls(
+            image_processor=processor.image_processor,
+            video_processor=None,
+            image_pad=processor.boi_token,
+            video_pad=processor.boi_token,
+            image_pad_id=token_id,
+            video_pad_id=token_id,
+            merge_size=1,
+            image_token=processor.image_token,
+            end_of_image=tokenizer.eoi_token,
+            tokens_per_image=processor.image_seq_length,
+        )
+
+    def vision_inputs(self, item: Any) -> tuple[str, np.ndarray, tuple[int, int, int]]:
+        if hasattr(item, "frames"):
+            raise InvalidRequestError("this model takes images, not video", param="messages")
+        out = self.image_processor(images=[item.image], return_tensors="np", do_pan_and_scan=False)
+        return IMAGE, np.asarray(out["pixel_values"]), (1, 1, self.tokens_per_image)
+
+    def expansion(self, placeholder: str, grid: tuple[int, int, int]) -> str:
+        return f"\n\n{placeholder}{self.image_token * self.num_tokens(grid)}{self.end_of_image}\n\n"
+
+
+@attrs.frozen(kw_only=True)
+class Mistral3PromptProcessor(VlmPromptProcessor):
+    """Mistral 3's (Pixtral's): the template's ``[IMG]`` becomes one ``[IMG]`` per merged cell of
+    the resized image, row by row, ``[IMG_BREAK]`` between rows, ``[IMG_END]`` last; the run
+    counts all of them. An item's grid is ``(1, height, width)`` in pixels after resizing (the
+    tower's ``image_sizes``); images only."""
+
+    cell: int
+    image_break: str
+    image_end: str
+
+    @classmethod
+    def of(cls, processor: Any) -> Mistral3PromptProcessor:
+        token_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+        return cls(
+            image_processor=processor.image_processor,
+            video_processor=None,
+            image_pad=processor.image_token,
+            video_pad=processor.image_token,
+            image_pad_id=token_id,
+            video_pad_id=token_id,
+            merge_size=1,
+            cell=processor.patch_size * processor.spatial_merge_size,
+            image_break=processor.image_break_token,
+            image_end=processor.image_end_token,
+        )
+
+    def vision_inputs(self, item: Any) -> tuple[str, np.ndarray, tuple[int, int, int]]:
+        if hasattr(item, "frames"):
+            raise InvalidRequestError("this model takes images, not video", param="messages")
+        out = self.image_processor(images=[item.image], patch_size=self.cell)
+        (height, width) = out["image_sizes"][0]
+        return IMAGE, np.asarray(out["pixel_values"]), (1, int(height), int(width))
+
+    def _cells(self, grid: tuple[int, int, int]) -> tuple[int, int]:
+        return grid[1] // self.cell, grid[2] // self.cell
+
+    def expansion(self, placeholder: str, grid: tuple[int, int, int]) -> str:
+        rows, cols = self._cells(grid)
+        return self.image_break.join([placeholder * cols] * rows) + self.image_end
+
+    def num_pads(self, grid: tuple[int, int, int]) -> int:
+        rows, cols = self._cells(grid)
+        return rows * cols
+
+
+@attrs.frozen(kw_only=True)
+class SmolVlmPromptProcessor(VlmPromptProcessor):
+    """SmolVLM's and Idefics3's: the template's ``<image>`` becomes, per tile of the split
+    image, a row/column marker and its run of ``<image>`` tokens, then the global view's run,
+    as the model's own processor writes it (its ``get_image_prompt_string``). An item's grid is
+    ``(1, rows, cols)`` of tiles (0, 0: not split); its pixels hold every tile and the global view."""
+
+    prompt_string: Any = attrs.field(repr=False)
+    tile_tokens: int
+    fake_token: str
+    global_token: str
+
+    @classmethod
+    def of(cls, processor: Any) -> SmolVlmPromptProcessor:
+        import sys
+
+        token = processor.image_token
+        token_id = processor.tokenizer.convert_tokens_to_ids(token)
+        return cls(
+            image_processor=processor.image_processor,
+            video_processor=None,
+            image_pad=token,
+            video_pad=token,
+            image_pad_id=token_id,
+            video_pad_id=token_id,
+            merge_size=1,
+            prompt_string=sys.modules[type(processor).__module__].get_image_prompt_string,
+            tile_tokens=processor.image_seq_len,
+            fake_token=processor.fake_image_token,
+            # Idefics3's processor calls it a tag
+            global_token=getattr(processor, "global_image_token", None) or processor.global_image_tag,
+        )
+
+    def vision_inputs(self, item: Any) -> tuple[str, np.ndarray, tuple[int, int, int]]:
+        if hasattr(item, "frames"):
+            raise InvalidRequestError("this model takes images, not video", param="messages")
+        out = self.image_processor(images=[[item.image]], return_row_col_info=True, return_tensors="np")
+        return IMAGE, np.asarray(out["pixel_values"]), (1, int(out["rows"][0][0]), int(out["cols"][0][0]))
+
+    def expansion(self, placeholder: str, grid: tuple[int, int, int]) -> str:
+        _, rows, cols = grid
+        # positional: SmolVLM's and Idefics3's functions name the last argument differently
+        return self.prompt_string(rows, cols, self.tile_tokens, self.fake_token, placeholder, self.global_token)
+
+    def num_pads(self, grid: tuple[int, int, int]) -> int:
+        _, rows, cols = grid
+        return (rows * cols + 1) * self.tile_tokens if rows or cols else self.tile_tokens
+
+
+#: The prompt processor of each architecture the vlm runner serves (Qwen-VL's by default).
+PROMPT_PROCESSORS = {
+    "llava": LlavaPromptProcessor,
+    "gemma3": Gemma3PromptProcessor,
+    "mistral3": Mistral3PromptProcessor,
+    "smolvlm": SmolVlmPromptProcessor,
+    "idefics3": SmolVlmPromptProcessor,  # the same layout: SmolVLM's first release, Idefics3-8B
+    "pixtral": Mistral3PromptProcessor,  # the same layout, without the patch merger
+}
+
+
+def prompt_processor(model_type: str, processor: Any) -> VlmPromptProcessor:
+    """The numpy prompt processor of a ``model_type`` model, from its mlx-vlm processor."""
+    return PROMPT_PROCESSORS.get(model_type, VlmPromptProcessor).of(processor)

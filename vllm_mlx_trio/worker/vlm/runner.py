@@ -22,21 +22,43 @@ import attrs
 
 from ...errors import ModelLoadError
 from ...messages import KVReady, ModelInfo, NewSequence, RequestId, StepPlan, StepResult
+from ...runner_kinds import VLM
 from ..batched.runner import BatchRunner
 from ..kv_budget import kv_budget_tokens
-from ..loading import context_length, refuse_adapter, resolve_model_path
+from ..loading import context_length, refuse_adapter, resolve_model_path, resolve_or_fail
+from ..modality import declared_towers, read_model_config
 from ..runner_base import Advance, LiveSequence
 from ..thread_streams import enter_mlx_thread
 from .model import LanguageAdapter, MediaPrefill, new_prefill
-from .processor import VlmPromptProcessor
+from .processor import prompt_processor
 
 logger = logging.getLogger(__name__)
 
-#: The model families this runner drives: Qwen2-VL (M-RoPE, the demo VLM's architecture). Others
-#: (Qwen2.5-VL's windowed tower and video time scale, 1-D RoPE VLMs) are not verified here yet.
-SUPPORTED_MODEL_TYPES = ("qwen2_vl",)
-#: What a request may send to such a model.
+#: The architectures this runner drives, each verified against mlx-vlm's own generate on a demo
+#: (tests/vlm/test_vlm_zoo.py): the Qwen-VL family with M-RoPE and a per-row delta (Qwen2.5-VL's
+#: windowed tower, Qwen3-VL's deepstack features, Qwen3.5's hybrid text model; their MoEs), and
+#: 1-D RoPE models (LLaVA, Gemma 3, Mistral 3, Pixtral, SmolVLM). Others are refused at load,
+#: naming the type.
+SUPPORTED_MODEL_TYPES = (
+    "qwen2_vl",
+    "qwen2_5_vl",
+    "qwen3_vl",
+    "qwen3_vl_moe",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "llava",
+    "gemma3",
+    "mistral3",
+    "pixtral",
+    "smolvlm",
+    "idefics3",
+)
+#: What a request may send to such a model: images, and video where the prompt's video
+#: placeholders expand as the model's processor expands them (Qwen2-VL, Qwen2.5-VL).
 MEDIA_KINDS = frozenset({"image_url", "video_url"})
+#: Image-only: Qwen3-VL / Qwen3.5 timestamp video frames in the prompt (not written here yet);
+#: the 1-D models' processors here take images only.
+IMAGE_ONLY_MODEL_TYPES = frozenset(SUPPORTED_MODEL_TYPES) - {"qwen2_vl", "qwen2_5_vl"}
 
 
 def require_vlm_extra() -> None:
@@ -56,11 +78,10 @@ def load_vlm(model_cfg) -> tuple[object, object, dict]:
     import mlx_vlm
     from mlx_vlm.utils import load_config
 
+    path = resolve_or_fail(model_cfg)
+    check_served(model_cfg.path, read_model_config(path, revision=model_cfg.revision))
     try:
-        path = resolve_model_path(model_cfg)
         config = load_config(path)
-        if config.get("model_type") not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"model_type {config.get('model_type')!r} is not one of {SUPPORTED_MODEL_TYPES}")
         trust = model_cfg.trust_remote_code
         model, processor = mlx_vlm.load(path, revision=model_cfg.revision, trust_remote_code=trust)
     except Exception as exc:  # boundary: hub, filesystem, transformers and mlx-vlm errors
@@ -68,8 +89,27 @@ def load_vlm(model_cfg) -> tuple[object, object, dict]:
     return model, processor, config
 
 
+def check_served(name: str, config: dict) -> None:
+    """Refuse, at startup and naming the reason, a text model or an architecture not served here."""
+    model_type = config.get("model_type")
+    if not declared_towers(config):
+        raise ModelLoadError(
+            f"engine.mode = 'vlm' needs a vision-language model, but {name!r} is a text model "
+            f"(model_type {model_type!r}, no vision_config in its config.json); "
+            "use engine.mode = 'auto' or 'batched'"
+        )
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(
+            f"model {name!r}: vision-language model_type {model_type!r} is not served yet "
+            f"(served: {', '.join(SUPPORTED_MODEL_TYPES)}); engine.mode = 'batched' serves it text-only "
+            "where mlx-lm has the architecture"
+        )
+
+
 class VlmRunner(BatchRunner):
     """Batched mode for a VLM: text rows and media rows in one BatchGenerator."""
+
+    kind = VLM
 
     def __init__(self, cfg, *, request_waiting=None):
         super().__init__(cfg, request_waiting=request_waiting)
@@ -106,8 +146,8 @@ class VlmRunner(BatchRunner):
             token_bytes=byte_level_table(tokenizer),
             kv_budget_tokens=budget_tokens,
             kv_bytes_per_token=bytes_per_token,
-            media_kinds=MEDIA_KINDS,
-            media_processor=VlmPromptProcessor.of(processor),
+            media_kinds=MEDIA_KINDS - {"video_url"} if config["model_type"] in IMAGE_ONLY_MODEL_TYPES else MEDIA_KINDS,
+            media_processor=prompt_processor(config["model_type"], processor),
         )
 
     def execute(self, plan: StepPlan) -> StepResult:
@@ -119,11 +159,13 @@ class VlmRunner(BatchRunner):
         text = [sequence for sequence in live if not sequence.seq.media]
         if text:
             super()._insert(text)
-        chunk = self._cfg.engine.mllm_prefill_step_size or self._cfg.engine.prefill_step_size
+        engine = self._cfg.engine
+        chunk = engine.mllm_prefill_step_size or engine.prefill_step_size
+        budget_s = None if engine.mllm_encode_step_ms is None else engine.mllm_encode_step_ms / 1000
         for sequence in live:
             if sequence.seq.media:
                 seq, cache = self._media_hit(sequence.seq)
-                self._prefills.append(new_prefill(seq, cache, self._adapter, chunk))
+                self._prefills.append(new_prefill(seq, cache, self._adapter, chunk, budget_s))
 
     def _media_hit(self, seq: NewSequence) -> tuple[NewSequence, list | None]:
         """The sequence as it is prefilled, and its prefix hit's cache. A spilled block the disk

@@ -1,0 +1,127 @@
+"""``demo:vlm-llava``: a tiny LLaVA (CLIP vision tower, projector, Llama text model, 1-D RoPE)
+with random weights, in the layout ``mlx_vlm.load`` reads as a llava-hf checkpoint.
+
+A user turn's image part is one ``<image>`` in the template; LLaVA's processor repeats it once
+per vision patch (CLIP's class token dropped: the "default" feature strategy). The image
+processor is transformers' CLIP one (PIL backend: no torch): every image is resized and
+cropped to :data:`IMAGE_SIZE` pixels, so it always takes :data:`IMAGE_TOKENS` tokens.
+
+Shares the demo corpus, tokenizer, writers and weight recipe with the Qwen-VL demos
+(worker/demo/vlm.py). Imports no MLX at module level.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+from typing import Any
+
+from . import files, recipe
+from .vlm import IMAGE_MEAN, IMAGE_STD, TEXT_SHAPE, VLM_FORMAT_VERSION, draw_weights, mlx_vlm_shapes
+
+LLAVA_SIZE = "vlm-llava"
+IMAGE_TOKEN = "<image>"
+#: CLIP-like tower: 14-pixel patches of a 56x56 image (4x4 = 16 tokens after the class token is dropped).
+VISION_SHAPE = {
+    "model_type": "clip_vision_model",
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "intermediate_size": 64,
+    "num_attention_heads": 2,
+    "image_size": 56,
+    "patch_size": 14,
+    "projection_dim": 32,
+}
+IMAGE_SIZE = VISION_SHAPE["image_size"]
+IMAGE_TOKENS = (IMAGE_SIZE // VISION_SHAPE["patch_size"]) ** 2
+
+#: The text demo's ChatML template, an image part rendered as LLaVA's ``<image>``.
+CHAT_TEMPLATE = recipe.CHAT_TEMPLATE.replace(
+    "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}",
+    "{%- if part['type'] == 'text' %}{{- part['text'] }}"
+    "{%- elif part['type'] == 'image' %}{{- '<image>' }}"
+    "{%- endif %}",
+)
+
+
+def template_hash() -> str:
+    return hashlib.sha256(f"{VLM_FORMAT_VERSION}:{CHAT_TEMPLATE}".encode()).hexdigest()
+
+
+def write_llava(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
+    """Write every file of ``demo:vlm-llava`` into ``directory``, the marker last."""
+    tokenizer = files.train_tokenizer(recipe.DEMO_SIZES["tiny"].vocab_size)
+    tokenizer.add_special_tokens([IMAGE_TOKEN])
+    ids = {token: tokenizer.token_to_id(token) for token in (*files.SPECIAL_TOKENS, IMAGE_TOKEN)}
+    (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
+    config = _config(tokenizer.get_vocab_size(), dtype, ids)
+    shapes = mlx_vlm_shapes(config)  # llava-hf checkpoints keep mlx-vlm's names
+    files.write_safetensors(
+        directory / "model.safetensors",
+        draw_weights(shapes, "language_model.model.", seed, files.damped_ids(tokenizer)),
+        dtype,
+    )
+    files.write_json(directory / "config.json", config)
+    end = ids[files.IM_END], ids[files.ENDOFTEXT]
+    generation = {"bos_token_id": end[1], "pad_token_id": end[1], "eos_token_id": list(end)}
+    files.write_json(directory / "generation_config.json", generation)
+    tokenizer_config = recipe.tokenizer_config(TEXT_SHAPE["max_position_embeddings"], CHAT_TEMPLATE)
+    files.write_json(directory / "tokenizer_config.json", tokenizer_config)
+    special = {"eos_token": files.IM_END, "pad_token": files.ENDOFTEXT}
+    files.write_json(directory / "special_tokens_map.json", special)
+    files.write_json(directory / "preprocessor_config.json", _image_processor_config())
+    processor = {
+        "processor_class": "LlavaProcessor",
+        "patch_size": VISION_SHAPE["patch_size"],
+        "vision_feature_select_strategy": "default",
+        "num_additional_image_tokens": 1,
+        "image_token": IMAGE_TOKEN,
+    }
+    files.write_json(directory / "processor_config.json", processor)
+    marker = {"format_version": VLM_FORMAT_VERSION, "size": LLAVA_SIZE, "seed": seed, "dtype": dtype}
+    files.write_json(directory / recipe.DEMO_MARKER, {**marker, "chat_template_sha256": template_hash()})
+
+
+def _config(vocab_size: int, dtype: str, ids: dict[str, int]) -> dict[str, Any]:
+    text = {
+        **TEXT_SHAPE,
+        "model_type": "llama",
+        "vocab_size": vocab_size,
+        "rms_norm_eps": recipe.RMS_NORM_EPS,
+        "rope_theta": recipe.ROPE_THETA,
+        "tie_word_embeddings": True,
+    }
+    return {
+        "model_type": "llava",
+        "architectures": ["LlavaForConditionalGeneration"],
+        "text_config": text,
+        "vision_config": VISION_SHAPE,
+        "image_token_index": ids[IMAGE_TOKEN],
+        "vision_feature_select_strategy": "default",
+        "vision_feature_layer": -2,
+        "projector_hidden_act": "gelu",
+        "vocab_size": vocab_size,
+        "tie_word_embeddings": True,
+        "torch_dtype": dtype,
+        "bos_token_id": ids[files.ENDOFTEXT],
+        "pad_token_id": ids[files.ENDOFTEXT],
+        "eos_token_id": ids[files.IM_END],
+    }
+
+
+def _image_processor_config() -> dict[str, Any]:
+    return {
+        "image_processor_type": "CLIPImageProcessor",
+        "processor_class": "LlavaProcessor",
+        "size": {"shortest_edge": IMAGE_SIZE},
+        "crop_size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        "do_resize": True,
+        "do_center_crop": True,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "do_convert_rgb": True,
+        "image_mean": IMAGE_MEAN,
+        "image_std": IMAGE_STD,
+        "resample": 3,
+    }
