@@ -95,6 +95,11 @@ def _agents_args(sub, config_args: ConfigArgs) -> None:
     text = "multi-turn Claude Code, Codex and OpenCode sessions: prefix-cache reuse per turn"
     add_agents_args(_add(sub, config_args, "agents", handlers.agents, text))
 
+    from .mllm.peers_command import add_mllm_peers_args
+
+    text = "image requests against our server and mlx-vlm's own, alternating: TTFT, tok/s, repeated image"
+    add_mllm_peers_args(_add(sub, config_args, "mllm-peers", handlers.mllm_peers, text))
+
 
 def _in_process_args(sub, config_args: ConfigArgs) -> None:
     """Benchmarks that run mlx-lm or our engine in this process."""

@@ -39,6 +39,12 @@ def mllm(cfg, args: argparse.Namespace) -> int:
     return run_mllm_command(cfg, args)
 
 
+def mllm_peers(cfg, args: argparse.Namespace) -> int:
+    from .mllm.peers_command import run_mllm_peers_command
+
+    return run_mllm_peers_command(cfg, args)
+
+
 def agents(cfg, args: argparse.Namespace) -> int:
     from .agents.command import run_agents_command
 

@@ -24,7 +24,7 @@ import httpx
 
 from .http import BenchError
 
-PEERS = ("ours", "mlx-lm", "vllm-mlx")
+PEERS = ("ours", "mlx-lm", "vllm-mlx", "mlx-vlm")
 #: The vllm-mlx executable when ``--vllm-mlx`` names none (it lives in a venv of its own).
 VLLM_MLX_ENV = "VLLM_MLX_TRIO_BENCH_VLLM_MLX"
 VLLM_MLX = "vllm-mlx"
@@ -83,6 +83,9 @@ def peer_server(name: str, model_dir: str, port: int, *, vllm_mlx: str = VLLM_ML
     if name == "vllm-mlx":
         argv = (vllm_mlx, "serve", model_dir, "--port", str(port), "--continuous-batching")
         return PeerServer(name=name, argv=argv, model=None, env={"HOME": scratch})
+    if name == "mlx-vlm":  # mlx-vlm's own server: continuous batching and its vision cache on by default
+        argv = (py, "-m", "mlx_vlm.server", "--model", model_dir, "--port", str(port), "--host", "127.0.0.1")
+        return PeerServer(name=name, argv=argv, model=model_dir, env={"HOME": scratch})
     raise ValueError(f"unknown peer {name!r}; expected one of {', '.join(PEERS)}")
 
 
