@@ -154,14 +154,18 @@ def accuracy_table(cases: list[Case]) -> str:
         failures += [f"  {case.name} [{run}] {why}" for run, why in as_here.items() if why]
     lines = ["family          runs  as source        as expected here  disputed cases"]
     total = [0, 0, 0, 0]
-    for family, (ok, runs, here, disputed) in sorted(rows.items()):
-        lines.append(f"{family:<14} {runs:>5}  {ok:>4} ({ok / runs:6.1%})   {here:>4} ({here / runs:6.1%})   {disputed:>3}")
-        total = [a + b for a, b in zip(total, (ok, runs, here, disputed), strict=True)]
-    ok, runs, here, disputed = total
-    lines.append(f"{'all':<14} {runs:>5}  {ok:>4} ({ok / runs:6.1%})   {here:>4} ({here / runs:6.1%})   {disputed:>3}")
+    for family, counts in sorted(rows.items()):
+        lines.append(_row(family, counts))
+        total = [a + b for a, b in zip(total, counts, strict=True)]
+    lines.append(_row("all", total))
     if failures:
         lines += ["not as expected here:", *failures]
     return "\n".join(lines)
+
+
+def _row(family: str, counts: list[int]) -> str:
+    ok, runs, here, disputed = counts
+    return f"{family:<14} {runs:>5}  {ok:>4} ({ok / runs:6.1%})   {here:>4} ({here / runs:6.1%})   {disputed:>3}"
 
 
 def main() -> None:

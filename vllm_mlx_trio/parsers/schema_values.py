@@ -7,6 +7,17 @@ import json
 from typing import Any
 
 _NOT = object()
+#: Type names tool schemas use that are not JSON Schema's (Python's, C's), read as the JSON type they mean.
+_TYPE_ALIASES = {
+    "float": "number",
+    "double": "number",
+    "int": "integer",
+    "bool": "boolean",
+    "dict": "object",
+    "list": "array",
+    "str": "string",
+    "text": "string",
+}
 
 
 def _schema_types(schema: dict | None) -> list[str]:
@@ -20,7 +31,7 @@ def _schema_types(schema: dict | None) -> list[str]:
             types.extend(_schema_types(option))
     if not types and "enum" in schema:
         types = ["string"] if all(isinstance(v, str) for v in schema["enum"]) else []
-    return types
+    return [_TYPE_ALIASES.get(kind.lower(), kind.lower()) for kind in types]
 
 
 def _as_type(text: str, kind: str) -> Any:

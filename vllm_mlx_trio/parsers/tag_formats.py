@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import ClassVar
 
@@ -9,6 +10,8 @@ from .json_formats import decode_arguments, decode_json_values
 from .schema_values import coerce_value, property_schema
 from .tool_stream import ToolFormat
 from .types import MarkupError, RawCall
+
+logger = logging.getLogger(__name__)
 
 _NAME = re.compile(r"[\w.\-:/]+")
 
@@ -45,6 +48,7 @@ class Qwen3CoderFormat(ToolFormat):
     name = "qwen3_coder"
     regions = (("<tool_call>", "</tool_call>"), ("<function=", "</function>"))
     markup = ("<tool_call>", "</tool_call>")
+    orphan_ends = {"<function=": "</tool_call>"}
     _FUNCTION = re.compile(r"<function=([^>\n]*)>(.*?)(?:</function>|\Z)", re.DOTALL)
     _PARAMETER = re.compile(r"<parameter=([^>\n]*)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
 
@@ -108,20 +112,23 @@ class _SectionFormat(ToolFormat):
 
     def parse_region(self, start: str, body: str) -> list[RawCall]:
         if start == self.CALL_BEGIN:  # a lone call: body is its inside
-            return [self._call(body)]
+            return [call for call in (self._call(body),) if call is not None]
         parts = body.split(self.CALL_BEGIN)
         if parts[0].strip():
-            raise MarkupError("text before the first call")
-        return [self._call(part) for part in parts[1:]]
+            if len(parts) == 1:
+                raise MarkupError("no call in the section")
+            logger.warning("%s tool parser: text before the first call dropped: %.200r", self.name, parts[0])
+        return [call for call in map(self._call, parts[1:]) if call is not None]
 
-    def _call(self, part: str) -> RawCall:
+    def _call(self, part: str) -> RawCall | None:
         """One call from the text after its ``CALL_BEGIN`` (up to and with its ``CALL_END``, if any)."""
         inner, found, after = part.partition(self.CALL_END)
         if found and after.strip():
             raise MarkupError("text after a call")
         return self._read_call(inner)
 
-    def _read_call(self, inner: str) -> RawCall:
+    def _read_call(self, inner: str) -> RawCall | None:
+        """The call, or None for one the family's markup says to skip (with a WARNING)."""
         raise NotImplementedError
 
 
@@ -138,7 +145,7 @@ class DeepSeekV3Format(_SectionFormat):
     markup = (regions[0][0], CALL_BEGIN, SEP, CALL_END, regions[0][1])
     _FENCED = re.compile(r"\s*([^\s`]+)\s*```(?:json)?\s*(.*?)\s*```\s*\Z", re.DOTALL)
 
-    def _read_call(self, inner: str) -> RawCall:
+    def _read_call(self, inner: str) -> RawCall | None:
         if self.SEP not in inner:
             raise MarkupError("no tool separator in the call")
         head, rest = inner.split(self.SEP, 1)
@@ -150,7 +157,11 @@ class DeepSeekV3Format(_SectionFormat):
 
 class KimiK2Format(_SectionFormat):
     """Kimi K2: ``<|tool_calls_section_begin|><|tool_call_begin|>functions.name:0<|tool_call_argument_begin|>{...}
-    <|tool_call_end|><|tool_calls_section_end|>``; the model's ``functions.name:0`` is the call's id.
+    <|tool_call_end|><|tool_calls_section_end|>``; the model's id (``functions.name:0``) is the call's id.
+
+    The id may lack ``functions.`` (``name:0``) or be a bare counter (``0``): the name is then the
+    request's only tool, or the one tool whose parameters hold every argument given; a call whose
+    name cannot be told, or whose id is not one of these shapes, is skipped with a WARNING.
     """
 
     name = "kimi_k2"
@@ -161,13 +172,27 @@ class KimiK2Format(_SectionFormat):
         (CALL_BEGIN, CALL_END),
     )
     markup = (*{marker for region in regions for marker in region}, ARGS)
-    _ID = re.compile(r"\s*((?:functions\.)?([\w.\-]+?)(?::\d+)?)\s*\Z")
+    _ID = re.compile(r"\s*(?:((?:functions\.)?([\w.\-]+?):\d+)|(\d+))\s*\Z")
 
-    def _read_call(self, inner: str) -> RawCall:
+    def _read_call(self, inner: str) -> RawCall | None:
         if self.ARGS not in inner:
             raise MarkupError("no arguments marker in the call")
         head, args = inner.split(self.ARGS, 1)
+        arguments = _one_json_object(args)
         match = self._ID.match(head)
-        if match is None:
-            raise MarkupError(f"bad call id {head[:80]!r}")
-        return RawCall(name=match.group(2), arguments=_one_json_object(args), id=match.group(1))
+        name = None if match is None else match.group(2) or self._tool_for(arguments)
+        if match is None or name is None:
+            logger.warning("kimi_k2 tool parser: call skipped, no tool name in its id %.80r", head.strip())
+            return None
+        return RawCall(name=name, arguments=arguments, id=(match.group(1) or match.group(3)))
+
+    def _tool_for(self, arguments: dict) -> str | None:
+        """The tool a bare-counter call is to: the only one, or the only one with all these parameters."""
+        if len(self.tools) == 1:
+            return next(iter(self.tools))
+        fitting = [
+            name
+            for name, function in self.tools.items()
+            if set(arguments) <= set((function.get("parameters") or {}).get("properties") or {})
+        ]
+        return fitting[0] if len(fitting) == 1 else None

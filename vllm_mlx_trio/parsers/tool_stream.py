@@ -32,6 +32,9 @@ class ToolFormat:
     markup: ClassVar[tuple[str, ...]] = ()
     #: A region holds one ``{"name": ..., "arguments": {...}}`` object whose arguments can stream as they come.
     streams_arguments: ClassVar[bool] = False
+    #: By a region's start marker: an end marker the model may still write after that region closes
+    #: (Qwen3-Coder's ``<function=...>...</function></tool_call>`` without its ``<tool_call>``); dropped.
+    orphan_ends: ClassVar[dict[str, str]] = {}
 
     def __init__(self, tools: Sequence[dict] | None = None) -> None:
         self.tools = {
@@ -77,9 +80,12 @@ class ToolStream:
         self._openers = frozenset(start[0] for start in self._starts)
         self._scan_from = 0
         self._call: StreamedCall | None = None
+        #: An orphan end marker that may come next (see ``ToolFormat.orphan_ends``).
+        self._orphan: str | None = None
 
     def feed(self, text: str) -> list[ParsedDelta]:
-        if self._region is None and not self._at_start and not self._pending and not self._may_open(text):
+        idle = self._region is None and not self._at_start and not self._pending and self._orphan is None
+        if idle and not self._may_open(text):
             content = self._trimmer.push(text)  # fast path: no markup can start in it
             return [ParsedDelta(content=content)] if content else []
         if self._region is not None:
@@ -88,14 +94,16 @@ class ToolStream:
         self._pending += text
         out: list[ParsedDelta] = []
         while self._pending:
-            before = (self._region, len(self._pending), self._at_start)
+            before = (self._region, len(self._pending), self._at_start, self._orphan)
             if self._at_start:
                 self._step_start()
+            elif self._region is None and self._orphan is not None:
+                self._step_orphan()
             elif self._region is None:
                 self._step_content(out)
             else:
                 self._step_region(out)
-            if (self._region, len(self._pending), self._at_start) == before:
+            if (self._region, len(self._pending), self._at_start, self._orphan) == before:
                 break
         return [d for d in out if d != ParsedDelta()]
 
@@ -123,6 +131,15 @@ class ToolStream:
         self._at_start = False
         if verdict:
             self._region = ("", None)
+
+    def _step_orphan(self) -> None:
+        """Drop the orphan end marker if it comes next (whitespace before it is markup's); wait while it may."""
+        assert self._orphan is not None
+        rest = self._pending.lstrip()
+        if rest.startswith(self._orphan):
+            self._pending, self._orphan = rest[len(self._orphan) :], None
+        elif not self._orphan.startswith(rest):
+            self._orphan = None
 
     def _step_content(self, out: list[ParsedDelta]) -> None:
         found = find_first(self._pending, self._starts)
@@ -239,9 +256,7 @@ class ToolStream:
                 out.append(ParsedDelta(content=self._trimmer.push(body + end)))
             return
         try:
-            calls = self._fmt.parse_region(start, body)
-            if not calls:
-                raise MarkupError("no call in the markup")
+            calls = self._fmt.parse_region(start, body)  # none: markup with no call in it (an empty section)
         except MarkupError as exc:
             raw = ("" if continued else start) + body + end
             if start:  # an unmarked (bare JSON) reply that is not a call is just the answer
@@ -250,6 +265,8 @@ class ToolStream:
             return
         self._region_parsed = True
         self._trimmer.markup()
+        if last:
+            self._orphan = self._fmt.orphan_ends.get(start)
         out.extend(self._call_deltas(calls))
 
     def _call_deltas(self, calls: list[RawCall]) -> list[ParsedDelta]:
