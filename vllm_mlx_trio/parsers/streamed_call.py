@@ -24,7 +24,8 @@ from .types import MarkupError, RawCall
 logger = logging.getLogger(__name__)
 
 #: The markup of a call up to the ``{`` that opens its arguments object: name first, then the arguments.
-CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{)')
+CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*(?=\{\s*["}])')
+_DECODER = json.JSONDecoder()
 #: Characters JSON has outside its strings (the letters of true/false/null and exponents included).
 _JSON_OUTSIDE_STRINGS = frozenset("{}[],:.+-0123456789 \t\r\neEtrufalsn")
 
@@ -48,6 +49,27 @@ def match_call_head(text: str) -> tuple[str, int] | None:
     except ValueError:
         return None
     return (name, head.end()) if name else None
+
+
+def json_run_end(text: str, skipped: tuple[str, ...] = ()) -> int:
+    """Where text that is not JSON starts in ``text``: past whole JSON values, whitespace, ``;`` and ``,``
+    separators, the closing brackets of a value begun before ``text``, and the ``skipped`` markers."""
+    pos = 0
+    while pos < len(text):
+        if text[pos] in " \t\r\n;,}]":
+            pos += 1
+            continue
+        marker = next((m for m in skipped if text.startswith(m, pos)), None)
+        if marker:
+            pos += len(marker)
+            continue
+        if text[pos] not in "{[":
+            return pos
+        try:
+            pos = _DECODER.raw_decode(text, pos)[1]
+        except json.JSONDecodeError:
+            return pos
+    return pos
 
 
 class ObjectScanner:

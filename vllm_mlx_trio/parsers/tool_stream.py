@@ -15,7 +15,7 @@ import logging
 from collections.abc import Sequence
 from typing import ClassVar
 
-from .streamed_call import CallHead, StreamedCall, match_call_head
+from .streamed_call import CallHead, StreamedCall, json_run_end, match_call_head
 from .text import MarkupTrimmer, find_first, partial_marker_len
 from .types import MarkupError, ParsedDelta, RawCall, new_call_id
 
@@ -32,6 +32,8 @@ class ToolFormat:
     markup: ClassVar[tuple[str, ...]] = ()
     #: A region holds one ``{"name": ..., "arguments": {...}}`` object whose arguments can stream as they come.
     streams_arguments: ClassVar[bool] = False
+    #: Tokens that may close the output after the calls (Llama's ``<|eom_id|>``): neither calls nor content.
+    end_tokens: ClassVar[tuple[str, ...]] = ()
     #: By a region's start marker: an end marker the model may still write after that region closes
     #: (Qwen3-Coder's ``<function=...>...</function></tool_call>`` without its ``<tool_call>``); dropped.
     orphan_ends: ClassVar[dict[str, str]] = {}
@@ -55,6 +57,11 @@ class ToolFormat:
     def ready_call(self, region_text: str) -> int | None:
         """Length of a whole call at the start of an open region's text, to send before the region ends."""
         return None
+
+    def trailing_text_at(self, body: str) -> int:
+        """In a region without an end marker, closed by the end of the output: where the text after its
+        calls starts (that text is content)."""
+        return len(body)
 
     def bare_call_start(self, text: str) -> bool | None:
         """At the start of the content: does ``text`` open an unmarked call (True), not (False), unsure (None)?"""
@@ -175,12 +182,26 @@ class ToolStream:
         self._close_region(start, body, end, out)
 
     def _close_region(self, start: str, body: str, end: str, out: list[ParsedDelta]) -> None:
-        """The end of a region: the rest of its text (``end``: its end marker, "" at the end of the output)."""
+        """The end of a region: the rest of its text (``end``: its end marker, "" at the end of the output).
+
+        A region without an end marker runs to the end of the output: text after its calls is content.
+        """
+        assert self._region is not None and self._fmt is not None
+        trailing = ""
+        if self._region[1] is None:
+            if self._call is not None:  # the rest of a streamed call's markup
+                cut = json_run_end(body, (*self._fmt.markup, *self._fmt.end_tokens))
+            else:
+                cut = self._fmt.trailing_text_at(body)
+            if body[:cut].strip() or self._call is not None:  # else: no calls to split the text from
+                body, trailing = body[:cut], body[cut:]
         self._region = None
         if self._call is not None:
             self._close_streamed_call(start, body, out)
-            return
-        self._read_markup(start, body, end, out, last=True)
+        else:
+            self._read_markup(start, body, end, out, last=True)
+        if trailing:
+            out.append(ParsedDelta(content=self._trimmer.push(trailing)))
 
     def _open_call(self, end_at: int, out: list[ParsedDelta]) -> bool:
         """Open a streamed call if the region (up to its end marker, if seen) starts with a call's head."""
