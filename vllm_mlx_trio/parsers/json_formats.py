@@ -123,7 +123,7 @@ class MistralFormat(ToolFormat):
     markup = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")
     streams_arguments = True
 
-    def call_head(self, text: str) -> CallHead | None:
+    def call_head(self, start: str, text: str) -> CallHead | None:
         """``name[ARGS]`` / ``name[CALL_ID]id[ARGS]`` (v11+), or ``[{"name": ..., "arguments": `` (older)."""
         v11 = _V11_HEAD.match(text)
         if v11 is not None:

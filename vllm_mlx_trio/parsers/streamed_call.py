@@ -32,11 +32,14 @@ _JSON_OUTSIDE_STRINGS = frozenset("{}[],:.+-0123456789 \t\r\neEtrufalsn")
 
 @attrs.frozen(kw_only=True)
 class CallHead:
-    """The markup before a call's arguments object: the call's name, its length, the id it gives."""
+    """The markup before a call's arguments: the call's name, its length, the id it gives, the marker that
+    ends the call inside its region (None: the region's end), and how its arguments are read (None: JSON)."""
 
     name: str
     length: int
     call_id: str | None = None
+    end: str | None = None
+    reader: object = None
 
 
 def match_call_head(text: str) -> tuple[str, int] | None:
@@ -110,22 +113,58 @@ class ObjectScanner:
         return len(text)
 
 
-class StreamedCall:
-    """One call being streamed: its head, the arguments sent, the markup after them."""
+class JsonArguments:
+    """Arguments written as a JSON object: its text is sent as it comes, exactly as written."""
 
-    def __init__(self, *, index: int, name: str, head: str) -> None:
+    def __init__(self) -> None:
+        self.scanner = ObjectScanner()
+
+    @property
+    def done(self) -> bool:
+        return self.scanner.done
+
+    def take(self, text: str, *, final: bool = False) -> tuple[str, int]:
+        """(fragment to send, characters of ``text`` read): the part of ``text`` that is the object."""
+        used = self.scanner.take(text)
+        return text[:used], used
+
+    def close(self) -> str:
+        return ""
+
+
+class StreamedCall:
+    """One call being streamed: its head, the markup read as arguments, the fragments sent, the markup after."""
+
+    def __init__(
+        self, *, index: int, name: str, head: str, reader: JsonArguments | None = None, end: str | None = None
+    ):
         self.index = index
         self.name = name
         self.head = head
+        #: Reads the arguments' markup into fragments (JSON as written, or a format's key/value tags).
+        self.reader = reader or JsonArguments()
+        #: The marker that ends this call inside its region (None: the region's end).
+        self.end = end
+        self.raw = ""
         self.arguments = ""
         self.tail = ""
-        self.scanner = ObjectScanner()
 
-    def take_arguments(self, text: str) -> str:
-        """The part of ``text`` that is arguments (to send now); the caller keeps the rest."""
-        piece = text[: self.scanner.take(text)]
-        self.arguments += piece
-        return piece
+    def take_arguments(self, text: str, *, final: bool = False) -> tuple[str, int]:
+        """(fragment to send now, characters of ``text`` read); the caller keeps the rest of ``text``."""
+        fragment, used = self.reader.take(text, final=final)
+        self.raw += text[:used]
+        self.arguments += fragment
+        return fragment, used
+
+    def close_arguments(self) -> str:
+        """The last fragment (the ``}`` of arguments built from tags), at the end of the call's markup."""
+        fragment = self.reader.close()
+        self.arguments += fragment
+        return fragment
+
+    @property
+    def markup(self) -> str:
+        return self.head + self.raw + self.tail
 
     def check(self, calls: list[RawCall] | MarkupError, fmt_name: str) -> list[RawCall]:
         """At the end of the markup: the calls after this one in it (llama3_json's ``;``-separated calls), to
@@ -139,7 +178,7 @@ class StreamedCall:
                 self.name,
                 len(self.arguments),
                 problem,
-                self.head + self.arguments + self.tail,
+                self.markup,
                 self.tail,
             )
             return []

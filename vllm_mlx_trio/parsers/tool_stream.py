@@ -49,8 +49,9 @@ class ToolFormat:
         """The calls in one region (``body`` is between the markers); raises MarkupError."""
         raise NotImplementedError
 
-    def call_head(self, text: str) -> CallHead | None:
-        """With ``streams_arguments``: the call whose arguments object starts in an open region's text."""
+    def call_head(self, start: str, text: str) -> CallHead | None:
+        """With ``streams_arguments``: the call whose arguments start in the text of an open region (opened
+        by ``start``); the head ends where the arguments begin."""
         head = match_call_head(text)
         return None if head is None else CallHead(name=head[0], length=head[1])
 
@@ -168,7 +169,7 @@ class ToolStream:
         end_at = self._pending.find(end, self._scan_from) if end else -1
         self._scan_from = 0
         if self._fmt.streams_arguments and (self._call is not None or self._open_call(end_at, out)):
-            self._step_streamed_call(end_at, out)
+            self._step_streamed_call(out)
             return
         ready = self._fmt.ready_call(self._pending)
         if ready is not None and (end_at < 0 or ready <= end_at):
@@ -197,7 +198,9 @@ class ToolStream:
                 body, trailing = body[:cut], body[cut:]
         self._region = None
         if self._call is not None:
-            self._close_streamed_call(start, body, out)
+            self._close_streamed_call(start, body, "", out)
+            self._region_read = False
+            self._orphan = self._fmt.orphan_ends.get(start)
         else:
             self._read_markup(start, body, end, out, last=True)
         if trailing:
@@ -205,11 +208,13 @@ class ToolStream:
 
     def _open_call(self, end_at: int, out: list[ParsedDelta]) -> bool:
         """Open a streamed call if the region (up to its end marker, if seen) starts with a call's head."""
-        assert self._fmt is not None
-        head = self._fmt.call_head(self._pending if end_at < 0 else self._pending[:end_at])
+        assert self._fmt is not None and self._region is not None
+        head = self._fmt.call_head(self._region[0], self._pending if end_at < 0 else self._pending[:end_at])
         if head is None:
             return False
-        self._call = StreamedCall(index=self._next_index, name=head.name, head=self._pending[: head.length])
+        self._call = StreamedCall(
+            index=self._next_index, name=head.name, head=self._pending[: head.length], reader=head.reader, end=head.end
+        )
         self._next_index += 1
         self._pending = self._pending[head.length :]
         self._trimmer.markup()
@@ -217,45 +222,56 @@ class ToolStream:
         out.append(ParsedDelta(tool_index=self._call.index, tool_id=call_id, tool_name=head.name))
         return True
 
-    def _step_streamed_call(self, end_at: int, out: list[ParsedDelta]) -> None:
-        """Send the arguments seen so far; at the end marker, close the call."""
+    def _step_streamed_call(self, out: list[ParsedDelta]) -> None:
+        """Send the arguments seen so far; at the call's end marker (or its region's), close the call."""
         assert self._call is not None and self._region is not None
-        end = self._region[1]
-        if end_at >= 0:
-            end_at = self._pending.find(end)  # the head was taken off since it was found
-            limit = end_at
-        else:  # a suffix that may be the start of the end marker waits
-            limit = len(self._pending) - (partial_marker_len(self._pending, (end,)) if end else 0)
-        piece = self._call.take_arguments(self._pending[:limit])
-        if piece:
-            out.append(ParsedDelta(tool_index=self._call.index, arguments=piece))
-            self._pending = self._pending[len(piece) :]
-            end_at -= len(piece) if end_at >= 0 else 0
+        start, end = self._region
+        ends = tuple(marker for marker in (self._call.end, end) if marker)
+        found = find_first(self._pending, ends)
+        # a suffix that may be the start of an end marker waits
+        limit = found[0] if found else len(self._pending) - partial_marker_len(self._pending, ends)
+        self._pending = self._pending[self._send_arguments(self._pending[:limit], out) :]
         if end is None and self._next_region_starts():  # mistral: the next call's own [TOOL_CALLS]
-            self._close_region(self._region[0], "", "", out)
+            self._close_region(start, "", "", out)
             return
-        if end_at < 0 or end is None:
+        found = find_first(self._pending, ends)
+        if found is None:
             return
-        body, self._pending = self._pending[:end_at], self._pending[end_at + len(end) :]
-        self._close_region(self._region[0], body, end, out)
+        at, marker = found
+        body, self._pending = self._pending[:at], self._pending[at + len(marker) :]
+        if marker == end:
+            self._close_region(start, body, end, out)
+            return
+        self._close_streamed_call(start, body, marker, out)  # the region goes on: more calls may follow
+        self._region_read = self._region_parsed = True
+
+    def _send_arguments(self, text: str, out: list[ParsedDelta], *, final: bool = False) -> int:
+        """Read ``text`` (of the open call's markup) as arguments and send what it gives; how much was read."""
+        assert self._call is not None
+        fragment, used = self._call.take_arguments(text, final=final)
+        if fragment:
+            out.append(ParsedDelta(tool_index=self._call.index, arguments=fragment))
+        return used
 
     def _next_region_starts(self) -> bool:
         """A region without an end marker: its call's arguments are whole and another region starts."""
         assert self._call is not None
         rest = self._pending.lstrip()
-        return self._call.scanner.done and rest.startswith(self._starts)
+        return self._call.reader.done and rest.startswith(self._starts)
 
-    def _close_streamed_call(self, start: str, rest: str, out: list[ParsedDelta]) -> None:
-        """The end of a streamed call's markup (``rest``: its text not taken yet): send the last of its
-        arguments, then check the whole markup (a WARNING if it does not read as the call sent)."""
+    def _close_streamed_call(self, start: str, rest: str, end: str, out: list[ParsedDelta]) -> None:
+        """The end of a streamed call's markup (``rest``: its text not read yet; ``end``: the call's end marker
+        if it has its own): send the last of its arguments, then check the whole markup (a WARNING if it does
+        not read as the call sent)."""
         assert self._call is not None and self._fmt is not None
-        call, self._call = self._call, None
-        piece = call.take_arguments(rest)
-        if piece:
-            out.append(ParsedDelta(tool_index=call.index, arguments=piece))
-        call.tail = rest[len(piece) :]
+        call = self._call
+        call.tail = rest[self._send_arguments(rest, out, final=True) :] + end
+        self._call = None
+        closing = call.close_arguments()
+        if closing:
+            out.append(ParsedDelta(tool_index=call.index, arguments=closing))
         try:
-            calls: list[RawCall] | MarkupError = self._fmt.parse_region(start, call.head + call.arguments + call.tail)
+            calls: list[RawCall] | MarkupError = self._fmt.parse_region(start, call.markup)
         except MarkupError as exc:
             calls = exc
         out.extend(self._call_deltas(call.check(calls, self._fmt.name)))
