@@ -34,6 +34,10 @@ class Case:
     tools: list
     expected: dict
     disputed: dict | None
+    #: The reasoning parser the case's model runs with (its output starts inside the thinking block
+    #: when ``starts_in_reasoning``), else None.
+    reasoning_parser: str | None = None
+    starts_in_reasoning: bool = False
 
     @property
     def name(self) -> str:
@@ -59,13 +63,20 @@ def load_cases() -> list[Case]:
                     tools=raw.get("tools", data["tools"]),
                     expected=raw["expected"],
                     disputed=raw.get("disputed"),
+                    reasoning_parser=raw.get("reasoning_parser"),
+                    starts_in_reasoning=raw.get("starts_in_reasoning", False),
                 )
             )
     return cases
 
 
 def _parser_kwargs(case: Case) -> dict:
-    return {"tool_parser": case.parser, "reasoning_parser": None, "tools": case.tools}
+    return {
+        "tool_parser": case.parser,
+        "reasoning_parser": case.reasoning_parser,
+        "tools": case.tools,
+        "starts_in_reasoning": case.starts_in_reasoning,
+    }
 
 
 def run_whole(case: Case) -> ParsedMessage:

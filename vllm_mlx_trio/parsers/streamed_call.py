@@ -56,20 +56,25 @@ def match_call_head(text: str) -> tuple[str, int] | None:
 
 def json_run_end(text: str, skipped: tuple[str, ...] = ()) -> int:
     """Where text that is not JSON starts in ``text``: past whole JSON values, whitespace, ``;`` and ``,``
-    separators, the closing brackets of a value begun before ``text``, and the ``skipped`` markers."""
-    pos = 0
+    separators, the rest of an object or array begun before ``text`` (its closing brackets, and its
+    members: a string or number is taken after ``,`` or ``:`` only), and the ``skipped`` markers."""
+    pos, after = 0, ""
     while pos < len(text):
-        if text[pos] in " \t\r\n;,}]":
+        ch = text[pos]
+        if ch in " \t\r\n":
             pos += 1
+            continue
+        if ch in ";,:}]":
+            pos, after = pos + 1, ch
             continue
         marker = next((m for m in skipped if text.startswith(m, pos)), None)
         if marker:
-            pos += len(marker)
+            pos, after = pos + len(marker), ""
             continue
-        if text[pos] not in "{[":
+        if not (ch in "{[" or (after in (",", ":") and ch in '"-0123456789tfn')):
             return pos
         try:
-            pos = _DECODER.raw_decode(text, pos)[1]
+            pos, after = _DECODER.raw_decode(text, pos)[1], "value"
         except json.JSONDecodeError:
             return pos
     return pos

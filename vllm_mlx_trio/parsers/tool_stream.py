@@ -231,7 +231,7 @@ class ToolStream:
         # a suffix that may be the start of an end marker waits
         limit = found[0] if found else len(self._pending) - partial_marker_len(self._pending, ends)
         self._pending = self._pending[self._send_arguments(self._pending[:limit], out) :]
-        if end is None and self._next_region_starts():  # mistral: the next call's own [TOOL_CALLS]
+        if self._call.end is None and self._next_region_starts():  # the next call's own start, no end between
             self._close_region(start, "", "", out)
             return
         found = find_first(self._pending, ends)
@@ -254,7 +254,8 @@ class ToolStream:
         return used
 
     def _next_region_starts(self) -> bool:
-        """A region without an end marker: its call's arguments are whole and another region starts."""
+        """The call's arguments are whole and another region starts (Mistral's next ``[TOOL_CALLS]``, which
+        has no end marker; a Kimi or DeepSeek call whose end marker the model left out)."""
         assert self._call is not None
         rest = self._pending.lstrip()
         return self._call.reader.done and rest.startswith(self._starts)
