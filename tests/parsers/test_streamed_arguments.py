@@ -163,6 +163,7 @@ def test_every_family_streams_arguments_before_the_call_ends(tool_parser, first,
 
 
 def test_tag_pairs_stream_as_the_json_that_json_dumps_writes():
+    """An untyped Qwen3-Coder value is text: it streams as written (less the newline on each side)."""
     text = (
         '<tool_call>\n<function=f>\n<parameter=a>\nx "q" ü\n</parameter>\n<parameter=b>\n[1, {"c": null}]\n'
         "</parameter>\n</function>\n</tool_call>"
@@ -171,8 +172,9 @@ def test_tag_pairs_stream_as_the_json_that_json_dumps_writes():
     for name, chunks in chunkings(text).items():
         deltas, message = stream(chunks, tool_parser="qwen3_coder", reasoning_parser=None, tools=tools)
         pieces = [d.arguments for d in deltas if d.tool_index is not None and d.arguments]
-        if name == "1":  # each pair as its closing tag comes, then the closing brace
-            assert pieces == ['{"a": "x \\"q\\" ü"', ', "b": [1, {"c": null}]', "}"]
+        if name == "1":  # a string value as it comes, the array once its closing tag is seen, then the brace
+            chars = [json.dumps(ch, ensure_ascii=False)[1:-1] for ch in 'x "q" ü']
+            assert pieces == ['{"a": "', *chars, '"', ', "b": [1, {"c": null}]', "}"]
         expected = json.dumps({"a": 'x "q" ü', "b": [1, {"c": None}]}, ensure_ascii=False)
         assert "".join(pieces) == message.tool_calls[0].arguments == expected
 
@@ -188,3 +190,21 @@ def test_a_call_without_arguments_streams_an_empty_object():
         tool_parser="glm45",
         reasoning_parser=None,
     )
+
+
+def test_a_long_string_value_streams_before_its_closing_tag():
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "write", "parameters": {"properties": {"content": {"type": "string"}}}},
+        }
+    ]
+    glm = OutputParser(tool_parser="glm45", reasoning_parser=None, tools=tools)
+    sent = sent_arguments(glm, "<tool_call>write\n<arg_key>content</arg_key>\n<arg_value>line 1\nline 2</arg_")
+    assert sent == '{"content": "line 1\\nline 2'
+    assert sent_arguments(glm, "value>\n</tool_call>") == '"}'
+    qwen = OutputParser(tool_parser="qwen3_coder", reasoning_parser=None, tools=tools)
+    sent = sent_arguments(qwen, "<tool_call>\n<function=write>\n<parameter=content>\nline 1\n")
+    assert sent == '{"content": "line 1'  # the newline may be the tags': held
+    sent += sent_arguments(qwen, "line 2\n</parameter>\n</function>\n</tool_call>")
+    assert sent == '{"content": "line 1\\nline 2"}'

@@ -7,8 +7,8 @@ import re
 from typing import ClassVar
 
 from .json_formats import decode_arguments, decode_json_values
-from .pair_arguments import PairArguments
-from .schema_values import coerce_value, property_schema
+from .pair_arguments import PairArguments, PairTags
+from .schema_values import coerce_value, property_schema, schema_types
 from .streamed_call import CallHead
 from .tool_stream import ToolFormat
 from .types import MarkupError, RawCall
@@ -37,6 +37,13 @@ def _ready_between(text: str, begin: str, end: str) -> int | None:
 _OBJECT_AHEAD = r'(?=\{\s*["}])'
 
 
+def _text_valued(tools: dict, function_name: str, key: str, *, untyped: bool) -> bool:
+    """The value of parameter ``key`` is the text as written: its schema allows only strings (or, with
+    ``untyped``, gives no type)."""
+    types = set(schema_types(property_schema(tools.get(function_name), key)))
+    return types == {"string"} or (untyped and not types)
+
+
 def _one_json_object(text: str) -> dict:
     values = decode_json_values(text)
     if len(values) != 1:
@@ -59,8 +66,14 @@ class Qwen3CoderFormat(ToolFormat):
     streams_arguments = True
     _FUNCTION = re.compile(r"<function=([^>\n]*)>(.*?)(?:</function>|\Z)", re.DOTALL)
     _PARAMETER = re.compile(r"<parameter=([^>\n]*)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
-    _WHOLE_PARAMETER = re.compile(r"\s*<parameter=([^>\n]*)>(.*?)(?:</parameter>|(?=<parameter=))", re.DOTALL)
-    _LAST_PARAMETER = re.compile(r"\s*<parameter=([^>\n]*)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
+    _TAGS = PairTags(
+        pair=re.compile(r"\s*<parameter=([^>\n]*)>(.*?)(?:</parameter>|(?=<parameter=))", re.DOTALL),
+        last_pair=re.compile(r"\s*<parameter=([^>\n]*)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL),
+        opening=re.compile(r"\s*<parameter=([^>\n]*)>"),
+        closing="</parameter>",
+        ends_before=("<parameter=",),
+        newlines_are_tags=True,
+    )
     #: A call's head, once a parameter (or the call's end) shows its body is tags.
     _HEADS = {
         "<tool_call>": re.compile(r"\s*<function=([^>\n]*)>(?=\s*(?:<parameter=|</function>))"),
@@ -72,7 +85,9 @@ class Qwen3CoderFormat(ToolFormat):
         if head is None or not _NAME.fullmatch(head.group(1).strip()):
             return None
         name = head.group(1).strip()
-        reader = PairArguments(self._WHOLE_PARAMETER, self._LAST_PARAMETER, lambda k, v: self._value(name, k, v))
+        reader = PairArguments(
+            self._TAGS, lambda k, v: self._value(name, k, v), lambda k: _text_valued(self.tools, name, k, untyped=True)
+        )
         return CallHead(
             name=name, length=head.end(), end="</function>" if start == "<tool_call>" else None, reader=reader
         )
@@ -111,7 +126,12 @@ class Glm45Format(ToolFormat):
     markup = ("<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
     streams_arguments = True
     _PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
-    _LEADING_PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+    _TAGS = PairTags(
+        pair=re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL),
+        last_pair=re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL),
+        opening=re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>", re.DOTALL),
+        closing="</arg_value>",
+    )
     _HEAD = re.compile(r"\s*([^\s<]+)\s*(?=<arg_key>)")
 
     def call_head(self, start: str, text: str) -> CallHead | None:
@@ -119,7 +139,9 @@ class Glm45Format(ToolFormat):
         if head is None or not _NAME.fullmatch(head.group(1)):
             return None
         name = head.group(1)
-        reader = PairArguments(self._LEADING_PAIR, self._LEADING_PAIR, lambda k, v: self._value(name, k, v))
+        reader = PairArguments(
+            self._TAGS, lambda k, v: self._value(name, k, v), lambda k: _text_valued(self.tools, name, k, untyped=False)
+        )
         return CallHead(name=name, length=head.end(), reader=reader)
 
     def _value(self, function_name: str, key: str, value: str) -> tuple[str, object]:
