@@ -60,7 +60,7 @@ def load_cases() -> list[Case]:
                     id=raw["id"],
                     source=raw["source"],
                     text=raw["text"],
-                    tools=raw.get("tools", data["tools"]),
+                    tools=_tools(raw.get("tools", data["tools"]), data),
                     expected=raw["expected"],
                     disputed=raw.get("disputed"),
                     reasoning_parser=raw.get("reasoning_parser"),
@@ -68,6 +68,11 @@ def load_cases() -> list[Case]:
                 )
             )
     return cases
+
+
+def _tools(tools: list | str, data: dict) -> list:
+    """A case's tools: given, or the name of one of its file's ``tool_sets``."""
+    return data["tool_sets"][tools] if isinstance(tools, str) else tools
 
 
 def _parser_kwargs(case: Case) -> dict:
