@@ -1,10 +1,11 @@
-"""A tool call whose arguments object streams as the model writes it (hermes, llama3_json, mistral).
+"""A tool call whose arguments stream as the model writes them (every family).
 
-Once a call's markup shows its name and the ``{`` of its arguments object, the call opens (a
-delta with its index, id and name) and the object's text goes out as fragments as it arrives,
-exactly as the model wrote it: the fragments concatenate to the call's final ``arguments``.
-When the markup closes, the whole of it is read again by the format to check it; calls after
-the first in the same markup (llama3_json's ``;``-separated ones) are sent whole then.
+Once a call's markup shows its name and the start of its arguments, the call opens (a delta with
+its index, id and name) and its arguments go out as fragments as they arrive: a JSON object's text
+exactly as the model wrote it (:class:`JsonArguments`), or key/value tags as JSON members
+(``pair_arguments``); the fragments concatenate to the call's final ``arguments``. When the call's
+markup ends, the whole of it is read again by the format to check it; calls after the first in the
+same markup (llama3_json's ``;``-separated ones) are sent whole then.
 
 If it does not check out (the arguments are cut off or are not JSON, or text after them is not
 the call's markup), the call is kept with the arguments already sent (as vLLM does: a client

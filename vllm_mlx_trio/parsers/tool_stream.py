@@ -2,11 +2,12 @@
 
 Content streams until a format's start marker; only a suffix that could be the start of one is
 held back. Markup is buffered until its end marker (or the end of the text), then read into
-whole calls by the format. Each call goes out as one delta with its index, id, name and the
+whole calls by the format; each such call goes out as one delta with its index, id, name and the
 whole arguments JSON. Markup that does not parse goes back into the content with a WARNING.
-A format with ``streams_arguments`` (hermes, llama3_json, mistral) instead opens a call as soon as its
-name and the start of its arguments are seen (:meth:`ToolFormat.call_head`), and streams the
-arguments' text (see ``streamed_call``).
+A format with ``streams_arguments`` (all of them) instead opens a call as soon as its name and the
+start of its arguments are seen (:meth:`ToolFormat.call_head`), and streams its arguments (see
+``streamed_call``); a call it cannot open so (arguments given as a JSON string, a Kimi id that does
+not name the tool) is read whole when its markup ends.
 """
 
 from __future__ import annotations
