@@ -260,6 +260,7 @@ class KimiK2Format(_SectionFormat):
         (CALL_BEGIN, CALL_END),
     )
     markup = (*{marker for region in regions for marker in region}, ARGS)
+    reasoning_ends = tuple(start for start, _ in regions)
     _HEAD = re.compile(rf"\s*(?P<id>(?:functions\.)?(?P<name>[\w.\-]+?):\d+)\s*{re.escape(ARGS)}\s*{_OBJECT_AHEAD}")
     _ID = re.compile(r"\s*(?:((?:functions\.)?([\w.\-]+?):\d+)|(\d+))\s*\Z")
 

@@ -33,6 +33,9 @@ class ToolFormat:
     markup: ClassVar[tuple[str, ...]] = ()
     #: A region holds one ``{"name": ..., "arguments": {...}}`` object whose arguments can stream as they come.
     streams_arguments: ClassVar[bool] = False
+    #: Markup the model may write inside its thinking block without closing it first: it ends the
+    #: reasoning there (Kimi-K2-Thinking's tool-call section).
+    reasoning_ends: ClassVar[tuple[str, ...]] = ()
     #: Tokens that may close the output after the calls (Llama's ``<|eom_id|>``): neither calls nor content.
     end_tokens: ClassVar[tuple[str, ...]] = ()
     #: By a region's start marker: an end marker the model may still write after that region closes
