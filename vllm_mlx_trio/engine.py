@@ -27,7 +27,7 @@ from .config import EngineConfig
 from .core.params import SamplingParams
 from .core.prefix.pool_types import BlockInfo
 from .core.prefix.warm_prompts import warm_prefix_cache
-from .core.text import with_special_markup
+from .core.text import keeping_special_markup, with_special_markup
 from .errors import EngineClosedError, QueueFullError, VllmMlxTrioError
 from .health import DrainStarted, HealthSnapshot
 from .messages import (
@@ -100,6 +100,7 @@ class Engine:
         self.output_format = topology.output_format
         #: Chat replies keep the parsers' markup that the tokenizer has as special tokens.
         self._chat_token_bytes = _chat_token_bytes(self.model_info, self.output_format)
+        self._chat_decoder = _chat_decoder(self.model_info, self.output_format)
         self._submit_send = topology.submit_send
         self._control_send = topology.control_send
         self._depart_send = topology.depart_send
@@ -325,7 +326,7 @@ class Engine:
         return RequestStream(
             rid,
             outbox_recv,
-            self.model_info.tokenizer,
+            self.model_info.tokenizer if isinstance(prompt, str) else self._chat_decoder,
             params.stop,
             token_bytes=self.model_info.token_bytes if isinstance(prompt, str) else self._chat_token_bytes,
             on_close=functools.partial(self._stream_closed, rid),
@@ -374,6 +375,14 @@ def _as_message(turn: dict[str, Any]) -> ChatMessage:
         tool_call_id=turn.get("tool_call_id"),
         reasoning=turn.get("reasoning_content", turn.get("reasoning")),
     )
+
+
+def _chat_decoder(model_info: ModelInfo, output_format: OutputFormat) -> Any:
+    """The decoder of chat replies when the tokenizer has no byte table (SentencePiece): the
+    tokenizer's, with the output parsers' markup kept where it is a special token."""
+    if model_info.token_bytes is not None or not output_format.markup:
+        return model_info.tokenizer
+    return keeping_special_markup(model_info.tokenizer, output_format.markup)
 
 
 def _chat_token_bytes(model_info: ModelInfo, output_format: OutputFormat) -> tuple[bytes, ...] | None:

@@ -1,10 +1,12 @@
-"""Arguments streamed as they are generated (hermes, llama3_json, mistral): fragments, and the
+"""Arguments streamed as they are generated, in every family: fragments, and the
 calls sent whole after."""
 
 from __future__ import annotations
 
 import json
 import logging
+
+import pytest
 
 from vllm_mlx_trio.parsers import OutputParser
 
@@ -101,3 +103,108 @@ def test_mistral_broken_after_the_arguments_began_keeps_the_call(caplog):
             text, (None, None, [("a", 'BROKEN:{"x": 1, "y": ')]), tool_parser="mistral", reasoning_parser=None
         )
     assert "kept with the" in caplog.text
+
+
+DAYS_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}},
+        },
+    }
+]
+DS_BEGIN = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+DS_END = "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+KIMI_BEGIN = "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>"
+HARMONY_BEGIN = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+
+
+@pytest.mark.parametrize(
+    ("tool_parser", "first", "sent_first", "rest"),
+    [
+        (
+            "qwen3_coder",
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n",
+            '{"city": "Paris"',
+            "3\n</parameter>\n</function>\n</tool_call>",
+        ),
+        (
+            "glm45",
+            "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>",
+            '{"city": "Paris"',
+            "3</arg_value>\n</tool_call>",
+        ),
+        ("deepseek_v3", DS_BEGIN + '{"city": "Pa', '{"city": "Pa', 'ris", "days": 3}' + DS_END),
+        (
+            "kimi_k2",
+            KIMI_BEGIN + '{"city": "Pa',
+            '{"city": "Pa',
+            'ris", "days": 3}<|tool_call_end|><|tool_calls_section_end|>',
+        ),
+        ("openai", HARMONY_BEGIN + '{"city": "Pa', '{"city": "Pa', 'ris", "days": 3}<|call|>'),
+    ],
+)
+def test_every_family_streams_arguments_before_the_call_ends(tool_parser, first, sent_first, rest):
+    parser = OutputParser(tool_parser=tool_parser, reasoning_parser=None, tools=DAYS_TOOLS)
+    deltas = parser.feed(first)
+    assert [d.tool_name for d in deltas if d.tool_name] == ["get_weather"]
+    assert "".join(d.arguments for d in deltas) == sent_first
+    deltas += parser.feed(rest) + parser.finish()
+    (call,) = parser.message().tool_calls
+    assert "".join(d.arguments for d in deltas) == call.arguments == '{"city": "Paris", "days": 3}'
+    check_all_chunkings(
+        first + rest,
+        (None, None, [("get_weather", {"city": "Paris", "days": 3})]),
+        tool_parser=tool_parser,
+        reasoning_parser=None,
+        tools=DAYS_TOOLS,
+    )
+
+
+def test_tag_pairs_stream_as_the_json_that_json_dumps_writes():
+    """An untyped Qwen3-Coder value is text: it streams as written (less the newline on each side)."""
+    text = (
+        '<tool_call>\n<function=f>\n<parameter=a>\nx "q" ü\n</parameter>\n<parameter=b>\n[1, {"c": null}]\n'
+        "</parameter>\n</function>\n</tool_call>"
+    )
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"properties": {"b": {"type": "array"}}}}}]
+    for name, chunks in chunkings(text).items():
+        deltas, message = stream(chunks, tool_parser="qwen3_coder", reasoning_parser=None, tools=tools)
+        pieces = [d.arguments for d in deltas if d.tool_index is not None and d.arguments]
+        if name == "1":  # a string value as it comes, the array once its closing tag is seen, then the brace
+            chars = [json.dumps(ch, ensure_ascii=False)[1:-1] for ch in 'x "q" ü']
+            assert pieces == ['{"a": "', *chars, '"', ', "b": [1, {"c": null}]', "}"]
+        expected = json.dumps({"a": 'x "q" ü', "b": [1, {"c": None}]}, ensure_ascii=False)
+        assert "".join(pieces) == message.tool_calls[0].arguments == expected
+
+
+def test_a_call_without_arguments_streams_an_empty_object():
+    text = (
+        "<tool_call>get_time\n</tool_call>"
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"
+    )
+    check_all_chunkings(
+        text,
+        (None, None, [("get_time", {}), ("get_weather", {"city": "Paris"})]),
+        tool_parser="glm45",
+        reasoning_parser=None,
+    )
+
+
+def test_a_long_string_value_streams_before_its_closing_tag():
+    tools = [
+        {
+            "type": "function",
+            "function": {"name": "write", "parameters": {"properties": {"content": {"type": "string"}}}},
+        }
+    ]
+    glm = OutputParser(tool_parser="glm45", reasoning_parser=None, tools=tools)
+    sent = sent_arguments(glm, "<tool_call>write\n<arg_key>content</arg_key>\n<arg_value>line 1\nline 2</arg_")
+    assert sent == '{"content": "line 1\\nline 2'
+    assert sent_arguments(glm, "value>\n</tool_call>") == '"}'
+    qwen = OutputParser(tool_parser="qwen3_coder", reasoning_parser=None, tools=tools)
+    sent = sent_arguments(qwen, "<tool_call>\n<function=write>\n<parameter=content>\nline 1\n")
+    assert sent == '{"content": "line 1'  # the newline may be the tags': held
+    sent += sent_arguments(qwen, "line 2\n</parameter>\n</function>\n</tool_call>")
+    assert sent == '{"content": "line 1\\nline 2"}'

@@ -119,6 +119,34 @@ def with_special_markup(table: Sequence[bytes], tokenizer: Any, markup: frozense
     return tuple(kept.get(i, b) for i, b in enumerate(table))
 
 
+def keeping_special_markup(tokenizer: Any, markup: frozenset[str]) -> Decoder:
+    """``tokenizer``'s decoding with the special tokens whose text is in ``markup`` kept, for
+    tokenizers without a byte table (SentencePiece: Mistral v0.3's ``[TOOL_CALLS]``); as
+    :func:`with_special_markup` does for byte tables. ``tokenizer`` itself if it has none of them."""
+    wrapped = getattr(tokenizer, "_tokenizer", None)  # mlx-lm's wrapper holds the Hugging Face tokenizer
+    hf = wrapped if hasattr(wrapped, "added_tokens_decoder") else tokenizer
+    added = getattr(hf, "added_tokens_decoder", {})
+    kept = frozenset(i for i, t in added.items() if t.special and t.content in markup)
+    if not kept:
+        return tokenizer
+    special = {i for i, t in added.items() if t.special} | set(getattr(hf, "all_special_ids", ()))
+    return MarkupKeepingDecoder(tokenizer, skipped=frozenset(special - kept))
+
+
+class MarkupKeepingDecoder:
+    """Decodes as ``decoder`` does, but skipping special tokens skips only ``skipped`` (the others,
+    the parsers' markup, are spelled out)."""
+
+    def __init__(self, decoder: Decoder, *, skipped: frozenset[int]):
+        self._decoder = decoder
+        self._skipped = skipped
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        if skip_special_tokens:
+            token_ids = [t for t in token_ids if t not in self._skipped]
+        return self._decoder.decode(token_ids, skip_special_tokens=False)
+
+
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character map, used by every byte-level BPE."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]

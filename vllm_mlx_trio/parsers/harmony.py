@@ -7,6 +7,9 @@
 
 The recipient may also stand before the channel: ``<|start|>assistant to=functions.f<|channel|>commentary json``.
 The text must keep the special tokens (detokenized without skipping them).
+
+A call whose body starts as a JSON object opens as soon as that is seen and its text streams as written
+(the fragments concatenate to its arguments); any other body is read whole at its terminator.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import logging
 import re
 
 from .json_formats import decode_arguments, decode_json_values
+from .streamed_call import StreamedCall
 from .text import find_first, partial_marker_len
-from .types import MarkupError, ParsedDelta, new_call_id
+from .types import MarkupError, ParsedDelta, RawCall, new_call_id
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +36,8 @@ MAX_HEADER_CHARS = 512
 MARKUP = (START, CHANNEL, MESSAGE, "<|constrain|>", "<|end|>", "<|call|>", "<|return|>")
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
 _FUNCTIONS = "functions."
+#: A call body that starts as a JSON object does (the ``{`` and the character after it): it streams.
+_OBJECT_START = re.compile(r'\s*(?=\{\s*["}])')
 
 
 class HarmonyStream:
@@ -45,6 +51,7 @@ class HarmonyStream:
         self._channel = "analysis" if starts_in_reasoning else "final"
         self._recipient: str | None = None
         self._next_index = 0
+        self._call: StreamedCall | None = None
 
     def feed(self, text: str) -> list[ParsedDelta]:
         self._pending += text
@@ -67,6 +74,8 @@ class HarmonyStream:
                 logger.debug("harmony: unfinished header at the end: %.200r", rest)
             else:  # text that only looked like the start of a header ("to", "<|")
                 out.append(ParsedDelta(content=rest))
+        elif self._call is not None:
+            self._close_call(rest, out)
         elif self._recipient is not None:
             self._emit_call(rest, out)
         else:
@@ -96,6 +105,9 @@ class HarmonyStream:
         self._recipient = recipient
 
     def _step_body(self, out: list[ParsedDelta]) -> None:
+        if self._call is not None or self._open_call(out):
+            self._step_call(out)
+            return
         found = find_first(self._pending, TERMINATORS)
         if found is None:
             if self._recipient is None:
@@ -112,6 +124,59 @@ class HarmonyStream:
         else:
             out.append(self._body_delta(body))
         self._in_header = True
+
+    def _open_call(self, out: list[ParsedDelta]) -> bool:
+        """Open a streamed call if this body is a function call's and starts as a JSON object does."""
+        recipient = self._recipient
+        if not (self._calls and recipient and recipient.startswith(_FUNCTIONS) and len(recipient) > len(_FUNCTIONS)):
+            return False
+        start = _OBJECT_START.match(self._pending)
+        if start is None:
+            return False
+        name = recipient[len(_FUNCTIONS) :]
+        self._call = StreamedCall(index=self._next_index, name=name, head=self._pending[: start.end()])
+        self._next_index += 1
+        self._pending = self._pending[start.end() :]
+        out.append(ParsedDelta(tool_index=self._call.index, tool_id=new_call_id(), tool_name=name))
+        return True
+
+    def _step_call(self, out: list[ParsedDelta]) -> None:
+        """Send the call's arguments seen so far; at its terminator, close it."""
+        assert self._call is not None
+        found = find_first(self._pending, TERMINATORS)
+        limit = found[0] if found else len(self._pending) - partial_marker_len(self._pending, TERMINATORS)
+        self._pending = self._pending[self._send(self._pending[:limit], out) :]
+        found = find_first(self._pending, TERMINATORS)
+        if found is None:
+            return
+        at, marker = found
+        body = self._pending[:at]
+        self._pending = self._pending[at if marker == START else at + len(marker) :]
+        self._close_call(body, out)
+        self._in_header = True
+
+    def _send(self, text: str, out: list[ParsedDelta]) -> int:
+        assert self._call is not None
+        fragment, used = self._call.take_arguments(text)
+        if fragment:
+            out.append(ParsedDelta(tool_index=self._call.index, arguments=fragment))
+        return used
+
+    def _close_call(self, rest: str, out: list[ParsedDelta]) -> None:
+        """The end of a streamed call's body: the last of its arguments, then a check (a WARNING if the body
+        is not one JSON object: the call keeps the arguments sent)."""
+        assert self._call is not None
+        call = self._call
+        call.tail = rest[self._send(rest, out) :]
+        self._call, self._recipient = None, None
+        try:
+            values = decode_json_values(call.raw + call.tail)
+            if len(values) != 1:
+                raise MarkupError(f"{len(values)} JSON values in the call's body")
+            calls: list | MarkupError = [RawCall(name=call.name, arguments=decode_arguments(values[0]))]
+        except MarkupError as exc:
+            calls = exc
+        call.check(calls, "openai")
 
     def _body_delta(self, text: str) -> ParsedDelta:
         return ParsedDelta(reasoning=text) if self._channel == "analysis" else ParsedDelta(content=text)

@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from .streamed_call import CallHead, match_call_head
+from .streamed_call import CallHead, json_run_end, match_call_head
 from .tool_stream import ToolFormat
 from .types import MarkupError, RawCall
 
@@ -27,10 +27,15 @@ def decode_arguments(value: Any) -> dict:
     return value
 
 
-def call_from_object(obj: Any, *, args_keys: tuple[str, ...] = ("arguments", "parameters")) -> RawCall:
-    """``{"name": ..., "arguments": {...}}`` (or ``parameters``) as a call."""
+def call_from_object(
+    obj: Any, *, args_keys: tuple[str, ...] = ("arguments", "parameters"), args_required: bool = False
+) -> RawCall:
+    """``{"name": ..., "arguments": {...}}`` (or ``parameters``) as a call (without them: no arguments,
+    unless ``args_required``)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         raise MarkupError("not a {'name': ..., 'arguments': ...} object")
+    if args_required and not any(key in obj for key in args_keys):
+        raise MarkupError("no arguments in the object")
     args = next((obj[key] for key in args_keys if key in obj), {})
     call_id = obj.get("id") if isinstance(obj.get("id"), str) and obj.get("id") else None
     return RawCall(name=obj["name"], arguments=decode_arguments(args), id=call_id)
@@ -80,7 +85,7 @@ class Llama3JsonFormat(ToolFormat):
     regions = (("<|python_tag|>", None),)
     markup = ("<|python_tag|>",)
     streams_arguments = True
-    _END_TOKENS = re.compile(r"\s*(?:<\|eom_id\|>|<\|eot_id\|>)\s*$")
+    end_tokens = ("<|eom_id|>", "<|eot_id|>")
 
     def bare_call_start(self, text: str) -> bool | None:
         stripped = text.lstrip()
@@ -88,9 +93,16 @@ class Llama3JsonFormat(ToolFormat):
             return None
         return stripped.startswith("{")
 
+    def trailing_text_at(self, body: str) -> int:
+        return json_run_end(body, (*self.markup, *self.end_tokens))
+
     def parse_region(self, start: str, body: str) -> list[RawCall]:
-        body = self._END_TOKENS.sub("", body)
-        return [call_from_object(value) for value in decode_json_values(body, separators=";")]
+        """The calls, ``;``-separated or each after its own ``<|python_tag|>``; a bare reply's object
+        must give its arguments (``{"name": "x"}`` alone is an answer, not a call)."""
+        for marker in (*self.markup, *self.end_tokens):
+            body = body.replace(marker, ";")
+        values = decode_json_values(body, separators=";")
+        return [call_from_object(value, args_required=not start) for value in values]
 
 
 #: A v11+ call's head up to its arguments object: ``name[ARGS]`` or ``name[CALL_ID]id[ARGS]``.
@@ -111,7 +123,7 @@ class MistralFormat(ToolFormat):
     markup = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")
     streams_arguments = True
 
-    def call_head(self, text: str) -> CallHead | None:
+    def call_head(self, start: str, text: str) -> CallHead | None:
         """``name[ARGS]`` / ``name[CALL_ID]id[ARGS]`` (v11+), or ``[{"name": ..., "arguments": `` (older)."""
         v11 = _V11_HEAD.match(text)
         if v11 is not None:
@@ -121,6 +133,21 @@ class MistralFormat(ToolFormat):
             return None
         head = match_call_head(text[bracket.end() :])
         return None if head is None else CallHead(name=head[0], length=bracket.end() + head[1])
+
+    def trailing_text_at(self, body: str) -> int:
+        """After the last call's JSON (an array, or the object after ``name[ARGS]`` / ``name``)."""
+        marker = self.regions[0][0]
+        offset = body.rfind(marker) + len(marker) if marker in body else 0
+        part = body[offset:]
+        args = part.find("[ARGS]")
+        if args >= 0:
+            json_at = args + len("[ARGS]")
+        else:
+            starts = [at for at in (part.find("{"), part.find("[")) if at >= 0]
+            if not starts:
+                return len(body)
+            json_at = min(starts)
+        return offset + json_at + json_run_end(part[json_at:])
 
     def ready_call(self, region_text: str) -> int | None:
         """A call is whole once the next ``[TOOL_CALLS]`` starts."""

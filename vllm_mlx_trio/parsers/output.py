@@ -41,7 +41,12 @@ class OutputParser:
             self._harmony = HarmonyStream(calls=tool_parser == HARMONY_TOOLS, starts_in_reasoning=starts_in_reasoning)
             return
         reasoning_cls = REASONING_PARSERS.get(reasoning_parser) if reasoning_parser else None
-        self._reasoning = reasoning_cls(starts_in_reasoning=starts_in_reasoning) if reasoning_cls else None
+        answer_starts = TOOL_PARSERS[tool_parser].reasoning_ends if tool_parser else ()
+        self._reasoning = (
+            reasoning_cls(starts_in_reasoning=starts_in_reasoning, answer_starts=answer_starts)
+            if reasoning_cls
+            else None
+        )
         self._tools = ToolStream(TOOL_PARSERS[tool_parser](tools) if tool_parser else None)
 
     def feed(self, text: str) -> list[ParsedDelta]:

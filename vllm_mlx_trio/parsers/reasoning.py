@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import ClassVar, Literal
 
-from .text import MarkupTrimmer, partial_marker_len
+from .text import MarkupTrimmer, find_first, partial_marker_len
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +24,12 @@ class ThinkTagReasoning:
     start: ClassVar[str] = "<think>"
     end: ClassVar[str] = "</think>"
 
-    def __init__(self, *, starts_in_reasoning: bool = False) -> None:
+    def __init__(self, *, starts_in_reasoning: bool = False, answer_starts: tuple[str, ...] = ()) -> None:
+        """``answer_starts``: markup that ends the reasoning without its closer and starts the answer
+        (Kimi-K2-Thinking writes its tool calls inside the thinking block)."""
+        self._answer_starts = answer_starts
+        self._ends = (self.end, *answer_starts)
+        self._first_chars = frozenset(marker[0] for marker in self._ends)
         self._state: Literal["opening", "reasoning", "content"] = "opening"
         self._inside = starts_in_reasoning
         self._pending = ""
@@ -34,7 +39,7 @@ class ThinkTagReasoning:
 
     def feed(self, text: str) -> list[tuple[Kind, str]]:
         """Pieces of ``text`` as (kind, text), in order; partial markers are held back."""
-        if not self._pending and self.end[0] not in text:  # fast path: no marker can start in it
+        if not self._pending and not any(ch in text for ch in self._first_chars):  # fast path: no marker in it
             if self._state == "content" and not self._strip_content_start:
                 return [("content", text)] if text else []
             if self._state == "reasoning":
@@ -72,15 +77,17 @@ class ThinkTagReasoning:
             self._state = "reasoning" if self._inside else "content"
 
     def _step_reasoning(self, out: list[tuple[Kind, str]]) -> None:
-        at = self._pending.find(self.end)
-        if at < 0:
-            keep = partial_marker_len(self._pending, (self.end,))
+        found = find_first(self._pending, self._ends)
+        if found is None:
+            keep = partial_marker_len(self._pending, self._ends)
             out.append(("reasoning", self._reasoning.push(self._pending[: len(self._pending) - keep])))
             self._pending = self._pending[len(self._pending) - keep :]
             return
+        at, marker = found
         out.append(("reasoning", self._reasoning.push(self._pending[:at])))
         self._reasoning.markup()
-        self._pending = self._pending[at + len(self.end) :]
+        # the closer is dropped; markup that starts the answer stays for the tool parser
+        self._pending = self._pending[at + len(self.end) :] if marker == self.end else self._pending[at:]
         self._state = "content"
         self._strip_content_start = True
 

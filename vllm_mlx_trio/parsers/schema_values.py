@@ -7,9 +7,20 @@ import json
 from typing import Any
 
 _NOT = object()
+#: Type names tool schemas use that are not JSON Schema's (Python's, C's), read as the JSON type they mean.
+_TYPE_ALIASES = {
+    "float": "number",
+    "double": "number",
+    "int": "integer",
+    "bool": "boolean",
+    "dict": "object",
+    "list": "array",
+    "str": "string",
+    "text": "string",
+}
 
 
-def _schema_types(schema: dict | None) -> list[str]:
+def schema_types(schema: dict | None) -> list[str]:
     """The JSON types a property's schema allows (``type``, lists of types, ``anyOf``/``oneOf``)."""
     if not isinstance(schema, dict):
         return []
@@ -17,10 +28,10 @@ def _schema_types(schema: dict | None) -> list[str]:
     types = [declared] if isinstance(declared, str) else [t for t in declared or () if isinstance(t, str)]
     for key in ("anyOf", "oneOf"):
         for option in schema.get(key) or ():
-            types.extend(_schema_types(option))
+            types.extend(schema_types(option))
     if not types and "enum" in schema:
         types = ["string"] if all(isinstance(v, str) for v in schema["enum"]) else []
-    return types
+    return [_TYPE_ALIASES.get(kind.lower(), kind.lower()) for kind in types]
 
 
 def _as_type(text: str, kind: str) -> Any:
@@ -62,7 +73,7 @@ def coerce_value(text: str, schema: dict | None, *, untyped_as_json: bool) -> An
     With no type in the schema: the text itself, or (``untyped_as_json``) its JSON value when it
     is one. A value that fits none of the declared types stays the string the model wrote.
     """
-    types = _schema_types(schema)
+    types = schema_types(schema)
     if not types:
         if untyped_as_json:
             value = _loose_json(text.strip())

@@ -33,22 +33,30 @@ class MarkupTrimmer:
     """Drops the whitespace right next to markup, passes every other character through.
 
     Trailing whitespace is held until more text shows it is not followed by markup; after
-    markup, leading whitespace is dropped. Text with no markup comes out unchanged.
+    markup, leading whitespace is held too: dropped if only markup or the end follows, kept
+    when text follows markup and text came before it (so the text on both sides stays apart as
+    the model wrote it). Text with no markup comes out unchanged.
     """
 
     def __init__(self, *, after_markup: bool = False) -> None:
         self._held = ""
         self._strip_leading = after_markup
+        self._sent_text = False
 
     def push(self, text: str) -> str:
         if self._strip_leading:
-            text = text.lstrip()
-            if not text:
+            stripped = text.lstrip()
+            self._held += text[: len(text) - len(stripped)]
+            if not stripped:
                 return ""
             self._strip_leading = False
+            if not self._sent_text:
+                self._held = ""
+            text = stripped
         text = self._held + text
         kept = text.rstrip()
         self._held = text[len(kept) :]
+        self._sent_text = self._sent_text or bool(kept)
         return kept
 
     def markup(self) -> None:
@@ -57,6 +65,6 @@ class MarkupTrimmer:
         self._strip_leading = True
 
     def flush(self) -> str:
-        """The end of the text with no markup after: the held whitespace is text after all."""
+        """The end of the text: whitespace held after markup is dropped, other held whitespace is text."""
         held, self._held = self._held, ""
-        return held
+        return "" if self._strip_leading else held
