@@ -48,7 +48,8 @@ def run_mllm_peers_command(cfg, args: argparse.Namespace) -> int:
                 f"note: model {model_dir}; each request one {IMAGE_SIDE}x{IMAGE_SIDE} PNG (data URL) + a question, "
                 f"greedy, max_tokens {args.max_tokens}, streamed; c1: one at a time, new images; c4: "
                 f"{CONCURRENCY} at once, new images, all tokens over the wall time; repeat: the same image and "
-                f"text again right after; median (min-max) of {args.runs} rounds, servers alternating; "
+                "text three more times right after (their median TTFT); "
+                f"median (min-max) of {args.runs} rounds, servers alternating; "
                 "*_vs: ours over mlx-vlm (tok/s: higher is better; TTFT: lower is better)",
             ]
         ),
