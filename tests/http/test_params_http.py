@@ -14,9 +14,10 @@ from vllm_mlx_trio.config import load_config
 from vllm_mlx_trio.core.params import SamplingParams
 from vllm_mlx_trio.errors import ExecutorCrashedError, InvalidRequestError
 from vllm_mlx_trio.http.model_names import ServedNames
+from vllm_mlx_trio.http.openai.choices_sse import ChoicesSseBody
 from vllm_mlx_trio.http.openai.requests import parse_chat, parse_completion
 from vllm_mlx_trio.http.openai.responses import ChoiceResult, ResponseBuilder
-from vllm_mlx_trio.http.openai.routes import ChoicesSseBody, choice_params
+from vllm_mlx_trio.http.openai.routes import choice_params
 from vllm_mlx_trio.messages import Accepted, RequestFailed, RequestId, RequestOutput, TokenLogprob
 from vllm_mlx_trio.stream import RequestStream, Usage
 from vllm_mlx_trio.testing.fake_executor import FakeExecutor, FakeTokenizer
