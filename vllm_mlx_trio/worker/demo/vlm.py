@@ -89,6 +89,39 @@ class QwenVlDemo:
     vision_prefix: str = "visual."
 
 
+#: Qwen3-VL's tower: 16-pixel patches merged 2x2 (one token per 32x32 pixels), a 4x4 learned
+#: position grid, deepstack features from the first block added after the first text layer.
+_QWEN3_VL_TOWER = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "out_hidden_size": TEXT_SHAPE["hidden_size"],
+    "patch_size": 16,
+    "num_position_embeddings": 16,
+    "deepstack_visual_indexes": [0],
+    "depth": 2,
+}
+#: Qwen3.5's tower: Qwen3-VL's, its deepstack features unused.
+_QWEN3_5_TOWER = {**_QWEN3_VL_TOWER, "deepstack_visual_indexes": []}
+#: Qwen3.5's hybrid text model: three Gated DeltaNet layers, then one attention layer with
+#: partial M-RoPE.
+_QWEN3_5_TEXT = {
+    "num_hidden_layers": 4,
+    "full_attention_interval": 4,
+    "head_dim": 16,
+    "linear_num_value_heads": 4,
+    "linear_num_key_heads": 2,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": recipe.ROPE_THETA,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [1, 1, 0],
+    },
+}
+
+
 #: The Qwen-VL family demos by name: Qwen2-VL (``demo:vlm-tiny``), Qwen2.5-VL (windowed vision
 #: tower with full-attention blocks), Qwen3-VL (learned position embeddings, deepstack features
 #: added in the first text layers, nested text config).
@@ -124,17 +157,7 @@ QWEN_VL_DEMOS = {
             "qwen3_vl",
             "Qwen3VLForConditionalGeneration",
             "Qwen3VLProcessor",
-            # 16-pixel patches merged 2x2 (one token per 32x32 pixels), a 4x4 learned position grid,
-            # deepstack features from the first block added after the first text layer
-            vision_extra={
-                "hidden_size": 32,
-                "intermediate_size": 64,
-                "out_hidden_size": TEXT_SHAPE["hidden_size"],
-                "patch_size": 16,
-                "num_position_embeddings": 16,
-                "deepstack_visual_indexes": [0],
-                "depth": 2,
-            },
+            vision_extra=_QWEN3_VL_TOWER,
             text_extra={"head_dim": 16},
             nested_text=True,
             text_prefix="model.language_model.",
@@ -147,17 +170,7 @@ QWEN_VL_DEMOS = {
             "Qwen3VLProcessor",
             # as vlm-qwen3_vl, its MLPs a mixture of 4 experts (2 a token); float32: no bfloat16 GatherMM on the CPU
             dtype="float32",
-            # 16-pixel patches merged 2x2 (one token per 32x32 pixels), a 4x4 learned position grid,
-            # deepstack features from the first block added after the first text layer
-            vision_extra={
-                "hidden_size": 32,
-                "intermediate_size": 64,
-                "out_hidden_size": TEXT_SHAPE["hidden_size"],
-                "patch_size": 16,
-                "num_position_embeddings": 16,
-                "deepstack_visual_indexes": [0],
-                "depth": 2,
-            },
+            vision_extra=_QWEN3_VL_TOWER,
             text_extra={
                 "head_dim": 16,
                 "num_experts": 4,
@@ -175,33 +188,8 @@ QWEN_VL_DEMOS = {
             "qwen3_5",
             "Qwen3_5ForConditionalGeneration",
             "Qwen3VLProcessor",
-            # Qwen3-VL's tower (its deepstack features unused); a hybrid text model: three
-            # Gated DeltaNet layers, then one attention layer with partial M-RoPE
-            vision_extra={
-                "hidden_size": 32,
-                "intermediate_size": 64,
-                "out_hidden_size": TEXT_SHAPE["hidden_size"],
-                "patch_size": 16,
-                "num_position_embeddings": 16,
-                "deepstack_visual_indexes": [],
-                "depth": 2,
-            },
-            text_extra={
-                "num_hidden_layers": 4,
-                "full_attention_interval": 4,
-                "head_dim": 16,
-                "linear_num_value_heads": 4,
-                "linear_num_key_heads": 2,
-                "linear_key_head_dim": 16,
-                "linear_value_head_dim": 16,
-                "linear_conv_kernel_dim": 4,
-                "rope_parameters": {
-                    "rope_type": "default",
-                    "rope_theta": recipe.ROPE_THETA,
-                    "partial_rotary_factor": 0.25,
-                    "mrope_section": [1, 1, 0],
-                },
-            },
+            vision_extra=_QWEN3_5_TOWER,
+            text_extra=_QWEN3_5_TEXT,
             nested_text=True,
             text_prefix="model.language_model.",
             vision_prefix="model.visual.",
@@ -214,36 +202,13 @@ QWEN_VL_DEMOS = {
             dtype="float32",
             # as vlm-qwen3_5, its MLPs a mixture of 4 experts (2 a token) and a shared expert; float32:
             # MLX on the CPU has no bfloat16 GatherMM
-            # Qwen3-VL's tower (its deepstack features unused); a hybrid text model: three
-            # Gated DeltaNet layers, then one attention layer with partial M-RoPE
-            vision_extra={
-                "hidden_size": 32,
-                "intermediate_size": 64,
-                "out_hidden_size": TEXT_SHAPE["hidden_size"],
-                "patch_size": 16,
-                "num_position_embeddings": 16,
-                "deepstack_visual_indexes": [],
-                "depth": 2,
-            },
+            vision_extra=_QWEN3_5_TOWER,
             text_extra={
-                "num_hidden_layers": 4,
-                "full_attention_interval": 4,
-                "head_dim": 16,
-                "linear_num_value_heads": 4,
-                "linear_num_key_heads": 2,
-                "linear_key_head_dim": 16,
-                "linear_value_head_dim": 16,
-                "linear_conv_kernel_dim": 4,
+                **_QWEN3_5_TEXT,
                 "num_experts": 4,
                 "num_experts_per_tok": 2,
                 "moe_intermediate_size": 32,
                 "shared_expert_intermediate_size": 64,
-                "rope_parameters": {
-                    "rope_type": "default",
-                    "rope_theta": recipe.ROPE_THETA,
-                    "partial_rotary_factor": 0.25,
-                    "mrope_section": [1, 1, 0],
-                },
             },
             nested_text=True,
             text_prefix="model.language_model.",
@@ -262,9 +227,27 @@ CHAT_TEMPLATE = recipe.CHAT_TEMPLATE.replace(
 )
 
 
-def template_hash() -> str:
+def template_hash(chat_template: str = CHAT_TEMPLATE) -> str:
     """What a build records so that a build with another template or format is rebuilt."""
-    return hashlib.sha256(f"{VLM_FORMAT_VERSION}:{CHAT_TEMPLATE}".encode()).hexdigest()
+    return hashlib.sha256(f"{VLM_FORMAT_VERSION}:{chat_template}".encode()).hexdigest()
+
+
+def write_chat_files(directory: pathlib.Path, ids: dict[str, int], chat_template: str, **tokenizer_extra: Any) -> None:
+    """A VLM demo's generation, tokenizer and special-token configs: ChatML's end tokens, its
+    ``chat_template`` (``tokenizer_extra``: more tokenizer_config.json fields)."""
+    end = ids[files.IM_END], ids[files.ENDOFTEXT]
+    generation = {"bos_token_id": end[1], "pad_token_id": end[1], "eos_token_id": list(end)}
+    files.write_json(directory / "generation_config.json", generation)
+    tokenizer_config = recipe.tokenizer_config(TEXT_SHAPE["max_position_embeddings"], chat_template)
+    files.write_json(directory / "tokenizer_config.json", {**tokenizer_config, **tokenizer_extra})
+    special = {"eos_token": files.IM_END, "pad_token": files.ENDOFTEXT}
+    files.write_json(directory / "special_tokens_map.json", special)
+
+
+def write_marker(directory: pathlib.Path, size: str, *, seed: int, dtype: str, chat_template: str) -> None:
+    """The demo's marker, written last: a build is complete once it is there."""
+    marker = {"format_version": VLM_FORMAT_VERSION, "size": size, "seed": seed, "dtype": dtype}
+    files.write_json(directory / recipe.DEMO_MARKER, {**marker, "chat_template_sha256": template_hash(chat_template)})
 
 
 def writer(size: str) -> Any:
@@ -294,19 +277,12 @@ def write_vlm(directory: pathlib.Path, *, seed: int, dtype: str, demo: QwenVlDem
     weights = _random_weights(demo, config, seed, files.damped_ids(tokenizer))
     files.write_safetensors(directory / "model.safetensors", weights, dtype)
     files.write_json(directory / "config.json", config)
-    end = ids[files.IM_END], ids[files.ENDOFTEXT]
-    generation = {"bos_token_id": end[1], "pad_token_id": end[1], "eos_token_id": list(end)}
-    files.write_json(directory / "generation_config.json", generation)
-    tokenizer_config = recipe.tokenizer_config(TEXT_SHAPE["max_position_embeddings"], CHAT_TEMPLATE)
-    files.write_json(directory / "tokenizer_config.json", tokenizer_config)
-    special = {"eos_token": files.IM_END, "pad_token": files.ENDOFTEXT}
-    files.write_json(directory / "special_tokens_map.json", special)
+    write_chat_files(directory, ids, CHAT_TEMPLATE)
     files.write_json(directory / "preprocessor_config.json", _image_processor_config(demo))
     files.write_json(directory / "video_preprocessor_config.json", _video_processor_config(demo))
     # Present so mlx-vlm's processor loader never asks the hub for it.
     files.write_json(directory / "processor_config.json", {"processor_class": demo.processor_class})
-    marker = {"format_version": VLM_FORMAT_VERSION, "size": demo.size, "seed": seed, "dtype": dtype}
-    files.write_json(directory / recipe.DEMO_MARKER, {**marker, "chat_template_sha256": template_hash()})
+    write_marker(directory, demo.size, seed=seed, dtype=dtype, chat_template=CHAT_TEMPLATE)
 
 
 def _config(demo: QwenVlDemo, vocab_size: int, dtype: str, ids: dict[str, int]) -> dict[str, Any]:

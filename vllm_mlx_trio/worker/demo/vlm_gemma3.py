@@ -14,12 +14,20 @@ Shares the demo corpus, tokenizer, writers and weight recipe with the other VLM 
 
 from __future__ import annotations
 
-import hashlib
 import pathlib
 from typing import Any
 
 from . import files, recipe
-from .vlm import IMAGE_MEAN, IMAGE_STD, TEXT_SHAPE, VLM_FORMAT_VERSION, draw_weights, mlx_vlm_shapes
+from .vlm import (
+    IMAGE_MEAN,
+    IMAGE_STD,
+    TEXT_SHAPE,
+    draw_weights,
+    mlx_vlm_shapes,
+    write_chat_files,
+    write_marker,
+)
+from .vlm import template_hash as vlm_template_hash
 
 GEMMA3_SIZE = "vlm-gemma3"
 BOI, EOI, IMAGE_TOKEN = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
@@ -56,7 +64,7 @@ CHAT_TEMPLATE = recipe.CHAT_TEMPLATE.replace(
 
 
 def template_hash() -> str:
-    return hashlib.sha256(f"{VLM_FORMAT_VERSION}:{CHAT_TEMPLATE}".encode()).hexdigest()
+    return vlm_template_hash(CHAT_TEMPLATE)
 
 
 def write_gemma3(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
@@ -71,20 +79,13 @@ def write_gemma3(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
     weights = draw_weights(shapes, "language_model.model.", seed, files.damped_ids(tokenizer))
     files.write_safetensors(directory / "model.safetensors", weights, dtype)
     files.write_json(directory / "config.json", config)
-    end = ids[files.IM_END], ids[files.ENDOFTEXT]
-    generation = {"bos_token_id": end[1], "pad_token_id": end[1], "eos_token_id": list(end)}
-    files.write_json(directory / "generation_config.json", generation)
-    tokenizer_config = recipe.tokenizer_config(TEXT_SHAPE["max_position_embeddings"], CHAT_TEMPLATE)
-    tokenizer_config["extra_special_tokens"] = {"boi_token": BOI, "eoi_token": EOI, "image_token": IMAGE_TOKEN}
-    files.write_json(directory / "tokenizer_config.json", tokenizer_config)
-    special = {"eos_token": files.IM_END, "pad_token": files.ENDOFTEXT}
-    files.write_json(directory / "special_tokens_map.json", special)
+    extra_special_tokens = {"boi_token": BOI, "eoi_token": EOI, "image_token": IMAGE_TOKEN}
+    write_chat_files(directory, ids, CHAT_TEMPLATE, extra_special_tokens=extra_special_tokens)
     files.write_json(directory / "preprocessor_config.json", _image_processor_config())
     files.write_json(
         directory / "processor_config.json", {"processor_class": "Gemma3Processor", "image_seq_length": IMAGE_TOKENS}
     )
-    marker = {"format_version": VLM_FORMAT_VERSION, "size": GEMMA3_SIZE, "seed": seed, "dtype": dtype}
-    files.write_json(directory / recipe.DEMO_MARKER, {**marker, "chat_template_sha256": template_hash()})
+    write_marker(directory, GEMMA3_SIZE, seed=seed, dtype=dtype, chat_template=CHAT_TEMPLATE)
 
 
 def _config(vocab_size: int, dtype: str, ids: dict[str, int]) -> dict[str, Any]:

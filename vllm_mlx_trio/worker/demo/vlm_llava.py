@@ -12,12 +12,20 @@ Shares the demo corpus, tokenizer, writers and weight recipe with the Qwen-VL de
 
 from __future__ import annotations
 
-import hashlib
 import pathlib
 from typing import Any
 
 from . import files, recipe
-from .vlm import IMAGE_MEAN, IMAGE_STD, TEXT_SHAPE, VLM_FORMAT_VERSION, draw_weights, mlx_vlm_shapes
+from .vlm import (
+    IMAGE_MEAN,
+    IMAGE_STD,
+    TEXT_SHAPE,
+    draw_weights,
+    mlx_vlm_shapes,
+    write_chat_files,
+    write_marker,
+)
+from .vlm import template_hash as vlm_template_hash
 
 LLAVA_SIZE = "vlm-llava"
 IMAGE_TOKEN = "<image>"
@@ -45,7 +53,7 @@ CHAT_TEMPLATE = recipe.CHAT_TEMPLATE.replace(
 
 
 def template_hash() -> str:
-    return hashlib.sha256(f"{VLM_FORMAT_VERSION}:{CHAT_TEMPLATE}".encode()).hexdigest()
+    return vlm_template_hash(CHAT_TEMPLATE)
 
 
 def write_llava(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
@@ -62,13 +70,7 @@ def write_llava(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
         dtype,
     )
     files.write_json(directory / "config.json", config)
-    end = ids[files.IM_END], ids[files.ENDOFTEXT]
-    generation = {"bos_token_id": end[1], "pad_token_id": end[1], "eos_token_id": list(end)}
-    files.write_json(directory / "generation_config.json", generation)
-    tokenizer_config = recipe.tokenizer_config(TEXT_SHAPE["max_position_embeddings"], CHAT_TEMPLATE)
-    files.write_json(directory / "tokenizer_config.json", tokenizer_config)
-    special = {"eos_token": files.IM_END, "pad_token": files.ENDOFTEXT}
-    files.write_json(directory / "special_tokens_map.json", special)
+    write_chat_files(directory, ids, CHAT_TEMPLATE)
     files.write_json(directory / "preprocessor_config.json", _image_processor_config())
     processor = {
         "processor_class": "LlavaProcessor",
@@ -78,8 +80,7 @@ def write_llava(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
         "image_token": IMAGE_TOKEN,
     }
     files.write_json(directory / "processor_config.json", processor)
-    marker = {"format_version": VLM_FORMAT_VERSION, "size": LLAVA_SIZE, "seed": seed, "dtype": dtype}
-    files.write_json(directory / recipe.DEMO_MARKER, {**marker, "chat_template_sha256": template_hash()})
+    write_marker(directory, LLAVA_SIZE, seed=seed, dtype=dtype, chat_template=CHAT_TEMPLATE)
 
 
 def _config(vocab_size: int, dtype: str, ids: dict[str, int]) -> dict[str, Any]:
