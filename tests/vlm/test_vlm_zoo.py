@@ -15,7 +15,7 @@ import trio
 from test_vlm_runner import GREEDY, Driver, picture
 from vlm_helpers import image_message, image_url
 
-from vllm_mlx_trio.config import load_config
+from vllm_mlx_trio.config import DEMO_SIZES, load_config
 from vllm_mlx_trio.testing.clients import openai_client
 from vllm_mlx_trio.testing.harness import open_server
 
@@ -26,20 +26,9 @@ QUESTION = "Describe the picture."
 TIMEOUT_S = 120
 
 
-ZOO = (
-    "vlm-tiny",
-    "vlm-qwen2_5_vl",
-    "vlm-qwen3_vl",
-    "vlm-qwen3_vl_moe",
-    "vlm-qwen3_5",
-    "vlm-qwen3_5_moe",
-    "vlm-llava",
-    "vlm-gemma3",
-    "vlm-mistral3",
-    "vlm-pixtral",
-    "vlm-smolvlm",
-    "vlm-idefics3",
-)
+#: Every vision-language demo, one per served architecture (vlm-deep-tower is vlm-tiny's
+#: architecture with a deeper tower, for a benchmark).
+ZOO = tuple(size for size in DEMO_SIZES if size.startswith("vlm-") and size != "vlm-deep-tower")
 #: Where mlx-vlm 0.7.10's ``stream_generate`` cannot prepare the inputs under transformers 5 (it
 #: passes ``padding`` on to CLIP's image processor): the reference runs mlx-vlm's processor call
 #: and its ``generate_step`` directly.

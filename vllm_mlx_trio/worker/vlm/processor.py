@@ -118,6 +118,22 @@ class VlmPromptProcessor:
         return tuple(media)
 
 
+def images_only(processor: Any, pad: str, *, token_id_of: str | None = None) -> dict[str, Any]:
+    """The shared fields of a model that takes images only: ``pad`` is the placeholder the
+    template writes (video parts never reach it), its id that of ``token_id_of`` (default ``pad``),
+    the token each vision feature replaces; no spatial merge in the placeholder count."""
+    token_id = processor.tokenizer.convert_tokens_to_ids(token_id_of or pad)
+    return {
+        "image_processor": processor.image_processor,
+        "video_processor": None,
+        "image_pad": pad,
+        "video_pad": pad,
+        "image_pad_id": token_id,
+        "video_pad_id": token_id,
+        "merge_size": 1,
+    }
+
+
 @attrs.frozen(kw_only=True)
 class LlavaPromptProcessor(VlmPromptProcessor):
     """LLaVA's: one ``<image>`` repeated once per vision patch of the (resized, cropped) image;
@@ -127,17 +143,9 @@ class LlavaPromptProcessor(VlmPromptProcessor):
 
     @classmethod
     def of(cls, processor: Any) -> LlavaPromptProcessor:
-        token = processor.image_token
-        token_id = processor.tokenizer.convert_tokens_to_ids(token)
         extra = processor.num_additional_image_tokens - (processor.vision_feature_select_strategy == "default")
         return cls(
-            image_processor=processor.image_processor,
-            video_processor=None,
-            image_pad=token,
-            video_pad=token,
-            image_pad_id=token_id,
-            video_pad_id=token_id,
-            merge_size=1,
+            **images_only(processor, processor.image_token),
             extra_tokens=extra,
             patch_size=processor.patch_size,
         )
@@ -161,18 +169,10 @@ class Gemma3PromptProcessor(VlmPromptProcessor):
 
     @classmethod
     def of(cls, processor: Any) -> Gemma3PromptProcessor:
-        tokenizer = processor.tokenizer
-        token_id = tokenizer.convert_tokens_to_ids(processor.image_token)
         return cls(
-            image_processor=processor.image_processor,
-            video_processor=None,
-            image_pad=processor.boi_token,
-            video_pad=processor.boi_token,
-            image_pad_id=token_id,
-            video_pad_id=token_id,
-            merge_size=1,
+            **images_only(processor, processor.boi_token, token_id_of=processor.image_token),
             image_token=processor.image_token,
-            end_of_image=tokenizer.eoi_token,
+            end_of_image=processor.tokenizer.eoi_token,
             tokens_per_image=processor.image_seq_length,
         )
 
@@ -199,15 +199,8 @@ class Mistral3PromptProcessor(VlmPromptProcessor):
 
     @classmethod
     def of(cls, processor: Any) -> Mistral3PromptProcessor:
-        token_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
         return cls(
-            image_processor=processor.image_processor,
-            video_processor=None,
-            image_pad=processor.image_token,
-            video_pad=processor.image_token,
-            image_pad_id=token_id,
-            video_pad_id=token_id,
-            merge_size=1,
+            **images_only(processor, processor.image_token),
             cell=processor.patch_size * processor.spatial_merge_size,
             image_break=processor.image_break_token,
             image_end=processor.image_end_token,
@@ -248,16 +241,8 @@ class SmolVlmPromptProcessor(VlmPromptProcessor):
     def of(cls, processor: Any) -> SmolVlmPromptProcessor:
         import sys
 
-        token = processor.image_token
-        token_id = processor.tokenizer.convert_tokens_to_ids(token)
         return cls(
-            image_processor=processor.image_processor,
-            video_processor=None,
-            image_pad=token,
-            video_pad=token,
-            image_pad_id=token_id,
-            video_pad_id=token_id,
-            merge_size=1,
+            **images_only(processor, processor.image_token),
             prompt_string=sys.modules[type(processor).__module__].get_image_prompt_string,
             tile_tokens=processor.image_seq_len,
             fake_token=processor.fake_image_token,
