@@ -71,7 +71,8 @@ async def openai_chunks(url: str) -> tuple[list[int], list[str]]:
 
 async def anthropic_pieces(url: str) -> list[str]:
     async with anthropic_client(url) as c:
-        async with c.messages.stream(model=MODEL, max_tokens=MAX_TOKENS, messages=USER, extra_body={"temperature": 0}) as stream:
+        greedy = {"temperature": 0}  # the SDK's stream() takes it in the body
+        async with c.messages.stream(model=MODEL, max_tokens=MAX_TOKENS, messages=USER, extra_body=greedy) as stream:
             return [
                 event.delta.text
                 async for event in stream
