@@ -64,6 +64,11 @@ class CeilingProcess:
             self.close()
             raise
 
+    @property
+    def pid(self) -> int:
+        """The child's process id (``bench latency`` reads its CPU time)."""
+        return self._child.pid
+
     def encode(self, messages: list[dict]) -> list[int]:
         return self._call("encode", messages=messages)
 

@@ -26,6 +26,8 @@ COLUMNS = (
     "itl_p50_ms",
     "itl_p95_ms",
     "chunks_per_token",
+    "cpu_ms_per_token",
+    "loop_cpu_ms_per_token",
     "agg_tok_s",
     "ttft_vs_best_peer",
     "vs_ceiling",
@@ -90,7 +92,10 @@ def interval_notes(workload: LatencyWorkload, step: dict | None) -> list[str]:
     """How to read ``chunks_per_token`` and the ITL figures against the raw loop's step."""
     notes = [
         "chunks_per_token: content chunks / completion tokens (1.00: a chunk per token; about 1/N: chunks of N; "
-        "none when the server sends no usage); ITL divides each gap by the mean tokens per chunk, 1 / it"
+        "none when the server sends no usage); ITL divides each gap by the mean tokens per chunk, 1 / it",
+        "cpu_ms_per_token: the process's CPU (all threads, /proc) over its completion tokens, the raw loop's too "
+        "(its short warm-up request included); loop_cpu_ms_per_token: our server's main thread, the event loop; "
+        "CPU time drifts far less with the machine's load than tok/s",
     ]
     if workload.intervals:
         notes.append(

@@ -18,6 +18,12 @@ row per interval, ``NAME-siN``: its requests carry ``stream_interval: N``. Every
 gets ``chunks_per_token``, its content chunks over its completion tokens (1.0: a chunk per token;
 about 1/N: chunks of N), and the ceiling's per-step time (``step_ms``: its ITL p50 at one stream)
 is what the ITL figures are read against.
+
+Every row also gets ``cpu_ms_per_token``: the CPU its process used during the row (all threads,
+read from ``/proc``) over its completion tokens, the ceiling's too; and our servers' rows
+``loop_cpu_ms_per_token``: their main thread's, the event loop. CPU time moves far less with the
+machine's load than tokens per second, and on a machine with few cores what a server spends per
+token beside the model comes out of the model's share.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from ..ceiling.process import CeilingProcess
 from ..ceiling.run import path_name, traces_from_runs
 from ..http import HttpTarget, closed_loop, prepare
 from ..peers import PeerServer, peak_rss_mib, peer_server, port_free, stop, wait_ready
+from ..proc_cpu import cpu_times, ms_per_token
 from ..stats import RequestTrace, summarize
 from ..workload import chat
 from .arrival import ArrivalWorkload, measure_arrival, median_arrival_rows
@@ -48,7 +55,7 @@ from .prompts import PromptMaker
 #: The figures a level reports, each as median (min-max) over the repetitions.
 FIGURES = ("ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms", "agg_tok_s")
 #: Figures that are ratios near 1 or below, shown with two decimals.
-FINE_FIGURES = ("chunks_per_token",)
+FINE_FIGURES = ("chunks_per_token", "cpu_ms_per_token", "loop_cpu_ms_per_token")
 WARMUP_MAX_TOKENS = 4
 
 
@@ -110,27 +117,29 @@ class IntervalTarget(HttpTarget):
 
 @attrs.frozen
 class Lane:
-    """One row's name and the target its requests go to."""
+    """One row's name, the target its requests go to, and the server process's pid (its CPU is read)."""
 
     label: str
     target: HttpTarget
+    pid: int | None = None
 
 
 def interval_label(name: str, interval: int) -> str:
     return f"{name}-si{interval}"
 
 
-def lanes(targets: dict[str, HttpTarget], intervals: Sequence[int]) -> list[Lane]:
+def lanes(targets: dict[str, HttpTarget], intervals: Sequence[int], pids: dict[str, int] | None = None) -> list[Lane]:
     """One lane per server (``targets`` by name, in order), or per (our server, interval) when
-    ``intervals`` are given; every lane of a server shares its process."""
+    ``intervals`` are given; every lane of a server shares its process (``pids`` by name)."""
+    pids = pids or {}
     out = []
     for name, target in targets.items():
         if not intervals or not is_ours(name):
-            out.append(Lane(name, target))
+            out.append(Lane(name, target, pids.get(name)))
             continue
         for n in intervals:
             fields = attrs.asdict(target, recurse=False) | {"count_sources": set()}
-            out.append(Lane(interval_label(name, n), IntervalTarget(**fields, stream_interval=n)))
+            out.append(Lane(interval_label(name, n), IntervalTarget(**fields, stream_interval=n), pids.get(name)))
     return out
 
 
@@ -171,12 +180,21 @@ def chunks_per_token(traces: Sequence[RequestTrace]) -> float | None:
 
 async def _one_level(lane: Lane, prompts: list[str], level: int, max_tokens: int, http: httpx.AsyncClient) -> dict:
     lane.target.count_sources.clear()
-    start = time.perf_counter()
+    start, cpu_before = time.perf_counter(), cpu_times(lane.pid)
     traces = await closed_loop(http, lane.target, prompts, level, max_tokens)
     row = summarize(lane.label, level, traces, wall_s=time.perf_counter() - start)
     # a server with no usage chunk has its tokens counted as its chunks: the ratio would say nothing
     row["chunks_per_token"] = chunks_per_token(traces) if lane.target.count_sources == {"usage"} else None
+    add_cpu_figures(row, cpu_before, cpu_times(lane.pid), traces, event_loop=is_ours(lane.label))
     return row
+
+
+def add_cpu_figures(row: dict, before, after, traces: Sequence[RequestTrace], *, event_loop: bool) -> None:
+    """``cpu_ms_per_token`` (the process's CPU over the row's completion tokens) and, for our
+    servers, ``loop_cpu_ms_per_token`` (their main thread's: the event loop)."""
+    process, main = ms_per_token(before, after, sum(t.completion_tokens for t in traces))
+    row["cpu_ms_per_token"] = process
+    row["loop_cpu_ms_per_token"] = main if event_loop else None
 
 
 def _rotated(items: Sequence, by: int) -> list:
@@ -207,8 +225,12 @@ async def measure_long_arrival(servers: Sequence[Running], work: ArrivalWorkload
 
 async def _ceiling_row(ceiling: CeilingProcess, prompts: list[str], max_tokens: int) -> dict:
     """One repetition of level 1 through mlx-lm's ``generate_step`` (no EOS stop)."""
+    before = cpu_times(ceiling.pid)
     runs = await trio.to_thread.run_sync(lambda: ceiling.single([chat(p) for p in prompts], num_tokens=max_tokens))
-    return summarize(path_name(1), 1, traces_from_runs(runs))
+    traces = traces_from_runs(runs)
+    row = summarize(path_name(1), 1, traces)
+    add_cpu_figures(row, before, cpu_times(ceiling.pid), traces, event_loop=False)
+    return row
 
 
 async def measure(
@@ -222,7 +244,7 @@ async def measure(
     limits = httpx.Limits(max_connections=max(workload.levels) + 8)
     async with httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits) as http:
         targets = await _warm_targets(http, servers, workload.lengths, maker)
-        every = lanes(targets, workload.intervals)
+        every = lanes(targets, workload.intervals, {s.peer.name: s.proc.pid for s in servers})
         rows = []
         for rep in range(workload.repetitions):
             for index, level in enumerate(workload.levels):
