@@ -27,8 +27,9 @@ TIMEOUT_S = 120
 
 
 #: Every vision-language demo, one per served architecture (vlm-deep-tower is vlm-tiny's
-#: architecture with a deeper tower, for a benchmark).
-ZOO = tuple(size for size in DEMO_SIZES if size.startswith("vlm-") and size != "vlm-deep-tower")
+#: architecture with a deeper tower, for a benchmark; vlm-mtp-tiny is vlm-qwen3_5's with an MTP head,
+#: for speculation: tests/vlm/test_vlm_speculative.py).
+ZOO = tuple(size for size in DEMO_SIZES if size.startswith("vlm-") and size not in ("vlm-deep-tower", "vlm-mtp-tiny"))
 #: Where mlx-vlm 0.7.10's ``stream_generate`` cannot prepare the inputs under transformers 5 (it
 #: passes ``padding`` on to CLIP's image processor): the reference runs mlx-vlm's processor call
 #: and its ``generate_step`` directly.

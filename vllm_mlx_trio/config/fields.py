@@ -30,6 +30,7 @@ DEMO_SIZES = (
     "vlm-pixtral",
     "vlm-smolvlm",
     "vlm-idefics3",
+    "vlm-mtp-tiny",
     "spec-target",
     "spec-draft",
     "mtp-tiny",

@@ -15,7 +15,19 @@ from types import MappingProxyType
 
 import attrs
 
-from . import embed, mtp, mtp_dsv3, mtp_quant, smollm2, vlm, vlm_gemma3, vlm_llava, vlm_mistral3, vlm_smolvlm
+from . import (
+    embed,
+    mtp,
+    mtp_dsv3,
+    mtp_quant,
+    smollm2,
+    vlm,
+    vlm_gemma3,
+    vlm_llava,
+    vlm_mistral3,
+    vlm_mtp,
+    vlm_smolvlm,
+)
 from .model import write_qwen3_demo
 from .recipe import (
     DEFAULT_DTYPE,
@@ -90,6 +102,10 @@ DEMO_BUILDERS: Mapping[str, DemoBuilder] = MappingProxyType(
         # a tiny Idefics3: the same files under Idefics3's names (worker/demo/vlm_smolvlm.py)
         vlm_smolvlm.IDEFICS3_SIZE: DemoBuilder(
             write=vlm_smolvlm.write_idefics3, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm_smolvlm.template_hash
+        ),
+        # a tiny Qwen3.5 VLM carrying an MTP head: mtp-tiny with vlm-qwen3_5's tower (worker/demo/vlm_mtp.py)
+        vlm_mtp.VLM_MTP_TINY: DemoBuilder(
+            write=vlm_mtp.write_vlm_mtp, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm.template_hash
         ),
         # the agreeing speculative pair (worker/demo/spec.py)
         "spec-target": _qwen3("spec-target", weights=partial(spec_weights, "spec-target")),

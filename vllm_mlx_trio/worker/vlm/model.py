@@ -25,7 +25,7 @@ import numpy as np
 from mlx_lm.models.cache import RotatingKVCache
 
 from ...messages import MediaInput, NewSequence
-from .cache import RopeKVCache, row_positions
+from .cache import RopeKVCache, row_positions, state_arrays
 from .encode import SplitEncode
 
 
@@ -235,9 +235,8 @@ def _mlx_lm_cache(cache: Any) -> Any:
         return RotatingKVCache(max_size=cache.max_size, keep=cache.keep)
     if not hasattr(cache, "offset") and hasattr(cache, "cache"):
         # mlx-vlm's own recurrent-state cache (its Gated DeltaNet calls its API); it batches
-        # as mlx-lm's does, and the prefix store snapshots its arrays
-        cache.prefix_layer_kind = "state"
-        return cache
+        # as mlx-lm's does, and the prefix store and a speculative rollback snapshot its arrays
+        return state_arrays(cache)
     return RopeKVCache()
 
 
