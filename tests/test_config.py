@@ -294,7 +294,8 @@ def test_wrong_type_from_override():
         ("server.drain_timeout_s=nan", "server.drain_timeout_s: must be >= 0, got nan"),
         (
             "engine.mode=paged",
-            "engine.mode: must be one of auto, simple, batched, distributed, vlm, speculative, vlm-speculative, embed, got 'paged'",
+            "engine.mode: must be one of auto, simple, batched, distributed, vlm, speculative, vlm-speculative, "
+            "embed, got 'paged'",
         ),
         ("logging.level=verbose", "logging.level: must be one of debug, info, warning, error"),
         ("logging.format=xml", "logging.format: must be one of text, json, got 'xml'"),
