@@ -25,6 +25,7 @@ DEMO_SIZES = (
     "vlm-qwen3_5",
     "vlm-qwen3_5_moe",
     "vlm-llava",
+    "vlm-llava_next",
     "vlm-gemma3",
     "vlm-mistral3",
     "vlm-pixtral",

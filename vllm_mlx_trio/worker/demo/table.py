@@ -24,6 +24,7 @@ from . import (
     vlm,
     vlm_gemma3,
     vlm_llava,
+    vlm_llava_next,
     vlm_mistral3,
     vlm_mtp,
     vlm_smolvlm,
@@ -82,6 +83,12 @@ DEMO_BUILDERS: Mapping[str, DemoBuilder] = MappingProxyType(
         # a tiny LLaVA: CLIP tower, Llama text model, 1-D RoPE (worker/demo/vlm_llava.py)
         vlm_llava.LLAVA_SIZE: DemoBuilder(
             write=vlm_llava.write_llava, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm_llava.template_hash
+        ),
+        # a tiny LLaVA-NeXT: LLaVA's tower and text model, anyres crops (worker/demo/vlm_llava_next.py)
+        vlm_llava_next.LLAVA_NEXT_SIZE: DemoBuilder(
+            write=vlm_llava_next.write_llava_next,
+            version=vlm.VLM_FORMAT_VERSION,
+            template_hash=vlm_llava_next.template_hash,
         ),
         # a tiny Gemma 3: SigLIP tower, sliding-window and global text layers (worker/demo/vlm_gemma3.py)
         vlm_gemma3.GEMMA3_SIZE: DemoBuilder(

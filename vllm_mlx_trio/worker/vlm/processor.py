@@ -159,6 +159,26 @@ class LlavaPromptProcessor(VlmPromptProcessor):
 
 
 @attrs.frozen(kw_only=True)
+class LlavaNextPromptProcessor(LlavaPromptProcessor):
+    """LLaVA-NeXT's, as mlx-vlm 0.7.10 runs the model: the image is cut into crops ("anyres": the
+    whole image resized, then the crops of its best grid resolution), and its features are each
+    crop's patches followed by as many rows of the learned image newline, crop after crop; so its
+    run is ``2 * crops * patches`` ``<image>`` tokens. An item's grid is ``(1, 2 * crops,
+    patches)``; images only."""
+
+    @classmethod
+    def of(cls, processor: Any) -> LlavaNextPromptProcessor:
+        return cls(**attrs.asdict(LlavaPromptProcessor.of(processor), recurse=False))
+
+    def vision_inputs(self, item: Any) -> tuple[str, np.ndarray, tuple[int, int, int]]:
+        if hasattr(item, "frames"):
+            raise InvalidRequestError("this model takes images, not video", param="messages")
+        pixels = np.asarray(self.image_processor(images=[item.image], return_tensors="np")["pixel_values"])
+        crops, (height, width) = pixels.shape[1], pixels.shape[-2:]
+        return IMAGE, pixels, (1, 2 * crops, (height // self.patch_size) * (width // self.patch_size))
+
+
+@attrs.frozen(kw_only=True)
 class Gemma3PromptProcessor(VlmPromptProcessor):
     """Gemma 3's: the template's ``<start_of_image>`` becomes ``\n\n<start_of_image>``, one
     image token per pooled vision token, ``<end_of_image>\n\n``; images only, no pan-and-scan crops."""
@@ -269,6 +289,7 @@ class SmolVlmPromptProcessor(VlmPromptProcessor):
 #: The prompt processor of each architecture the vlm runner serves (Qwen-VL's by default).
 PROMPT_PROCESSORS = {
     "llava": LlavaPromptProcessor,
+    "llava_next": LlavaNextPromptProcessor,
     "gemma3": Gemma3PromptProcessor,
     "mistral3": Mistral3PromptProcessor,
     "smolvlm": SmolVlmPromptProcessor,

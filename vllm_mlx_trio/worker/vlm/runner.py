@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 #: The architectures this runner drives, each verified against mlx-vlm's own generate on a demo
 #: (tests/vlm/test_vlm_zoo.py): the Qwen-VL family with M-RoPE and a per-row delta (Qwen2.5-VL's
 #: windowed tower, Qwen3-VL's deepstack features, Qwen3.5's hybrid text model; their MoEs), and
-#: 1-D RoPE models (LLaVA, Gemma 3, Mistral 3, Pixtral, SmolVLM). Others are refused at load,
+#: 1-D RoPE models (LLaVA, LLaVA-NeXT, Gemma 3, Mistral 3, Pixtral, SmolVLM). Others are refused at load,
 #: naming the type.
 SUPPORTED_MODEL_TYPES = (
     "qwen2_vl",
@@ -47,6 +47,7 @@ SUPPORTED_MODEL_TYPES = (
     "qwen3_5",
     "qwen3_5_moe",
     "llava",
+    "llava_next",
     "gemma3",
     "mistral3",
     "pixtral",
