@@ -10,6 +10,7 @@ import sys
 
 import attrs
 import pytest
+import trio
 from test_vlm_runner import Driver, picture
 
 from vllm_mlx_trio.config import load_config
@@ -195,3 +196,33 @@ def test_a_draft_model_drafts_for_a_vlm(vlm32_dir):
     assert spec_counts(with_image)[0] > 0
     drafts, accepted = spec_counts(with_text)
     assert drafts > 0 and accepted == drafts
+
+
+async def test_over_http_an_image_request_speculates_and_answers_as_the_plain_runner(model_dir, runners):
+    """The real server on the demo with MTP on ("auto" picks vlm-speculative): the official client's greedy image
+    request gets the plain runner's tokens as text, and /v1/status counts accepted drafts."""
+    import httpx
+    from vlm_helpers import image_url
+
+    from vllm_mlx_trio.testing.clients import openai_client
+    from vllm_mlx_trio.testing.harness import open_server
+
+    plain, _ = runners
+    [image, *_] = _requests(plain)
+    expected = plain.info.tokenizer.decode(plain.run(image).outputs["image"])
+    overrides = [f"model.path={model_dir}", "server.port=0", "server.drain_timeout_s=5", *MTP]
+    cfg = load_config(None, overrides=overrides, environ={})
+    content = [{"type": "text", "text": QUESTION}, {"type": "image_url", "image_url": {"url": image_url(7)}}]
+    with trio.fail_after(120):
+        async with open_server(cfg) as srv, openai_client(srv.url) as c, httpx.AsyncClient() as http:
+            reply = await c.chat.completions.create(
+                model=model_dir,
+                messages=[{"role": "user", "content": content}],
+                temperature=0,
+                max_tokens=GREEDY.max_tokens,
+                extra_body={"ignore_eos": True},
+            )
+            status = (await http.get(f"{srv.url}/v1/status")).json()
+    assert reply.choices[0].message.content == expected
+    assert status["runner"] == "vlm-speculative"
+    assert status["speculative"]["method"] == "mtp" and status["speculative"]["accepted_tokens"] > 0
