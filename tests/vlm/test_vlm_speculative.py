@@ -22,6 +22,8 @@ pytestmark = pytest.mark.mlx
 GREEDY = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
 QUESTION = "Describe the picture."
 MTP = ("speculative.method=mtp", "speculative.num_draft_tokens=3")
+#: Tokens one verify forward runs: the pending token and the drafts.
+MTP_VERIFY_TOKENS = 4
 
 
 def _spec_helpers():
@@ -226,3 +228,23 @@ async def test_over_http_an_image_request_speculates_and_answers_as_the_plain_ru
     assert reply.choices[0].message.content == expected
     assert status["runner"] == "vlm-speculative"
     assert status["speculative"]["method"] == "mtp" and status["speculative"]["accepted_tokens"] > 0
+
+
+def test_verify_forwards_run_the_gated_delta_recurrence_token_by_token(runners, monkeypatch):
+    """mlx-vlm's chunked prefill scan (64-token chunks) is for prompts: a verify forward of a few tokens, and the
+    replay of the kept ones, run the per-token recurrence the decode step runs (several times cheaper here)."""
+    import mlx_vlm.models.qwen3_5.gated_delta as gated_delta
+
+    _, spec = runners
+    lengths: list[int] = []
+    chunked = gated_delta.gated_delta_chunked
+
+    def recording(q, *args, **kwargs):
+        lengths.append(q.shape[1])
+        return chunked(q, *args, **kwargs)
+
+    monkeypatch.setattr(gated_delta, "gated_delta_chunked", recording)
+    [_, text, _] = _requests(spec)
+    driver = spec.run(text)
+    assert spec_counts(driver)[0] > 0
+    assert lengths and min(lengths) > MTP_VERIFY_TOKENS  # the prompt's prefill only

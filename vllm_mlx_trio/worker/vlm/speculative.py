@@ -22,11 +22,20 @@ speculation on or off: the target verifies every draft.
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
+from typing import Any
+
 from ...core.speculative import sampling_fits
 from ...runner_kinds import VLM_SPECULATIVE
 from ..runner_base import LiveSequence
+from ..speculative.drafter import CacheTransaction
 from ..speculative.runner import SpecRunner
 from .runner import VlmRunner
+
+#: mlx-vlm's Gated DeltaNet module (Qwen3.5 and its MoE), whose forward picks the recurrence's algorithm.
+GATED_DELTA_MODULE = "mlx_vlm.models.qwen3_5.gated_delta"
 
 
 class VlmSpecRunner(SpecRunner, VlmRunner):
@@ -43,3 +52,48 @@ class VlmSpecRunner(SpecRunner, VlmRunner):
         processors, the thinking gate)."""
         greedy = sampling_fits(sequence.seq.params, sequence.num_output_tokens, sampled=False)
         return len(self._live) == 1 and greedy and super()._fits(sequence)
+
+    def _verify(self, cache: list[Any], inputs: Any) -> tuple[Any, Any]:
+        with sequential_delta_rule():
+            return super()._verify(cache, inputs)
+
+    def _transaction(self, cache: list[Any], inputs: Any) -> CacheTransaction:
+        return _SequentialKeep(super()._transaction(cache, inputs))
+
+
+class _SequentialKeep:
+    """A cache transaction whose replay of the kept tokens runs the sequential recurrence too."""
+
+    def __init__(self, transaction: CacheTransaction):
+        self._transaction = transaction
+
+    def keep(self, num_tokens: int) -> None:
+        with sequential_delta_rule():
+            self._transaction.keep(num_tokens)
+
+
+@contextlib.contextmanager
+def sequential_delta_rule() -> Iterator[None]:
+    """Inside the block, mlx-vlm's Gated DeltaNet runs a forward of a few tokens (a verify of
+    ``num_draft_tokens + 1``, or the replay of the kept ones) with the per-token recurrence its
+    decode step runs, not its chunked prefill scan.
+
+    Without MLX's Metal kernel mlx-vlm takes the chunked scan for any forward longer than one
+    token: 64-token chunks with a 64-row triangular solve built row by row, ~8x a decode step for
+    a 4-token verify on the CPU, which made speculation slower than decoding. The per-token
+    recurrence is also what the batched path computes for the same tokens. MLX thread only: the
+    module's function is swapped for the block."""
+    module = sys.modules.get(GATED_DELTA_MODULE)
+    if module is None:  # no Gated DeltaNet model loaded
+        yield
+        return
+    chunked = module.gated_delta_chunked
+
+    def per_token(q, k, v, g, beta, state, mask=None, C=64):
+        return module.gated_delta_ops(q, k, v, g, beta, state, mask)
+
+    module.gated_delta_chunked = per_token
+    try:
+        yield
+    finally:
+        module.gated_delta_chunked = chunked
