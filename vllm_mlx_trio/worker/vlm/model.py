@@ -193,30 +193,49 @@ class MediaPrefill:
 
     def _write(self, item: MediaInput, features: mx.array, deepstack: mx.array | None) -> None:
         """One item's features, written over its placeholder tokens' embeddings (the uncached ones)."""
-        lo, hi = max(item.start, self.start), min(item.start + item.num_tokens, self.end)
-        self.embeds[:, lo - self.start : hi - self.start] = features[lo - item.start : hi - item.start][None]
+        rows, at = self._feature_rows(item, features.shape[0])
+        if _contiguous(rows) and _contiguous(at):  # one run of placeholders: slices
+            rows, at = slice(int(rows[0]), int(rows[-1]) + 1), slice(int(at[0]), int(at[-1]) + 1)
+        else:
+            rows, at = mx.array(rows), mx.array(at)
+        self.embeds[:, at] = features[rows][None]
         if deepstack is not None:
-            self._add_deepstack(deepstack[:, lo - item.start : hi - item.start], lo - self.start, hi - self.start)
+            self._add_deepstack(deepstack[:, rows], at)
         mx.eval(self.embeds, self.deepstack)
         self.num_encoded += 1
 
-    def _add_deepstack(self, features: mx.array, lo: int, hi: int) -> None:
+    def _feature_rows(self, item: MediaInput, num_features: int) -> tuple[np.ndarray, np.ndarray]:
+        """(rows of the item's features, positions among the uncached tokens they go to). The
+        features cover the item's whole run, or (Qwen3-VL's video: time markers and block ends
+        between its blocks) only its placeholder tokens, those equal to the run's first."""
+        run = np.arange(item.start, item.start + item.num_tokens)
+        if num_features != item.num_tokens:
+            ids = np.asarray(self.seq.prompt_token_ids[item.start : item.start + item.num_tokens])
+            run = run[ids == ids[0]]
+        assert run.size == num_features, (run.size, num_features)
+        uncached = (run >= self.start) & (run < self.end)
+        return np.flatnonzero(uncached), run[uncached] - self.start
+
+    def _add_deepstack(self, features: mx.array, at: slice | mx.array) -> None:
         if self.deepstack is None:
             length = self.embeds.shape[1]
             self.deepstack = mx.zeros((features.shape[0], length, features.shape[-1]), features.dtype)
             self.visual = np.zeros(length, dtype=bool)
-        self.deepstack[:, lo:hi] = features
-        self.visual[lo:hi] = True
+        self.deepstack[:, at] = features
+        self.visual[at if isinstance(at, slice) else np.asarray(at)] = True
+
+
+def _contiguous(indices: np.ndarray) -> bool:
+    return bool(indices.size) and int(indices[-1] - indices[0]) == indices.size - 1
 
 
 def encode_media(model: Any, item: MediaInput) -> tuple[mx.array, mx.array | None]:
-    """The vision tower's features of one image or video, (num_tokens, hidden), and its
-    deepstack features (layers, num_tokens, hidden) for a tower that gives them (Qwen3-VL)."""
+    """The vision tower's features of one image or video, (placeholders, hidden), and its
+    deepstack features (layers, placeholders, hidden) for a tower that gives them (Qwen3-VL)."""
     tower = model.vision_tower
     pixels = mx.array(item.pixels).astype(tower.patch_embed.proj.weight.dtype)
     out = tower(pixels, mx.array([item.grid_thw]), output_hidden_states=False)
     features, deepstack = out if isinstance(out, tuple) else (out, None)
-    assert features.shape[0] == item.num_tokens, (features.shape, item.num_tokens)
     return features, (mx.stack(deepstack) if deepstack else None)
 
 

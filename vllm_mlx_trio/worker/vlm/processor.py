@@ -73,11 +73,15 @@ class VlmPromptProcessor:
         out, index = [], 0
         for piece in pieces:
             if piece in (self.image_pad, self.video_pad):
-                out.append(self.expansion(piece, items[index][2]))
+                out.append(self.item_expansion(piece, items[index][2], loaded[index]))
                 index += 1
             else:
                 out.append(piece)
         return "".join(out), items
+
+    def item_expansion(self, placeholder: str, grid: tuple[int, int, int], item: Any) -> str:
+        """The text a template's placeholder becomes for the loaded ``item`` (by its grid alone here)."""
+        return self.expansion(placeholder, grid)
 
     def expansion(self, placeholder: str, grid: tuple[int, int, int]) -> str:
         """The text a template's placeholder becomes for an item of grid ``grid``."""
@@ -116,6 +120,49 @@ class VlmPromptProcessor:
             )
             cursor += num_pads
         return tuple(media)
+
+
+@attrs.frozen(kw_only=True)
+class Qwen3VlPromptProcessor(VlmPromptProcessor):
+    """Qwen3-VL's and Qwen3.5's: images as Qwen2-VL's; a video's ``<|vision_start|><|video_pad|>
+    <|vision_end|>`` becomes, per temporal patch group (``temporal_patch_size`` frames), its time
+    ``<t.t seconds>`` and its own vision block of pads, as the model's processor writes it. The
+    time is the mean of the group's first and last frame's time in the video (the last group
+    repeats the last frame to fill it); the run spans the markers between the blocks."""
+
+    vision_start: str
+    vision_end: str
+    temporal_patch_size: int
+
+    @classmethod
+    def of(cls, processor: Any) -> Qwen3VlPromptProcessor:
+        base = VlmPromptProcessor.of(processor)
+        video = processor.video_processor or processor.image_processor
+        return cls(
+            **attrs.asdict(base, recurse=False),
+            vision_start=processor.vision_start_token,
+            vision_end=processor.vision_end_token,
+            temporal_patch_size=getattr(video, "temporal_patch_size", 2),
+        )
+
+    def expand(self, text: str, loaded: tuple[Any, ...]) -> tuple[str, list[tuple[str, np.ndarray, tuple]]]:
+        """As Qwen2-VL's, each video's block written whole (a marker and a vision block per group)."""
+        wrapped = f"{self.vision_start}{self.video_pad}{self.vision_end}"
+        return super().expand(text.replace(wrapped, self.video_pad), loaded)
+
+    def item_expansion(self, placeholder: str, grid: tuple[int, int, int], item: Any) -> str:
+        if placeholder != self.video_pad:
+            return super().item_expansion(placeholder, grid, item)
+        t, h, w = grid
+        pads = self.video_pad * (h * w // self.merge_size**2)
+        block = f"{self.vision_start}{pads}{self.vision_end}"
+        return "".join(f"<{seconds:.1f} seconds>{block}" for seconds in self._group_times(item, t))
+
+    def _group_times(self, item: Any, groups: int) -> list[float]:
+        times = list(getattr(item, "frame_times", ()) or (i / item.fps for i in range(len(item.frames))))
+        size = self.temporal_patch_size
+        times += times[-1:] * (groups * size - len(times))
+        return [(times[first] + times[first + size - 1]) / 2 for first in range(0, groups * size, size)]
 
 
 def images_only(processor: Any, pad: str, *, token_id_of: str | None = None) -> dict[str, Any]:
@@ -295,6 +342,10 @@ PROMPT_PROCESSORS = {
     "smolvlm": SmolVlmPromptProcessor,
     "idefics3": SmolVlmPromptProcessor,  # the same layout: SmolVLM's first release, Idefics3-8B
     "pixtral": Mistral3PromptProcessor,  # the same layout, without the patch merger
+    "qwen3_vl": Qwen3VlPromptProcessor,
+    "qwen3_vl_moe": Qwen3VlPromptProcessor,
+    "qwen3_5": Qwen3VlPromptProcessor,
+    "qwen3_5_moe": Qwen3VlPromptProcessor,
 }
 
 

@@ -55,11 +55,12 @@ SUPPORTED_MODEL_TYPES = (
     "idefics3",
 )
 #: What a request may send to such a model: images, and video where the prompt's video
-#: placeholders expand as the model's processor expands them (Qwen2-VL, Qwen2.5-VL).
+#: placeholders expand as the model's processor expands them (the Qwen-VL family; Qwen3-VL and
+#: Qwen3.5 with a time marker per frame group, worker/vlm/processor.py).
 MEDIA_KINDS = frozenset({"image_url", "video_url"})
-#: Image-only: Qwen3-VL / Qwen3.5 timestamp video frames in the prompt (not written here yet);
-#: the 1-D models' processors here take images only.
-IMAGE_ONLY_MODEL_TYPES = frozenset(SUPPORTED_MODEL_TYPES) - {"qwen2_vl", "qwen2_5_vl"}
+#: Image-only: the 1-D models' processors here take images only.
+VIDEO_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"})
+IMAGE_ONLY_MODEL_TYPES = frozenset(SUPPORTED_MODEL_TYPES) - VIDEO_MODEL_TYPES
 
 
 def require_vlm_extra() -> None:
