@@ -27,6 +27,7 @@ DEMO_SIZES = (
     "vlm-llava",
     "vlm-llava_next",
     "vlm-gemma3",
+    "vlm-gemma4",
     "vlm-mistral3",
     "vlm-pixtral",
     "vlm-smolvlm",

@@ -23,6 +23,7 @@ from . import (
     smollm2,
     vlm,
     vlm_gemma3,
+    vlm_gemma4,
     vlm_llava,
     vlm_llava_next,
     vlm_mistral3,
@@ -93,6 +94,10 @@ DEMO_BUILDERS: Mapping[str, DemoBuilder] = MappingProxyType(
         # a tiny Gemma 3: SigLIP tower, sliding-window and global text layers (worker/demo/vlm_gemma3.py)
         vlm_gemma3.GEMMA3_SIZE: DemoBuilder(
             write=vlm_gemma3.write_gemma3, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm_gemma3.template_hash
+        ),
+        # a tiny Gemma 4 (E2B's layout: per-layer inputs, shared KV layers) (worker/demo/vlm_gemma4.py)
+        vlm_gemma4.GEMMA4_SIZE: DemoBuilder(
+            write=vlm_gemma4.write_gemma4, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm_gemma4.template_hash
         ),
         # a tiny Mistral 3: Pixtral tower, rows of [IMG] with breaks (worker/demo/vlm_mistral3.py)
         vlm_mistral3.MISTRAL3_SIZE: DemoBuilder(

@@ -46,6 +46,11 @@ class LanguageAdapter:
         #: Qwen3-VL adds its tower's deepstack features in its first text layers (Qwen3.5,
         #: with the same tower, does not).
         self.deepstack = "deepstack_visual_embeds" in inspect.signature(model.language_model.__call__).parameters
+        #: Gemma 4's ``get_input_embeddings`` scales the token embeddings (its language model then
+        #: takes them as given); the others' language models scale their own.
+        self.embed_scale = getattr(self.text_model, "embed_scale", None) if _scales_embeddings(model) else None
+        #: Gemma 4 E2B / E4B: per-layer inputs looked up from the token ids, a media token's as id 0.
+        self.media_ids = _per_layer_media_ids(model)
         #: The first layer holding KV (a hybrid model's first layers are recurrent): its cache
         #: has the rows' offsets and rope deltas.
         self.kv_layer = next(i for i, c in enumerate(self.make_cache()) if isinstance(c, RopeKVCache | RotatingKVCache))
@@ -53,6 +58,19 @@ class LanguageAdapter:
     @property
     def layers(self) -> list[Any]:
         return self.text_model.layers
+
+    def embed(self, ids: mx.array) -> mx.array:
+        """The token embeddings a prompt's prefill starts from (scaled where the model scales them
+        before its language model)."""
+        embeds = self.text_model.embed_tokens(ids)
+        return embeds if self.embed_scale is None else embeds * self.embed_scale
+
+    def prefill_ids(self, ids: mx.array) -> mx.array:
+        """The token ids a media prefill chunk passes beside its embeddings: the per-layer inputs'
+        lookup (Gemma 4) takes media tokens as id 0, as the model's ``get_input_embeddings`` does."""
+        if not self.media_ids:
+            return ids
+        return mx.where(mx.array(np.isin(np.asarray(ids), self.media_ids)), mx.zeros_like(ids), ids)
 
     def make_cache(self) -> list[Any]:
         """mlx-lm caches (what the generator batches): the language model's own layout where it
@@ -128,21 +146,22 @@ class MediaPrefill:
             self.encoding_finished = not self.to_encode and self.encoding is None
             self.encode_s += time.perf_counter() - started
         else:
-            self._prefill_chunk(adapter.language_model)
+            self._prefill_chunk(adapter)
             self.prefill_s += time.perf_counter() - started
         if self.done:  # the next tokens are placed after the prompt's M-RoPE grid
             for layer in self.cache:
                 if isinstance(layer, RopeKVCache):
                     layer.rope_delta = self.rope_delta
 
-    def _prefill_chunk(self, lm: Any) -> None:
+    def _prefill_chunk(self, adapter: LanguageAdapter) -> None:
         a, b = self.start + self.cursor, min(self.end, self.start + self.cursor + self.chunk)
         if a < b:
             ids = mx.array(self.seq.prompt_token_ids[a:b])[None]
             window = slice(self.cursor, self.cursor + (b - a))
             embeds = self.embeds[:, window]
             place = {} if self.positions is None else {"position_ids": self.positions[..., a:b]}
-            lm(ids, inputs_embeds=embeds, cache=self.cache, **place, **self._deepstack(window))
+            lm = adapter.language_model
+            lm(adapter.prefill_ids(ids), inputs_embeds=embeds, cache=self.cache, **place, **self._deepstack(window))
             mx.eval([c.state for c in self.cache])
         self.cursor += b - a
 
@@ -166,7 +185,7 @@ class MediaPrefill:
             grids = {kind: _grids(media, kind) for kind in ("image", "video")}
             self.positions, deltas = model.language_model.get_rope_index(ids, grids["image"], grids["video"])
             self.rope_delta = int(np.asarray(deltas).reshape(-1)[0])
-        self.embeds = adapter.text_model.embed_tokens(ids[:, self.start : self.end])
+        self.embeds = adapter.embed(ids[:, self.start : self.end])
         self.to_encode = [
             item for item in media if max(item.start, self.start) < min(item.start + item.num_tokens, self.end)
         ]
@@ -223,6 +242,22 @@ class MediaPrefill:
             self.visual = np.zeros(length, dtype=bool)
         self.deepstack[:, at] = features
         self.visual[at if isinstance(at, slice) else np.asarray(at)] = True
+
+
+#: Architectures whose ``get_input_embeddings`` scales the token embeddings itself.
+SCALED_EMBEDDINGS = frozenset({"gemma4"})
+
+
+def _scales_embeddings(model: Any) -> bool:
+    return getattr(model.config, "model_type", None) in SCALED_EMBEDDINGS
+
+
+def _per_layer_media_ids(model: Any) -> list[int]:
+    """The media token ids a model with per-layer inputs (Gemma 4 E2B / E4B) looks up as id 0."""
+    if not getattr(model.language_model.model, "hidden_size_per_layer_input", 0):
+        return []
+    names = ("image_token_id", "audio_token_id", "video_token_id")
+    return [int(i) for i in (getattr(model.config, name, None) for name in names) if i is not None]
 
 
 def _contiguous(indices: np.ndarray) -> bool:

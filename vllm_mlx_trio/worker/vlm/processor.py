@@ -254,6 +254,29 @@ class Gemma3PromptProcessor(VlmPromptProcessor):
 
 
 @attrs.frozen(kw_only=True)
+class Gemma4PromptProcessor(VlmPromptProcessor):
+    """Gemma 4's: the template's ``<|image|>`` becomes ``<|image>``, one ``<|image|>`` per soft
+    token, ``<image|>``; the image processor resizes keeping the aspect ratio, so the count (the
+    item's grid, ``(1, 1, soft tokens)``) depends on the image's size; images only."""
+
+    begin: str
+    end: str
+
+    @classmethod
+    def of(cls, processor: Any) -> Gemma4PromptProcessor:
+        return cls(**images_only(processor, processor.image_token), begin=processor.boi_token, end=processor.eoi_token)
+
+    def vision_inputs(self, item: Any) -> tuple[str, np.ndarray, tuple[int, int, int]]:
+        if hasattr(item, "frames"):
+            raise InvalidRequestError("this model takes images, not video", param="messages")
+        data, (soft_tokens,) = self.image_processor(images=[item.image])
+        return IMAGE, np.asarray(data["pixel_values"]), (1, 1, int(soft_tokens))
+
+    def expansion(self, placeholder: str, grid: tuple[int, int, int]) -> str:
+        return f"{self.begin}{placeholder * self.num_tokens(grid)}{self.end}"
+
+
+@attrs.frozen(kw_only=True)
 class Mistral3PromptProcessor(VlmPromptProcessor):
     """Mistral 3's (Pixtral's): the template's ``[IMG]`` becomes one ``[IMG]`` per merged cell of
     the resized image, row by row, ``[IMG_BREAK]`` between rows, ``[IMG_END]`` last; the run
@@ -338,6 +361,7 @@ PROMPT_PROCESSORS = {
     "llava": LlavaPromptProcessor,
     "llava_next": LlavaNextPromptProcessor,
     "gemma3": Gemma3PromptProcessor,
+    "gemma4": Gemma4PromptProcessor,
     "mistral3": Mistral3PromptProcessor,
     "smolvlm": SmolVlmPromptProcessor,
     "idefics3": SmolVlmPromptProcessor,  # the same layout: SmolVLM's first release, Idefics3-8B

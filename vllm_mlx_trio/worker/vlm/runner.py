@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 #: The architectures this runner drives, each verified against mlx-vlm's own generate on a demo
 #: (tests/vlm/test_vlm_zoo.py): the Qwen-VL family with M-RoPE and a per-row delta (Qwen2.5-VL's
 #: windowed tower, Qwen3-VL's deepstack features, Qwen3.5's hybrid text model; their MoEs), and
-#: 1-D RoPE models (LLaVA, LLaVA-NeXT, Gemma 3, Mistral 3, Pixtral, SmolVLM). Others are refused at load,
+#: 1-D RoPE models (LLaVA, LLaVA-NeXT, Gemma 3, Gemma 4, Mistral 3, Pixtral, SmolVLM). Others are refused at load,
 #: naming the type.
 SUPPORTED_MODEL_TYPES = (
     "qwen2_vl",
@@ -49,6 +49,7 @@ SUPPORTED_MODEL_TYPES = (
     "llava",
     "llava_next",
     "gemma3",
+    "gemma4",
     "mistral3",
     "pixtral",
     "smolvlm",
@@ -105,6 +106,11 @@ def check_served(name: str, config: dict) -> None:
             f"model {name!r}: vision-language model_type {model_type!r} is not served yet "
             f"(served: {', '.join(SUPPORTED_MODEL_TYPES)}); engine.mode = 'batched' serves it text-only "
             "where mlx-lm has the architecture"
+        )
+    if model_type == "gemma4" and (config.get("text_config") or {}).get("use_bidirectional_attention") == "vision":
+        raise ModelLoadError(
+            f"model {name!r}: gemma4 with text_config.use_bidirectional_attention = 'vision' is not served yet "
+            "(its image tokens attend to each other both ways, which the chunked media prefill does not do)"
         )
 
 
