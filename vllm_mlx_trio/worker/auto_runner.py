@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..runner_kinds import BATCHED, SPECULATION_OFF, VLM, RunnerShape, kind_for
 from .modality import declared_towers, read_model_config
@@ -38,6 +38,15 @@ def auto_kind(cfg: EngineConfig) -> str:
 class AutoRunner:
     """Builds the batched or the vlm runner, chosen from the model's config.json."""
 
+    #: The runner table the chosen kind is looked up in (None: the built-in one);
+    #: ``registry.runner_for`` binds the engine's own with :meth:`bound`.
+    runners: ClassVar[Any] = None
+
+    @classmethod
+    def bound(cls, runners: Any) -> type[AutoRunner]:
+        """This class choosing its kind's runner from ``runners``."""
+        return type(cls.__name__, (cls,), {"runners": runners})
+
     @classmethod
     def shape(cls, cfg: EngineConfig) -> RunnerShape:
         if cfg.speculative.method != SPECULATION_OFF:
@@ -54,4 +63,5 @@ class AutoRunner:
 
         kind = auto_kind(cfg)
         logger.debug("engine.mode = 'auto': model %r runs in %r mode", cfg.model.path, kind)  # the ready line says it
-        return runner_class(kind)(cfg, request_waiting=request_waiting, **kwargs)
+        runner = runner_class(kind) if cls.runners is None else runner_class(kind, cls.runners)
+        return runner(cfg, request_waiting=request_waiting, **kwargs)

@@ -138,7 +138,9 @@ def with_runner(name: str, runner: type[Runner], runners: RunnerTable = RUNNERS)
 def runner_for(cfg: EngineConfig, runners: RunnerTable = RUNNERS) -> type[Runner]:
     """The runner class a configuration runs: ``engine.mode``'s, or its kind with speculation
     ("speculative" for "batched", "vlm-speculative" for "vlm") when ``speculative.method`` is not "off"."""
-    return runner_class(kind_for(cfg.engine.mode, cfg.speculative.method), runners)
+    runner = runner_class(kind_for(cfg.engine.mode, cfg.speculative.method), runners)
+    bound = getattr(runner, "bound", None)  # the auto kind: it looks the kind it picks up in the same table
+    return bound(runners) if bound is not None else runner
 
 
 def runner_class(name: str, runners: RunnerTable = RUNNERS) -> type[Runner]:
