@@ -50,7 +50,7 @@ class LanguageAdapter:
         #: takes them as given); the others' language models scale their own.
         self.embed_scale = getattr(self.text_model, "embed_scale", None) if _scales_embeddings(model) else None
         #: Gemma 4 E2B / E4B: per-layer inputs looked up from the token ids, a media token's as id 0.
-        self.media_ids = _per_layer_media_ids(model)
+        self.media_ids = _per_layer_media_ids(model, self.text_model)
         #: The first layer holding KV (a hybrid model's first layers are recurrent): its cache
         #: has the rows' offsets and rope deltas.
         self.kv_layer = next(i for i, c in enumerate(self.make_cache()) if isinstance(c, RopeKVCache | RotatingKVCache))
@@ -252,9 +252,9 @@ def _scales_embeddings(model: Any) -> bool:
     return getattr(model.config, "model_type", None) in SCALED_EMBEDDINGS
 
 
-def _per_layer_media_ids(model: Any) -> list[int]:
+def _per_layer_media_ids(model: Any, text_model: Any) -> list[int]:
     """The media token ids a model with per-layer inputs (Gemma 4 E2B / E4B) looks up as id 0."""
-    if not getattr(model.language_model.model, "hidden_size_per_layer_input", 0):
+    if not getattr(text_model, "hidden_size_per_layer_input", 0):
         return []
     names = ("image_token_id", "audio_token_id", "video_token_id")
     return [int(i) for i in (getattr(model.config, name, None) for name in names) if i is not None]
