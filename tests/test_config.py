@@ -294,7 +294,8 @@ def test_wrong_type_from_override():
         ("server.drain_timeout_s=nan", "server.drain_timeout_s: must be >= 0, got nan"),
         (
             "engine.mode=paged",
-            "engine.mode: must be one of auto, simple, batched, distributed, vlm, speculative, embed, got 'paged'",
+            "engine.mode: must be one of auto, simple, batched, distributed, vlm, speculative, vlm-speculative, "
+            "embed, got 'paged'",
         ),
         ("logging.level=verbose", "logging.level: must be one of debug, info, warning, error"),
         ("logging.format=xml", "logging.format: must be one of text, json, got 'xml'"),
@@ -317,17 +318,17 @@ def test_range_error_from_file_names_the_file(tmp_path):
     assert config_error(path=path) == expected
 
 
-@pytest.mark.parametrize("mode", ["simple", "vlm"])
+@pytest.mark.parametrize("mode", ["simple", "embed"])
 def test_speculation_with_another_mode_names_both_keys(tmp_path, mode):
     message = config_error(overrides=[f"engine.mode={mode}", "speculative.method=mtp"])
     assert message == (
-        f'speculative.method = "mtp" needs engine.mode = "auto" or "batched" (engine.mode is "{mode}") '
+        f'speculative.method = "mtp" needs engine.mode = "auto", "batched" or "vlm" (engine.mode is "{mode}") '
         f"(from --set speculative.method=mtp, --set engine.mode={mode})"
     )
     path = write(tmp_path, f'[engine]\nmode = "{mode}"\n')
     message = config_error(path=path, overrides=["speculative.method=draft", "speculative.draft_model=demo:spec-draft"])
     assert message.startswith(
-        f'speculative.method = "draft" needs engine.mode = "auto" or "batched" (engine.mode is "{mode}")'
+        f'speculative.method = "draft" needs engine.mode = "auto", "batched" or "vlm" (engine.mode is "{mode}")'
     )
     assert f"config file {path}" in message
 
@@ -350,14 +351,17 @@ def test_the_speculative_mode_needs_a_method():
         'engine.mode = "speculative" needs speculative.method = "draft" or "mtp" (it is "off") '
         "(from --set engine.mode=speculative)"
     )
-    for mode in ("batched", "speculative"):  # "speculative" is the kind a method runs in place of "batched"
+    message = config_error(overrides=["engine.mode=vlm-speculative"])
+    assert message.startswith('engine.mode = "vlm-speculative" needs speculative.method = "draft" or "mtp"')
+    # "speculative" / "vlm-speculative" are the kinds a method runs in place of "batched" / "vlm"
+    for mode in ("batched", "speculative", "vlm", "vlm-speculative"):
         cfg = load_config(environ={}, overrides=[f"engine.mode={mode}", "speculative.method=mtp"])
         assert (cfg.engine.mode, cfg.speculative.method) == (mode, "mtp")
 
 
 def test_speculation_and_mode_are_checked_when_built_in_code_too():
     cfg = EngineConfig()
-    with pytest.raises(ValueError, match='needs engine.mode = "auto" or "batched"'):
+    with pytest.raises(ValueError, match='needs engine.mode = "auto", "batched" or "vlm"'):
         attrs.evolve(cfg, engine=EngineSection(mode="simple"), speculative=SpeculativeConfig(method="mtp"))
 
 

@@ -22,21 +22,27 @@ DISTRIBUTED = "distributed"
 VLM = "vlm"
 #: "batched" plus draft -> verify rounds for a request alone in the batch; chosen by speculative.method.
 SPECULATIVE = "speculative"
+#: "vlm" plus the speculative kind's rounds for a request alone in the batch (worker/vlm/speculative.py);
+#: chosen by speculative.method on a vision-language model.
+VLM_SPECULATIVE = "vlm-speculative"
 #: An embedding model: answers embedding jobs, generates no text (worker/embed/runner.py).
 EMBED = "embed"
 #: The kinds the engine ships, in the order errors and docs list them.
-BUILTIN_KINDS = (AUTO, SIMPLE, BATCHED, DISTRIBUTED, VLM, SPECULATIVE, EMBED)
-#: The kinds ``speculative.method`` may run with: "auto" or "batched" (replaced by the speculative
-#: kind, which runs text models: a vision-language model is then served text-only) or that kind itself.
-SPECULATIVE_BASES = (AUTO, BATCHED, SPECULATIVE)
+BUILTIN_KINDS = (AUTO, SIMPLE, BATCHED, DISTRIBUTED, VLM, SPECULATIVE, VLM_SPECULATIVE, EMBED)
+#: The kinds ``speculative.method`` may run with: "auto" (the model's config.json picks the speculative
+#: or the vlm-speculative kind), "batched" or "vlm" (replaced by the one with speculation) or those kinds.
+SPECULATIVE_BASES = (AUTO, BATCHED, VLM, SPECULATIVE, VLM_SPECULATIVE)
+#: The kind with speculation of each kind it replaces when ``speculative.method`` is not "off".
+_WITH_SPECULATION = {BATCHED: SPECULATIVE, VLM: VLM_SPECULATIVE}
 #: ``speculative.method``'s value that leaves speculative decoding off.
 SPECULATION_OFF = "off"
 
 
 def kind_for(mode: str, method: str) -> str:
-    """The kind a configuration runs: ``engine.mode``'s, or the speculative kind when
-    ``speculative.method`` is not "off" (the configuration has checked that the two fit)."""
-    return SPECULATIVE if method != SPECULATION_OFF else mode
+    """The kind a configuration runs: ``engine.mode``'s, or its kind with speculation when
+    ``speculative.method`` is not "off" (the configuration has checked that the two fit). "auto"
+    stays "auto": the auto runner applies this to the kind the model's config.json calls for."""
+    return _WITH_SPECULATION.get(mode, mode) if method != SPECULATION_OFF else mode
 
 
 @attrs.frozen

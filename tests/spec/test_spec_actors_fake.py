@@ -61,7 +61,7 @@ async def test_step_counts_reach_the_metrics_and_the_status():
 
 
 def test_speculation_needs_the_batched_mode():
-    with pytest.raises(ConfigError, match='needs engine.mode = "auto" or "batched"'):
+    with pytest.raises(ConfigError, match='needs engine.mode = "auto", "batched" or "vlm"'):
         load_config(None, overrides=["engine.mode=simple", "speculative.method=mtp"], environ={})
     with pytest.raises(ConfigError, match="needs speculative.method"):
         load_config(None, overrides=["engine.mode=speculative"], environ={})
@@ -84,7 +84,11 @@ def test_the_speculative_runner_budgets_num_draft_tokens_plus_one():
         ],
         environ={},
     )
-    runner = runner_for(cfg)
-    assert runner.__name__ == "SpecRunner" and runner.shape(cfg).max_tokens_per_step == 7
+    # "auto" decides between the speculative kinds when the model loads; both have the speculative shape
+    assert runner_for(cfg).__name__ == "AutoRunner" and runner_for(cfg).shape(cfg).max_tokens_per_step == 7
+    batched = attrs.evolve(cfg, engine=attrs.evolve(cfg.engine, mode="batched"))
+    vlm = attrs.evolve(cfg, engine=attrs.evolve(cfg.engine, mode="vlm"))
+    assert runner_for(batched).__name__ == "SpecRunner" and runner_for(batched).shape(batched).max_tokens_per_step == 7
+    assert runner_for(vlm).__name__ == "VlmSpecRunner" and runner_for(vlm).shape(vlm).max_tokens_per_step == 7
     default = load_config(None, environ={})
     assert runner_for(default).shape(default).max_tokens_per_step == 1

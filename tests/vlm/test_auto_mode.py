@@ -71,6 +71,10 @@ def test_unsupported_vlm_architecture_is_named_at_startup():
 
     with pytest.raises(ModelLoadError, match="model_type 'florence2' is not served yet"):
         check_served("m", {"model_type": "florence2", "vision_config": {"a": 1}})
+    bidirectional = {"use_bidirectional_attention": "vision"}
+    with pytest.raises(ModelLoadError, match="gemma4 with text_config.use_bidirectional_attention = 'vision'"):
+        check_served("m", {"model_type": "gemma4", "vision_config": {"a": 1}, "text_config": bidirectional})
+    check_served("m", {"model_type": "gemma4", "vision_config": {"a": 1}, "text_config": {}})
 
 
 @pytest.mark.mlx

@@ -13,7 +13,7 @@ import pathlib
 import pytest
 import trio
 from test_vlm_runner import GREEDY, Driver, picture
-from vlm_helpers import image_message, image_url
+from vlm_helpers import image_message, image_url, video_url
 
 from vllm_mlx_trio.config import DEMO_SIZES, load_config
 from vllm_mlx_trio.testing.clients import openai_client
@@ -27,14 +27,17 @@ TIMEOUT_S = 120
 
 
 #: Every vision-language demo, one per served architecture (vlm-deep-tower is vlm-tiny's
-#: architecture with a deeper tower, for a benchmark).
-ZOO = tuple(size for size in DEMO_SIZES if size.startswith("vlm-") and size != "vlm-deep-tower")
+#: architecture with a deeper tower, for a benchmark; vlm-mtp-tiny is vlm-qwen3_5's with an MTP head,
+#: for speculation: tests/vlm/test_vlm_speculative.py).
+ZOO = tuple(size for size in DEMO_SIZES if size.startswith("vlm-") and size not in ("vlm-deep-tower", "vlm-mtp-tiny"))
 #: Where mlx-vlm 0.7.10's ``stream_generate`` cannot prepare the inputs under transformers 5 (it
 #: passes ``padding`` on to CLIP's image processor): the reference runs mlx-vlm's processor call
 #: and its ``generate_step`` directly.
 PROCESSOR_CALL = {"vlm-llava"}
 #: The demos whose video parts are served (the others' are refused before decoding).
-VIDEO_MODELS = {"vlm-tiny", "vlm-qwen2_5_vl"}
+VIDEO_MODELS = {"vlm-tiny", "vlm-qwen2_5_vl", "vlm-qwen3_vl", "vlm-qwen3_vl_moe", "vlm-qwen3_5", "vlm-qwen3_5_moe"}
+#: A video request's sampling: 3 s at 10 fps sampled at 2 fps gives 6 frames, 3 temporal groups.
+VIDEO_SAMPLING = {"video_fps": 2.0, "video_max_frames": 8}
 
 
 @pytest.fixture(scope="module", params=ZOO)
@@ -106,3 +109,53 @@ async def test_a_repeated_image_reuses_its_prefix_and_answers_the_same(zoo_dir):
     assert cold.usage.prompt_tokens_details is None or not cold.usage.prompt_tokens_details.cached_tokens
     # the image sits inside the prompt: a hit past it shows its tokens were cached under its content
     assert repeat.usage.prompt_tokens_details.cached_tokens >= cold.usage.prompt_tokens - 16
+
+
+async def test_a_video_request_answers_as_mlx_vlm(zoo_dir, tmp_path):
+    """A video part (sampled as mlx-vlm samples it; Qwen3-VL / Qwen3.5: a time marker per frame
+    group in the prompt) gives mlx-vlm's own greedy tokens for the same clip and sampling."""
+    import base64
+
+    import mlx_vlm
+    from mlx_vlm.generate.dispatch import stream_generate
+
+    if pathlib.Path(zoo_dir).name not in VIDEO_MODELS:
+        pytest.skip("images only")
+    clip = video_url()
+    path = tmp_path / "clip.mp4"
+    path.write_bytes(base64.b64decode(clip.split(",", 1)[1]))
+    model, processor = mlx_vlm.load(zoo_dir)
+    content = [{"type": "text", "text": QUESTION}, {"type": "video"}]
+    rendered = processor.tokenizer.apply_chat_template(
+        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+    )
+    steps = stream_generate(
+        model,
+        processor,
+        rendered,
+        video=[str(path)],
+        fps=VIDEO_SAMPLING["video_fps"],
+        max_frames=VIDEO_SAMPLING["video_max_frames"],
+        max_tokens=GREEDY.max_tokens,
+        temperature=0.0,
+    )
+    tokens = [step.token for step in steps][: GREEDY.max_tokens]
+    assert len(set(tokens)) > 1, "a greedy output of one token repeated tests nothing"
+    reference = processor.tokenizer.decode(tokens)
+    cfg = load_config(
+        None, overrides=[f"model.path={zoo_dir}", "server.port=0", "server.drain_timeout_s=5"], environ={}
+    )
+    message = {
+        "role": "user",
+        "content": [{"type": "text", "text": QUESTION}, {"type": "video_url", "video_url": {"url": clip}}],
+    }
+    with trio.fail_after(TIMEOUT_S):
+        async with open_server(cfg) as srv, openai_client(srv.url) as c:
+            reply = await c.chat.completions.create(
+                model=zoo_dir,
+                messages=[message],
+                temperature=0,
+                max_tokens=GREEDY.max_tokens,
+                extra_body={**VIDEO_SAMPLING, "ignore_eos": True},
+            )
+    assert reply.choices[0].message.content == reference

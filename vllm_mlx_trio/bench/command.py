@@ -145,7 +145,13 @@ def _beside_load_args(sub, config_args: ConfigArgs) -> None:
     pre.add_argument("--runs", type=_positive, default=3, help="runs per setting, alternating (default 3)")
     pre.add_argument("--prompt-tokens", type=_positive, default=32_768, help="big prompt size (default 32768)")
 
-    mllm = _add(sub, config_args, "mllm", handlers.mllm, "image request phases; text ITL while a large image prefills")
+    mllm = _add(
+        sub,
+        config_args,
+        "mllm",
+        handlers.mllm,
+        "image request phases; text ITL while a large image prefills, and while a long video arrives",
+    )
     mllm.add_argument("--runs", type=_positive, default=3, help="runs per setting, alternating (default 3)")
     mllm.add_argument("--chunk", type=_positive, default=32, help="mllm_prefill_step_size compared (default 32)")
 

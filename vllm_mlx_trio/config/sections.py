@@ -19,7 +19,14 @@ from vllm_mlx_trio.config.fields import (
     _to_float,
     _to_tuple,
 )
-from vllm_mlx_trio.runner_kinds import BUILTIN_KINDS, DISTRIBUTED, SPECULATION_OFF, SPECULATIVE, SPECULATIVE_BASES
+from vllm_mlx_trio.runner_kinds import (
+    BUILTIN_KINDS,
+    DISTRIBUTED,
+    SPECULATION_OFF,
+    SPECULATIVE,
+    SPECULATIVE_BASES,
+    VLM_SPECULATIVE,
+)
 
 #: The runner kinds the engine ships: what ``load_config`` accepts for ``engine.mode`` unless told
 #: of others (a program that embeds the engine may run its own kinds: worker/registry.py).
@@ -358,18 +365,20 @@ class SpeculativeConfig:
 
 
 def _speculation_fits_mode(inst, attribute, value: SpeculativeConfig) -> None:
-    """Validator of EngineConfig.speculative: a method needs engine.mode "auto" or "batched" (or
-    "speculative" itself), and engine.mode "speculative" needs a method."""
+    """Validator of EngineConfig.speculative: a method needs engine.mode "auto", "batched" or "vlm"
+    (or "speculative" / "vlm-speculative" itself), and those two modes need a method."""
     mode, method = inst.engine.mode, value.method
     keys = ((SpeculativeConfig, "method"), (EngineSection, "mode"))
     if method != SPECULATION_OFF and mode == DISTRIBUTED:
         problem = f'speculative.method = "{method}" cannot run on a sharded model (engine.mode = "distributed")'
         raise _ConflictError(keys, problem)
     if method != SPECULATION_OFF and mode not in SPECULATIVE_BASES:
-        problem = f'speculative.method = "{method}" needs engine.mode = "auto" or "batched" (engine.mode is "{mode}")'
+        problem = (
+            f'speculative.method = "{method}" needs engine.mode = "auto", "batched" or "vlm" (engine.mode is "{mode}")'
+        )
         raise _ConflictError(keys, problem)
-    if mode == SPECULATIVE and method == SPECULATION_OFF:
-        problem = 'engine.mode = "speculative" needs speculative.method = "draft" or "mtp" (it is "off")'
+    if mode in (SPECULATIVE, VLM_SPECULATIVE) and method == SPECULATION_OFF:
+        problem = f'engine.mode = "{mode}" needs speculative.method = "draft" or "mtp" (it is "off")'
         raise _ConflictError(keys, problem)
 
 

@@ -40,6 +40,8 @@ class LoadedVideo:
     #: sha256 hex over (the content's sha256, fps, max_frames, max_image_pixels).
     cache_key: str
     seconds: float = 0.0
+    #: Each frame's time in the video, in seconds (Qwen3-VL writes them into the prompt).
+    frame_times: tuple[float, ...] = attrs.field(default=(), eq=False)
     kind: ClassVar[str] = "video"
 
 

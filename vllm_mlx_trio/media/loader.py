@@ -85,7 +85,7 @@ class MediaLoader:
         start = time.perf_counter()
         cfg = self._cfg
         raw = self._read(ref, "video", cfg.max_video_bytes, where)
-        frames = decode_video(
+        frames, frame_times = decode_video(
             raw.data,
             fps=fps,
             max_frames=max_frames,
@@ -96,7 +96,15 @@ class MediaLoader:
         )
         key = video_cache_key(raw.data, fps=fps, max_frames=max_frames, max_pixels=cfg.max_image_pixels)
         seconds = time.perf_counter() - start
-        return LoadedVideo(where=where, frames=frames, fps=fps, max_frames=max_frames, cache_key=key, seconds=seconds)
+        return LoadedVideo(
+            where=where,
+            frames=frames,
+            fps=fps,
+            max_frames=max_frames,
+            cache_key=key,
+            seconds=seconds,
+            frame_times=frame_times,
+        )
 
     def _read(self, ref: bytes | str, kind: str, max_bytes: int, where: str) -> RawMedia:
         return read_source(

@@ -58,8 +58,9 @@ def decode_video(
     max_decoded_pixels: int,
     where: str,
     timeout_s: float = math.inf,
-) -> tuple[np.ndarray, ...]:
-    """The sampled frames of the video in ``data``: HxWx3 uint8 RGB, at most ``max_pixels`` each.
+) -> tuple[tuple[np.ndarray, ...], tuple[float, ...]]:
+    """The sampled frames of the video in ``data`` (HxWx3 uint8 RGB, at most ``max_pixels`` each)
+    and each one's time in the video, in seconds (its frame index over the container's fps).
     Past ``timeout_s`` seconds (checked before each sampled frame is read) a 400 naming ``where``."""
     deadline = Deadline(clock() + timeout_s, timeout_s, where)
     suffix = container_suffix(data)
@@ -114,7 +115,7 @@ def _sample_file(
     max_decoded_pixels: int,
     where: str,
     deadline: Deadline,
-) -> tuple[np.ndarray, ...]:
+) -> tuple[tuple[np.ndarray, ...], tuple[float, ...]]:
     import cv2  # heavy: only when a video arrives
 
     capture = cv2.VideoCapture(path)
@@ -128,7 +129,7 @@ def _sample_file(
             raise refuse(where, f"the video is {width}x{height}, more than {max_decoded_pixels} pixels per frame.")
         if total < FRAME_FACTOR:
             raise refuse(where, f"the video has {max(total, 0)} frames; at least {FRAME_FACTOR} are needed.")
-        frames = []
+        frames, times = [], []
         for index in sample_indices(total, source_fps, fps, max_frames):
             deadline.check()
             capture.set(cv2.CAP_PROP_POS_FRAMES, int(index))
@@ -136,11 +137,12 @@ def _sample_file(
             if not ok:
                 break  # as load_video: the frames read so far
             frames.append(_fit_frame(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB), max_pixels, cv2))
+            times.append(int(index) / source_fps)
     finally:
         capture.release()
     if not frames:
         raise refuse(where, "no frame of the video could be decoded.")
-    return tuple(frames)
+    return tuple(frames), tuple(times)
 
 
 def _fit_frame(frame: np.ndarray, max_pixels: int, cv2) -> np.ndarray:

@@ -59,7 +59,7 @@ def text_only_note(config: Mapping[str, Any]) -> str | None:
         return None
     return (
         f"This {config.get('model_type', 'multimodal')} model declares a {' and '.join(towers)} tower but is "
-        'served text-only: the configured runner runs text models (engine.mode "batched", "simple" or '
-        '"distributed", or speculative decoding on); engine.mode = "auto" with speculative.method = "off" '
-        "serves its media."
+        'served text-only: the configured runner runs text models (engine.mode "batched", "simple", '
+        '"speculative" or "distributed"); engine.mode = "auto" (or "vlm") serves its media, with speculative '
+        "decoding too."
     )

@@ -13,7 +13,18 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import ConfigError
-from ..runner_kinds import AUTO, BATCHED, DISTRIBUTED, EMBED, SIMPLE, SPECULATIVE, VLM, RunnerShape, kind_for
+from ..runner_kinds import (
+    AUTO,
+    BATCHED,
+    DISTRIBUTED,
+    EMBED,
+    SIMPLE,
+    SPECULATIVE,
+    VLM,
+    VLM_SPECULATIVE,
+    RunnerShape,
+    kind_for,
+)
 
 if TYPE_CHECKING:
     import threading
@@ -92,6 +103,12 @@ def _speculative() -> type[Runner]:
     return SpecRunner
 
 
+def _vlm_speculative() -> type[Runner]:
+    from .vlm.speculative import VlmSpecRunner
+
+    return VlmSpecRunner
+
+
 def _embed() -> type[Runner]:
     from .embed.runner import EmbedRunner
 
@@ -107,6 +124,7 @@ RUNNERS: RunnerTable = MappingProxyType(
         DISTRIBUTED: _distributed,
         VLM: _vlm,
         SPECULATIVE: _speculative,
+        VLM_SPECULATIVE: _vlm_speculative,
         EMBED: _embed,
     }
 )
@@ -118,9 +136,11 @@ def with_runner(name: str, runner: type[Runner], runners: RunnerTable = RUNNERS)
 
 
 def runner_for(cfg: EngineConfig, runners: RunnerTable = RUNNERS) -> type[Runner]:
-    """The runner class a configuration runs: ``engine.mode``'s, or the speculative kind in place
-    of "batched" when ``speculative.method`` is not "off"."""
-    return runner_class(kind_for(cfg.engine.mode, cfg.speculative.method), runners)
+    """The runner class a configuration runs: ``engine.mode``'s, or its kind with speculation
+    ("speculative" for "batched", "vlm-speculative" for "vlm") when ``speculative.method`` is not "off"."""
+    runner = runner_class(kind_for(cfg.engine.mode, cfg.speculative.method), runners)
+    bound = getattr(runner, "bound", None)  # the auto kind: it looks the kind it picks up in the same table
+    return bound(runners) if bound is not None else runner
 
 
 def runner_class(name: str, runners: RunnerTable = RUNNERS) -> type[Runner]:

@@ -81,7 +81,10 @@ async def measure_run(
 
 
 def _configs(cfg: EngineConfig, draft_model: str, num_draft_tokens: int) -> tuple[EngineConfig, EngineConfig]:
-    batched = attrs.evolve(cfg, engine=attrs.evolve(cfg.engine, mode="batched"))
+    # "auto" (the default) and "vlm" stay: a vision-language model is then measured in the vlm runner, with
+    # speculation in the vlm-speculative one; any other mode: the batched runner
+    mode = cfg.engine.mode if cfg.engine.mode in ("auto", "vlm") else "batched"
+    batched = attrs.evolve(cfg, engine=attrs.evolve(cfg.engine, mode=mode))
     off = attrs.evolve(batched, speculative=attrs.evolve(cfg.speculative, method="off"))
     method = "mtp" if cfg.speculative.method == "mtp" else "draft"  # --set speculative.method=mtp: the MTP head
     on = attrs.evolve(

@@ -15,7 +15,21 @@ from types import MappingProxyType
 
 import attrs
 
-from . import embed, mtp, mtp_dsv3, mtp_quant, smollm2, vlm, vlm_gemma3, vlm_llava, vlm_mistral3, vlm_smolvlm
+from . import (
+    embed,
+    mtp,
+    mtp_dsv3,
+    mtp_quant,
+    smollm2,
+    vlm,
+    vlm_gemma3,
+    vlm_gemma4,
+    vlm_llava,
+    vlm_llava_next,
+    vlm_mistral3,
+    vlm_mtp,
+    vlm_smolvlm,
+)
 from .model import write_qwen3_demo
 from .recipe import (
     DEFAULT_DTYPE,
@@ -71,9 +85,19 @@ DEMO_BUILDERS: Mapping[str, DemoBuilder] = MappingProxyType(
         vlm_llava.LLAVA_SIZE: DemoBuilder(
             write=vlm_llava.write_llava, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm_llava.template_hash
         ),
+        # a tiny LLaVA-NeXT: LLaVA's tower and text model, anyres crops (worker/demo/vlm_llava_next.py)
+        vlm_llava_next.LLAVA_NEXT_SIZE: DemoBuilder(
+            write=vlm_llava_next.write_llava_next,
+            version=vlm.VLM_FORMAT_VERSION,
+            template_hash=vlm_llava_next.template_hash,
+        ),
         # a tiny Gemma 3: SigLIP tower, sliding-window and global text layers (worker/demo/vlm_gemma3.py)
         vlm_gemma3.GEMMA3_SIZE: DemoBuilder(
             write=vlm_gemma3.write_gemma3, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm_gemma3.template_hash
+        ),
+        # a tiny Gemma 4 (E2B's layout: per-layer inputs, shared KV layers) (worker/demo/vlm_gemma4.py)
+        vlm_gemma4.GEMMA4_SIZE: DemoBuilder(
+            write=vlm_gemma4.write_gemma4, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm_gemma4.template_hash
         ),
         # a tiny Mistral 3: Pixtral tower, rows of [IMG] with breaks (worker/demo/vlm_mistral3.py)
         vlm_mistral3.MISTRAL3_SIZE: DemoBuilder(
@@ -90,6 +114,10 @@ DEMO_BUILDERS: Mapping[str, DemoBuilder] = MappingProxyType(
         # a tiny Idefics3: the same files under Idefics3's names (worker/demo/vlm_smolvlm.py)
         vlm_smolvlm.IDEFICS3_SIZE: DemoBuilder(
             write=vlm_smolvlm.write_idefics3, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm_smolvlm.template_hash
+        ),
+        # a tiny Qwen3.5 VLM carrying an MTP head: mtp-tiny with vlm-qwen3_5's tower (worker/demo/vlm_mtp.py)
+        vlm_mtp.VLM_MTP_TINY: DemoBuilder(
+            write=vlm_mtp.write_vlm_mtp, version=vlm.VLM_FORMAT_VERSION, template_hash=vlm.template_hash
         ),
         # the agreeing speculative pair (worker/demo/spec.py)
         "spec-target": _qwen3("spec-target", weights=partial(spec_weights, "spec-target")),

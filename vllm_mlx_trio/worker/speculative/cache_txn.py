@@ -159,15 +159,21 @@ def _install_taps(model: Any, cache: list[Any]) -> dict[int, tuple[nn.Module, _M
     taps = {}
     for index, (layer, layer_cache) in enumerate(zip(layers, cache, strict=True)):
         mixer = getattr(layer, "linear_attn", None)
-        if isinstance(layer_cache, ArraysCache) and isinstance(mixer, nn.Module):
+        if _is_state_arrays(layer_cache) and isinstance(mixer, nn.Module):
             mixer = mixer.mixer if isinstance(mixer, _MixerTap) else mixer  # a tap left by a failed verify
             layer.linear_attn = tap = _MixerTap(mixer)
             taps[index] = (layer, tap)
     return taps
 
 
+def _is_state_arrays(layer_cache: Any) -> bool:
+    """A recurrent layer's state arrays: mlx-lm's ArraysCache, or a cache marked as one (mlx-vlm's own, which a
+    vision-language model's Gated DeltaNet writes through its API: worker/vlm/model.py)."""
+    return isinstance(layer_cache, ArraysCache) or getattr(layer_cache, "prefix_layer_kind", None) == "state"
+
+
 def _snapshot(layer_cache: Any) -> tuple[str, Any]:
-    if isinstance(layer_cache, ArraysCache):
+    if _is_state_arrays(layer_cache):
         # MLX arrays are immutable and the layers assign new ones, so the references are the snapshot.
         return "arrays", (list(layer_cache.cache), layer_cache.left_padding, layer_cache.lengths)
     if layer_cache.is_trimmable():

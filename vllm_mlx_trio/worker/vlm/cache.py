@@ -14,6 +14,8 @@ prefix store cuts and rebuilds their blocks as plain KV (``worker/prefix/layers.
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache, KVCache
 
@@ -77,3 +79,19 @@ def row_positions(cache: object, length: int) -> mx.array:
         start = offset if deltas is None else offset + deltas
     positions = start[:, None] + mx.arange(length)[None, :]
     return mx.broadcast_to(positions[None], (3, *positions.shape))
+
+
+#: mlx-vlm's recurrent-state cache classes -> their subclass marked as state arrays.
+_STATE_CLASSES: dict[type, type] = {}
+
+
+def state_arrays(cache: Any) -> Any:
+    """``cache`` (mlx-vlm's recurrent-state cache), marked as a layer of state arrays
+    (``prefix_layer_kind = "state"``) for the prefix store and the speculative cache transaction.
+
+    The mark is on a subclass of its class, not on the instance: the generator's ``merge`` and
+    ``extract`` build new caches of ``type(self)``, and those keep it."""
+    cls = type(cache)
+    if getattr(cls, "prefix_layer_kind", None) != "state":
+        cache.__class__ = _STATE_CLASSES.setdefault(cls, type(cls.__name__, (cls,), {"prefix_layer_kind": "state"}))
+    return cache

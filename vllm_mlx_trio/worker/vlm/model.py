@@ -25,7 +25,7 @@ import numpy as np
 from mlx_lm.models.cache import RotatingKVCache
 
 from ...messages import MediaInput, NewSequence
-from .cache import RopeKVCache, row_positions
+from .cache import RopeKVCache, row_positions, state_arrays
 from .encode import SplitEncode
 
 
@@ -46,6 +46,11 @@ class LanguageAdapter:
         #: Qwen3-VL adds its tower's deepstack features in its first text layers (Qwen3.5,
         #: with the same tower, does not).
         self.deepstack = "deepstack_visual_embeds" in inspect.signature(model.language_model.__call__).parameters
+        #: Gemma 4's ``get_input_embeddings`` scales the token embeddings (its language model then
+        #: takes them as given); the others' language models scale their own.
+        self.embed_scale = getattr(self.text_model, "embed_scale", None) if _scales_embeddings(model) else None
+        #: Gemma 4 E2B / E4B: per-layer inputs looked up from the token ids, a media token's as id 0.
+        self.media_ids = _per_layer_media_ids(model, self.text_model)
         #: The first layer holding KV (a hybrid model's first layers are recurrent): its cache
         #: has the rows' offsets and rope deltas.
         self.kv_layer = next(i for i, c in enumerate(self.make_cache()) if isinstance(c, RopeKVCache | RotatingKVCache))
@@ -53,6 +58,19 @@ class LanguageAdapter:
     @property
     def layers(self) -> list[Any]:
         return self.text_model.layers
+
+    def embed(self, ids: mx.array) -> mx.array:
+        """The token embeddings a prompt's prefill starts from (scaled where the model scales them
+        before its language model)."""
+        embeds = self.text_model.embed_tokens(ids)
+        return embeds if self.embed_scale is None else embeds * self.embed_scale
+
+    def prefill_ids(self, ids: mx.array) -> mx.array:
+        """The token ids a media prefill chunk passes beside its embeddings: the per-layer inputs'
+        lookup (Gemma 4) takes media tokens as id 0, as the model's ``get_input_embeddings`` does."""
+        if not self.media_ids:
+            return ids
+        return mx.where(mx.array(np.isin(np.asarray(ids), self.media_ids)), mx.zeros_like(ids), ids)
 
     def make_cache(self) -> list[Any]:
         """mlx-lm caches (what the generator batches): the language model's own layout where it
@@ -128,21 +146,22 @@ class MediaPrefill:
             self.encoding_finished = not self.to_encode and self.encoding is None
             self.encode_s += time.perf_counter() - started
         else:
-            self._prefill_chunk(adapter.language_model)
+            self._prefill_chunk(adapter)
             self.prefill_s += time.perf_counter() - started
         if self.done:  # the next tokens are placed after the prompt's M-RoPE grid
             for layer in self.cache:
                 if isinstance(layer, RopeKVCache):
                     layer.rope_delta = self.rope_delta
 
-    def _prefill_chunk(self, lm: Any) -> None:
+    def _prefill_chunk(self, adapter: LanguageAdapter) -> None:
         a, b = self.start + self.cursor, min(self.end, self.start + self.cursor + self.chunk)
         if a < b:
             ids = mx.array(self.seq.prompt_token_ids[a:b])[None]
             window = slice(self.cursor, self.cursor + (b - a))
             embeds = self.embeds[:, window]
             place = {} if self.positions is None else {"position_ids": self.positions[..., a:b]}
-            lm(ids, inputs_embeds=embeds, cache=self.cache, **place, **self._deepstack(window))
+            lm = adapter.language_model
+            lm(adapter.prefill_ids(ids), inputs_embeds=embeds, cache=self.cache, **place, **self._deepstack(window))
             mx.eval([c.state for c in self.cache])
         self.cursor += b - a
 
@@ -166,7 +185,7 @@ class MediaPrefill:
             grids = {kind: _grids(media, kind) for kind in ("image", "video")}
             self.positions, deltas = model.language_model.get_rope_index(ids, grids["image"], grids["video"])
             self.rope_delta = int(np.asarray(deltas).reshape(-1)[0])
-        self.embeds = adapter.text_model.embed_tokens(ids[:, self.start : self.end])
+        self.embeds = adapter.embed(ids[:, self.start : self.end])
         self.to_encode = [
             item for item in media if max(item.start, self.start) < min(item.start + item.num_tokens, self.end)
         ]
@@ -193,30 +212,65 @@ class MediaPrefill:
 
     def _write(self, item: MediaInput, features: mx.array, deepstack: mx.array | None) -> None:
         """One item's features, written over its placeholder tokens' embeddings (the uncached ones)."""
-        lo, hi = max(item.start, self.start), min(item.start + item.num_tokens, self.end)
-        self.embeds[:, lo - self.start : hi - self.start] = features[lo - item.start : hi - item.start][None]
+        rows, at = self._feature_rows(item, features.shape[0])
+        if _contiguous(rows) and _contiguous(at):  # one run of placeholders: slices
+            rows, at = slice(int(rows[0]), int(rows[-1]) + 1), slice(int(at[0]), int(at[-1]) + 1)
+        else:
+            rows, at = mx.array(rows), mx.array(at)
+        self.embeds[:, at] = features[rows][None]
         if deepstack is not None:
-            self._add_deepstack(deepstack[:, lo - item.start : hi - item.start], lo - self.start, hi - self.start)
+            self._add_deepstack(deepstack[:, rows], at)
         mx.eval(self.embeds, self.deepstack)
         self.num_encoded += 1
 
-    def _add_deepstack(self, features: mx.array, lo: int, hi: int) -> None:
+    def _feature_rows(self, item: MediaInput, num_features: int) -> tuple[np.ndarray, np.ndarray]:
+        """(rows of the item's features, positions among the uncached tokens they go to). The
+        features cover the item's whole run, or (Qwen3-VL's video: time markers and block ends
+        between its blocks) only its placeholder tokens, those equal to the run's first."""
+        run = np.arange(item.start, item.start + item.num_tokens)
+        if num_features != item.num_tokens:
+            ids = np.asarray(self.seq.prompt_token_ids[item.start : item.start + item.num_tokens])
+            run = run[ids == ids[0]]
+        assert run.size == num_features, (run.size, num_features)
+        uncached = (run >= self.start) & (run < self.end)
+        return np.flatnonzero(uncached), run[uncached] - self.start
+
+    def _add_deepstack(self, features: mx.array, at: slice | mx.array) -> None:
         if self.deepstack is None:
             length = self.embeds.shape[1]
             self.deepstack = mx.zeros((features.shape[0], length, features.shape[-1]), features.dtype)
             self.visual = np.zeros(length, dtype=bool)
-        self.deepstack[:, lo:hi] = features
-        self.visual[lo:hi] = True
+        self.deepstack[:, at] = features
+        self.visual[at if isinstance(at, slice) else np.asarray(at)] = True
+
+
+#: Architectures whose ``get_input_embeddings`` scales the token embeddings itself.
+SCALED_EMBEDDINGS = frozenset({"gemma4"})
+
+
+def _scales_embeddings(model: Any) -> bool:
+    return getattr(model.config, "model_type", None) in SCALED_EMBEDDINGS
+
+
+def _per_layer_media_ids(model: Any, text_model: Any) -> list[int]:
+    """The media token ids a model with per-layer inputs (Gemma 4 E2B / E4B) looks up as id 0."""
+    if not getattr(text_model, "hidden_size_per_layer_input", 0):
+        return []
+    names = ("image_token_id", "audio_token_id", "video_token_id")
+    return [int(i) for i in (getattr(model.config, name, None) for name in names) if i is not None]
+
+
+def _contiguous(indices: np.ndarray) -> bool:
+    return bool(indices.size) and int(indices[-1] - indices[0]) == indices.size - 1
 
 
 def encode_media(model: Any, item: MediaInput) -> tuple[mx.array, mx.array | None]:
-    """The vision tower's features of one image or video, (num_tokens, hidden), and its
-    deepstack features (layers, num_tokens, hidden) for a tower that gives them (Qwen3-VL)."""
+    """The vision tower's features of one image or video, (placeholders, hidden), and its
+    deepstack features (layers, placeholders, hidden) for a tower that gives them (Qwen3-VL)."""
     tower = model.vision_tower
     pixels = mx.array(item.pixels).astype(tower.patch_embed.proj.weight.dtype)
     out = tower(pixels, mx.array([item.grid_thw]), output_hidden_states=False)
     features, deepstack = out if isinstance(out, tuple) else (out, None)
-    assert features.shape[0] == item.num_tokens, (features.shape, item.num_tokens)
     return features, (mx.stack(deepstack) if deepstack else None)
 
 
@@ -235,9 +289,8 @@ def _mlx_lm_cache(cache: Any) -> Any:
         return RotatingKVCache(max_size=cache.max_size, keep=cache.keep)
     if not hasattr(cache, "offset") and hasattr(cache, "cache"):
         # mlx-vlm's own recurrent-state cache (its Gated DeltaNet calls its API); it batches
-        # as mlx-lm's does, and the prefix store snapshots its arrays
-        cache.prefix_layer_kind = "state"
-        return cache
+        # as mlx-lm's does, and the prefix store and a speculative rollback snapshot its arrays
+        return state_arrays(cache)
     return RopeKVCache()
 
 

@@ -73,11 +73,15 @@ class VlmPromptProcessor:
         out, index = [], 0
         for piece in pieces:
             if piece in (self.image_pad, self.video_pad):
-                out.append(self.expansion(piece, items[index][2]))
+                out.append(self.item_expansion(piece, items[index][2], loaded[index]))
                 index += 1
             else:
                 out.append(piece)
         return "".join(out), items
+
+    def item_expansion(self, placeholder: str, grid: tuple[int, int, int], item: Any) -> str:
+        """The text a template's placeholder becomes for the loaded ``item`` (by its grid alone here)."""
+        return self.expansion(placeholder, grid)
 
     def expansion(self, placeholder: str, grid: tuple[int, int, int]) -> str:
         """The text a template's placeholder becomes for an item of grid ``grid``."""
@@ -116,6 +120,49 @@ class VlmPromptProcessor:
             )
             cursor += num_pads
         return tuple(media)
+
+
+@attrs.frozen(kw_only=True)
+class Qwen3VlPromptProcessor(VlmPromptProcessor):
+    """Qwen3-VL's and Qwen3.5's: images as Qwen2-VL's; a video's ``<|vision_start|><|video_pad|>
+    <|vision_end|>`` becomes, per temporal patch group (``temporal_patch_size`` frames), its time
+    ``<t.t seconds>`` and its own vision block of pads, as the model's processor writes it. The
+    time is the mean of the group's first and last frame's time in the video (the last group
+    repeats the last frame to fill it); the run spans the markers between the blocks."""
+
+    vision_start: str
+    vision_end: str
+    temporal_patch_size: int
+
+    @classmethod
+    def of(cls, processor: Any) -> Qwen3VlPromptProcessor:
+        base = VlmPromptProcessor.of(processor)
+        video = processor.video_processor or processor.image_processor
+        return cls(
+            **attrs.asdict(base, recurse=False),
+            vision_start=processor.vision_start_token,
+            vision_end=processor.vision_end_token,
+            temporal_patch_size=getattr(video, "temporal_patch_size", 2),
+        )
+
+    def expand(self, text: str, loaded: tuple[Any, ...]) -> tuple[str, list[tuple[str, np.ndarray, tuple]]]:
+        """As Qwen2-VL's, each video's block written whole (a marker and a vision block per group)."""
+        wrapped = f"{self.vision_start}{self.video_pad}{self.vision_end}"
+        return super().expand(text.replace(wrapped, self.video_pad), loaded)
+
+    def item_expansion(self, placeholder: str, grid: tuple[int, int, int], item: Any) -> str:
+        if placeholder != self.video_pad:
+            return super().item_expansion(placeholder, grid, item)
+        t, h, w = grid
+        pads = self.video_pad * (h * w // self.merge_size**2)
+        block = f"{self.vision_start}{pads}{self.vision_end}"
+        return "".join(f"<{seconds:.1f} seconds>{block}" for seconds in self._group_times(item, t))
+
+    def _group_times(self, item: Any, groups: int) -> list[float]:
+        times = list(getattr(item, "frame_times", ()) or (i / item.fps for i in range(len(item.frames))))
+        size = self.temporal_patch_size
+        times += times[-1:] * (groups * size - len(times))
+        return [(times[first] + times[first + size - 1]) / 2 for first in range(0, groups * size, size)]
 
 
 def images_only(processor: Any, pad: str, *, token_id_of: str | None = None) -> dict[str, Any]:
@@ -159,6 +206,26 @@ class LlavaPromptProcessor(VlmPromptProcessor):
 
 
 @attrs.frozen(kw_only=True)
+class LlavaNextPromptProcessor(LlavaPromptProcessor):
+    """LLaVA-NeXT's, as mlx-vlm 0.7.10 runs the model: the image is cut into crops ("anyres": the
+    whole image resized, then the crops of its best grid resolution), and its features are each
+    crop's patches followed by as many rows of the learned image newline, crop after crop; so its
+    run is ``2 * crops * patches`` ``<image>`` tokens. An item's grid is ``(1, 2 * crops,
+    patches)``; images only."""
+
+    @classmethod
+    def of(cls, processor: Any) -> LlavaNextPromptProcessor:
+        return cls(**attrs.asdict(LlavaPromptProcessor.of(processor), recurse=False))
+
+    def vision_inputs(self, item: Any) -> tuple[str, np.ndarray, tuple[int, int, int]]:
+        if hasattr(item, "frames"):
+            raise InvalidRequestError("this model takes images, not video", param="messages")
+        pixels = np.asarray(self.image_processor(images=[item.image], return_tensors="np")["pixel_values"])
+        crops, (height, width) = pixels.shape[1], pixels.shape[-2:]
+        return IMAGE, pixels, (1, 2 * crops, (height // self.patch_size) * (width // self.patch_size))
+
+
+@attrs.frozen(kw_only=True)
 class Gemma3PromptProcessor(VlmPromptProcessor):
     """Gemma 3's: the template's ``<start_of_image>`` becomes ``\n\n<start_of_image>``, one
     image token per pooled vision token, ``<end_of_image>\n\n``; images only, no pan-and-scan crops."""
@@ -184,6 +251,29 @@ class Gemma3PromptProcessor(VlmPromptProcessor):
 
     def expansion(self, placeholder: str, grid: tuple[int, int, int]) -> str:
         return f"\n\n{placeholder}{self.image_token * self.num_tokens(grid)}{self.end_of_image}\n\n"
+
+
+@attrs.frozen(kw_only=True)
+class Gemma4PromptProcessor(VlmPromptProcessor):
+    """Gemma 4's: the template's ``<|image|>`` becomes ``<|image>``, one ``<|image|>`` per soft
+    token, ``<image|>``; the image processor resizes keeping the aspect ratio, so the count (the
+    item's grid, ``(1, 1, soft tokens)``) depends on the image's size; images only."""
+
+    begin: str
+    end: str
+
+    @classmethod
+    def of(cls, processor: Any) -> Gemma4PromptProcessor:
+        return cls(**images_only(processor, processor.image_token), begin=processor.boi_token, end=processor.eoi_token)
+
+    def vision_inputs(self, item: Any) -> tuple[str, np.ndarray, tuple[int, int, int]]:
+        if hasattr(item, "frames"):
+            raise InvalidRequestError("this model takes images, not video", param="messages")
+        data, (soft_tokens,) = self.image_processor(images=[item.image])
+        return IMAGE, np.asarray(data["pixel_values"]), (1, 1, int(soft_tokens))
+
+    def expansion(self, placeholder: str, grid: tuple[int, int, int]) -> str:
+        return f"{self.begin}{placeholder * self.num_tokens(grid)}{self.end}"
 
 
 @attrs.frozen(kw_only=True)
@@ -269,11 +359,17 @@ class SmolVlmPromptProcessor(VlmPromptProcessor):
 #: The prompt processor of each architecture the vlm runner serves (Qwen-VL's by default).
 PROMPT_PROCESSORS = {
     "llava": LlavaPromptProcessor,
+    "llava_next": LlavaNextPromptProcessor,
     "gemma3": Gemma3PromptProcessor,
+    "gemma4": Gemma4PromptProcessor,
     "mistral3": Mistral3PromptProcessor,
     "smolvlm": SmolVlmPromptProcessor,
     "idefics3": SmolVlmPromptProcessor,  # the same layout: SmolVLM's first release, Idefics3-8B
     "pixtral": Mistral3PromptProcessor,  # the same layout, without the patch merger
+    "qwen3_vl": Qwen3VlPromptProcessor,
+    "qwen3_vl_moe": Qwen3VlPromptProcessor,
+    "qwen3_5": Qwen3VlPromptProcessor,
+    "qwen3_5_moe": Qwen3VlPromptProcessor,
 }
 
 

@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 #: The architectures this runner drives, each verified against mlx-vlm's own generate on a demo
 #: (tests/vlm/test_vlm_zoo.py): the Qwen-VL family with M-RoPE and a per-row delta (Qwen2.5-VL's
 #: windowed tower, Qwen3-VL's deepstack features, Qwen3.5's hybrid text model; their MoEs), and
-#: 1-D RoPE models (LLaVA, Gemma 3, Mistral 3, Pixtral, SmolVLM). Others are refused at load,
+#: 1-D RoPE models (LLaVA, LLaVA-NeXT, Gemma 3, Gemma 4, Mistral 3, Pixtral, SmolVLM). Others are refused at load,
 #: naming the type.
 SUPPORTED_MODEL_TYPES = (
     "qwen2_vl",
@@ -47,18 +47,21 @@ SUPPORTED_MODEL_TYPES = (
     "qwen3_5",
     "qwen3_5_moe",
     "llava",
+    "llava_next",
     "gemma3",
+    "gemma4",
     "mistral3",
     "pixtral",
     "smolvlm",
     "idefics3",
 )
 #: What a request may send to such a model: images, and video where the prompt's video
-#: placeholders expand as the model's processor expands them (Qwen2-VL, Qwen2.5-VL).
+#: placeholders expand as the model's processor expands them (the Qwen-VL family; Qwen3-VL and
+#: Qwen3.5 with a time marker per frame group, worker/vlm/processor.py).
 MEDIA_KINDS = frozenset({"image_url", "video_url"})
-#: Image-only: Qwen3-VL / Qwen3.5 timestamp video frames in the prompt (not written here yet);
-#: the 1-D models' processors here take images only.
-IMAGE_ONLY_MODEL_TYPES = frozenset(SUPPORTED_MODEL_TYPES) - {"qwen2_vl", "qwen2_5_vl"}
+#: Image-only: the 1-D models' processors here take images only.
+VIDEO_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"})
+IMAGE_ONLY_MODEL_TYPES = frozenset(SUPPORTED_MODEL_TYPES) - VIDEO_MODEL_TYPES
 
 
 def require_vlm_extra() -> None:
@@ -103,6 +106,11 @@ def check_served(name: str, config: dict) -> None:
             f"model {name!r}: vision-language model_type {model_type!r} is not served yet "
             f"(served: {', '.join(SUPPORTED_MODEL_TYPES)}); engine.mode = 'batched' serves it text-only "
             "where mlx-lm has the architecture"
+        )
+    if model_type == "gemma4" and (config.get("text_config") or {}).get("use_bidirectional_attention") == "vision":
+        raise ModelLoadError(
+            f"model {name!r}: gemma4 with text_config.use_bidirectional_attention = 'vision' is not served yet "
+            "(its image tokens attend to each other both ways, which the chunked media prefill does not do)"
         )
 
 

@@ -31,7 +31,7 @@ from .quantized import head_quantization, quantize_head
 MTP_PREFIX = "mtp."
 #: Norm weights that real (Hugging Face layout) Qwen3.5 / Qwen3-Next checkpoints store zero-centred (w - 1): the
 #: same rule mlx-lm's qwen3_5 sanitize applies to the target's norms and mlx-vlm's splitter to the ``mtp.*`` ones.
-_ZERO_CENTRED_NORMS = (
+ZERO_CENTRED_NORMS = (
     ".input_layernorm.weight",
     ".post_attention_layernorm.weight",
     ".q_norm.weight",
@@ -99,7 +99,7 @@ def load_mtp_head(model_dir: str | pathlib.Path, config: dict[str, Any]) -> MTPH
         weights.update({k[len(MTP_PREFIX) :]: v for k, v in mx.load(str(path)).items() if k.startswith(MTP_PREFIX)})
     weights = _stack_experts(weights)
     if _is_hf_layout(headers):
-        weights = {k: (v + 1.0 if v.ndim == 1 and k.endswith(_ZERO_CENTRED_NORMS) else v) for k, v in weights.items()}
+        weights = {k: (v + 1.0 if v.ndim == 1 and k.endswith(ZERO_CENTRED_NORMS) else v) for k, v in weights.items()}
     try:
         quantize_head(head, weights, head_quantization(config), prefix=MTP_PREFIX)
         head.load_weights(list(weights.items()), strict=True)
