@@ -81,8 +81,8 @@ async def test_the_chunk_is_small_while_a_stream_decodes_and_the_output_is_the_s
     window = arrivals[arrivals.index("L-submitted") : arrivals.index("L")]
     if decoding_chunk != "none":  # ~600 prompt tokens, at most 16 or 32 per step: each step decodes the stream
         assert window.count("s") >= 600 // int(decoding_chunk) - 2
-    else:  # 512-token chunks: the prompt takes two steps
-        assert window.count("s") < 10
+    else:  # 512-token chunks: the prompt takes two steps, after the stream's plan in flight (<= 16 steps)
+        assert window.count("s") < 20
     assert beside == alone and len(alone) == GREEDY.max_tokens
 
 
