@@ -10,6 +10,7 @@ split over both, with ``server.model_steps`` "concurrent" and "exclusive" altern
 from __future__ import annotations
 
 import functools
+import json
 import statistics
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -65,10 +66,14 @@ async def stream_chat(client: httpx.AsyncClient, model: str, prompt: str, max_to
     async with client.stream("POST", "/v1/chat/completions", json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
-            if first is None and '"content"' in line and '"content":""' not in line:
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            choices = chunk.get("choices") or [{}]
+            if first is None and choices[0].get("delta", {}).get("content"):
                 first = time.perf_counter() - start
-            if '"usage"' in line and '"completion_tokens"' in line:
-                tokens = int(line.split('"completion_tokens":')[1].split(",")[0].split("}")[0])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
     return (first if first is not None else time.perf_counter() - start), tokens
 
 
