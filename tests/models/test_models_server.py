@@ -190,3 +190,34 @@ async def test_delete_unloads_a_model_and_the_next_request_loads_it_again():
 
 async def _append(into: list[str], answer) -> None:
     into.append(await answer)
+
+
+async def test_a_request_without_a_valid_key_is_refused_before_any_load(monkeypatch):
+    monkeypatch.setenv("VLLM_MLX_TRIO_API_KEYS", "sk-right")
+    fakes = FakeModels()
+    with trio.fail_after(20):
+        async with models_server(models_cfg([A]), fakes) as url:
+            async with openai_client(url, api_key="sk-wrong") as client:
+                with pytest.raises(openai.AuthenticationError):
+                    await client.chat.completions.create(model="a", messages=CHAT, max_tokens=3)
+            async with openai_client(url, api_key="sk-right") as client:
+                listed = [card.id async for card in client.models.list()]
+                reply = await client.chat.completions.create(model="a", messages=CHAT, max_tokens=20)
+    assert listed == ["a"] and reply.choices[0].message.content == "I am a."
+    assert fakes.opened == ["a"]  # the refused request loaded nothing
+
+
+async def test_a_loaded_models_own_routes_take_model_in_the_query():
+    fakes = FakeModels()
+    with trio.fail_after(20):
+        async with models_server(models_cfg([A, B]), fakes) as url:
+            async with httpx.AsyncClient() as client:
+                before = await client.get(f"{url}/v1/cache/stats", params={"model": "a"})
+                assert await chat(url, "a") == "I am a."
+                loaded = await client.get(f"{url}/v1/cache/stats", params={"model": "a"})
+                metrics = await client.get(f"{url}/metrics", params={"model": "a"})
+                unnamed = await client.get(f"{url}/v1/cache/stats")
+    assert before.status_code == 404 and unnamed.status_code == 404
+    assert loaded.status_code == 200 and "enabled" in loaded.json()
+    assert metrics.status_code == 200 and "vllm:" in metrics.text
+    assert fakes.opened == ["a"]

@@ -179,13 +179,13 @@ class ModelRegistry:
     async def acquire(self, slot: ModelSlot) -> Lease:
         """A lease on ``slot``'s model, loading it first when it is not loaded.
 
-        Raises :class:`QueueFullError` when ``limits.max_waiting`` requests already wait for
-        it, and :class:`ModelUnavailableError` when its load fails or it can never fit.
+        Raises :class:`QueueFullError` when ``limits.max_waiting`` requests (at least one)
+        already wait for it, and :class:`ModelUnavailableError` when its load fails or it can never fit.
         Cancelling the wait leaves the load going for the others.
         """
         if slot.state is ModelState.LOADED and not slot._unload.is_set():
             return self._lease(slot)
-        if slot.waiting >= slot.entry.config.limits.max_waiting:
+        if slot.waiting >= max(1, slot.entry.config.limits.max_waiting):  # 0 would never let it load
             raise QueueFullError(f"{slot.waiting} requests already wait for model {slot.name!r} to load; retry later.")
         slot.waiting += 1
         try:
