@@ -50,6 +50,10 @@ max_num_seqs = 2
         ([{"name": "a"}, {"name": "b", "aliases": ["a"]}], "the name 'a' is served by both 'a' and 'b'"),
         ([{"name": "a", "engine": {"max_num_seqs": 0}}], "engine.max_num_seqs"),
         ({"name": "a"}, "models: expected an array of tables"),
+        (
+            [{"name": "a", "cache": {"disk_dir": "/d"}}, {"name": "b", "cache": {"disk_dir": "/d"}}],
+            "share cache.disk_dir",
+        ),
     ],
 )
 def test_bad_entries_are_one_clear_error(models, message):

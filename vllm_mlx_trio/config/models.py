@@ -42,6 +42,7 @@ def model_entries(
         raise ConfigError(f"models: expected an array of tables ([[models]]), got {_describe(raw)}{_from(origin)}")
     entries = tuple(_entry(table, index, data, sources, build, origin) for index, table in enumerate(raw))
     _check_names_unique(entries, origin)
+    _check_disk_dirs_apart(entries, origin)
     return entries
 
 
@@ -95,6 +96,19 @@ def _check_names_unique(entries: Sequence[ModelEntry], origin: str | None) -> No
                 raise ConfigError(
                     f"models: the name {served!r} is served by both {first!r} and {entry.name!r}{_from(origin)}"
                 )
+
+
+def _check_disk_dirs_apart(entries: Sequence[ModelEntry], origin: str | None) -> None:
+    """Each model's prefix-cache disk tier in a directory of its own: the tier deletes the
+    files of another model it finds there."""
+    owner: dict[str, str] = {}
+    for entry in entries:
+        disk_dir = entry.config.cache.disk_dir
+        if disk_dir is not None and owner.setdefault(disk_dir, entry.name) != entry.name:
+            raise ConfigError(
+                f"models: {owner[disk_dir]!r} and {entry.name!r} share cache.disk_dir {disk_dir!r}; "
+                f"give each model its own ([models.cache] disk_dir){_from(origin)}"
+            )
 
 
 def _from(origin: str | None) -> str:
