@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from vllm_mlx_trio.testing.clients import anthropic_client, openai_client
+from vllm_mlx_trio.testing.fake_executor import StepGate
 from vllm_mlx_trio.testing.models import BAD_PATH, MIB, FakeModels, models_cfg, models_server
 from vllm_mlx_trio.testing.polling import wait_until
 
@@ -106,7 +107,7 @@ async def test_requests_arriving_while_their_model_loads_wait_for_it():
                 )
                 assert await chat(url, "a") == "I am a."  # the other model serves meanwhile
                 fakes.gates["b"].set()
-    assert loading["state"] == "loading" and loading["loading_for_s"] is not None
+    assert loading["state"] == "loading" and loading["loading_for_s"] is not None and loading["load_phase"] == "loading"
     assert answers == ["I am b.", "I am b."]
     assert fakes.opened.count("b") == 1
 
@@ -221,3 +222,23 @@ async def test_a_loaded_models_own_routes_take_model_in_the_query():
     assert loaded.status_code == 200 and "enabled" in loaded.json()
     assert metrics.status_code == 200 and "vllm:" in metrics.text
     assert fakes.opened == ["a"]
+
+
+async def test_a_model_waits_for_room_while_the_only_one_it_could_replace_is_busy():
+    fakes = FakeModels(footprints={"a": 60 * MIB, "b": 60 * MIB}, step_gates={"a": StepGate()})
+    answers: list[str] = []
+    with trio.fail_after(20):
+        async with models_server(models_cfg([A, B], memory_mb=100), fakes) as url:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: _append(answers, chat(url, "a")))
+                await wait_until(lambda: status_of(url, "a"), poll_s=POLL_S, until=lambda s: s["requests"] == 1)
+                nursery.start_soon(lambda: _append(answers, chat(url, "b")))
+                waiting = await wait_until(
+                    lambda: status_of(url, "b"), poll_s=POLL_S, until=lambda s: s["load_phase"] == "making_room"
+                )
+                a_busy = await status_of(url, "a")
+                fakes.step_gates["a"].allow(100)  # a's request finishes: a is idle, b takes its room
+            after = await states(url)
+    assert a_busy["state"] == "loaded" and waiting["state"] == "loading"
+    assert sorted(answers) == ["I am a.", "I am b."]
+    assert fakes.opened == ["a", "b"] and after == {"a": "not_loaded", "b": "loaded", "bee": "loaded"}

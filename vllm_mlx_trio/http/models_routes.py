@@ -100,6 +100,7 @@ def _slot_status(slot: ModelSlot) -> dict:
         "requests": slot.leases,
         "waiting_for_load": slot.waiting,
         "loading_for_s": None if slot.loading_since is None else round(now - slot.loading_since, 3),
+        "load_phase": slot.load_phase,
         "idle_s": None if slot.leases or slot.last_used == float("-inf") else round(now - slot.last_used, 3),
         "error": None if slot.error is None else str(slot.error),
     }

@@ -61,6 +61,9 @@ class ModelSlot:
         self.loading_since: float | None = None
         #: Bytes held for it while it loads (its last footprint, or the estimate).
         self.reserved = 0
+        #: While loading: "making_room" (waiting for models to unload or become idle),
+        #: "loading" (the engine opening), "measuring"; None otherwise.
+        self.load_phase: str | None = None
         #: How many of its loads have ended (unloaded or failed): a waiter's load is over when it grows.
         self.ended = 0
         self._unload = trio.Event()
@@ -239,6 +242,7 @@ class ModelRegistry:
         assert self._nursery is not None, "the registry is not running"
         slot.state = ModelState.LOADING
         slot.loading_since = trio.current_time()
+        slot.load_phase = "making_room"
         slot._unload = trio.Event()
         self._notify()
         self._nursery.start_soon(self._hold, slot, name=f"model {slot.name}")
@@ -256,7 +260,7 @@ class ModelRegistry:
             logger.error("model %s failed: %s", logfmt_value(slot.name), slot.error)
         finally:
             slot.engine = slot.serving = None
-            slot.loading_since = None
+            slot.loading_since = slot.load_phase = None
             slot.reserved = 0
             slot.ended += 1
             self._notify()
@@ -269,15 +273,18 @@ class ModelRegistry:
         need = slot.footprint if slot.footprint is not None else self._estimate(cfg)
         await self._make_room(slot, need)
         slot.reserved = need  # no checkpoint since the room was found: no other load took it
+        slot.load_phase = "loading"
+        self._notify()
         logger.info("loading model %s path=%s", logfmt_value(slot.name), logfmt_value(cfg.model.path))
         engine = await stack.enter_async_context(self._opener(cfg))
+        slot.load_phase = "measuring"
         slot.footprint = self._measure(engine)
         await self._make_room(slot, slot.footprint)
         slot.reserved = 0
         slot.engine, slot.serving = engine, self._serving(engine, slot.entry)
         slot.state = ModelState.LOADED
         elapsed = trio.current_time() - (slot.loading_since or trio.current_time())
-        slot.loading_since = None
+        slot.loading_since = slot.load_phase = None
         logger.info("loaded model %s in %.1f s memory_mb=%d", logfmt_value(slot.name), elapsed, slot.footprint // MIB)
         self._notify()
         return engine
@@ -299,12 +306,21 @@ class ModelRegistry:
     async def _make_room(self, slot: ModelSlot, need: int) -> None:
         """Unload idle models, least recently used first, until ``need`` bytes fit; wait while
         only busy ones could make room. A model that can never fit is refused."""
+        waited = False
         while True:
             room = make_room(self._others(slot), need, self.budget)
             if room.never:
                 raise self._too_large(slot, need)
             if room.fits and not room.unload:
                 return
+            slot.load_phase = "making_room"
+            if not room.fits and not waited:
+                waited = True
+                logger.info(
+                    "model %s waits for busy models to become idle: it needs %d MiB",
+                    logfmt_value(slot.name),
+                    need // MIB,
+                )
             for name in room.unload:
                 victim = self._by_name[name]
                 if victim._unload.is_set():

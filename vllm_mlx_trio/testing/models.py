@@ -19,7 +19,7 @@ from ..config import EngineConfig, config_from_dict
 from ..engine import Engine, open_engine
 from ..errors import ModelLoadError
 from ..models.serve import serve_models
-from .fake_executor import FakeExecutor, SlowLoadingExecutor, text_script
+from .fake_executor import FakeExecutor, SlowLoadingExecutor, StepGate, text_script
 
 MIB = 1024 * 1024
 #: The path prefix :class:`FakeModels` fails to load.
@@ -38,6 +38,8 @@ class FakeModels:
     opened: list[str] = attrs.Factory(list)
     #: Model name -> set when its load has begun.
     loading: dict[str, trio.Event] = attrs.Factory(dict)
+    #: Model name -> the gate its steps wait at (none: they run every millisecond).
+    step_gates: dict[str, StepGate] = attrs.Factory(dict)
 
     @contextlib.asynccontextmanager
     async def open(self, cfg: EngineConfig) -> AsyncIterator[Engine]:
@@ -48,11 +50,12 @@ class FakeModels:
             raise ModelLoadError(f"could not load model {cfg.model.path!r}: no such directory")
         script = text_script(f"I am {name}.")
         gate = self.gates.get(name)
+        steps = {"script": script, "step_s": 0.001, "gate": self.step_gates.get(name)}
 
         def factory(plan_recv, result_send):
             if gate is None:
-                return FakeExecutor(plan_recv, result_send, script=script, step_s=0.001)
-            return SlowLoadingExecutor(plan_recv, result_send, loaded=gate, script=script, step_s=0.001)
+                return FakeExecutor(plan_recv, result_send, **steps)
+            return SlowLoadingExecutor(plan_recv, result_send, loaded=gate, **steps)
 
         async with open_engine(cfg, executor_factory=factory) as engine:
             yield engine
