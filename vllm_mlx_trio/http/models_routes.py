@@ -13,7 +13,7 @@ from quart_trio import QuartTrio
 from ..config import EngineConfig
 from ..models.footprint import MIB
 from ..models.registry import ModelRegistry, ModelSlot, ModelState
-from .app import _register_error_handlers, _register_request_ids_and_access
+from .app import register_error_handlers, register_request_ids_and_access
 from .auth import ApiKeys
 from .openai.routes import input_modalities
 from .ops_routes import ThroughputMeter, status_body, version_body
@@ -60,8 +60,8 @@ def create_models_app(registry: ModelRegistry, cfg: EngineConfig, api_keys: ApiK
     async def version():
         return versions
 
-    _register_request_ids_and_access(app, cfg, api_keys)
-    _register_error_handlers(app)
+    register_request_ids_and_access(app, cfg, api_keys)
+    register_error_handlers(app)
     return app
 
 
