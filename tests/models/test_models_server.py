@@ -4,6 +4,7 @@ pinned models, waiting for a load, load failures, cancellation while waiting, un
 from __future__ import annotations
 
 import anthropic
+import attrs
 import httpx
 import openai
 import pytest
@@ -242,3 +243,22 @@ async def test_a_model_waits_for_room_while_the_only_one_it_could_replace_is_bus
     assert a_busy["state"] == "loaded" and waiting["state"] == "loading"
     assert sorted(answers) == ["I am a.", "I am b."]
     assert fakes.opened == ["a", "b"] and after == {"a": "not_loaded", "b": "loaded", "bee": "loaded"}
+
+
+async def test_the_routers_own_errors_carry_cors_headers_and_bound_the_body():
+    fakes = FakeModels()
+    cfg = models_cfg([A], cors_origins=["https://app.example"])
+    cfg = attrs.evolve(cfg, limits=attrs.evolve(cfg.limits, max_body_bytes=1024))
+    with trio.fail_after(20):
+        async with models_server(cfg, fakes) as url:
+            async with httpx.AsyncClient() as client:
+                headers = {"Origin": "https://app.example"}
+                unknown = await client.post(
+                    f"{url}/v1/chat/completions", json={"model": "zz", "messages": CHAT}, headers=headers
+                )
+                large = await client.post(f"{url}/v1/chat/completions", json={"model": "a", "messages": CHAT * 200})
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
+    assert unknown.headers["access-control-allow-origin"] == "https://app.example"
+    assert unknown.headers["vary"] == "Origin" and unknown.headers["x-request-id"]
+    assert large.status_code == 413 and large.json()["error"]["type"] == "request_too_large"
+    assert fakes.opened == []

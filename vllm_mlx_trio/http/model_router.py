@@ -12,6 +12,7 @@ answers the 401 of a request without a valid key before any model is touched.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import urllib.parse
@@ -25,6 +26,7 @@ from ..errors import VllmMlxTrioError
 from ..models.registry import Lease, ModelRegistry, ModelSlot, ModelState
 from .anthropic.errors import is_messages_path, reshaped
 from .auth import API_KEY_HEADER, ApiKeys
+from .cors import CorsPolicy
 from .errors import describe, error_body
 from .request_log import REQUEST_ID_HEADER, request_id_from
 
@@ -54,6 +56,7 @@ class _BodyTooLarge(Exception):
 def create_router_app(registry: ModelRegistry, front: AsgiApp, cfg: EngineConfig, api_keys: ApiKeys) -> AsgiApp:
     """The server's app: model routes to the models' apps, the rest to ``front``."""
     max_body, body_timeout = cfg.limits.max_body_bytes, cfg.limits.body_timeout_s
+    cors = CorsPolicy(cfg.server.cors_origins)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or not _authorized(scope, api_keys):
@@ -73,31 +76,24 @@ def create_router_app(registry: ModelRegistry, front: AsgiApp, cfg: EngineConfig
             lease.release()
 
     async def _model_route(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        reply_error = functools.partial(_send_error, scope, send, cors)
         try:
             with trio.fail_after(body_timeout):
                 body = await _read_body(receive, max_body)
         except trio.TooSlowError:
-            await _send_error(
-                scope,
-                send,
-                408,
-                error_body(
-                    "The request body was not received in time.", type="invalid_request_error", code="request_timeout"
-                ),
-            )
+            message = "The request body was not received in time."
+            await reply_error(408, error_body(message, type="invalid_request_error", code="request_timeout"))
             return
         except _BodyTooLarge:
             message = f"The request body exceeds {max_body} bytes."
-            await _send_error(
-                scope, send, 413, error_body(message, type="request_too_large", code="request_entity_too_large")
-            )
+            body = error_body(message, type="request_too_large", code="request_entity_too_large")
+            await reply_error(413, body, {"Connection": "close"})  # the rest of it is still on the wire
             return
         try:
             slot = registry.slot_for(_model_named(body))
             lease = await _acquire_unless_gone(registry, slot, receive)
         except VllmMlxTrioError as exc:
-            status, error, headers = describe(exc)
-            await _send_error(scope, send, status, error, headers)
+            await reply_error(*describe(exc))
             return
         if lease is None:
             return  # the client left while its model loaded
@@ -197,11 +193,16 @@ def _replaying(body: bytes, receive: Any) -> Any:
 
 
 async def _send_error(
-    scope: dict[str, Any], send: Any, status: int, body: dict, headers: dict[str, str] | None = None
+    scope: dict[str, Any], send: Any, cors: CorsPolicy, status: int, body: dict, headers: dict[str, str] | None = None
 ) -> None:
-    """One JSON error, in Anthropic's shape on the Messages routes."""
+    """One JSON error, in Anthropic's shape on the Messages routes, with the CORS headers the
+    request's origin gets."""
     if is_messages_path(scope["path"]):
         body = reshaped(status, body)
+    origin = dict(scope.get("headers", ())).get(b"origin")
+    headers = {**cors.response_headers(None if origin is None else origin.decode("latin-1")), **(headers or {})}
+    if cors.varies:
+        headers["Vary"] = "Origin"
     payload = json.dumps(body).encode()
     request_header = dict(scope.get("headers", ())).get(REQUEST_ID_HEADER.lower().encode())
     request_id = request_id_from(None if request_header is None else request_header.decode("latin-1"))
@@ -209,7 +210,7 @@ async def _send_error(
         (b"content-type", b"application/json"),
         (b"content-length", str(len(payload)).encode()),
         (REQUEST_ID_HEADER.lower().encode(), request_id.encode()),
-        *((name.lower().encode(), value.encode()) for name, value in (headers or {}).items()),
+        *((name.lower().encode(), value.encode()) for name, value in headers.items()),
     ]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": payload})
