@@ -136,6 +136,18 @@ def _in_process_args(sub, config_args: ConfigArgs) -> None:
     ttft.add_argument("--samples", type=int, default=8, help="samples per path (default 8)")
     ttft.add_argument("--json", dest="json_path", default=None, help="also write the rows here")
 
+    models = _add(
+        sub, config_args, "models", handlers.models, "[[models]]: TTFT cold, warm, after an eviction; model_steps"
+    )
+    models.add_argument(
+        "--models", default=None, help="two model paths, comma-separated (default: the config's [[models]], else demos)"
+    )
+    models.add_argument("--samples", type=_positive, default=3, help="warm and reload samples (default 3)")
+    models.add_argument("--requests", type=_positive, default=4, help="streams per model at once (default 4)")
+    models.add_argument("--max-tokens", type=_positive, default=32, help="tokens per stream (default 32)")
+    models.add_argument("--rounds", type=_positive, default=2, help="alternations of the two modes (default 2)")
+    models.add_argument("--json", dest="json_path", default=None, help="also write the results here")
+
 
 def _beside_load_args(sub, config_args: ConfigArgs) -> None:
     """In-process benchmarks of streams beside a load: a huge prompt, an image, a grammar."""
