@@ -33,6 +33,7 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 
 from ...messages import KVReady, ModelInfo, RequestId, TokenLogprob
 from ...runner_kinds import BATCHED
+from ..cascade.sharing import InBatchSharing
 from ..loading import load_for_serving, mlx_memory, sharding
 from ..prefix.kv_store import PrefixBlocks
 from ..runner_base import Advance, Emission, LiveSequence, RunnerBase
@@ -119,6 +120,8 @@ class BatchRunner(RunnerBase):
         """The prefix store's side, the generator and the runner's own prefill, for ``model``
         (mlx-lm's, or a runner's adapter that looks like one)."""
         self._prefix = PrefixBlocks.from_config(model, self._cfg.cache)
+        requested = self._cfg.cache.share_prefix_in_batch and self._shares_prefix_in_batch()
+        self._sharing = InBatchSharing(model, self._prefix, requested=requested)
         engine = self._cfg.engine
         self._generator = BatchGenerator(
             model,
@@ -134,6 +137,11 @@ class BatchRunner(RunnerBase):
             self._prefill = PromptPrefill(model, self._generator.stream, on_boundary=self._prefix.at_boundary)
             chunk = min(engine.prefill_step_size, engine.prefill_step_size_decoding or engine.prefill_step_size)
             self._sizer = ChunkSizer(ratio=engine.prefill_time_ratio, max_tokens=chunk, timed=not sharding())
+
+    def _shares_prefix_in_batch(self) -> bool:
+        """Whether rows may hold a shared prefix once (worker/cascade/): a subclass whose rows enter the generator
+        by another path (media rows, shards, speculation's rollbacks) keeps a copy per row unless it says so."""
+        return type(self) is BatchRunner
 
     def _insert(self, live: list[LiveSequence]) -> None:
         """New prompts wait for the runner's prefill when it has one and they have more than
@@ -167,6 +175,7 @@ class BatchRunner(RunnerBase):
             len(seq.prompt_token_ids) - n == 1 and cache is not None
             for seq, n, cache in zip(seqs, in_cache, caches, strict=True)
         ]
+        caches = self._batch_caches(seqs, caches)
         uids: dict[int, int] = {}
         for join in (True, False):
             picked = [i for i, j in enumerate(joining) if j == join]
@@ -179,6 +188,10 @@ class BatchRunner(RunnerBase):
         for i, sequence in enumerate(live):
             sequence.handle = uids[i]
             self._request_ids[uids[i]] = sequence.request_id
+
+    def _batch_caches(self, seqs: list, caches: list) -> list:
+        """The caches rows enter the generator with: past the prefix they share with the batch, when sharing."""
+        return self._sharing.rows(seqs, caches) if self._sharing.active else caches
 
     def _generator_insert(self, seqs: list, caches: list, rows: list[tuple], in_cache: list[int]) -> list[int]:
         """mlx-lm's own insert: the rest of each prompt is processed as prompt segments."""
@@ -373,7 +386,8 @@ class BatchRunner(RunnerBase):
         assert self._generator is not None
         with mx.stream(self._generator.stream):
             token, logprobs = sample_first(done, row[0])
-        uid = self._direct.join_sampled(self._generator, done.live.seq, done.cache, row, token, logprobs)
+        (cache,) = self._batch_caches([done.live.seq], [done.cache])
+        uid = self._direct.join_sampled(self._generator, done.live.seq, cache, row, token, logprobs)
         done.live.handle = uid
         self._request_ids[uid] = done.live.request_id
         self._sampled_first.append(Emission(done.live.request_id, (int(token.item()),), (logprobs,)))
