@@ -35,6 +35,7 @@ def config(model_dir: str, share: bool):
             "cache.block_size=16",
             "cache.state_snapshot_blocks=1",  # hybrid models: a hit at every block of the system prompt
             f"cache.share_prefix_in_batch={'true' if share else 'false'}",
+            "cache.share_prefix_min_tokens=16",  # the tiny prompts' one-block prefixes share
         ],
         environ={},
     )
@@ -66,9 +67,16 @@ def jobs() -> list[tuple[str, SamplingParams]]:
     return [(prompt, params(i, 5 + 4 * (i % 3))) for i, prompt in enumerate(prompts)]
 
 
-async def outputs(cfg, runners: list) -> list[list[int]]:
+async def outputs(cfg, runners: list, saved: list[int]) -> list[list[int]]:
+    """Every job's tokens; ``saved`` gets the most KV tokens the scheduler counted once that copies would hold."""
     results: dict[int, list[int]] = {}
     async with open_engine(cfg, executor_factory=capture(cfg, runners)) as engine:
+
+        async def watch() -> None:
+            while True:
+                stats = engine.statistics().scheduler
+                saved.append(stats.kv_tokens_unshared - stats.kv_tokens_held)
+                await trio.sleep(0.002)
 
         async def one(i: int, prompt: str, params: SamplingParams) -> None:
             with await engine.submit(prompt, params) as stream:
@@ -80,22 +88,33 @@ async def outputs(cfg, runners: list) -> list[list[int]]:
         warm = SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
         await one(-2, f"{SYSTEM}Warm up.", warm)  # the system prompts' blocks are in the store
         await one(-1, f"{OTHER}Warm up.", warm)
-        async with trio.open_nursery() as nursery:
-            for i, (prompt, params) in enumerate(jobs()):
-                nursery.start_soon(one, i, prompt, params)
-                await trio.sleep(0.02 * (i % 3))  # arrivals spread over the running batch's steps
+        async with trio.open_nursery() as watching:
+            watching.start_soon(watch)
+            async with trio.open_nursery() as nursery:
+                for i, (prompt, params) in enumerate(jobs()):
+                    nursery.start_soon(one, i, prompt, params)
+                    await trio.sleep(0.02 * (i % 3))  # arrivals spread over the running batch's steps
+            watching.cancel_scope.cancel()
+        saved.append(0)
+        info = engine.model_info.shared_prefix_in_batch
+        assert info == "on" or info.startswith("off")
     return [results[i] for i in sorted(results)]
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 async def test_outputs_equal_with_sharing_on_and_off(arch, zoo_dirs):
     with trio.fail_after(TIMEOUT_S):
-        off = await outputs(config(zoo_dirs[arch], share=False), [])
+        saved_off: list[int] = []
+        off = await outputs(config(zoo_dirs[arch], share=False), [], saved_off)
         runners: list = []
-        on = await outputs(config(zoo_dirs[arch], share=True), runners)
+        saved_on: list[int] = []
+        on = await outputs(config(zoo_dirs[arch], share=True), runners, saved_on)
     assert on == off
+    assert max(saved_off) == 0
     sharing = runners[0]._sharing
     if arch in UNSHARED:
         assert not sharing.active and UNSHARED[arch] in sharing.status
+        assert max(saved_on) == 0
     else:
         assert sharing.active and sharing.rows_shared >= 4, sharing.status
+        assert max(saved_on) > 0  # the scheduler counted the shared prefix once

@@ -263,6 +263,9 @@ class CacheConfig:
     #: Batched mode: running rows whose prompts start with the same cached blocks hold that
     #: prefix's KV once (cascade attention), not a copy each; false: every row holds its own.
     share_prefix_in_batch: bool = _option(True)
+    #: Fewest cached tokens a row must share with the batch's prefix to hold them once (>= 1);
+    #: a shorter shared prefix saves little and its split attention costs more than it saves.
+    share_prefix_min_tokens: int = _option(256, _in_range(1))
 
 
 @attrs.frozen(kw_only=True)

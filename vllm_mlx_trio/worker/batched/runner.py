@@ -88,6 +88,8 @@ class BatchRunner(RunnerBase):
         #: Caches of prompts whose prefill ended this step (all but the last token), by
         #: request: what :meth:`_prompt_ready` copies once they are in the generator.
         self._prompt_caches: dict[RequestId, list] = {}
+        #: Rows sharing a cached prefix hold it once (worker/cascade/); set with the model.
+        self._sharing: InBatchSharing | None = None
         self._last_plan: PlanTiming | None = None
         #: Whether this plan carries a timed chunk (its decode steps then run ahead too, for
         #: engine.chunk_run_ahead_ms), and the seconds it took.
@@ -114,14 +116,17 @@ class BatchRunner(RunnerBase):
         enter_mlx_thread()
         model, info = load_for_serving(self._cfg.model, self._cfg.engine)
         self._start(model)
-        return info
+        assert self._sharing is not None
+        return attrs.evolve(info, shared_prefix_in_batch=self._sharing.status)
 
     def _start(self, model) -> None:
         """The prefix store's side, the generator and the runner's own prefill, for ``model``
         (mlx-lm's, or a runner's adapter that looks like one)."""
         self._prefix = PrefixBlocks.from_config(model, self._cfg.cache)
         requested = self._cfg.cache.share_prefix_in_batch and self._shares_prefix_in_batch()
-        self._sharing = InBatchSharing(model, self._prefix, requested=requested)
+        self._sharing = InBatchSharing(
+            model, self._prefix, requested=requested, min_tokens=self._cfg.cache.share_prefix_min_tokens
+        )
         engine = self._cfg.engine
         self._generator = BatchGenerator(
             model,
@@ -191,7 +196,7 @@ class BatchRunner(RunnerBase):
 
     def _batch_caches(self, seqs: list, caches: list) -> list:
         """The caches rows enter the generator with: past the prefix they share with the batch, when sharing."""
-        return self._sharing.rows(seqs, caches) if self._sharing.active else caches
+        return self._sharing.rows(seqs, caches) if self._sharing is not None and self._sharing.active else caches
 
     def _generator_insert(self, seqs: list, caches: list, rows: list[tuple], in_cache: list[int]) -> list[int]:
         """mlx-lm's own insert: the rest of each prompt is processed as prompt segments."""
@@ -278,7 +283,9 @@ class BatchRunner(RunnerBase):
 
     def _kv_fits(self, live: list[LiveSequence], steps: int) -> bool:
         assert self._info is not None
-        return kv_fits(live, steps, self._info.kv_budget_tokens, self._kv_headroom)
+        sharing = self._sharing
+        shared = sharing.shared_tokens([s.request_id for s in live]) if sharing and sharing.active else None
+        return kv_fits(live, steps, self._info.kv_budget_tokens, self._kv_headroom, shared)
 
     def _generator_step(self, prompts_done: list[RequestId]) -> Advance:
         """One ``BatchGenerator.next()``: its tokens, the first token of each row whose prompt it

@@ -3,7 +3,7 @@
 A row entering mlx-lm's generator with a prefix-store hit shares the hit's full blocks with the batch's group (a
 :class:`~.batch_cache.SharedPrefix`, assembled once from the store's blocks) as far as its blocks are the group's;
 it keeps only the rest of its cache (:class:`~.batch_cache.SharedRowCache`). With no group in the batch, the
-row's own blocks start one; a row whose blocks share fewer than :data:`MIN_SHARED_TOKENS` with the batch's group
+row's own blocks start one; a row whose blocks share fewer than ``cache.share_prefix_min_tokens`` with the batch's group
 holds its whole cache, as without sharing. A row whose blocks extend the group's makes the group longer (the
 others keep using its first tokens). The group lives while a row uses it (a weak reference here).
 
@@ -29,9 +29,6 @@ from .batch_cache import CascadeBatchKVCache, SharedPrefix, SharedRowCache
 
 logger = logging.getLogger(__name__)
 
-#: Fewest shared tokens for a row to join the batch's group; fewer: it holds its whole cache.
-MIN_SHARED_TOKENS = 1
-
 #: Probe shapes: prefix and suffix tokens of its two rows (small: it runs at load).
 _PROBE_PREFIX, _PROBE_SUFFIXES = 8, (3, 1)
 
@@ -39,14 +36,18 @@ _PROBE_PREFIX, _PROBE_SUFFIXES = 8, (3, 1)
 class InBatchSharing:
     """Turns the caches of rows entering the batch into shared-prefix row caches; reports what sharing saves."""
 
-    def __init__(self, model: Any, prefix_blocks: Any, *, requested: bool):
+    def __init__(self, model: Any, prefix_blocks: Any, *, requested: bool, min_tokens: int = 1):
         self._model = model
+        #: Fewest shared tokens for a row to join the batch's group; fewer: it holds its whole cache.
+        self._min_tokens = min_tokens
         self._blocks = prefix_blocks
         self._kinds = prefix_blocks.layout.kinds
         self._group: weakref.ReferenceType[SharedPrefix] | None = None
         #: Rows that entered the batch sharing a prefix, and the tokens they shared, since load.
         self.rows_shared = 0
         self.tokens_shared = 0
+        #: Tokens each row shares, by request (pruned to the live rows as it grows: :meth:`shared_tokens`).
+        self._shared_by_request: dict[Any, int] = {}
         self.status = self._support(requested)
         self.active = self.status == "on"
         if requested and not self.active:
@@ -68,11 +69,19 @@ class InBatchSharing:
         for seq, cache in zip(seqs, caches, strict=True):
             cache = cache if cache is not None else make_prompt_cache(self._model)
             prefix, shared = self._share_for(seq)
+            self._shared_by_request[seq.request_id] = shared
             if shared:
                 self.rows_shared += 1
                 self.tokens_shared += shared
             out.append(self._row(cache, prefix, shared))
         return out
+
+    def shared_tokens(self, request_ids: Sequence[Any]) -> list[int]:
+        """The tokens each of these running rows shares with the batch's prefix (0: none, or not yet in)."""
+        if len(self._shared_by_request) > 2 * len(request_ids) + 16:  # rows that left
+            live = set(request_ids)
+            self._shared_by_request = {r: n for r, n in self._shared_by_request.items() if r in live}
+        return [self._shared_by_request.get(rid, 0) for rid in request_ids]
 
     def _row(self, cache: list[Any], prefix: SharedPrefix | None, shared: int) -> list[Any]:
         row, kv_index = [], 0
@@ -92,12 +101,12 @@ class InBatchSharing:
         group = self._group() if self._group is not None else None
         if group is not None:
             common = _common_blocks(group.block_ids, ids) * size
-            if common < MIN_SHARED_TOKENS:
+            if common < self._min_tokens:
                 return None, 0
             if common == group.length and len(ids) > len(group.block_ids):
                 group = self._assemble(ids)  # the batch adopts the longer group
             return group, common
-        if len(ids) * size < MIN_SHARED_TOKENS or not ids:
+        if len(ids) * size < self._min_tokens or not ids:
             return None, 0
         return self._assemble(ids), len(ids) * size
 
