@@ -292,6 +292,8 @@ class BatchRunner(RunnerBase):
         ended (worker/batched/generator_join.py), and the prompts it finished."""
         assert self._generator is not None
         prompt_progress, generated = self._generator.next()
+        if self._sharing is not None:
+            self._sharing.observe(self._generator._generation_batch.prompt_cache)
         self._sampled()
         first = [r.uid for r in prompt_progress if r.end_of_prompt]
         # All but the last prompt token are in the cache (mlx-lm makes that token its own
