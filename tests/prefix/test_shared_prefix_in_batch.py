@@ -26,7 +26,7 @@ OTHER = "You are a poet of the northern roads. Answer in two short lines about t
 UNSHARED = {"deepseek_v3": "attention does not take a shared prefix", "gpt_oss": "do not call"}
 
 
-def config(model_dir: str, share: bool):
+def config(model_dir: str, share: bool, *overrides: str):
     return load_config(
         None,
         overrides=[
@@ -36,6 +36,7 @@ def config(model_dir: str, share: bool):
             "cache.state_snapshot_blocks=1",  # hybrid models: a hit at every block of the system prompt
             f"cache.share_prefix_in_batch={'true' if share else 'false'}",
             "cache.share_prefix_min_tokens=16",  # the tiny prompts' one-block prefixes share
+            *overrides,
         ],
         environ={},
     )
@@ -118,3 +119,14 @@ async def test_outputs_equal_with_sharing_on_and_off(arch, zoo_dirs):
     else:
         assert sharing.active and sharing.rows_shared >= 4, sharing.status
         assert max(saved_on) > 0  # the scheduler counted the shared prefix once
+
+
+async def test_rows_prefilled_by_mlx_lm_share_too(zoo_dirs):
+    """Without the runner's own prefill, mlx-lm's prompt batches merge, prefill and extend the shared rows."""
+    overrides = ("engine.prefill_time_ratio=none",)
+    with trio.fail_after(TIMEOUT_S):
+        off = await outputs(config(zoo_dirs["qwen3"], False, *overrides), [], [])
+        runners: list = []
+        on = await outputs(config(zoo_dirs["qwen3"], True, *overrides), runners, [])
+    assert on == off
+    assert runners[0]._sharing.rows_shared >= 4

@@ -156,8 +156,10 @@ def running_kv(batch_cache: Sequence[Any]) -> tuple[int, int]:
     for layer in batch_cache:
         if isinstance(layer, CascadeBatchKVCache):
             saved += layer.shared_bytes_saved
-            if layer.cascade_prefix is not None:
-                prefixes[id(layer)] = sum(a.nbytes for a in layer.cascade_prefix)
+            if layer.prefix is not None:  # each layer holds its own part of the prefix
+                prefixes[id(layer)] = (
+                    layer.prefix.keys[layer.kv_index].nbytes + layer.prefix.values[layer.kv_index].nbytes
+                )
         if isinstance(layer, BatchKVCache):
             held += layer.nbytes
     return held + sum(prefixes.values()), saved
