@@ -117,6 +117,13 @@ class CascadeBatchKVCache(BatchKVCache):
         return list(self._shared)
 
     @property
+    def prefix_nbytes(self) -> int:
+        """Bytes of this layer's part of the prefix (0: none)."""
+        if self.prefix is None:
+            return 0
+        return self.prefix.keys[self.kv_index].nbytes + self.prefix.values[self.kv_index].nbytes
+
+    @property
     def shared_bytes_saved(self) -> int:
         """Bytes the rows would hold beyond this layer's one prefix if each had its own copy."""
         if self.prefix is None:

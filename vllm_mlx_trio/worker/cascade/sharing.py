@@ -152,17 +152,13 @@ class InBatchSharing:
 def running_kv(batch_cache: Sequence[Any]) -> tuple[int, int]:
     """(bytes the running batch's KV layers hold, bytes more they would hold with a prefix copy per row)."""
     held = saved = 0
-    prefixes: dict[int, int] = {}
     for layer in batch_cache:
         if isinstance(layer, CascadeBatchKVCache):
             saved += layer.shared_bytes_saved
-            if layer.prefix is not None:  # each layer holds its own part of the prefix
-                prefixes[id(layer)] = (
-                    layer.prefix.keys[layer.kv_index].nbytes + layer.prefix.values[layer.kv_index].nbytes
-                )
+            held += layer.prefix_nbytes  # each layer holds its own part of the prefix
         if isinstance(layer, BatchKVCache):
             held += layer.nbytes
-    return held + sum(prefixes.values()), saved
+    return held, saved
 
 
 def _common_blocks(a: Sequence[Any], b: Sequence[Any]) -> int:
