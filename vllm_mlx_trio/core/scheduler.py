@@ -26,7 +26,9 @@ class Scheduler:
     ``finished_ids`` so the executor drops them before it computes anything else.
 
     With ``kv_budget_tokens`` the running set's KV must fit the budget. The batch's KV is a
-    rectangle (mlx-lm pads every row to the longest), so it costs rows x longest row. A
+    rectangle (mlx-lm pads every row to the longest), so it costs rows x longest row (with
+    ``shared_prefix``, rows sharing a cached prefix in the batch: that prefix once plus rows x
+    longest suffix, core/shared_prefix.py). A
     waiting request joins only if the batch with it still has ``ADMIT_HEADROOM_TOKENS`` per
     row to grow; when growth leaves less than ``lookahead_tokens`` per row, the newest
     running request is preempted: it goes back to the head of the queue and is later
