@@ -140,3 +140,37 @@ def _first(layer: KVCache, n: int) -> KVCache:
     cache = KVCache()
     cache.state = (layer.keys[..., :n, :], layer.values[..., :n, :], n)
     return cache
+
+
+@pytest.mark.parametrize("dtype", [mx.bfloat16, mx.float16])
+def test_half_precision_attention_rounds_as_mlx_own(dtype):
+    """Probabilities rounded to the model's dtype and both value products summed before one rounding: the outputs
+    are MLX's own attention's over the concatenated keys, bit for bit but for the rare float32 sum that rounds the
+    other way (rounding each part's product separately moved most of them), so greedy tokens do not move."""
+    from vllm_mlx_trio.worker.cascade.attention import cascade_attention
+
+    rows, q_heads, kv_heads, dim, prefix_len, suffix_len = 3, 8, 4, 64, 300, 12
+    key = mx.random.key(7)
+    q, pk, pv, sk, sv = (
+        mx.random.normal(shape, key=k).astype(dtype)
+        for shape, k in zip(
+            [
+                (rows, q_heads, 1, dim),
+                (1, kv_heads, prefix_len, dim),
+                (1, kv_heads, prefix_len, dim),
+                (rows, kv_heads, suffix_len, dim),
+                (rows, kv_heads, suffix_len, dim),
+            ],
+            mx.random.split(key, 5),
+            strict=True,
+        )
+    )
+    keys = mx.concatenate([mx.broadcast_to(pk, (rows, kv_heads, prefix_len, dim)), sk], axis=2)
+    values = mx.concatenate([mx.broadcast_to(pv, (rows, kv_heads, prefix_len, dim)), sv], axis=2)
+    mask = mx.arange(suffix_len)[None, None, None, :] >= mx.array([0, 3, 5])[:, None, None, None]  # left padding
+    whole_mask = mx.concatenate([mx.ones((rows, 1, 1, prefix_len), dtype=mx.bool_), mask], axis=-1)
+    want = mx.fast.scaled_dot_product_attention(q, keys, values, scale=0.125, mask=whole_mask)
+    got = cascade_attention(q, sk, sv, (pk, pv), None, scale=0.125, mask=mask)
+    assert got.dtype == dtype
+    differ = (want != got).sum().item()  # a float32 sum lying on a rounding boundary may round the other way
+    assert differ <= want.size // 100, f"{differ} of {want.size} differ"

@@ -66,10 +66,19 @@ def cascade_attention(
     suffix_probs = mx.exp(suffix_scores - top)
     total = _unfold(prefix_probs.sum(axis=-1, keepdims=True), batch, repeats, length)
     total = total + suffix_probs.sum(axis=-1, keepdims=True)
-    prefix_out = (prefix_probs / _fold(total, folded_len)).astype(dtype) @ prefix_values[0]
-    suffix_out = (suffix_probs / total).astype(dtype) @ values[:, :, None]
+    # Probabilities rounded to the model's dtype, as MLX's attention rounds them; both value products summed in
+    # float32 and rounded once, as its one product over all the keys is (so half-precision outputs match it).
+    prefix_probs = _rounded(prefix_probs / _fold(total, folded_len), dtype)
+    suffix_probs = _rounded(suffix_probs / total, dtype)
+    prefix_out = prefix_probs @ prefix_values[0].astype(mx.float32)
+    suffix_out = suffix_probs @ values[:, :, None].astype(mx.float32)
     out = _unfold(prefix_out, batch, repeats, length) + suffix_out
-    return out.reshape(batch, q_heads, length, -1)
+    return out.astype(dtype).reshape(batch, q_heads, length, -1)
+
+
+def _rounded(probs: mx.array, dtype: mx.Dtype) -> mx.array:
+    """Float32 probabilities rounded to ``dtype``'s precision (kept in float32)."""
+    return probs if dtype == mx.float32 else probs.astype(dtype).astype(mx.float32)
 
 
 def _unfold(folded: mx.array, batch: int, repeats: int, length: int) -> mx.array:
