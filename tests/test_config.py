@@ -495,6 +495,8 @@ def test_round_trip_with_every_option_set():
             "disk_dir": "/tmp/prefix-disk",
             "disk_mb": 64,
             "state_snapshot_blocks": 2,
+            "share_prefix_in_batch": False,
+            "share_prefix_min_tokens": 512,
         },
         "limits": {
             "max_waiting": 0,

@@ -11,6 +11,7 @@ import argparse
 from collections.abc import Callable
 
 from . import handlers
+from .shared_prefix.command import add_shared_prefix_args
 from .workload import parse_levels
 
 ConfigArgs = Callable[[argparse.ArgumentParser], None]
@@ -201,6 +202,16 @@ def _cache_and_speculative_args(sub, config_args: ConfigArgs) -> None:
         help="also a 1-stream row sampled at this temperature (default 0.7; 0: none)",
     )
     spec.add_argument("--json", dest="json_path", default=None, help="also write the rows here")
+
+    shared = _add(
+        sub,
+        config_args,
+        "shared-prefix",
+        handlers.shared_prefix,
+        "rows sharing a system prompt: KV, step time, tok/s and TTFT with the prefix held once in the batch vs not",
+    )
+    shared.add_argument("--model", default="demo:small", help="model path (default demo:small)")
+    add_shared_prefix_args(shared, _levels)
 
     prefix = _add(
         sub, config_args, "prefix-cache", handlers.prefix_cache, "pass/fail table of prefix-cache hits and misses"

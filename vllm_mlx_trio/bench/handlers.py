@@ -57,6 +57,12 @@ def speculative(cfg, args: argparse.Namespace) -> int:
     return run_speculative_command(cfg, args)
 
 
+def shared_prefix(cfg, args: argparse.Namespace) -> int:
+    from .shared_prefix.command import run_shared_prefix_command
+
+    return run_shared_prefix_command(cfg, args)
+
+
 def soak(cfg, args: argparse.Namespace) -> int:
     from .soak.run import run_soak_command
 

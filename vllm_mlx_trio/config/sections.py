@@ -278,6 +278,12 @@ class CacheConfig:
     #: blocks inside a prompt's prefill, so a prompt sharing only a prefix (a system prompt, a
     #: different question) reuses it up to the last snapshot (>= 0; 0: only whole prompts).
     state_snapshot_blocks: int = _option(8, _in_range(0))
+    #: Batched mode: running rows whose prompts start with the same cached blocks hold that
+    #: prefix's KV once (cascade attention), not a copy each; false: every row holds its own.
+    share_prefix_in_batch: bool = _option(True)
+    #: Fewest cached tokens a row must share with the batch's prefix to hold them once (>= 1);
+    #: a shorter shared prefix saves little and its split attention costs more than it saves.
+    share_prefix_min_tokens: int = _option(256, _in_range(1))
 
 
 @attrs.frozen(kw_only=True)
