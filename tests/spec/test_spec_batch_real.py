@@ -1,0 +1,126 @@
+"""Batched speculation on the real tiny demo model (float32), driven plan by plan: several rows speculate in one
+round, each accepting its own number of drafts; the reference is the plain batched runner on the same plans."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from vllm_mlx_trio.core.params import SamplingParams
+from vllm_mlx_trio.messages import NewSequence, RequestId
+
+from .conftest import PlanDriver, RandomDrafter, spec_config
+
+pytestmark = pytest.mark.mlx
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+PROMPTS = (tuple(range(40, 60)), tuple(range(100, 112)), tuple(range(7, 40)), tuple(range(300, 305)))
+
+
+def new(rid: str, prompt, params=GREEDY) -> NewSequence:
+    return NewSequence(request_id=RequestId(rid), prompt_token_ids=tuple(prompt), params=params)
+
+
+def build(cfg, **kwargs):
+    from vllm_mlx_trio.worker.registry import runner_for
+
+    runner = runner_for(cfg)(cfg, **kwargs)
+    runner.load()
+    return runner
+
+
+@pytest.fixture
+def runners(float32_dir):
+    made = [build(spec_config(float32_dir, None)), build(spec_config(float32_dir, float32_dir))]
+    yield made
+    for runner in made:
+        runner.close()
+
+
+def together(runner, sequences, *, stagger: int = 0) -> PlanDriver:
+    """All ``sequences`` run to the end; with ``stagger``, each joins that many steps after the one before."""
+    driver = PlanDriver(runner)
+    waiting = list(sequences)
+    if not stagger:
+        driver.step(new=waiting)
+        waiting = []
+    else:
+        driver.step(new=[waiting.pop(0)])
+    step = 0
+    while driver.active or waiting:
+        step += 1
+        joining = [waiting.pop(0)] if waiting and step % stagger == 0 else []
+        driver.step(new=joining)
+    return driver
+
+
+@pytest.mark.parametrize("num_rows", [2, 3, 4])
+def test_several_greedy_rows_speculate_together_and_match_the_normal_path(runners, num_rows):
+    plain, spec = runners
+    sequences = [new(f"r{i}", PROMPTS[i], attrs.evolve(GREEDY, max_tokens=20 + 3 * i)) for i in range(num_rows)]
+    reference = together(plain, sequences).outputs
+    driver = together(spec, sequences)
+    assert dict(driver.outputs) == dict(reference)
+    # several rows in one round: some step gave several rows several tokens each
+    assert any(sum(len(tokens) > 1 for _, tokens in r.sampled) >= 2 for r in driver.results)
+
+
+def test_rows_joining_and_leaving_at_different_times_match(runners):
+    plain, spec = runners
+    sequences = [new(f"r{i}", PROMPTS[i], attrs.evolve(GREEDY, max_tokens=12 + 5 * i)) for i in range(4)]
+    reference = together(plain, sequences, stagger=3).outputs
+    assert dict(together(spec, sequences, stagger=3).outputs) == dict(reference)
+
+
+class CorruptingDrafts:
+    """Wraps a DraftBatch: each draft is replaced by another token with probability ``rate`` (seeded), so rows
+    accept different numbers of drafts in the same round."""
+
+    def __init__(self, inner, rate: float, seed: int = 0):
+        import numpy as np
+
+        self._inner, self._rate, self._rng = inner, rate, np.random.default_rng(seed)
+        self.ragged_rounds = 0
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def __len__(self):
+        return len(self._inner)
+
+    def propose(self, tails, pending, num_tokens, picks):
+        import mlx.core as mx
+
+        drafts = self._inner.propose(tails, pending, num_tokens, picks)
+        flip = mx.array(self._rng.random(drafts.shape) < self._rate)
+        return mx.where(flip, (drafts + 1) % 1000, drafts).astype(mx.uint32)
+
+    def settle(self, num_accepted):
+        self.ragged_rounds += len(set(num_accepted)) > 1
+        self._inner.settle(num_accepted)
+
+
+def checked_rows(runner):
+    """Each speculating row's target cache holds exactly its tokens (no phantom keys counted)."""
+    from vllm_mlx_trio.worker.speculative.ragged import row_lengths
+
+    batch = runner._spec_batch
+    if batch.rows:
+        assert row_lengths(batch._cache) == [len(row.tokens) for row in batch.rows]
+
+
+@pytest.mark.parametrize("num_rows", [2, 4])
+def test_rows_accepting_different_counts_match_the_normal_path(runners, num_rows):
+    plain, spec = runners
+    spec._spec_batch._draft = wrapper = CorruptingDrafts(spec._spec_batch._draft, rate=0.25, seed=num_rows)
+    sequences = [new(f"r{i}", PROMPTS[i], attrs.evolve(GREEDY, max_tokens=24 + 2 * i)) for i in range(num_rows)]
+    reference = together(plain, sequences).outputs
+    driver = PlanDriver(spec)
+    driver.step(new=sequences)
+    while driver.active:
+        driver.step()
+        checked_rows(spec)
+    assert dict(driver.outputs) == dict(reference)
+    assert wrapper.ragged_rounds > 0
+    counts = [r.spec_decode for r in driver.results if r.spec_decode is not None]
+    assert 0 < sum(c.num_accepted_tokens for c in counts) < sum(c.num_draft_tokens for c in counts)

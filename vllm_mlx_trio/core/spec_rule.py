@@ -1,0 +1,102 @@
+"""The per-step rule of batched speculation: how many drafts (0 included) a round proposes, by measurement.
+
+A round with ``k`` drafts over ``B`` rows costs ``T(B, k)`` seconds (``k`` draft forwards and one target forward of
+``B x (k + 1)`` tokens, plus the round's one host-device wait) and emits, per row, ``1 + a`` tokens where ``a`` is
+the number of drafts accepted. With a per-draft acceptance ``p`` (a draft is accepted with probability ``p`` when the
+drafts before it were), a row emits on average ``E(k) = 1 + p + ... + p^k`` tokens, so the batch's rate is
+``B * E(k) / T(B, k)``; the rule picks the ``k`` in ``0..num_draft_tokens`` that maximises it.
+
+Both inputs are measured while serving:
+
+* ``p`` is the maximum-likelihood estimate of a geometric acceptance over recent rounds: each row-round that
+  proposed ``b`` drafts and accepted ``a`` adds ``a`` acceptances and, if ``a < b``, one rejection; both sums decay
+  by :data:`ACCEPTANCE_DECAY` a round, so the estimate follows the text being generated;
+* ``T(B, k)`` is an exponentially weighted mean of the rounds run at that batch size and ``k``
+  (:data:`TIME_WEIGHT`). A pair never measured is tried once before the rule trusts its table, and every
+  :data:`PROBE_EVERY` rounds at a batch size the pair measured longest ago is tried again, so a measurement taken
+  while the machine was busy does not rule a choice out for good.
+
+Speculation pays while a step is bound by reading the weights or by per-step overhead (one row: a forward of five
+tokens costs about 1.6x one of one token on the demo target) and stops paying as the batch grows (eight rows: five
+tokens each cost about 3.8x one token each); docs/benchmarks.md has the figures the rule meets. Pure: no clock of its
+own (the runner passes the seconds it measured).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+#: Per round, the weight the acceptance sums keep: about the last 50 rounds count.
+ACCEPTANCE_DECAY = 0.98
+#: The acceptance assumed before any round (a draft model meant for the target agrees most of the time).
+PRIOR_ACCEPTANCE = 0.7
+#: The weight of the newest round in a (batch size, k) pair's mean time.
+TIME_WEIGHT = 0.25
+#: Rounds at one batch size between two probes of the pair measured longest ago.
+PROBE_EVERY = 32
+
+
+def expected_tokens(acceptance: float, num_drafts: int) -> float:
+    """Tokens a row emits per round on average: ``1 + p + ... + p^k``."""
+    return sum(acceptance**j for j in range(num_drafts + 1))
+
+
+@attrs.define
+class _Timing:
+    seconds: float
+    measured_at: int  # the batch size's round counter when last measured
+
+
+@attrs.define
+class DraftRule:
+    """Chooses each round's number of drafts from the running acceptance and the measured round times."""
+
+    max_drafts: int
+    _accepted: float = PRIOR_ACCEPTANCE * 4
+    _rejected: float = (1 - PRIOR_ACCEPTANCE) * 4
+    _timings: dict[tuple[int, int], _Timing] = attrs.field(factory=dict)
+    _rounds: dict[int, int] = attrs.field(factory=dict)
+
+    @property
+    def acceptance(self) -> float:
+        """The running per-draft acceptance estimate."""
+        return self._accepted / (self._accepted + self._rejected)
+
+    def choose(self, batch_size: int) -> int:
+        """The number of drafts for a round of ``batch_size`` rows."""
+        if self.max_drafts <= 0:
+            return 0
+        choices = range(self.max_drafts, -1, -1)
+        untried = [k for k in choices if (batch_size, k) not in self._timings]
+        if untried:
+            return untried[0]
+        rounds = self._rounds.get(batch_size, 0)
+        if rounds and rounds % PROBE_EVERY == 0:
+            return min(choices, key=lambda k: self._timings[batch_size, k].measured_at)
+        return max(choices, key=lambda k: self.rate(batch_size, k))
+
+    def rate(self, batch_size: int, num_drafts: int) -> float:
+        """Expected tokens per second of a round with ``num_drafts`` drafts (0 when never measured)."""
+        timing = self._timings.get((batch_size, num_drafts))
+        if timing is None or timing.seconds <= 0:
+            return 0.0
+        return batch_size * expected_tokens(self.acceptance, num_drafts) / timing.seconds
+
+    def observe(self, batch_size: int, num_drafts: int, seconds: float, rows: list[tuple[int, int]]) -> None:
+        """A round ran: ``seconds`` long; ``rows``: each row's (drafts proposed, drafts accepted)."""
+        rounds = self._rounds.get(batch_size, 0) + 1
+        self._rounds[batch_size] = rounds
+        key = (batch_size, num_drafts)
+        timing = self._timings.get(key)
+        if timing is None:
+            self._timings[key] = _Timing(seconds, rounds)
+        else:
+            timing.seconds += TIME_WEIGHT * (seconds - timing.seconds)
+            timing.measured_at = rounds
+        proposed = [(b, a) for b, a in rows if b]
+        if proposed:
+            self._accepted *= ACCEPTANCE_DECAY
+            self._rejected *= ACCEPTANCE_DECAY
+            for budget, accepted in proposed:
+                self._accepted += accepted
+                self._rejected += 1 if accepted < budget else 0
