@@ -9,7 +9,7 @@ import pytest
 from vllm_mlx_trio.core.params import SamplingParams
 from vllm_mlx_trio.messages import NewSequence, RequestId
 
-from .conftest import PlanDriver, RandomDrafter, spec_config
+from .conftest import PlanDriver, spec_config
 
 pytestmark = pytest.mark.mlx
 
