@@ -124,3 +124,66 @@ def test_rows_accepting_different_counts_match_the_normal_path(runners, num_rows
     assert wrapper.ragged_rounds > 0
     counts = [r.spec_decode for r in driver.results if r.spec_decode is not None]
     assert 0 < sum(c.num_accepted_tokens for c in counts) < sum(c.num_draft_tokens for c in counts)
+
+
+def test_sampled_rows_speculate_beside_greedy_rows(runners):
+    """Unseeded sampled rows speculate in the same rounds as greedy rows (rejection sampling, one sampler each); at a
+    tiny temperature their tokens are the greedy ones, which holds only if every row's verdict reads its own logits."""
+    plain, spec = runners
+    nearly_greedy = attrs.evolve(GREEDY, temperature=1e-4)
+    sequences = [new(f"r{i}", PROMPTS[i], GREEDY if i % 2 else nearly_greedy) for i in range(4)]
+    reference = together(plain, [new(f"r{i}", PROMPTS[i]) for i in range(4)]).outputs
+    driver = together(spec, sequences)
+    assert dict(driver.outputs) == dict(reference)
+    assert driver.num_drafts > 0
+
+
+def test_a_seeded_row_on_the_normal_path_shares_the_step_with_speculating_rows(runners):
+    """A seeded sampled row and a row asking for logprobs may not speculate: they decode in the generator in the same
+    steps as the speculating rows, with the tokens (and logprobs) they get with speculation off."""
+    plain, spec = runners
+    seeded = SamplingParams(temperature=0.9, seed=7, max_tokens=26, ignore_eos=True)
+    sequences = [
+        new("g0", PROMPTS[0]),
+        new("seeded", PROMPTS[1], seeded),
+        new("g1", PROMPTS[2]),
+        new("logprobs", PROMPTS[3], attrs.evolve(GREEDY, logprobs=1)),
+    ]
+    reference = together(plain, sequences)
+    driver = together(spec, sequences)
+    assert dict(driver.outputs) == dict(reference.outputs)
+    shared = [r for r in driver.results if {rid for rid, _ in r.sampled} >= {"g0", "seeded"}]
+    assert any(len(dict(r.sampled)["g0"]) > 1 for r in shared)  # g0 speculated in a step where seeded decoded
+
+    def logprobs(d):
+        return [
+            (e.token_id, round(e.logprob, 4))
+            for r in d.results
+            for rid, es in r.logprobs
+            if rid == "logprobs"
+            for e in es
+        ]
+
+    assert logprobs(driver) == logprobs(reference) and logprobs(driver)
+
+
+def test_a_preempted_row_resumes_in_the_batch_with_the_same_tokens(runners):
+    plain, spec = runners
+    sequences = [new(f"r{i}", PROMPTS[i]) for i in range(3)]
+    reference = together(plain, sequences).outputs
+    driver = PlanDriver(spec)
+    driver.step(new=sequences)
+    while len(driver.outputs["r1"]) < 9:
+        driver.step()
+    assert len(spec._spec_batch) == 3
+    so_far = tuple(driver.outputs["r1"])
+    driver.step(finished=["r1"])  # the scheduler drops it to make room ...
+    assert len(spec._spec_batch) == 2
+    driver.outputs["r1"] = list(so_far)
+    prompt = (*PROMPTS[1], *so_far)
+    resumed = NewSequence(
+        request_id=RequestId("r1"), prompt_token_ids=prompt, params=GREEDY, num_output_tokens=len(so_far)
+    )
+    driver.step(new=[resumed])  # ... and recomputes it from prompt + output later
+    driver.run_until_done()
+    assert dict(driver.outputs) == dict(reference)
