@@ -12,9 +12,11 @@ Both inputs are measured while serving:
   proposed ``b`` drafts and accepted ``a`` adds ``a`` acceptances and, if ``a < b``, one rejection; both sums decay
   by :data:`ACCEPTANCE_DECAY` a round, so the estimate follows the text being generated;
 * ``T(B, k)`` is an exponentially weighted mean of the rounds run at that batch size and ``k``
-  (:data:`TIME_WEIGHT`). A pair never measured is tried once before the rule trusts its table, and every
-  :data:`PROBE_EVERY` rounds at a batch size the pair measured longest ago is tried again, so a measurement taken
-  while the machine was busy does not rule a choice out for good.
+  (:data:`TIME_WEIGHT`; a round under half the mean replaces it: load from other processes only ever slows a
+  round, so a much faster one means the mean was taken on a busy machine). A batch size never seen starts at the best choice of the nearest one seen (the most drafts
+  at first); the rule then climbs: while a neighbour (``k - 1``, ``k + 1``) of the best measured choice is
+  unmeasured it tries it once. Every :data:`PROBE_EVERY` rounds at a batch size it tries again the neighbour
+  measured longest ago, so a measurement taken while the machine was busy does not rule a choice out for good.
 
 Speculation pays while a step is bound by reading the weights or by per-step overhead (one row: a forward of five
 tokens costs about 1.6x one of one token on the demo target) and stops paying as the batch grows (eight rows: five
@@ -63,17 +65,31 @@ class DraftRule:
         return self._accepted / (self._accepted + self._rejected)
 
     def choose(self, batch_size: int) -> int:
-        """The number of drafts for a round of ``batch_size`` rows."""
+        """The number of drafts for a round of ``batch_size`` rows: the best measured choice, after trying its
+        untried neighbours (the rate is single-peaked in ``k``, so the search climbs to the peak without trying
+        every choice), and now and then a neighbour measured long ago."""
         if self.max_drafts <= 0:
             return 0
-        choices = range(self.max_drafts, -1, -1)
-        untried = [k for k in choices if (batch_size, k) not in self._timings]
+        measured = {k: timing for (b, k), timing in self._timings.items() if b == batch_size}
+        if not measured:
+            return self._start(batch_size)
+        best = max(sorted(measured, reverse=True), key=lambda k: self.rate(batch_size, k))
+        neighbours = [k for k in (best - 1, best + 1) if 0 <= k <= self.max_drafts]
+        untried = [k for k in neighbours if k not in measured]
         if untried:
             return untried[0]
-        rounds = self._rounds.get(batch_size, 0)
-        if rounds and rounds % PROBE_EVERY == 0:
-            return min(choices, key=lambda k: self._timings[batch_size, k].measured_at)
-        return max(choices, key=lambda k: self.rate(batch_size, k))
+        if self._rounds.get(batch_size, 0) % PROBE_EVERY == 0:
+            return min(neighbours, key=lambda k: measured[k].measured_at)
+        return best
+
+    def _start(self, batch_size: int) -> int:
+        """The first choice at a batch size never seen: the best at the nearest one seen, else the most drafts."""
+        seen = {b for b, _ in self._timings}
+        if not seen:
+            return self.max_drafts
+        nearest = min(seen, key=lambda b: (abs(b - batch_size), b))
+        measured = [k for b, k in self._timings if b == nearest]
+        return max(sorted(measured, reverse=True), key=lambda k: self.rate(nearest, k))
 
     def rate(self, batch_size: int, num_drafts: int) -> float:
         """Expected tokens per second of a round with ``num_drafts`` drafts (0 when never measured)."""
@@ -90,8 +106,9 @@ class DraftRule:
         timing = self._timings.get(key)
         if timing is None:
             self._timings[key] = _Timing(seconds, rounds)
-        else:
-            timing.seconds += TIME_WEIGHT * (seconds - timing.seconds)
+        else:  # other processes only ever slow a round: one much faster than the mean replaces it
+            fast = seconds < timing.seconds / 2
+            timing.seconds = seconds if fast else timing.seconds + TIME_WEIGHT * (seconds - timing.seconds)
             timing.measured_at = rounds
         proposed = [(b, a) for b, a in rows if b]
         if proposed:
