@@ -13,10 +13,11 @@ Both inputs are measured while serving:
   by :data:`ACCEPTANCE_DECAY` a round, so the estimate follows the text being generated;
 * ``T(B, k)`` is an exponentially weighted mean of the rounds run at that batch size and ``k``
   (:data:`TIME_WEIGHT`; a round under half the mean replaces it: load from other processes only ever slows a
-  round, so a much faster one means the mean was taken on a busy machine). A batch size never seen starts at the best choice of the nearest one seen (the most drafts
-  at first); the rule then climbs: while a neighbour (``k - 1``, ``k + 1``) of the best measured choice is
-  unmeasured it tries it once. Every :data:`PROBE_EVERY` rounds at a batch size it tries again the neighbour
-  measured longest ago, so a measurement taken while the machine was busy does not rule a choice out for good.
+  round, so a much faster one means the mean was taken on a busy machine). A batch size never seen starts at the
+  best choice of the nearest one seen (the most drafts at first); the rule then climbs: while a neighbour
+  (``k - 1``, ``k + 1``) of the best measured choice is unmeasured it tries it once. Every :data:`PROBE_EVERY`
+  rounds at a batch size it tries again the neighbour measured longest ago, so a measurement taken while the
+  machine was busy does not rule a choice out for good.
 
 Speculation pays while a step is bound by reading the weights or by per-step overhead (one row: a forward of five
 tokens costs about 1.6x one of one token on the demo target) and stops paying as the batch grows (eight rows: five
