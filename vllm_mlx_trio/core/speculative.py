@@ -1,7 +1,9 @@
 """Speculative decoding's pure rules: the envelope, the draft budget, and the counts a step reports.
 
-The envelope is where speculation is exact and worth it: one request running (a batch already keeps the model
-busy, and ragged acceptance across rows is where batched speculation goes wrong elsewhere), greedy decoding (the
+The envelope is where speculation is exact and worth it: on the one-row path (MTP, caches that need the cache
+transaction) one request running; on the batched path (a draft model, worker/speculative/batched_rows.py) any number,
+each row accepting its own count and rolled back on its own (worker/speculative/ragged.py), with the number of drafts
+per round chosen by core/spec_rule.py; and per request: greedy decoding (the
 verify forward's argmax *is* the normal path's token) or, with a drafter that supports it, unseeded sampling
 through speculative rejection sampling (the output is distributed as the target's own sampling;
 worker/speculative/sampling.py), no request-local logits processors (they would have to run once per draft position, in
