@@ -30,30 +30,36 @@ def chat(name: str) -> list[dict]:
     return [{"role": "user", "content": f"{SHARED} Now {name}: tell me about it."}]
 
 
-async def one(engine, name: str, params: SamplingParams, out: dict) -> None:
-    tokens, logprobs = [], []
-    with await engine.submit(chat(name), params) as stream:
+async def one(engine, name: str, params: SamplingParams, out: dict, before: dict | None = None) -> None:
+    """``name``'s chat (with ``before``: its second turn, after the first turn's reply) -> (tokens, logprobs,
+    cached_tokens, text) in ``out``."""
+    messages = chat(name)
+    if before is not None:
+        messages = [*messages, {"role": "assistant", "content": before[name][3]}, {"role": "user", "content": "More."}]
+    tokens, logprobs, text = [], [], ""
+    with await engine.submit(messages, params) as stream:
         async for delta in stream:
             tokens.extend(delta.token_ids)
+            text += delta.text
             logprobs.extend((entry.token_id, round(entry.logprob, 4)) for entry in delta.logprobs)
-    out[name] = (tokens, logprobs, stream.usage.cached_tokens)
+    out[name] = (tokens, logprobs, stream.usage.cached_tokens, text)
 
 
-async def all_at_once(engine) -> dict:
+async def all_at_once(engine, before: dict | None = None) -> dict:
     out: dict = {}
     async with trio.open_nursery() as nursery:
         for name, params in MIX.items():
-            nursery.start_soon(one, engine, name, params, out)
+            nursery.start_soon(one, engine, name, params, out, before)
     return out
 
 
 async def twice(cfg) -> tuple[dict, dict, object]:
-    """One request alone (its prompt's blocks cached), then the mix at once, twice (the second time each request's
-    own finished turn is cached too): which request commits a shared block first never depends on timing."""
+    """One request alone (its prompt's blocks cached), then the mix at once, then each request's second turn at
+    once (its first turn's prompt and reply are cached: committed from the row that generated them)."""
     async with open_engine(cfg) as engine:
         await one(engine, "warm", GREEDY, {})
         first = await all_at_once(engine)
-        second = await all_at_once(engine)
+        second = await all_at_once(engine, first)
         return first, second, engine.metrics.spec_decode
 
 
@@ -61,8 +67,12 @@ async def test_a_mixed_batch_gives_the_same_outputs_logprobs_and_cache_hits_on_a
     with trio.fail_after(TIMEOUT_S):
         off = await twice(spec_config(float32_dir, None, "cache.block_size=16"))
         on = await twice(spec_config(float32_dir, float32_dir, "cache.block_size=16"))
-    assert on[0] == off[0] and on[1] == off[1]  # tokens, logprobs and cached_tokens of every request
-    assert any(cached >= 16 for _, _, cached in on[1].values())
+    for name in MIX:  # tokens and logprobs of every request, both times
+        assert on[0][name][:2] == off[0][name][:2] and on[1][name][:2] == off[1][name][:2], name
+    # the second turn finds the first turn's prompt and reply, committed from the speculating row's cache (in the
+    # first turn, which request's shared blocks commit first depends on timing, with speculation on or off alike)
+    assert {name: on[1][name][2] for name in MIX} == {name: off[1][name][2] for name in MIX}
+    assert all(on[1][name][2] >= on[0][name][2] + len(on[0][name][0]) for name in MIX)  # the reply's KV too
     counts = on[2]
     assert counts.num_drafts > 0 and counts.num_accepted_tokens > 0
 

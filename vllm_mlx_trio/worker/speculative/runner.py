@@ -95,6 +95,7 @@ class SpecRunner(BatchedRows, BatchRunner):
         self._entry_hidden: EntryHidden | None = None  # hidden states from the batch, for drafters that need them
         self._spec_batch: SpecBatch | None = None  # the batched path's rows (None: the one-row path)
         self._rule: DraftRule | None = None
+        self._burst_waits = False  # this plan prefilled part of a burst of prompts: no round runs
 
     def _load(self) -> ModelInfo:
         info = super()._load()
@@ -171,11 +172,17 @@ class SpecRunner(BatchedRows, BatchRunner):
         entering = self._batch_candidates()
         if entering:
             self._batch_enter(entering)
-        advance = Advance()
+        advance, self._burst_waits = Advance(), False
         if self._request_ids or (self._prefill is not None and self._prefill.head is not None):
             advance = super()._advance(live)
-        emissions = self._batch_round() if self._spec_batch.rows else []
+        # while more of a burst of prompts waits, no row decodes (as on the normal path): they start together
+        emissions = self._batch_round() if self._spec_batch.rows and not self._burst_waits else []
         return Advance([*advance.emissions, *emissions], advance.prompts_done)
+
+    def _prefill_step(self):
+        prompts_done = super()._prefill_step()
+        self._burst_waits = bool(self._sampled_first)  # the plan ends with the burst's first tokens
+        return prompts_done
 
     def _may_run_ahead(self, advance: Advance, live: list[LiveSequence], steps: int) -> bool:
         """No plain run-ahead step while a row speculates or could: the round waits for it."""
