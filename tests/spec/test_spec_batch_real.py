@@ -95,9 +95,9 @@ class CorruptingDrafts:
         flip = mx.array(self._rng.random(drafts.shape) < self._rate)
         return mx.where(flip, (drafts + 1) % 1000, drafts).astype(mx.uint32)
 
-    def settle(self, num_accepted):
+    def settle(self, num_accepted, num_drafts, inputs, hidden=None):
         self.ragged_rounds += len(set(num_accepted)) > 1
-        self._inner.settle(num_accepted)
+        self._inner.settle(num_accepted, num_drafts, inputs, hidden)
 
 
 def checked_rows(runner):

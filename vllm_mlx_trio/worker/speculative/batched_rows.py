@@ -66,7 +66,8 @@ class BatchedRows:
     def _batch_enter(self, sequences: list[LiveSequence]) -> None:
         """Move decoding rows from the generator into the speculative batch."""
         assert self._spec_batch is not None and self._info is not None
-        rows, caches = [], []
+        rows, caches, hiddens = [], [], []
+        entry_hidden = getattr(self, "_entry_hidden", None)
         for sequence in sequences:
             uid = sequence.handle
             spec = take_from_batch(self._generator, uid)
@@ -80,8 +81,9 @@ class BatchedRows:
             sequence.handle = row
             rows.append(row)
             caches.append(spec.cache)
+            hiddens.append(None if entry_hidden is None else entry_hidden.take(sequence.request_id))
         with mx.stream(self._generator.stream):
-            self._spec_batch.add(rows, caches)
+            self._spec_batch.add(rows, caches, hiddens)
 
     def _batch_round(self) -> list[Emission]:
         """One round for every speculating row; a failure fails those rows only."""

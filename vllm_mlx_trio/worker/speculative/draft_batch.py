@@ -41,9 +41,14 @@ class DraftBatch:
     def __len__(self) -> int:
         return self._size
 
-    def add(self, rows_tokens: Sequence[Sequence[int]], tails: Sequence[Sequence[int]]) -> None:
+    #: Tokens are all it needs (no target hidden states).
+    needs_target_hidden = False
+
+    def add(
+        self, rows_tokens: Sequence[Sequence[int]], tails: Sequence[Sequence[int]], hiddens: Sequence[Any] = ()
+    ) -> None:
         """Append rows whose target caches hold ``rows_tokens``; ``tails`` are the existing rows' last ``1 + lag``
-        target tokens (fed first, so the batch joins at lag 0)."""
+        target tokens (fed first, so the batch joins at lag 0); ``hiddens`` are not needed."""
         self.catch_up(tails)
         caches = []
         for tokens in rows_tokens:
@@ -77,10 +82,6 @@ class DraftBatch:
             self._model(mx.array([list(t[:-1]) for t in tails], dtype=mx.uint32), cache=self._cache)
         self.lag = 0
 
-    def skip(self) -> None:
-        """A round without drafts: every target cache grew by one token, the draft caches did not."""
-        self.lag += 1
-
     def propose(self, tails: Sequence[Sequence[int]], pending: mx.array, num_tokens: int, picks: Sequence[Pick | None]):
         """``num_tokens`` drafts per row after its ``pending`` token (``(B,)``), lazy ``uint32 (B, num_tokens)``;
         ``tails``: each row's last ``1 + lag`` target tokens; ``picks``: each row's chooser (None: the argmax)."""
@@ -95,8 +96,12 @@ class DraftBatch:
             inputs = token[:, None]
         return mx.stack(drafts, axis=1)
 
-    def settle(self, num_accepted: Sequence[int]) -> None:
-        """After the verify of the last :meth:`propose`: row ``i`` accepted ``num_accepted[i]`` drafts."""
+    def settle(self, num_accepted: Sequence[int], num_drafts: int, inputs: mx.array, hidden: Any = None) -> None:
+        """After the verify of ``inputs`` (``(B, num_drafts + 1)``): row ``i`` accepted ``num_accepted[i]`` drafts. A
+        round without drafts grew every target cache by one token and no draft cache: the lag grows."""
+        if not num_drafts:
+            self.lag += 1
+            return
         assert self._cache is not None
         keep_rows(self._cache, self._written, [self.lag + 1 + a for a in num_accepted])
         self.lag = 0

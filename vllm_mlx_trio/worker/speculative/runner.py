@@ -125,11 +125,18 @@ class SpecRunner(BatchedRows, BatchRunner):
         ):  # thinking requests and MTP (MTP's hook, worker/speculative/mtp/thinking.py)
             self._thinking = gate_for(self._cfg, info.tokenizer)
         draft_batch = getattr(self._drafter, "batch", None)  # a drafter that drafts for several rows at once
-        if draft_batch is not None and plain_attention(self._target):
-            drafts = draft_batch()  # None: the draft model's cache does not roll back per row
-            self._spec_batch = None if drafts is None else SpecBatch(self._target, drafts)
+        if draft_batch is not None and self._thinking is None and plain_attention(self._target):
+            drafts = draft_batch()  # None: the drafter's cache does not roll back per row
+            self._spec_batch = None if drafts is None else SpecBatch(self._target, drafts, self._batch_forward(drafts))
             self._rule = DraftRule(self._num_draft_tokens)
         return info
+
+    def _batch_forward(self, drafts: Any):
+        """The batched verify forward: with the target's hidden states when the drafter reads them."""
+        if not drafts.needs_target_hidden:
+            return None
+        forward, mode = self._target_forward, drafts.hidden_state_mode
+        return lambda inputs, cache: forward(self._target, inputs, cache, mode=mode)
 
     def _load_drafter(self, info: ModelInfo) -> Drafter:
         """``speculative.method``'s drafter for the loaded target (on the MLX thread)."""

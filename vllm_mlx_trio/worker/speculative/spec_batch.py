@@ -22,7 +22,7 @@ MLX thread only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -34,6 +34,9 @@ from ...messages import RequestId
 from .draft_batch import DraftBatch
 from .ragged import keep_rows
 from .sampling import SpecSampler
+
+#: The verify forward ``(inputs (B, L), cache) -> (logits (B, L, vocab), hidden (B, L, H) or None)``.
+Forward = Callable[[mx.array, list[Any]], tuple[mx.array, Any]]
 
 
 @attrs.define(slots=True, eq=False)
@@ -60,18 +63,21 @@ class RowResult:
 class SpecBatch:
     """The rows on the speculative path, their target and draft caches, and the round."""
 
-    def __init__(self, target: Any, draft: DraftBatch):
+    def __init__(self, target: Any, draft: DraftBatch | Any, forward: Forward | None = None):
         self._target = target
         self._draft = draft
+        #: The verify forward: (logits, the target's hidden states or None); the plain forward by default.
+        self._forward = forward or (lambda inputs, cache: (target(inputs, cache=cache), None))
         self.rows: list[SpecRow] = []
         self._cache: list[BatchKVCache] | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def add(self, rows: Sequence[SpecRow], caches: Sequence[list[Any]]) -> None:
-        """Append rows with their target caches (one ``KVCache`` a layer, holding ``row.tokens``)."""
-        self._draft.add([row.tokens for row in rows], self._tails(self._draft.lag))
+    def add(self, rows: Sequence[SpecRow], caches: Sequence[list[Any]], hiddens: Sequence[Any] = ()) -> None:
+        """Append rows with their target caches (one ``KVCache`` a layer, holding ``row.tokens``) and, for a drafter
+        that reads them, the target's hidden states ending at each row's last cached position (None: none kept)."""
+        self._draft.add([row.tokens for row in rows], self._tails(self._draft.lag), hiddens)
         merged = [BatchKVCache.merge([cache[layer] for cache in caches]) for layer in range(len(caches[0]))]
         if self._cache is None or not self.rows:
             self._cache = merged
@@ -111,15 +117,13 @@ class SpecBatch:
             drafts = self._draft.propose(self._tails(self._draft.lag), pending, num_drafts, picks)
             inputs = mx.concatenate([pending[:, None], drafts], axis=1)
         else:
-            self._draft.skip()
             drafts, inputs = mx.zeros((len(self.rows), 0), dtype=mx.uint32), pending[:, None]
-        logits = self._target(inputs, cache=self._cache)
+        logits, hidden = self._forward(inputs, self._cache)
         accepted, next_tokens = self._verdict(drafts, logits, budgets)
         mx.eval(accepted, next_tokens, drafts)  # the round's one wait
         num_accepted, nexts, draft_ids = accepted.tolist(), next_tokens.tolist(), drafts.tolist()
         keep_rows(self._cache, num_drafts + 1, [1 + a for a in num_accepted])
-        if num_drafts:
-            self._draft.settle(num_accepted)
+        self._draft.settle(num_accepted, num_drafts, inputs, hidden)
         results = []
         for row, a, nxt, ids, budget in zip(self.rows, num_accepted, nexts, draft_ids, budgets, strict=True):
             emitted = (row.pending, *ids[:a])
