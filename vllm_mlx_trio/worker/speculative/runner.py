@@ -47,13 +47,13 @@ from ..batched.runner import BatchRunner
 from ..runner_base import Advance, Emission, LiveSequence
 from ..sampling import make_request_sampler
 from . import hidden as target_hidden
+from .batch_txn import batch_rollback_problem
 from .batched_rows import BatchedRows
 from .cache_txn import open_transaction, rollback_problem
 from .drafter import CacheTransaction, Drafter, drafter_loader
 from .entry_hidden import EntryHidden
 from .moves import SpecSequence, put_into_batch, take_from_batch
 from .mtp.thinking import ThinkingGate, gate_for
-from .ragged import plain_attention
 from .sampling import SpecSampler, greedy_verdict
 from .spec_batch import SpecBatch, SpecRow
 
@@ -125,7 +125,7 @@ class SpecRunner(BatchedRows, BatchRunner):
         ):  # thinking requests and MTP (MTP's hook, worker/speculative/mtp/thinking.py)
             self._thinking = gate_for(self._cfg, info.tokenizer)
         draft_batch = getattr(self._drafter, "batch", None)  # a drafter that drafts for several rows at once
-        if draft_batch is not None and self._thinking is None and plain_attention(self._target):
+        if draft_batch is not None and self._thinking is None and batch_rollback_problem(self._target) is None:
             drafts = draft_batch()  # None: the drafter's cache does not roll back per row
             self._spec_batch = None if drafts is None else SpecBatch(self._target, drafts, self._batch_forward(drafts))
             self._rule = DraftRule(self._num_draft_tokens)

@@ -27,12 +27,12 @@ from typing import Any
 
 import attrs
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, KVCache
+from mlx_lm.models.cache import BatchKVCache
 
 from ...core.speculative import SpecDecodeCounts
 from ...messages import RequestId
+from .batch_txn import open_batch_transaction
 from .draft_batch import DraftBatch
-from .ragged import keep_rows
 from .sampling import SpecSampler
 
 #: The verify forward ``(inputs (B, L), cache) -> (logits (B, L, vocab), hidden (B, L, H) or None)``.
@@ -78,7 +78,7 @@ class SpecBatch:
         """Append rows with their target caches (one ``KVCache`` a layer, holding ``row.tokens``) and, for a drafter
         that reads them, the target's hidden states ending at each row's last cached position (None: none kept)."""
         self._draft.add([row.tokens for row in rows], self._tails(self._draft.lag), hiddens)
-        merged = [BatchKVCache.merge([cache[layer] for cache in caches]) for layer in range(len(caches[0]))]
+        merged = [type(caches[0][i]).merge([cache[i] for cache in caches]) for i in range(len(caches[0]))]
         if self._cache is None or not self.rows:
             self._cache = merged
         else:
@@ -100,8 +100,8 @@ class SpecBatch:
         for layer in self._cache:
             layer.filter(keep)
 
-    def extract(self, row: SpecRow) -> list[KVCache]:
-        """A copy of one row's target cache (one ``KVCache`` a layer)."""
+    def extract(self, row: SpecRow) -> list[Any]:
+        """A copy of one row's target cache (one ``KVCache`` or ``ArraysCache`` a layer)."""
         assert self._cache is not None
         index = self.rows.index(row)
         return [layer.extract(index) for layer in self._cache]
@@ -118,11 +118,12 @@ class SpecBatch:
             inputs = mx.concatenate([pending[:, None], drafts], axis=1)
         else:
             drafts, inputs = mx.zeros((len(self.rows), 0), dtype=mx.uint32), pending[:, None]
+        transaction = open_batch_transaction(self._target, self._cache, num_drafts + 1)
         logits, hidden = self._forward(inputs, self._cache)
         accepted, next_tokens = self._verdict(drafts, logits, budgets)
         mx.eval(accepted, next_tokens, drafts)  # the round's one wait
         num_accepted, nexts, draft_ids = accepted.tolist(), next_tokens.tolist(), drafts.tolist()
-        keep_rows(self._cache, num_drafts + 1, [1 + a for a in num_accepted])
+        transaction.keep([1 + a for a in num_accepted])
         self._draft.settle(num_accepted, num_drafts, inputs, hidden)
         results = []
         for row, a, nxt, ids, budget in zip(self.rows, num_accepted, nexts, draft_ids, budgets, strict=True):
