@@ -1,8 +1,8 @@
 """The speculative runner's batched path: every decoding row that may speculate does, several in one round.
 
-Used when the drafter can draft for a batch (a draft model, worker/speculative/draft_batch.py) and both models' caches
-roll back per row (plain attention caches, worker/speculative/ragged.py); otherwise the runner keeps the one-row path
-(worker/speculative/runner.py). Each step:
+Used when the drafter can draft for a batch (a draft model, worker/speculative/draft_batch.py; an MTP head,
+worker/speculative/mtp/batch.py) and the target's rows roll back one by one (worker/speculative/batch_txn.py, checked
+at load); otherwise the runner keeps the one-row path (worker/speculative/runner.py). Each step:
 
 1. rows that decode in mlx-lm's generator and fit the envelope's per-request part (core/speculative.py:
    :func:`~vllm_mlx_trio.core.speculative.sampling_fits`; the number of running requests no longer matters) move into

@@ -1,8 +1,9 @@
 """The speculative runner (``speculative.method`` = "draft" or "mtp"): the batched runner plus, for sequences
 inside the envelope (core/speculative.py), draft -> verify -> accept steps.
 
-With a drafter that drafts for a batch (a draft model) and caches that roll back per row, every sequence whose
-settings fit speculates, several rows in one round, beside the normal path's rows (worker/speculative/batched_rows.py).
+With a drafter that drafts for a batch (a draft model, an MTP head) and caches that roll back per row, every sequence
+whose settings fit speculates, several rows in one round, beside the normal path's rows
+(worker/speculative/batched_rows.py).
 Otherwise (the one-row path, below) each step either runs the normal batched step (``BatchGenerator.next()``), or,
 when exactly one sequence is live and its settings fit, one speculative round for it:
 
