@@ -11,9 +11,9 @@ Both inputs are measured while serving:
 * ``p`` is the maximum-likelihood estimate of a geometric acceptance over recent rounds: each row-round that
   proposed ``b`` drafts and accepted ``a`` adds ``a`` acceptances and, if ``a < b``, one rejection; both sums decay
   by :data:`ACCEPTANCE_DECAY` a round, so the estimate follows the text being generated;
-* ``T(B, k)`` is an exponentially weighted mean of the rounds run at that batch size and ``k``
-  (:data:`TIME_WEIGHT`; a round under half the mean replaces it: load from other processes only ever slows a
-  round, so a much faster one means the mean was taken on a busy machine). A batch size never seen starts at the
+* ``T(B, k)`` is the fastest of the last :data:`TIME_WINDOW` rounds run at that batch size and ``k``: load from
+  other processes only ever slows a round, so the fastest recent one is the round's own cost, and the window
+  follows the cost as the contexts grow. A batch size never seen starts at the
   best choice of the nearest one seen (the most drafts at first); the rule then climbs: while a neighbour
   (``k - 1``, ``k + 1``) of the best measured choice is unmeasured it tries it once. Every :data:`PROBE_EVERY`
   rounds at a batch size it tries again the neighbour measured longest ago, so a measurement taken while the
@@ -27,14 +27,16 @@ own (the runner passes the seconds it measured).
 
 from __future__ import annotations
 
+import collections
+
 import attrs
 
 #: Per round, the weight the acceptance sums keep: about the last 50 rounds count.
 ACCEPTANCE_DECAY = 0.98
 #: The acceptance assumed before any round (a draft model meant for the target agrees most of the time).
 PRIOR_ACCEPTANCE = 0.7
-#: The weight of the newest round in a (batch size, k) pair's mean time.
-TIME_WEIGHT = 0.25
+#: Rounds per (batch size, k) pair whose fastest is its time.
+TIME_WINDOW = 8
 #: Rounds at one batch size between two probes of the pair measured longest ago.
 PROBE_EVERY = 32
 
@@ -46,8 +48,12 @@ def expected_tokens(acceptance: float, num_drafts: int) -> float:
 
 @attrs.define
 class _Timing:
-    seconds: float
+    recent: collections.deque  # the last TIME_WINDOW rounds' seconds
     measured_at: int  # the batch size's round counter when last measured
+
+    @property
+    def seconds(self) -> float:
+        return min(self.recent)
 
 
 @attrs.define
@@ -106,10 +112,9 @@ class DraftRule:
         key = (batch_size, num_drafts)
         timing = self._timings.get(key)
         if timing is None:
-            self._timings[key] = _Timing(seconds, rounds)
-        else:  # other processes only ever slow a round: one much faster than the mean replaces it
-            fast = seconds < timing.seconds / 2
-            timing.seconds = seconds if fast else timing.seconds + TIME_WEIGHT * (seconds - timing.seconds)
+            self._timings[key] = _Timing(collections.deque([seconds], maxlen=TIME_WINDOW), rounds)
+        else:
+            timing.recent.append(seconds)
             timing.measured_at = rounds
         proposed = [(b, a) for b, a in rows if b]
         if proposed:
