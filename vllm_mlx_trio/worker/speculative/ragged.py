@@ -11,8 +11,9 @@ front), its left padding grows and its offset shrinks by the same amount. The ma
 did not keep, and the next write lands right after the row's last kept key.
 
 The shift copies the rows' keys and values once (one gather per layer); when every row kept the same number nothing is
-copied. ``BatchKVCache.filter`` trims padding every row shares, so a row that lags only pays for its lag while a
-longer row is in the batch. MLX thread only.
+copied. After a shift, padding every row shares is cut from the front (as ``BatchKVCache.filter`` does when rows
+leave), so the batch is never longer than its longest row: a row that kept less than another this round but is
+longer overall would otherwise leave the whole batch padded. MLX thread only.
 """
 
 from __future__ import annotations
@@ -49,6 +50,21 @@ def keep_rows(cache: Sequence[BatchKVCache], written: int, keep: Sequence[int]) 
         layer.values[..., :end, :] = dynamic_roll(layer.values[..., :end, :], shift[:, None], axis=2)
         layer.left_padding = layer.left_padding + shift
         layer.offset = layer.offset - shift
+    if shift is not None:
+        _trim_shared_padding(cache)
+
+
+def _trim_shared_padding(cache: Sequence[BatchKVCache]) -> None:
+    """Cut the padding every row has from the front of every layer (one host read of the first layer's)."""
+    shared = int(cache[0].left_padding.min().item())
+    if shared <= 0:
+        return
+    for layer in cache:
+        if layer.keys is not None:
+            layer.keys = layer.keys[..., shared:, :]
+            layer.values = layer.values[..., shared:, :]
+        layer._idx -= shared
+        layer.left_padding = layer.left_padding - shared
 
 
 def row_lengths(cache: Sequence[BatchKVCache]) -> list[int]:
