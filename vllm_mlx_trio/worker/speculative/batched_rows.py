@@ -12,7 +12,9 @@ at load); otherwise the runner keeps the one-row path (worker/speculative/runner
    the prompts being prefilled, as the batched runner runs it (no run-ahead while rows speculate: a run-ahead step
    would make them wait);
 3. one speculative round runs for all speculating rows, with the number of drafts the per-step rule
-   (core/spec_rule.py) picks from the measured round times and acceptance.
+   (core/spec_rule.py) picks from the measured round times and acceptance; none while a prompt is being prefilled
+   (the rows then step at the normal path's pace, so the prompt's first token does not wait for rounds several
+   decode steps long).
 
 A row stays on the speculative path until it ends: the per-request part of the envelope only ever opens (a
 ``min_tokens`` reached). A finished row's prompt and output go to the prefix store from its own cache, as on the
@@ -94,7 +96,9 @@ class BatchedRows:
         tokens_left = [
             left - self._live[row.request_id].num_output_tokens for left, row in zip(tokens_left, rows, strict=True)
         ]
-        num_drafts = self._rule.choose(len(rows))
+        # while a prompt is being prefilled, rows step at the normal path's pace: a round of drafts takes several
+        # decode steps' time, and the waiting prompt's first token would wait for every one of them
+        num_drafts = 0 if self._prompt_waits() else self._rule.choose(len(rows))
         started = time.perf_counter()
         try:
             with mx.stream(self._generator.stream):
@@ -110,6 +114,11 @@ class BatchedRows:
         )
         self._counts += round_counts(results)
         return [Emission(r.row.request_id, r.tokens) for r in results]
+
+    def _prompt_waits(self) -> bool:
+        """Whether a prompt is being prefilled (by the runner's own prefill, or in the generator)."""
+        prefill = getattr(self, "_prefill", None)
+        return (prefill is not None and prefill.head is not None) or len(self._decoding) < len(self._request_ids)
 
     def _batch_remove(self, live: list[LiveSequence]) -> list[LiveSequence]:
         """Drop the speculating rows among ``live``; the rest, for the generator's side."""
