@@ -187,3 +187,18 @@ def test_a_preempted_row_resumes_in_the_batch_with_the_same_tokens(runners):
     driver.step(new=[resumed])  # ... and recomputes it from prompt + output later
     driver.run_until_done()
     assert dict(driver.outputs) == dict(reference)
+
+
+def test_a_runner_of_another_kind_built_on_this_one_keeps_the_one_row_path(float32_dir):
+    """A runner of another kind composed with the speculative one (the vlm runner's) keeps its own one-row envelope."""
+    from vllm_mlx_trio.worker.speculative.runner import SpecRunner
+
+    class OtherKind(SpecRunner):
+        kind = "vlm-speculative"
+
+    runner = OtherKind(spec_config(float32_dir, float32_dir))
+    runner.load()
+    try:
+        assert runner._spec_batch is None
+    finally:
+        runner.close()

@@ -126,11 +126,17 @@ class SpecRunner(BatchedRows, BatchRunner):
         ):  # thinking requests and MTP (MTP's hook, worker/speculative/mtp/thinking.py)
             self._thinking = gate_for(self._cfg, info.tokenizer)
         draft_batch = getattr(self._drafter, "batch", None)  # a drafter that drafts for several rows at once
-        if draft_batch is not None and self._thinking is None and batch_rollback_problem(self._target) is None:
+        if self._batches_rows() and draft_batch is not None and batch_rollback_problem(self._target) is None:
             drafts = draft_batch()  # None: the drafter's cache does not roll back per row
             self._spec_batch = None if drafts is None else SpecBatch(self._target, drafts, self._batch_forward(drafts))
             self._rule = DraftRule(self._num_draft_tokens)
         return info
+
+    def _batches_rows(self) -> bool:
+        """Whether several rows may speculate in one round: this runner's own kind, without a thinking gate (rows
+        never leave the batched path). A runner of another kind built on this one (the vlm runner's) keeps the
+        one-row envelope its own ``_fits`` states."""
+        return self.kind == SPECULATIVE and self._thinking is None
 
     def _batch_forward(self, drafts: Any):
         """The batched verify forward: with the target's hidden states when the drafter reads them."""
