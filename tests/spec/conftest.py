@@ -86,6 +86,33 @@ class BlockingDrafter:
         self.stopped.set()
 
 
+class OneRowDrafter:
+    """Wraps the draft model's drafter without its ``batch``: the runner keeps the one-row path (as for MTP)."""
+
+    needs_target_hidden = False
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def start(self, tokens, target_hidden) -> None:
+        self._inner.start(tokens, target_hidden)
+
+    def propose(self, last_token, num_tokens):
+        return self._inner.propose(last_token, num_tokens)
+
+    def propose_lazy(self, last_token, num_tokens, pick=None):
+        return self._inner.propose_lazy(last_token, num_tokens, pick)
+
+    def draft_ahead(self, drafts, bonus, num_tokens, pick=None) -> None:
+        self._inner.draft_ahead(drafts, bonus, num_tokens, pick)
+
+    def settle(self, accepted, target_hidden) -> None:
+        self._inner.settle(accepted, target_hidden)
+
+    def stop(self) -> None:
+        self._inner.stop()
+
+
 class PlanDriver:
     """Drives a runner with hand-made plans, as the scheduler would: every live sequence decodes each step."""
 

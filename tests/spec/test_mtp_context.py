@@ -28,9 +28,15 @@ def mtp_dir(tmp_path_factory) -> str:
 
 
 @contextlib.contextmanager
-def _mtp_runner(mtp_dir: str, *overrides: str):
-    """An MTP runner over ``mtp_dir``, closed after."""
-    runner = build_runner(mtp_config(mtp_dir, *overrides))
+def _mtp_runner(mtp_dir: str, *overrides: str, one_row: bool = False):
+    """An MTP runner over ``mtp_dir``, closed after; ``one_row``: on its one-row path (the head made unable to draft
+    for a batch), where a sequence enters speculation alone, after decoding in the batch."""
+    with pytest.MonkeyPatch.context() as patch:
+        if one_row:
+            from vllm_mlx_trio.worker.speculative.mtp.drafter import MTPDrafter
+
+            patch.setattr(MTPDrafter, "batch", lambda self: None)
+        runner = build_runner(mtp_config(mtp_dir, *overrides))
     try:
         yield runner
     finally:
@@ -38,7 +44,18 @@ def _mtp_runner(mtp_dir: str, *overrides: str):
 
 
 def _entries(runner) -> list[tuple[list[int], object]]:
-    """Every (tokens, hidden) the runner's drafter is started with from now on."""
+    """Every (tokens, hidden) the runner's drafter is started with from now on (rows joining the speculative batch,
+    or the one-row drafter's start)."""
+    if runner._spec_batch is not None:
+        heads, rows = runner._spec_batch._draft, []
+        real_add = heads.add
+
+        def add(rows_tokens, tails, hiddens):
+            rows.extend((list(tokens), hidden) for tokens, hidden in zip(rows_tokens, hiddens, strict=True))
+            real_add(rows_tokens, tails, hiddens)
+
+        heads.add = add
+        return rows
     drafter, entries = runner._drafter, []
     real = drafter.start
 
@@ -81,7 +98,7 @@ def _run_alone(runner, prompt=PROMPT, params=GREEDY) -> PlanDriver:
 
 @pytest.mark.parametrize(("limit", "rows"), [(2048, None), (8, 8), (1, 1)])
 def test_a_sequence_enters_with_its_prompts_hidden_states_and_the_head_reads_them(mtp_dir, limit, rows):
-    with _mtp_runner(mtp_dir, f"speculative.mtp_context_tokens={limit}") as runner:
+    with _mtp_runner(mtp_dir, f"speculative.mtp_context_tokens={limit}", one_row=True) as runner:
         entries = _entries(runner)
         heads = []
         runner._drafter.propose_lazy = _after(
@@ -113,7 +130,7 @@ def test_mlx_lms_own_prompt_path_gives_the_context_from_the_prompts_last_token(m
 
 
 def test_a_sequence_left_alone_in_the_batch_enters_with_its_prompt_and_batched_steps(mtp_dir):
-    with _mtp_runner(mtp_dir) as runner:
+    with _mtp_runner(mtp_dir, one_row=True) as runner:
         entries = _entries(runner)
         driver = PlanDriver(runner)
         short = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
@@ -132,4 +149,33 @@ def test_a_request_that_never_speculates_leaves_no_record(mtp_dir):
         logprobs = SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=0)  # outside the envelope
         driver = _run_alone(runner, params=logprobs)
         assert len(driver.outputs["a"]) == 5 and not entries
+        assert runner._entry_hidden.num_tracked == 0
+
+
+@pytest.mark.parametrize(("limit", "rows"), [(2048, None), (8, 8)])
+def test_rows_joining_the_speculative_batch_bring_their_prompts_hidden_states(mtp_dir, limit, rows):
+    """The batched path: each row joins with the same context, and the head's batched cache holds its pairs."""
+    from vllm_mlx_trio.worker.speculative.ragged import row_lengths
+
+    with _mtp_runner(mtp_dir, f"speculative.mtp_context_tokens={limit}") as runner:
+        assert runner._spec_batch is not None
+        entries, heads = _entries(runner), runner._spec_batch._draft
+        lengths = []
+        heads.propose = _after(heads.propose, lambda: lengths.append(row_lengths(heads._cache)))
+        driver = PlanDriver(runner)
+        other = tuple(range(100, 125))
+        driver.step(
+            new=[
+                NewSequence(request_id=RequestId(r), prompt_token_ids=p, params=GREEDY)
+                for r, p in (("a", PROMPT), ("b", other))
+            ]
+        )
+        driver.run_until_done()
+        assert len(entries) == 2
+        for (tokens, hidden), prompt in zip(entries, (PROMPT, other), strict=True):
+            assert tokens[: len(prompt)] == list(prompt)
+            _assert_matches_reference(runner, tokens, hidden, rows or len(tokens))
+        # the head's rows hold the context pairs when they first draft ("b" joins a round or more after "a")
+        expected = [(rows or len(tokens)) - 1 for tokens, _ in entries]
+        assert lengths[0] == expected[:1] and next(n for n in lengths if len(n) == 2)[1] == expected[1]
         assert runner._entry_hidden.num_tracked == 0

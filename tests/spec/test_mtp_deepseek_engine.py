@@ -102,3 +102,31 @@ async def test_through_the_engine_mtp_changes_no_token_and_counts_acceptance(dsv
     assert counts.num_drafts > 0 and counts.num_accepted_tokens > 0
     accepted = re.search(r"^vllm:spec_decode_num_accepted_tokens_total(?:\{[^}]*\})? (\S+)$", exposition, re.M)
     assert accepted is not None and float(accepted[1]) == counts.num_accepted_tokens
+
+
+def test_several_rows_draft_with_the_head_in_one_round_and_change_no_token(runners):
+    """demo:mtp-dsv3's caches are plain attention caches: its rows speculate together (the head batched,
+    worker/speculative/mtp/batch.py), each accepting its own count; a drafting head that sometimes errs makes them
+    ragged. The outputs are the plain runner's."""
+    from .test_spec_batch_real import CorruptingDrafts, checked_rows, new, together
+
+    plain, spec = runners
+    assert spec._spec_batch is not None
+    prompts = (PROMPT, tuple(range(100, 112)), tuple(range(7, 40)))
+    sequences = [new(f"r{i}", prompts[i], attrs.evolve(GREEDY, max_tokens=20 + 4 * i)) for i in range(3)]
+    reference = together(plain, sequences).outputs
+    inner = spec._spec_batch._draft
+    spec._spec_batch._draft = wrapper = CorruptingDrafts(inner, rate=0.2, seed=1)
+    try:
+        driver = PlanDriver(spec)
+        driver.step(new=sequences)
+        while driver.active:
+            driver.step()
+            checked_rows(spec)
+    finally:
+        spec._spec_batch._draft = inner
+    assert dict(driver.outputs) == dict(reference)
+    assert wrapper.ragged_rounds > 0
+    assert any(sum(len(tokens) > 1 for _, tokens in r.sampled) >= 2 for r in driver.results)
+    proposed, accepted = spec_counts(driver)
+    assert 0 < accepted < proposed

@@ -127,8 +127,20 @@ def test_a_model_without_mtp_weights_is_refused_at_load(float32_dir):
         build_runner(mtp_config(float32_dir))
 
 
-def test_a_second_request_sends_the_first_back_and_it_returns_with_a_fresh_head(runners):
-    plain, spec = runners
+def test_a_second_request_sends_the_first_back_and_it_returns_with_a_fresh_head(runners, mtp_dir):
+    """The one-row path (taken when the head cannot draft for a batch: here made so)."""
+    plain, _ = runners
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(MTPDrafter, "batch", lambda self: None)
+        spec = build_runner(mtp_config(mtp_dir))
+    try:
+        _second_request_round_trip(plain, spec)
+    finally:
+        spec.close()
+
+
+def _second_request_round_trip(plain, spec) -> None:
+    assert spec._spec_batch is None
     second = attrs.evolve(GREEDY, max_tokens=6)
     ref_a, _ = _alone(plain, PROMPTS[0])
     ref_b, _ = _alone(plain, PROMPTS[1], second)
@@ -148,9 +160,12 @@ def test_a_second_request_sends_the_first_back_and_it_returns_with_a_fresh_head(
 def test_the_first_round_after_entering_from_the_batch_drafts_from_the_batch_hidden_state(runners):
     """A sequence enters speculation from the batched path; the batch's last forward already computed the hidden
     state before its pending token, so the first round drafts (and the constructed head's drafts get accepted)."""
+    from vllm_mlx_trio.core.spec_rule import DraftRule
+
     _, spec = runners
     first_rounds = []
     for prompt in PROMPTS:
+        spec._rule = DraftRule(3)  # a fresh rule drafts the most first (the batched path; the one-row path always)
         _, driver = _alone(spec, prompt)
         first_rounds.append(next(r.spec_decode for r in driver.results if r.spec_decode is not None))
     assert all(c.num_draft_tokens == 3 for c in first_rounds)  # without the hidden state: no drafts at all
@@ -166,3 +181,26 @@ def test_an_unseeded_sampled_request_speculates_with_the_mtp_head(runners):
     assert len(output) == 40
     proposed, accepted = spec_counts(driver)
     assert proposed > 0 and accepted > 0
+
+
+def test_several_rows_of_a_hybrid_target_speculate_together_and_change_no_token(runners):
+    """demo:mtp-tiny's GatedDeltaNet layers cannot be trimmed: rows accepting different counts roll back through the
+    batched cache transaction (worker/speculative/batch_txn.py, a ragged replay of the recorded mixer inputs)."""
+    from .test_spec_batch_real import CorruptingDrafts, new, together
+
+    plain, spec = runners
+    assert spec._spec_batch is not None
+    sequences = [
+        new(f"r{i}", PROMPTS[i % len(PROMPTS)][i:], attrs.evolve(GREEDY, max_tokens=18 + 3 * i)) for i in range(3)
+    ]
+    reference = together(plain, sequences).outputs
+    inner = spec._spec_batch._draft
+    spec._spec_batch._draft = wrapper = CorruptingDrafts(inner, rate=0.2, seed=2)
+    try:
+        driver = together(spec, sequences)
+    finally:
+        spec._spec_batch._draft = inner
+    assert dict(driver.outputs) == dict(reference)
+    assert wrapper.ragged_rounds > 0
+    proposed, accepted = spec_counts(driver)
+    assert 0 < accepted < proposed

@@ -13,7 +13,7 @@ import pytest
 from vllm_mlx_trio.core.params import SamplingParams
 from vllm_mlx_trio.messages import NewSequence, RequestId
 
-from .conftest import PlanDriver, RandomDrafter, spec_config
+from .conftest import OneRowDrafter, PlanDriver, RandomDrafter, spec_config
 
 pytestmark = pytest.mark.mlx
 
@@ -43,6 +43,21 @@ def runners(float32_dir):
     yield made
     for runner in made:
         runner.close()
+
+
+@pytest.fixture
+def one_row(float32_dir):
+    """The speculative runner on its one-row path (a drafter that drafts for one row only, as MTP's)."""
+    from mlx_lm import load
+
+    from vllm_mlx_trio.worker.speculative.draft_model import DraftModelDrafter
+
+    runner = build(
+        spec_config(float32_dir, float32_dir), drafter=OneRowDrafter(DraftModelDrafter(load(float32_dir)[0]))
+    )
+    assert runner._spec_batch is None
+    yield runner
+    runner.close()
 
 
 def alone(runner, params=GREEDY, prompt=PROMPT_A) -> tuple[list[int], PlanDriver]:
@@ -115,8 +130,8 @@ def test_logprobs_and_sampling_run_the_normal_path(runners):
         assert driver.num_drafts == 0
 
 
-def test_a_second_request_sends_the_first_back_to_the_batch_and_it_returns(runners):
-    plain, spec = runners
+def test_a_second_request_sends_the_first_back_to_the_batch_and_it_returns(runners, one_row):
+    plain, spec = runners[0], one_row
     ref_a, _ = alone(plain)
     ref_b, _ = alone(plain, attrs.evolve(GREEDY, max_tokens=6), PROMPT_B)
     driver = PlanDriver(spec)
@@ -137,8 +152,8 @@ def test_a_second_request_sends_the_first_back_to_the_batch_and_it_returns(runne
     assert drafts_before > 0 and driver.num_drafts > during  # speculating again once alone
 
 
-def test_a_preempted_request_resumes_with_the_same_tokens(runners):
-    plain, spec = runners
+def test_a_preempted_request_resumes_with_the_same_tokens(runners, one_row):
+    plain, spec = runners[0], one_row
     reference, _ = alone(plain)
     driver = PlanDriver(spec)
     driver.step(new=[new("a")])
@@ -222,8 +237,8 @@ def test_a_nearly_greedy_sampled_request_gives_the_greedy_tokens(runners):
     assert output == reference
 
 
-def test_a_sampled_request_sent_back_to_the_batch_keeps_sampling_and_returns(runners):
-    _, spec = runners
+def test_a_sampled_request_sent_back_to_the_batch_keeps_sampling_and_returns(runners, one_row):
+    spec = one_row
     driver = PlanDriver(spec)
     driver.step(new=[new("a", params=SAMPLED)])
     while len(driver.outputs["a"]) < 10:

@@ -105,3 +105,44 @@ def test_a_sampled_round_matches_the_normal_samplers_draws_with_the_requests_fil
     assert spec_counts[5:] == [0, 0, 0]  # top_k = 5 (and top_p) cut these, on the speculative path too
     statistic, dof = _chi2_two_samples(normal_counts, spec_counts)
     assert statistic < CHI2_999[dof], (normal_counts, spec_counts)
+
+
+def test_several_sampled_rows_in_one_batched_verdict_each_emit_their_own_target_distribution():
+    """The batched round's verdict (worker/speculative/spec_batch.py) with three sampled rows and a greedy one: each
+    sampled row's emitted tokens follow its own p, though its drafts come from a q far from it; budgets cap a row."""
+    import mlx.core as mx
+
+    from vllm_mlx_trio.worker.speculative.sampling import SpecSampler
+    from vllm_mlx_trio.worker.speculative.spec_batch import SpecBatch, SpecRow
+
+    p = [
+        [[0.5, 0.2, 0.2, 0.1, 0.0], [0.1, 0.1, 0.1, 0.3, 0.4], [0.2, 0.2, 0.2, 0.2, 0.2]],
+        [[0.1, 0.1, 0.1, 0.1, 0.6], [0.3, 0.3, 0.2, 0.1, 0.1], [0.2, 0.2, 0.2, 0.2, 0.2]],
+        [[0.25, 0.25, 0.25, 0.25, 0.0], [0.6, 0.1, 0.1, 0.1, 0.1], [0.2, 0.2, 0.2, 0.2, 0.2]],
+        [[0.1, 0.7, 0.1, 0.05, 0.05], [0.1, 0.1, 0.7, 0.05, 0.05], [0.1, 0.1, 0.1, 0.1, 0.6]],  # greedy: 1, 2, 4
+    ]
+    q = mx.log(mx.array([[0.1, 0.1, 0.3, 0.3, 0.2], [0.4, 0.3, 0.1, 0.1, 0.1]]))
+    logits = _logits(p)
+    params = SamplingParams(temperature=1.0, max_tokens=8)
+    budgets = [2, 2, 1, 2]
+    batch = SpecBatch(None, None)
+    draws = DRAWS // 3
+    first, second = [[0] * 5 for _ in range(3)], [[0] * 5 for _ in range(3)]
+    for draw in range(draws):
+        batch.rows = [SpecRow(str(i), [], 0, SpecSampler(params, 5, seed=draw * 3 + i)) for i in range(3)]
+        batch.rows.append(SpecRow("greedy", [], 0))
+        drafts = [[row.sampler.pick(q[j : j + 1]) for j in range(2)] for row in batch.rows[:3]]
+        drafts = mx.stack([mx.concatenate(d) for d in drafts] + [mx.array([1, 2], dtype=mx.uint32)])
+        accepted, next_tokens = batch._verdict(drafts, logits, budgets)
+        for i in range(3):
+            tokens = _emitted(accepted[i].item(), drafts[i].tolist(), next_tokens[i].item())
+            first[i][tokens[0]] += 1
+            if len(tokens) > 1:
+                second[i][tokens[1]] += 1
+            assert len(tokens) <= budgets[i] + 1
+        assert (accepted[3].item(), next_tokens[3].item()) == (2, 4)  # the greedy row: both drafts, then argmax
+    for i in range(3):
+        for counts, probs in ((first[i], p[i][0]), (second[i], p[i][1])):
+            if sum(counts) > draws // 10:
+                statistic, dof = _chi2_against(counts, probs)
+                assert statistic < CHI2_999[dof], (i, counts, probs)

@@ -1,4 +1,4 @@
-"""``bench speculative`` on the tiny model drafting for itself: a row per level, outputs compared, counts read."""
+"""``bench speculative`` on the agreeing demo pair: a row per level, outputs compared, counts read."""
 
 from __future__ import annotations
 
@@ -11,12 +11,15 @@ from vllm_mlx_trio.config import load_config
 pytestmark = pytest.mark.mlx
 
 
-async def test_one_row_per_level_with_acceptance_and_identical_outputs(float32_dir):
-    cfg = load_config(None, overrides=[f"model.path={float32_dir}"], environ={})
+async def test_one_row_per_level_with_acceptance_and_identical_outputs(spec_pair):
+    """The pair's draft costs a fraction of the target (a model drafting for itself would not pay: the per-round rule
+    would then choose no drafts)."""
+    target, draft = spec_pair
+    cfg = load_config(None, overrides=[f"model.path={target}"], environ={})
     with trio.fail_after(240):
         rows = await measure_speculative(
             cfg,
-            draft_model=float32_dir,
+            draft_model=draft,
             num_draft_tokens=3,
             runs=2,
             max_tokens=12,
@@ -30,4 +33,5 @@ async def test_one_row_per_level_with_acceptance_and_identical_outputs(float32_d
     assert alone["rounds"] > 0 and float(alone["acceptance"]) > 0.8 and float(alone["tokens_per_round"]) > 2
     assert float(alone["speedup"]) > 0 and float(alone["cpu_speedup"]) > 0
     assert float(alone["decode_speedup"].split()[0]) > 0 and float(alone["on_ttft_ms"].split()[0]) > 0
-    assert shared["rounds"] < alone["rounds"] * 3  # three streams mostly run batched: speculation only in tails
+    # three streams speculate together (a round counts once per row that drafted)
+    assert shared["rounds"] > 0 and float(shared["acceptance"]) > 0.8

@@ -192,7 +192,7 @@ def _cache_and_speculative_args(sub, config_args: ConfigArgs) -> None:
     spec.add_argument("--model", default="demo:spec-target", help="target model (default demo:spec-target)")
     spec.add_argument("--draft-model", default="demo:spec-draft", help="draft model (default demo:spec-draft)")
     spec.add_argument("--num-draft-tokens", type=_positive, default=4, help="drafts per round (default 4)")
-    spec.add_argument("--levels", type=_levels, default=(1, 5), help="concurrency levels (default 1,5)")
+    spec.add_argument("--levels", type=_levels, default=(1, 2, 4, 8), help="concurrency levels (default 1,2,4,8)")
     spec.add_argument("--runs", type=_positive, default=3, help="runs per setting, alternating (default 3)")
     spec.add_argument("--max-tokens", type=_positive, default=128, help="tokens per request (default 128)")
     spec.add_argument(

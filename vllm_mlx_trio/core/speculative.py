@@ -1,9 +1,11 @@
 """Speculative decoding's pure rules: the envelope, the draft budget, and the counts a step reports.
 
-The envelope is where speculation is exact and worth it: one request running (a batch already keeps the model
-busy, and ragged acceptance across rows is where batched speculation goes wrong elsewhere), greedy decoding (the
-verify forward's argmax *is* the normal path's token) or, with a drafter that supports it, unseeded sampling
-through speculative rejection sampling (the output is distributed as the target's own sampling;
+The envelope is where speculation is exact and worth it: on the one-row path (caches whose rows cannot roll back
+one by one, MTP's thinking gate) one request running; on the batched path (worker/speculative/batched_rows.py) any
+number, each row accepting its own count and rolled back on its own (worker/speculative/ragged.py,
+worker/speculative/batch_txn.py), with the number of drafts per round chosen by core/spec_rule.py; and per request:
+greedy decoding (the verify forward's argmax *is* the normal path's token) or, with a drafter that supports it,
+unseeded sampling through speculative rejection sampling (the output is distributed as the target's own sampling;
 worker/speculative/sampling.py), no request-local logits processors (they would have to run once per draft position, in
 order, and a constraint's state would have to roll back), and no logprobs (the normal path reports them).
 Anything else runs the normal batched path; the runner moves a sequence between the two when the envelope changes

@@ -2,7 +2,8 @@
 
 Two engines on the same target are loaded side by side, one with ``speculative.method = "off"``, one with the draft
 model (by default the agreeing demo pair ``demo:spec-target`` / ``demo:spec-draft``). For each concurrency level
-(1: inside the envelope; 5: outside it, every step takes the batched path) the settings alternate, off then on, for
+(1, 2, 4, 8 by default: with a draft model every stream speculates, several rows a round) the settings alternate,
+off then on, for
 ``runs`` rounds after one warm-up each, so load drift hits both alike. A run is ``streams`` greedy requests started
 together; its tok/s is their tokens over its wall time. Acceptance is the on-engine's accepted over proposed draft
 tokens during that level's measured runs. Outputs are compared: speculation must not change a token. A last row
@@ -25,8 +26,8 @@ from ..workload import bench_prompts, chat
 
 DEFAULT_TARGET = "demo:spec-target"
 DEFAULT_DRAFT = "demo:spec-draft"
-#: Concurrency levels: one stream (speculation runs) and five (the envelope falls back to batching).
-DEFAULT_LEVELS = (1, 5)
+#: Concurrency levels: one stream, and batches where speculation pays less as the rows grow.
+DEFAULT_LEVELS = (1, 2, 4, 8)
 
 
 @attrs.define

@@ -9,7 +9,7 @@ drafts are trimmed off the cache afterwards, as mlx-lm's ``speculative_generate_
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import mlx.core as mx
@@ -17,6 +17,9 @@ from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_p
 
 from ...errors import ModelLoadError
 from ..loading import load_model
+
+if TYPE_CHECKING:
+    from .draft_batch import DraftBatch
 
 #: Chooses a draft from the draft model's logits ``(1, vocab)``: ``uint32`` of shape ``(1,)`` (sampled requests).
 Pick = Callable[[mx.array], mx.array]
@@ -123,6 +126,14 @@ class DraftModelDrafter:
         ahead_ran = 0 if self._ahead is None else self._ahead.drafts.size + 1
         self._ahead = None
         trim_prompt_cache(self._cache, ahead_ran + num_drafts - 1 - num_accepted)
+
+    def batch(self) -> DraftBatch | None:
+        """The draft model's side of a speculative batch (worker/speculative/draft_batch.py), or None when its cache
+        does not roll back per row."""
+        from .draft_batch import DraftBatch
+        from .ragged import plain_attention
+
+        return DraftBatch(self._model, prefill_step=self._prefill_step) if plain_attention(self._model) else None
 
     def stop(self) -> None:
         self._cache = None

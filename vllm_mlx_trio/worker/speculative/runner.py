@@ -1,8 +1,11 @@
-"""The speculative runner (``speculative.method`` = "draft" or "mtp"): the batched runner plus, for a sequence
+"""The speculative runner (``speculative.method`` = "draft" or "mtp"): the batched runner plus, for sequences
 inside the envelope (core/speculative.py), draft -> verify -> accept steps.
 
-Each step either runs the normal batched step (``BatchGenerator.next()``), or, when exactly one sequence is live and
-its settings fit, one speculative round for it:
+With a drafter that drafts for a batch (a draft model, an MTP head) and caches that roll back per row, every sequence
+whose settings fit speculates, several rows in one round, beside the normal path's rows
+(worker/speculative/batched_rows.py).
+Otherwise (the one-row path, below) each step either runs the normal batched step (``BatchGenerator.next()``), or,
+when exactly one sequence is live and its settings fit, one speculative round for it:
 
 1. the drafter proposes up to ``num_draft_tokens`` drafts following the pending token (greedy, or sampled from the
    draft model's distribution for a sampled request);
@@ -36,6 +39,7 @@ import attrs
 import mlx.core as mx
 from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
 
+from ...core.spec_rule import DraftRule
 from ...core.speculative import SpecDecodeCounts, draft_budget, sampling_fits
 from ...errors import ModelLoadError
 from ...messages import KVReady, ModelInfo, StepPlan, StepResult
@@ -44,12 +48,15 @@ from ..batched.runner import BatchRunner
 from ..runner_base import Advance, Emission, LiveSequence
 from ..sampling import make_request_sampler
 from . import hidden as target_hidden
+from .batch_txn import batch_rollback_problem
+from .batched_rows import BatchedRows
 from .cache_txn import open_transaction, rollback_problem
 from .drafter import CacheTransaction, Drafter, drafter_loader
 from .entry_hidden import EntryHidden
 from .moves import SpecSequence, put_into_batch, take_from_batch
 from .mtp.thinking import ThinkingGate, gate_for
 from .sampling import SpecSampler, greedy_verdict
+from .spec_batch import SpecBatch, SpecRow
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +71,9 @@ class TrimTransaction:
         trim_prompt_cache(self._cache, self._num_inputs - num_tokens)
 
 
-class SpecRunner(BatchRunner):
-    """Batched runner + speculative rounds for a sequence alone in the batch."""
+class SpecRunner(BatchedRows, BatchRunner):
+    """Batched runner + speculative rounds: for every row that fits, batched (worker/speculative/batched_rows.py)
+    when the drafter drafts for a batch and the caches roll back per row; else for a sequence alone in the batch."""
 
     kind = SPECULATIVE
 
@@ -86,6 +94,9 @@ class SpecRunner(BatchRunner):
         self._lazy = False  # the drafter is a LazyDrafter (set by _load)
         self._pipelined = False  # ... and a PipelinedDrafter
         self._entry_hidden: EntryHidden | None = None  # hidden states from the batch, for drafters that need them
+        self._spec_batch: SpecBatch | None = None  # the batched path's rows (None: the one-row path)
+        self._rule: DraftRule | None = None
+        self._burst_waits = False  # this plan prefilled part of a burst of prompts: no round runs
 
     def _load(self) -> ModelInfo:
         info = super()._load()
@@ -114,7 +125,25 @@ class SpecRunner(BatchRunner):
             self._cfg.speculative.method == "mtp"
         ):  # thinking requests and MTP (MTP's hook, worker/speculative/mtp/thinking.py)
             self._thinking = gate_for(self._cfg, info.tokenizer)
+        draft_batch = getattr(self._drafter, "batch", None)  # a drafter that drafts for several rows at once
+        if self._batches_rows() and draft_batch is not None and batch_rollback_problem(self._target) is None:
+            drafts = draft_batch()  # None: the drafter's cache does not roll back per row
+            self._spec_batch = None if drafts is None else SpecBatch(self._target, drafts, self._batch_forward(drafts))
+            self._rule = DraftRule(self._num_draft_tokens)
         return info
+
+    def _batches_rows(self) -> bool:
+        """Whether several rows may speculate in one round: this runner's own kind, without a thinking gate (rows
+        never leave the batched path). A runner of another kind built on this one (the vlm runner's) keeps the
+        one-row envelope its own ``_fits`` states."""
+        return self.kind == SPECULATIVE and self._thinking is None
+
+    def _batch_forward(self, drafts: Any):
+        """The batched verify forward: with the target's hidden states when the drafter reads them."""
+        if not drafts.needs_target_hidden:
+            return None
+        forward, mode = self._target_forward, drafts.hidden_state_mode
+        return lambda inputs, cache: forward(self._target, inputs, cache, mode=mode)
 
     def _load_drafter(self, info: ModelInfo) -> Drafter:
         """``speculative.method``'s drafter for the loaded target (on the MLX thread)."""
@@ -133,6 +162,8 @@ class SpecRunner(BatchRunner):
         return attrs.evolve(result, spec_decode=counts) if counts.num_drafts else result
 
     def _advance(self, live: list[LiveSequence]) -> Advance:
+        if self._spec_batch is not None:
+            return self._batched_advance(live)
         emissions = []
         current = self._speculating
         if current is not None and not self._fits(current):
@@ -148,8 +179,29 @@ class SpecRunner(BatchRunner):
         advance = super()._advance(live)
         return Advance([*emissions, *advance.emissions], advance.prompts_done)
 
+    def _batched_advance(self, live: list[LiveSequence]) -> Advance:
+        """Rows that may speculate join the speculative batch; the generator's step for the rest and the prompts;
+        one speculative round for the batch."""
+        assert self._spec_batch is not None
+        entering = self._batch_candidates()
+        if entering:
+            self._batch_enter(entering)
+        advance, self._burst_waits = Advance(), False
+        if self._request_ids or (self._prefill is not None and self._prefill.head is not None):
+            advance = super()._advance(live)
+        # while more of a burst of prompts waits, no row decodes (as on the normal path): they start together
+        emissions = self._batch_round() if self._spec_batch.rows and not self._burst_waits else []
+        return Advance([*advance.emissions, *emissions], advance.prompts_done)
+
+    def _prefill_step(self):
+        prompts_done = super()._prefill_step()
+        self._burst_waits = bool(self._sampled_first)  # the plan ends with the burst's first tokens
+        return prompts_done
+
     def _may_run_ahead(self, advance: Advance, live: list[LiveSequence], steps: int) -> bool:
-        """No plain run-ahead step for a row that could speculate: the next plan enters it."""
+        """No plain run-ahead step while a row speculates or could: the round waits for it."""
+        if self._spec_batch is not None and (self._spec_batch.rows or self._batch_candidates()):
+            return False
         return self._candidate() is None and super()._may_run_ahead(advance, live, steps)
 
     def _fits(self, sequence: LiveSequence) -> bool:
@@ -167,7 +219,7 @@ class SpecRunner(BatchRunner):
 
     def _candidate(self) -> LiveSequence | None:
         """The one live sequence, if it fits the envelope and is decoding in the batch (past its prompt)."""
-        if len(self._live) != 1:
+        if len(self._live) != 1 or self._spec_batch is not None:
             return None
         (sequence,) = self._live.values()
         if sequence.handle not in self._decoding or not self._fits(sequence):
@@ -295,10 +347,13 @@ class SpecRunner(BatchRunner):
         if self._entry_hidden is not None:
             for sequence in live:
                 self._entry_hidden.forget(sequence.request_id)
+        live = self._batch_remove(live)
         super()._remove([s for s in live if not isinstance(s.handle, SpecSequence)])
 
     def _finished_ready(self, live: LiveSequence, emission: Emission) -> KVReady | None:
         """A sequence finished on the speculative path: its prompt + output blocks from its own cache."""
+        if isinstance(live.handle, SpecRow):
+            return self._batch_finished_ready(live) if self._cfg.cache.store_generated else None
         if not isinstance(live.handle, SpecSequence):
             return super()._finished_ready(live, emission)
         if not self._cfg.cache.store_generated:
@@ -314,5 +369,6 @@ class SpecRunner(BatchRunner):
             self._entry_hidden.close()
             self._entry_hidden = None
         self._drafter = None
+        self._spec_batch = None
         self._target = None
         super()._close()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import pathlib
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import mlx.core as mx
 
@@ -31,6 +31,9 @@ from ..hidden import final_norm_owner, resolve_hidden_state_mode
 from .head import MTPHead, load_mtp_head, text_config_of
 from .head_deepseek import LoadedHead, Shared, load_deepseek_mtp
 from .head_deepseek_v4 import load_deepseek_v4_mtp
+
+if TYPE_CHECKING:
+    from .batch import MTPBatch
 
 
 class MTPDrafter:
@@ -118,6 +121,17 @@ class MTPDrafter:
         if tokens:
             self._forward(tokens, mx.concatenate(hiddens, axis=1))
         self._pending = target_hidden[:, kept : kept + 1]
+
+    def batch(self) -> MTPBatch | None:
+        """The head's side of a speculative batch (worker/speculative/mtp/batch.py), or None when its cache does
+        not roll back per row."""
+        from mlx_lm.models.cache import KVCache
+
+        from .batch import MTPBatch
+
+        if not all(type(layer) is KVCache for layer in self.head.make_cache()):
+            return None
+        return MTPBatch(self.head, self._embed, self._lm_head, hidden_state_mode=self.hidden_state_mode)
 
     def stop(self) -> None:
         self._cache = self.head.make_cache()
