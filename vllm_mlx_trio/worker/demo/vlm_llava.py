@@ -13,7 +13,11 @@ Shares the demo corpus, tokenizer, writers and weight recipe with the Qwen-VL de
 from __future__ import annotations
 
 import pathlib
+from collections.abc import Callable
 from typing import Any
+
+import attrs
+import numpy as np
 
 from . import files, recipe
 from .vlm import (
@@ -58,32 +62,52 @@ def template_hash() -> str:
 
 def write_llava(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
     """Write every file of ``demo:vlm-llava`` into ``directory``, the marker last."""
+    write_llava_family(directory, LlavaVariant(size=LLAVA_SIZE, model_type="llava"), seed=seed, dtype=dtype)
+
+
+@attrs.frozen
+class LlavaVariant:
+    """What one LLaVA-family demo changes in the shared layout: its names, and its extras."""
+
+    size: str
+    model_type: str
+    #: The ``*Processor`` / ``*ForConditionalGeneration`` stem (``Llava``, ``LlavaNext``).
+    class_stem: str = "Llava"
+    image_processor_type: str = "CLIPImageProcessor"
+    #: Keys added to config.json and to preprocessor_config.json.
+    extra_config: dict[str, Any] = attrs.field(factory=dict)
+    extra_image_processor: dict[str, Any] = attrs.field(factory=dict)
+    #: Weights beside the tower and text model, drawn from the seed (name -> draw(seed)).
+    extra_weights: Callable[[int], dict[str, np.ndarray]] | None = None
+
+
+def write_llava_family(directory: pathlib.Path, variant: LlavaVariant, *, seed: int, dtype: str) -> None:
+    """Write a LLaVA-family demo (this module's tower, tokenizer and template) into ``directory``."""
     tokenizer = files.train_tokenizer(recipe.DEMO_SIZES["tiny"].vocab_size)
     tokenizer.add_special_tokens([IMAGE_TOKEN])
     ids = {token: tokenizer.token_to_id(token) for token in (*files.SPECIAL_TOKENS, IMAGE_TOKEN)}
     (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
-    config = _config(tokenizer.get_vocab_size(), dtype, ids)
+    config = _config(tokenizer.get_vocab_size(), dtype, ids, variant)
     shapes = mlx_vlm_shapes(config)  # llava-hf checkpoints keep mlx-vlm's names
-    files.write_safetensors(
-        directory / "model.safetensors",
-        draw_weights(shapes, "language_model.model.", seed, files.damped_ids(tokenizer)),
-        dtype,
-    )
+    weights = draw_weights(shapes, "language_model.model.", seed, files.damped_ids(tokenizer))
+    if variant.extra_weights is not None:
+        weights.update(variant.extra_weights(seed))
+    files.write_safetensors(directory / "model.safetensors", weights, dtype)
     files.write_json(directory / "config.json", config)
     write_chat_files(directory, ids, CHAT_TEMPLATE)
-    files.write_json(directory / "preprocessor_config.json", _image_processor_config())
+    files.write_json(directory / "preprocessor_config.json", _image_processor_config(variant))
     processor = {
-        "processor_class": "LlavaProcessor",
+        "processor_class": f"{variant.class_stem}Processor",
         "patch_size": VISION_SHAPE["patch_size"],
         "vision_feature_select_strategy": "default",
         "num_additional_image_tokens": 1,
         "image_token": IMAGE_TOKEN,
     }
     files.write_json(directory / "processor_config.json", processor)
-    write_marker(directory, LLAVA_SIZE, seed=seed, dtype=dtype, chat_template=CHAT_TEMPLATE)
+    write_marker(directory, variant.size, seed=seed, dtype=dtype, chat_template=CHAT_TEMPLATE)
 
 
-def _config(vocab_size: int, dtype: str, ids: dict[str, int]) -> dict[str, Any]:
+def _config(vocab_size: int, dtype: str, ids: dict[str, int], variant: LlavaVariant) -> dict[str, Any]:
     text = {
         **TEXT_SHAPE,
         "model_type": "llama",
@@ -93,8 +117,8 @@ def _config(vocab_size: int, dtype: str, ids: dict[str, int]) -> dict[str, Any]:
         "tie_word_embeddings": True,
     }
     return {
-        "model_type": "llava",
-        "architectures": ["LlavaForConditionalGeneration"],
+        "model_type": variant.model_type,
+        "architectures": [f"{variant.class_stem}ForConditionalGeneration"],
         "text_config": text,
         "vision_config": VISION_SHAPE,
         "image_token_index": ids[IMAGE_TOKEN],
@@ -107,13 +131,14 @@ def _config(vocab_size: int, dtype: str, ids: dict[str, int]) -> dict[str, Any]:
         "bos_token_id": ids[files.ENDOFTEXT],
         "pad_token_id": ids[files.ENDOFTEXT],
         "eos_token_id": ids[files.IM_END],
+        **variant.extra_config,
     }
 
 
-def _image_processor_config() -> dict[str, Any]:
+def _image_processor_config(variant: LlavaVariant) -> dict[str, Any]:
     return {
-        "image_processor_type": "CLIPImageProcessor",
-        "processor_class": "LlavaProcessor",
+        "image_processor_type": variant.image_processor_type,
+        "processor_class": f"{variant.class_stem}Processor",
         "size": {"shortest_edge": IMAGE_SIZE},
         "crop_size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE},
         "do_resize": True,
@@ -125,4 +150,5 @@ def _image_processor_config() -> dict[str, Any]:
         "image_mean": IMAGE_MEAN,
         "image_std": IMAGE_STD,
         "resample": 3,
+        **variant.extra_image_processor,
     }
