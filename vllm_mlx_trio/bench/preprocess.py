@@ -12,7 +12,6 @@ the paths; each row gives the median of its runs and their spread (min-max).
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 import attrs
@@ -22,7 +21,7 @@ from ..config import EngineConfig
 from ..core.params import SamplingParams
 from ..engine import Engine, open_engine
 from ..errors import InvalidRequestError
-from .stats import percentile
+from .stats import percentile, runs_spread
 from .workload import bench_prompts, chat
 
 #: Streams running while the big prompt is admitted.
@@ -118,18 +117,12 @@ async def measure_preprocess(
 
 
 def _row(path: str, runs: list[dict], prompt_chars: int) -> dict:
-    def spread(key: str, digits: int = 1) -> str:
-        values = [r[key] for r in runs if r[key] is not None]
-        if not values:
-            return "-"
-        return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
-
     return {
         "path": path,
         "runs": len(runs),
         "prompt_chars": prompt_chars if runs[0]["outcome"] != "none" else 0,
-        "itl_p95_ms": spread("itl_p95_ms"),
-        "max_gap_ms": spread("max_gap_ms"),
-        "window_s": spread("window_s", 2),
+        "itl_p95_ms": runs_spread(runs, "itl_p95_ms"),
+        "max_gap_ms": runs_spread(runs, "max_gap_ms"),
+        "window_s": runs_spread(runs, "window_s", 2),
         "big_prompt": runs[0]["outcome"],
     }

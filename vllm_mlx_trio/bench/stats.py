@@ -133,3 +133,9 @@ def median_spread(values: Sequence[float], digits: int = 1) -> str:
     """``"12.3 (11.0-14.1)"``: the median of ``values`` and their range."""
     low, mid, high = min(values), statistics.median(values), max(values)
     return f"{mid:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
+
+
+def runs_spread(runs: Sequence[dict], key: str, digits: int = 1) -> str:
+    """:func:`median_spread` of ``key`` over the runs that measured it; ``"-"`` when none did."""
+    values = [run[key] for run in runs if run[key] is not None]
+    return median_spread(values, digits) if values else "-"

@@ -32,7 +32,7 @@ from ...config import EngineConfig
 from ...core.params import SamplingParams
 from ...engine import open_engine
 from ...messages import ChatMessage, ChatPrompt, ImagePart, NewSequence, RequestId, StepPlan, TextPart
-from ..stats import percentile
+from ..stats import percentile, runs_spread
 
 #: Text streams running while the large image prefills.
 NUM_STREAMS = 4
@@ -202,17 +202,11 @@ async def measure_chunking(cfg: EngineConfig, chunk: int, runs: int = 3) -> list
 
 
 def _chunk_row(name: str, runs: list[dict]) -> dict:
-    def spread(key: str, digits: int = 1) -> str:
-        values = [r[key] for r in runs if r[key] is not None]
-        if not values:
-            return "-"
-        return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
-
     return {
         "media prefill": name,
         "runs": len(runs),
-        "itl_p50_ms": spread("itl_p50_ms"),
-        "itl_p95_ms": spread("itl_p95_ms"),
-        "max_gap_ms": spread("max_gap_ms"),
-        "image_ttft_s": spread("ttft_s", 2),
+        "itl_p50_ms": runs_spread(runs, "itl_p50_ms"),
+        "itl_p95_ms": runs_spread(runs, "itl_p95_ms"),
+        "max_gap_ms": runs_spread(runs, "max_gap_ms"),
+        "image_ttft_s": runs_spread(runs, "ttft_s", 2),
     }

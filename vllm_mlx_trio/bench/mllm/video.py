@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import pathlib
-import statistics
 import tempfile
 from typing import Any
 
@@ -24,7 +23,7 @@ from ...config import EngineConfig
 from ...core.params import SamplingParams
 from ...engine import open_engine
 from ...messages import ChatMessage, ChatPrompt, TextPart, VideoPart
-from ..stats import percentile
+from ..stats import percentile, runs_spread
 from .run import NUM_STREAMS, SETTLE_S, vlm_config
 
 #: The long video: seconds, frames per second, and frame side in pixels.
@@ -108,17 +107,11 @@ async def measure_video(cfg: EngineConfig, chunk: int, runs: int = 3, *, seconds
 
 
 def _row(name: str, runs: list[dict]) -> dict:
-    def spread(key: str, digits: int = 1) -> str:
-        values = [r[key] for r in runs if r[key] is not None]
-        if not values:
-            return "-"
-        return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
-
     return {
         "window": name,
         "runs": len(runs),
-        "itl_p50_ms": spread("itl_p50_ms"),
-        "itl_p95_ms": spread("itl_p95_ms"),
-        "max_gap_ms": spread("max_gap_ms"),
-        "window_s": spread("window_s", 2),
+        "itl_p50_ms": runs_spread(runs, "itl_p50_ms"),
+        "itl_p95_ms": runs_spread(runs, "itl_p95_ms"),
+        "max_gap_ms": runs_spread(runs, "max_gap_ms"),
+        "window_s": runs_spread(runs, "window_s", 2),
     }
