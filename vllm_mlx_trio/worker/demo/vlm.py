@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import pathlib
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -232,6 +233,18 @@ def template_hash(chat_template: str = CHAT_TEMPLATE) -> str:
     return hashlib.sha256(f"{VLM_FORMAT_VERSION}:{chat_template}".encode()).hexdigest()
 
 
+def write_demo_tokenizer(
+    directory: pathlib.Path, added_tokens: Sequence[str], vocab_size: int = recipe.DEMO_SIZES["tiny"].vocab_size
+) -> tuple[Any, dict[str, int]]:
+    """Train the demo tokenizer, add a VLM's ``added_tokens``, write ``tokenizer.json``; the
+    tokenizer and the ids of ChatML's special tokens and the added ones."""
+    tokenizer = files.train_tokenizer(vocab_size)
+    tokenizer.add_special_tokens(list(added_tokens))
+    ids = {token: tokenizer.token_to_id(token) for token in (*files.SPECIAL_TOKENS, *added_tokens)}
+    (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
+    return tokenizer, ids
+
+
 def write_chat_files(directory: pathlib.Path, ids: dict[str, int], chat_template: str, **tokenizer_extra: Any) -> None:
     """A VLM demo's generation, tokenizer and special-token configs: ChatML's end tokens, its
     ``chat_template`` (``tokenizer_extra``: more tokenizer_config.json fields)."""
@@ -269,10 +282,7 @@ def build_demo_vlm(
 
 def write_vlm(directory: pathlib.Path, *, seed: int, dtype: str, demo: QwenVlDemo = QWEN_VL_DEMOS[VLM_SIZE]) -> None:
     """Write every file of the demo ``demo`` (``demo:vlm-tiny`` by default) into ``directory``, the marker last."""
-    tokenizer = files.train_tokenizer(recipe.DEMO_SIZES["tiny"].vocab_size)
-    tokenizer.add_special_tokens(list(VISION_TOKENS))
-    ids = {token: tokenizer.token_to_id(token) for token in (*files.SPECIAL_TOKENS, *VISION_TOKENS)}
-    (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
+    tokenizer, ids = write_demo_tokenizer(directory, VISION_TOKENS)
     config = _config(demo, tokenizer.get_vocab_size(), dtype, ids)
     weights = _random_weights(demo, config, seed, files.damped_ids(tokenizer))
     files.write_safetensors(directory / "model.safetensors", weights, dtype)

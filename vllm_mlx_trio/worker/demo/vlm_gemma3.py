@@ -25,6 +25,7 @@ from .vlm import (
     draw_weights,
     mlx_vlm_shapes,
     write_chat_files,
+    write_demo_tokenizer,
     write_marker,
 )
 from .vlm import template_hash as vlm_template_hash
@@ -69,10 +70,7 @@ def template_hash() -> str:
 
 def write_gemma3(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
     """Write every file of ``demo:vlm-gemma3`` into ``directory``, the marker last."""
-    tokenizer = files.train_tokenizer(recipe.DEMO_SIZES["tiny"].vocab_size)
-    tokenizer.add_special_tokens([BOI, EOI, IMAGE_TOKEN])
-    ids = {token: tokenizer.token_to_id(token) for token in (*files.SPECIAL_TOKENS, BOI, EOI, IMAGE_TOKEN)}
-    (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
+    tokenizer, ids = write_demo_tokenizer(directory, [BOI, EOI, IMAGE_TOKEN])
     config = _config(tokenizer.get_vocab_size(), dtype, ids)
     shapes = mlx_vlm_shapes(config)
     del shapes["language_model.lm_head.weight"]  # tied: mlx-vlm's sanitize copies the embeddings

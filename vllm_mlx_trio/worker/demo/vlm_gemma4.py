@@ -16,7 +16,16 @@ import pathlib
 from typing import Any
 
 from . import files, recipe
-from .vlm import IMAGE_MEAN, IMAGE_STD, TEXT_SHAPE, draw_weights, mlx_vlm_shapes, write_chat_files, write_marker
+from .vlm import (
+    IMAGE_MEAN,
+    IMAGE_STD,
+    TEXT_SHAPE,
+    draw_weights,
+    mlx_vlm_shapes,
+    write_chat_files,
+    write_demo_tokenizer,
+    write_marker,
+)
 from .vlm import template_hash as vlm_template_hash
 
 GEMMA4_SIZE = "vlm-gemma4"
@@ -68,10 +77,7 @@ def template_hash() -> str:
 
 def write_gemma4(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
     """Write every file of ``demo:vlm-gemma4`` into ``directory``, the marker last."""
-    tokenizer = files.train_tokenizer(recipe.DEMO_SIZES["tiny"].vocab_size)
-    tokenizer.add_special_tokens([BOI, EOI, IMAGE_TOKEN])
-    ids = {token: tokenizer.token_to_id(token) for token in (*files.SPECIAL_TOKENS, BOI, EOI, IMAGE_TOKEN)}
-    (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
+    tokenizer, ids = write_demo_tokenizer(directory, [BOI, EOI, IMAGE_TOKEN])
     config = _config(tokenizer.get_vocab_size(), dtype, ids)
     shapes = mlx_vlm_shapes(config)
     shapes.pop("language_model.lm_head.weight", None)  # tied to the embeddings

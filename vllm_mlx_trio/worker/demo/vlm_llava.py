@@ -27,6 +27,7 @@ from .vlm import (
     draw_weights,
     mlx_vlm_shapes,
     write_chat_files,
+    write_demo_tokenizer,
     write_marker,
 )
 from .vlm import template_hash as vlm_template_hash
@@ -83,10 +84,7 @@ class LlavaVariant:
 
 def write_llava_family(directory: pathlib.Path, variant: LlavaVariant, *, seed: int, dtype: str) -> None:
     """Write a LLaVA-family demo (this module's tower, tokenizer and template) into ``directory``."""
-    tokenizer = files.train_tokenizer(recipe.DEMO_SIZES["tiny"].vocab_size)
-    tokenizer.add_special_tokens([IMAGE_TOKEN])
-    ids = {token: tokenizer.token_to_id(token) for token in (*files.SPECIAL_TOKENS, IMAGE_TOKEN)}
-    (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
+    tokenizer, ids = write_demo_tokenizer(directory, [IMAGE_TOKEN])
     config = _config(tokenizer.get_vocab_size(), dtype, ids, variant)
     shapes = mlx_vlm_shapes(config)  # llava-hf checkpoints keep mlx-vlm's names
     weights = draw_weights(shapes, "language_model.model.", seed, files.damped_ids(tokenizer))

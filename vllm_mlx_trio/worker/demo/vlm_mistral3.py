@@ -24,6 +24,7 @@ from .vlm import (
     draw_weights,
     mlx_vlm_shapes,
     write_chat_files,
+    write_demo_tokenizer,
     write_marker,
 )
 from .vlm import template_hash as vlm_template_hash
@@ -67,10 +68,7 @@ def write_mistral3(directory: pathlib.Path, *, seed: int, dtype: str, merge: int
     """Write every file of ``demo:vlm-mistral3`` (``merge`` 2) or ``demo:vlm-pixtral`` (1) into
     ``directory``, the marker last."""
     size, model_type = (MISTRAL3_SIZE, "mistral3") if merge > 1 else (PIXTRAL_SIZE, "pixtral")
-    tokenizer = files.train_tokenizer(recipe.DEMO_SIZES["tiny"].vocab_size)
-    tokenizer.add_special_tokens([IMAGE_TOKEN, IMAGE_BREAK, IMAGE_END])
-    ids = {token: tokenizer.token_to_id(token) for token in (*files.SPECIAL_TOKENS, IMAGE_TOKEN)}
-    (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
+    tokenizer, ids = write_demo_tokenizer(directory, [IMAGE_TOKEN, IMAGE_BREAK, IMAGE_END])
     config = _config(tokenizer.get_vocab_size(), dtype, ids, model_type, merge)
     weights = draw_weights(mlx_vlm_shapes(config), "language_model.model.", seed, files.damped_ids(tokenizer))
     files.write_safetensors(directory / "model.safetensors", weights, dtype)

@@ -29,10 +29,7 @@ _TOWER_DEMO = vlm.QWEN_VL_DEMOS["vlm-qwen3_5"]
 
 def write_vlm_mtp(directory: pathlib.Path, *, seed: int, dtype: str) -> None:
     """Write every file of ``demo:vlm-mtp-tiny`` into ``directory``, the marker last (worker/demo/table.py)."""
-    tokenizer = files.train_tokenizer(mtp.TEXT_CONFIG["vocab_size"])
-    tokenizer.add_special_tokens(list(vlm.VISION_TOKENS))
-    ids = {token: tokenizer.token_to_id(token) for token in (*files.SPECIAL_TOKENS, *vlm.VISION_TOKENS)}
-    (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
+    tokenizer, ids = vlm.write_demo_tokenizer(directory, vlm.VISION_TOKENS, mtp.TEXT_CONFIG["vocab_size"])
     config = model_config(tokenizer.get_vocab_size(), dtype, ids)
     weights = hf_layout(mtp.constructed_weights(config, seed, files.damped_ids(tokenizer)))
     weights.update(tower_weights(config, seed))

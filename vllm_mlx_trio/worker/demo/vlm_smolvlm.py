@@ -26,6 +26,7 @@ from .vlm import (
     draw_weights,
     mlx_vlm_shapes,
     write_chat_files,
+    write_demo_tokenizer,
     write_marker,
 )
 from .vlm import template_hash as vlm_template_hash
@@ -76,10 +77,7 @@ def write_smolvlm(directory: pathlib.Path, *, seed: int, dtype: str, family: str
     size, processor_class = (
         (SMOLVLM_SIZE, "SmolVLMProcessor") if family == "smolvlm" else (IDEFICS3_SIZE, "Idefics3Processor")
     )
-    tokenizer = files.train_tokenizer(recipe.DEMO_SIZES["tiny"].vocab_size)
-    tokenizer.add_special_tokens([IMAGE_TOKEN, FAKE_TOKEN, GLOBAL_TOKEN, *ROW_COL_TOKENS])
-    ids = {token: tokenizer.token_to_id(token) for token in (*files.SPECIAL_TOKENS, IMAGE_TOKEN)}
-    (directory / "tokenizer.json").write_text(tokenizer.to_str(pretty=True) + "\n", encoding="utf-8")
+    tokenizer, ids = write_demo_tokenizer(directory, [IMAGE_TOKEN, FAKE_TOKEN, GLOBAL_TOKEN, *ROW_COL_TOKENS])
     config = _config(tokenizer.get_vocab_size(), dtype, ids, family)
     weights = draw_weights(mlx_vlm_shapes(config), "language_model.", seed, files.damped_ids(tokenizer))
     files.write_safetensors(directory / "model.safetensors", weights, dtype)
