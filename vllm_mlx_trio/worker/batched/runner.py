@@ -151,12 +151,20 @@ class BatchRunner(RunnerBase):
         assert self._prefill is not None and self._prefill.head is not None
         return self._prefill.head.live.seq.params.adapter
 
+    def _cache_for(self, sequence: LiveSequence) -> list | None:
+        """The prefix store's cache for the sequence's hit (None: none). With named adapters, a
+        hit recomputed from token ids runs the sequence's adapter, and a row without a hit gets an
+        empty cache (mlx-lm's own prompt path, whose forwards are not the generation batch's,
+        never runs)."""
+        if self._adapters is None:
+            return self._prefix.cache_for(sequence.seq)
+        with self._adapters.applied(sequence.seq.params.adapter):
+            return self._adapters.cache_or_new(self._prefix.cache_for(sequence.seq))
+
     def _insert(self, live: list[LiveSequence]) -> None:
         """New prompts wait for the runner's prefill when it has one and they have more than
         their last token to compute; the rest go to the generator at once."""
-        caches = [self._prefix.cache_for(sequence.seq) for sequence in live]
-        if self._adapters is not None:  # mlx-lm's prompt path never runs: every row joins with a cache
-            caches = [self._adapters.cache_or_new(cache) for cache in caches]
+        caches = [self._cache_for(sequence) for sequence in live]
         if self._prefill is None:
             self._to_generator(live, caches, [sequence.seq.num_cached_tokens for sequence in live])
             return

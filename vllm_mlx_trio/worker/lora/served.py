@@ -3,7 +3,8 @@ rows' adapters (the request's ``SamplingParams.adapter``; None: the base)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from mlx_lm.models.cache import make_prompt_cache
@@ -34,9 +35,17 @@ class ServedAdapters:
         self.rows, self.slots = install_adapters(model, weights)
         self._model = model
 
+    @contextlib.contextmanager
+    def applied(self, adapter: str | None) -> Iterator[None]:
+        """Forwards of one row inside run ``adapter`` (the prefix store's recompute of a hit)."""
+        self.rows.set([self.slot(adapter)])
+        try:
+            yield
+        finally:
+            self.rows.clear()
+
     def cache_or_new(self, cache: list[Any] | None) -> list[Any]:
-        """``cache``, or an empty one: a row without one would take mlx-lm's own prompt path,
-        whose forwards are not the generation batch's."""
+        """``cache``, or an empty one for a row without a hit."""
         return cache if cache is not None else make_prompt_cache(self._model)
 
     def slot(self, adapter: str | None) -> int:
