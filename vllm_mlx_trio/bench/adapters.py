@@ -1,7 +1,7 @@
 """``vllm-mlx-trio bench adapters``: throughput of a batch whose rows run different LoRA adapters.
 
 One batched engine serves the base with the configured named adapters (``[model] adapters``;
-with none configured, and the demo model, the two demo adapters). Settings alternate on it:
+with none configured, a demo model's demo adapters). Settings alternate on it:
 every row the base (baseline), every row one adapter, and rows cycling over the base and every
 adapter (mixed in one batch, each row its own). Each run is one batch of greedy rows; its
 aggregate tok/s is all its tokens over the batch's wall time. The table gives, per setting, the
@@ -19,15 +19,21 @@ import trio
 from ..config import EngineConfig
 from ..core.params import SamplingParams
 from ..engine import Engine, open_engine
+from ..errors import ConfigError
+from ..worker.demo.adapter import DEMO_ADAPTERS
+from ..worker.demo.recipe import DEMO_PREFIX
 from .workload import bench_prompts, chat
-
-#: The demo adapters served when the config names none (over demo:tiny).
-DEMO_ADAPTERS = (("a", "demo:tiny-lora"), ("b", "demo:tiny-lora-b"))
 
 
 def with_adapters(cfg: EngineConfig) -> EngineConfig:
-    """``cfg`` in batched mode, with the demo adapters when it names none."""
-    model = cfg.model if cfg.model.adapters else attrs.evolve(cfg.model, adapters=DEMO_ADAPTERS)
+    """``cfg`` in batched mode, with the model's demo adapters (a, b, ...) when it names none."""
+    adapters = cfg.model.adapters or tuple(
+        (chr(ord("a") + i), f"{DEMO_PREFIX}{name}")
+        for i, name in enumerate(name for name, base in DEMO_ADAPTERS.items() if base == cfg.model.path)
+    )
+    if not adapters:
+        raise ConfigError(f"bench adapters: model {cfg.model.path!r} has no demo adapters; set model.adapters")
+    model = attrs.evolve(cfg.model, adapters=adapters)
     return attrs.evolve(cfg, model=model, engine=attrs.evolve(cfg.engine, mode="batched"))
 
 

@@ -5,8 +5,9 @@ An adapter folder holds ``adapter_config.json`` (``fine_tune_type``, ``num_layer
 layer's ``lora_a`` and ``lora_b``), what ``mlx_lm.lora`` training writes and
 ``mlx_lm.load(path, adapter_path=...)`` reads. ``tiny-lora`` adapts every linear layer of
 ``demo:tiny`` with random low-rank weights, drawn from ``numpy.random.default_rng(seed)``, large
-enough to change its greedy output; ``tiny-lora-b`` is another (seed 1), to serve beside it. Built once
-into the demo cache, like the models.
+enough to change its greedy output; ``tiny-lora-b`` is another (seed 1), to serve beside it;
+``small-lora`` and ``small-lora-b`` are the same for ``demo:small``. Built once into the demo cache,
+like the models.
 """
 
 from __future__ import annotations
@@ -26,9 +27,13 @@ from .table import resolve_demo_model
 #: Bumped when an adapter's files change: a new version is a new build.
 ADAPTER_FORMAT_VERSION = 1
 #: Each demo adapter by name: the demo model it adapts.
-DEMO_ADAPTERS: Mapping[str, str] = MappingProxyType({"tiny-lora": "demo:tiny", "tiny-lora-b": "demo:tiny"})
+DEMO_ADAPTERS: Mapping[str, str] = MappingProxyType(
+    {"tiny-lora": "demo:tiny", "tiny-lora-b": "demo:tiny", "small-lora": "demo:small", "small-lora-b": "demo:small"}
+)
 #: Each demo adapter's seed: different adapters of one model have different weights.
-ADAPTER_SEEDS: Mapping[str, int] = MappingProxyType({"tiny-lora": 0, "tiny-lora-b": 1})
+ADAPTER_SEEDS: Mapping[str, int] = MappingProxyType(
+    {"tiny-lora": 0, "tiny-lora-b": 1, "small-lora": 0, "small-lora-b": 1}
+)
 LORA_PARAMETERS = {"rank": 4, "scale": 2.0, "dropout": 0.0}
 #: The standard deviation of ``lora_b`` (training starts it at zero; random here, so the
 #: adapter visibly changes the model).
