@@ -6,7 +6,8 @@ Each adapted ``nn.Linear`` (or ``QuantizedLinear``) of the base model is replace
 rows (:class:`AdapterRows`): one adapter slot per row. The update is mlx-lm's ``LoRALinear``'s,
 ``y = linear(x) + scale * ((x @ lora_a) @ lora_b)``, per row; a forward whose rows all use
 no adapter runs the base linear alone, and one whose rows all use the same adapter runs that
-adapter's matrices unbatched, as mlx-lm does.
+adapter's matrices unbatched, as mlx-lm does; a mixed one gathers each row's matrices inside
+its matmuls (``mx.gather_mm``).
 """
 
 from __future__ import annotations
@@ -68,5 +69,6 @@ class MultiLoRALinear(nn.Module):
         index = self._rows.index
         if x.ndim != 3 or x.shape[0] != index.shape[0]:
             raise ValueError(f"adapter rows: {index.shape[0]} rows set, forward of shape {x.shape}")
-        z = (x @ self.lora_a[index]) @ self.lora_b[index]
+        # each row's matrices gathered inside the matmul (mx.gather_mm), never copied out
+        z = mx.gather_mm(mx.gather_mm(x, self.lora_a, rhs_indices=index), self.lora_b, rhs_indices=index)
         return y + (self.scale[index][:, None, None] * z).astype(x.dtype)
