@@ -57,7 +57,8 @@ def install_adapters(model: nn.Module, adapters: Mapping[str, AdapterWeights]) -
     """Replace each adapted linear layer of ``model`` with a :class:`MultiLoRALinear`; (the rows
     object the runner sets before each forward, each adapter's slot: 1, 2, ... in order)."""
     slots = {name: i + 1 for i, name in enumerate(adapters)}
-    rows = AdapterRows()
+    rank = max(a.shape[1] for adapter in adapters.values() for a, _ in adapter.layers.values())
+    rows = AdapterRows(rank)
     modules = dict(model.named_modules())
     paths = sorted({path for adapter in adapters.values() for path in adapter.layers})
     replaced = []
@@ -65,7 +66,7 @@ def install_adapters(model: nn.Module, adapters: Mapping[str, AdapterWeights]) -
         linear = modules.get(path)
         if not isinstance(linear, (nn.Linear, nn.QuantizedLinear)):
             raise ModelLoadError(f"model.adapters: the adapters adapt {path!r}, not a linear layer of this model")
-        lora_a, lora_b = _stacked(path, adapters)
+        lora_a, lora_b = _side_by_side(path, adapters, rank)
         scale = mx.array([0.0, *(a.scale for a in adapters.values())], dtype=mx.float32)
         replaced.append((path, MultiLoRALinear(linear, lora_a, lora_b, scale, rows)))
     model.update_modules(tree_unflatten(replaced))
@@ -73,19 +74,18 @@ def install_adapters(model: nn.Module, adapters: Mapping[str, AdapterWeights]) -
     return rows, slots
 
 
-def _stacked(path: str, adapters: Mapping[str, AdapterWeights]) -> tuple[mx.array, mx.array]:
-    """(slots, in, rank) and (slots, rank, out) for the layer at ``path``: slot 0 and the
-    adapters that leave it alone are zeros, ranks zero-padded to the largest."""
+def _side_by_side(path: str, adapters: Mapping[str, AdapterWeights], rank: int) -> tuple[mx.array, mx.array]:
+    """(in, slots * rank) and (slots * rank, out) for the layer at ``path``: slot 0 and the
+    adapters that leave it alone are zeros, every rank zero-padded to ``rank``."""
     present = [a.layers[path] for a in adapters.values() if path in a.layers]
     n_in, n_out = present[0][0].shape[0], present[0][1].shape[1]
-    rank = max(a.shape[1] for a, _ in present)
     dtype = present[0][0].dtype
-    a_rows, b_rows = [mx.zeros((n_in, rank), dtype)], [mx.zeros((rank, n_out), dtype)]
+    a_cols, b_rows = [mx.zeros((n_in, rank), dtype)], [mx.zeros((rank, n_out), dtype)]
     for adapter in adapters.values():
         a, b = adapter.layers.get(path, (mx.zeros((n_in, rank), dtype), mx.zeros((rank, n_out), dtype)))
         if a.shape[0] != n_in or b.shape[1] != n_out:
             raise ModelLoadError(f"model.adapters: the adapters disagree on the shape of {path!r}")
         pad = rank - a.shape[1]
-        a_rows.append(mx.pad(a, [(0, 0), (0, pad)]) if pad else a)
+        a_cols.append(mx.pad(a, [(0, 0), (0, pad)]) if pad else a)
         b_rows.append(mx.pad(b, [(0, pad), (0, 0)]) if pad else b)
-    return mx.stack(a_rows), mx.stack(b_rows)
+    return mx.concatenate(a_cols, axis=1), mx.concatenate(b_rows, axis=0)
