@@ -440,6 +440,9 @@ def test_round_trip_with_every_option_set():
             "backlog": 512,
             "unknown_fields": "ignore",
             "accept_any_model_name": True,
+            "model_memory_mb": 512,
+            "model_memory_percent": 0.5,
+            "model_steps": "exclusive",
         },
         "model": {
             "path": "demo:small",
@@ -493,6 +496,8 @@ def test_round_trip_with_every_option_set():
             "disk_dir": "/tmp/prefix-disk",
             "disk_mb": 64,
             "state_snapshot_blocks": 2,
+            "share_prefix_in_batch": False,
+            "share_prefix_min_tokens": 512,
         },
         "limits": {
             "max_waiting": 0,

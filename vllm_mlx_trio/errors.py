@@ -70,3 +70,8 @@ class RequestProcessingError(VllmMlxTrioError):
 
 class ModelLoadError(VllmMlxTrioError):
     """The model could not be loaded: the message is the one-line cause."""
+
+
+class ModelUnavailableError(VllmMlxTrioError):
+    """A model of ``[[models]]`` cannot serve: its load failed, or it can never fit in the
+    models' memory budget (HTTP 503, code ``model_unavailable``); the other models go on."""

@@ -261,6 +261,9 @@ class ModelInfo:
     #: An embedding model's facts (engine.mode = "embed"): it answers :class:`EmbedJob` and
     #: generates no text. None: a generative model.
     embedding: EmbeddingInfo | None = None
+    #: Whether running rows that share a cached prefix hold it once (cache.share_prefix_in_batch), and if
+    #: not, why: "on", or "off (...)"; empty for a runner that never shares.
+    shared_prefix_in_batch: str = ""
 
 
 @_frozen

@@ -125,7 +125,10 @@ GAUGES = {
     "vllm_mlx_trio_prefix_cache_bytes": ("Bytes of cached prefix blocks.", "prefix_bytes"),
     "vllm_mlx_trio_admission_queue_depth": ("Admissions waiting for the scheduler.", "admit_depth"),
     "vllm_mlx_trio_plans_in_flight": ("Step plans sent to the executor, not yet answered.", "plans_in_flight"),
-    "vllm_mlx_trio_running_kv_tokens": ("KV token slots the running batch holds (rows x longest).", "kv_tokens_held"),
+    "vllm_mlx_trio_running_kv_tokens": (
+        "KV token slots the running batch holds (rows x longest; a prefix rows share in the batch counted once).",
+        "kv_tokens_held",
+    ),
 }
 
 

@@ -50,6 +50,7 @@ async def serve(
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Load the model, then serve HTTP until ``shutdown_trigger`` returns (or cancellation).
+    With ``[[models]]`` it serves those instead, loaded on demand (models/serve.py).
 
     ``started`` reports the bound URLs. After the trigger, Hypercorn stops accepting and gives
     in-flight responses ``server.drain_timeout_s`` to finish; then the engine stops.
@@ -57,6 +58,11 @@ async def serve(
     The API keys are read first: a bad ``server.api_key_file`` is a :class:`ConfigError`
     before anything binds or loads.
     """
+    if cfg.models:
+        from .models.serve import serve_models
+
+        await serve_models(cfg, shutdown_trigger=shutdown_trigger, task_status=task_status)
+        return
     api_keys = load_api_keys(cfg.server)
     if cfg.server.port == 0:  # an ephemeral port could not be kept across the two phases
         async with open_engine(cfg, executor_factory=executor_factory) as engine:

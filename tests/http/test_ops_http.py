@@ -201,6 +201,10 @@ async def test_status_shows_phases_while_a_gate_holds_steps():
         "budget_tokens": None,
         "held_tokens": first["prompt_tokens"],
         "bytes_per_token": 0,
+        "held_bytes": 0,
+        "unshared_bytes": 0,
+        "shared_bytes_saved": 0,
+        "shared_prefix_in_batch": "off (this runner keeps a copy per row)",
         "preemptions": 0,
     }
     assert first["preemptions"] == 0

@@ -238,6 +238,11 @@ def _scheduler(
         max_num_batched_tokens=cfg.engine.max_num_batched_tokens,
         prefill_chunk_tokens=cfg.engine.prefill_step_size,
         prefill_chunk_decoding_tokens=cfg.engine.prefill_step_size_decoding,
+        shared_prefix=(
+            (cfg.cache.block_size, cfg.cache.share_prefix_min_tokens)
+            if model_info.shared_prefix_in_batch == "on"
+            else None
+        ),
     )
     return SchedulerActor(**channels, settings=settings, metrics=metrics, health=health)
 

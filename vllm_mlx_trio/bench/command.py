@@ -11,6 +11,7 @@ import argparse
 from collections.abc import Callable
 
 from . import handlers
+from .shared_prefix.command import add_shared_prefix_args
 from .workload import parse_levels
 
 ConfigArgs = Callable[[argparse.ArgumentParser], None]
@@ -136,6 +137,18 @@ def _in_process_args(sub, config_args: ConfigArgs) -> None:
     ttft.add_argument("--samples", type=int, default=8, help="samples per path (default 8)")
     ttft.add_argument("--json", dest="json_path", default=None, help="also write the rows here")
 
+    models = _add(
+        sub, config_args, "models", handlers.models, "[[models]]: TTFT cold, warm, after an eviction; model_steps"
+    )
+    models.add_argument(
+        "--models", default=None, help="two model paths, comma-separated (default: the config's [[models]], else demos)"
+    )
+    models.add_argument("--samples", type=_positive, default=3, help="warm and reload samples (default 3)")
+    models.add_argument("--requests", type=_positive, default=4, help="streams per model at once (default 4)")
+    models.add_argument("--max-tokens", type=_positive, default=32, help="tokens per stream (default 32)")
+    models.add_argument("--rounds", type=_positive, default=2, help="alternations of the two modes (default 2)")
+    models.add_argument("--json", dest="json_path", default=None, help="also write the results here")
+
 
 def _beside_load_args(sub, config_args: ConfigArgs) -> None:
     """In-process benchmarks of streams beside a load: a huge prompt, an image, a grammar."""
@@ -201,6 +214,16 @@ def _cache_and_speculative_args(sub, config_args: ConfigArgs) -> None:
         help="also a 1-stream row sampled at this temperature (default 0.7; 0: none)",
     )
     spec.add_argument("--json", dest="json_path", default=None, help="also write the rows here")
+
+    shared = _add(
+        sub,
+        config_args,
+        "shared-prefix",
+        handlers.shared_prefix,
+        "rows sharing a system prompt: KV, step time, tok/s and TTFT with the prefix held once in the batch vs not",
+    )
+    shared.add_argument("--model", default="demo:small", help="model path (default demo:small)")
+    add_shared_prefix_args(shared, _levels)
 
     prefix = _add(
         sub, config_args, "prefix-cache", handlers.prefix_cache, "pass/fail table of prefix-cache hits and misses"

@@ -57,6 +57,12 @@ def speculative(cfg, args: argparse.Namespace) -> int:
     return run_speculative_command(cfg, args)
 
 
+def shared_prefix(cfg, args: argparse.Namespace) -> int:
+    from .shared_prefix.command import run_shared_prefix_command
+
+    return run_shared_prefix_command(cfg, args)
+
+
 def soak(cfg, args: argparse.Namespace) -> int:
     from .soak.run import run_soak_command
 
@@ -207,6 +213,31 @@ def ttft(cfg, args: argparse.Namespace) -> int:
     print(format_section("time to first token, idle", rows, machine, notes), flush=True)
     if args.json_path:
         write_json(args.json_path, {"kind": "ttft", "model": cfg.model.path, "machine": machine, "rows": rows})
+    return 0
+
+
+def models(cfg, args: argparse.Namespace) -> int:
+    from .machine import machine_info
+    from .models import run
+    from .report import format_machine, format_table, write_json
+
+    def format_section(title: str, rows: list[dict], machine: dict, notes: list[str]) -> str:
+        parts = [f"== {title}", format_machine(machine), format_table(rows, list(rows[0]))]
+        return "\n".join([*parts, *(f"note: {n}" for n in notes)]) + "\n"
+
+    payload = run(cfg, args)
+    machine = machine_info()
+    a, b = payload["models"][:2]
+    sizes = ", ".join(f"{name} {mb} MiB" for name, mb in payload["memory_mb"].items())
+    notes = [
+        f"models a={a} b={b} ({sizes}, weights plus KV budgets); a streamed chat request, max_tokens 1",
+        "after eviction: a budget that holds one model; a request for b unloaded a, then a loads again",
+    ]
+    print(format_section("[[models]]: time to first token of model a", payload["ttft"], machine, notes), flush=True)
+    notes = [f"both models loaded, {args.requests} streams per model at once, max_tokens {args.max_tokens}, medians"]
+    print(format_section("[[models]]: two loaded models, server.model_steps", payload["steps"], machine, notes))
+    if args.json_path:
+        write_json(args.json_path, {**payload, "machine": machine})
     return 0
 
 

@@ -28,6 +28,7 @@ from vllm_mlx_trio.config.sections import (
     LoggingConfig,
     MetricsConfig,
     ModelConfig,
+    ModelEntry,
     ServerConfig,
 )
 
@@ -49,6 +50,7 @@ __all__ = [
     "LoggingConfig",
     "MetricsConfig",
     "ModelConfig",
+    "ModelEntry",
     "ServerConfig",
     "config_from_dict",
     "config_to_dict",

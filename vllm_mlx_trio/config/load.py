@@ -20,6 +20,7 @@ import cattrs
 import tomli_w
 
 from vllm_mlx_trio.config.fields import _ConflictError, _describe, _FieldError, _kind, _one_of
+from vllm_mlx_trio.config.models import model_entries
 from vllm_mlx_trio.config.sections import ENGINE_MODES, EngineConfig, EngineSection
 from vllm_mlx_trio.errors import ConfigError
 
@@ -33,12 +34,14 @@ API_KEYS_ENV = "VLLM_MLX_TRIO_API_KEYS"
 RESERVED_ENV_VARS = frozenset(
     {"VLLM_MLX_TRIO_CACHE_DIR", API_KEYS_ENV, "VLLM_MLX_TRIO_BLAS", "VLLM_MLX_TRIO_SMOLLM2_WHEEL"}
 )
+#: The array of tables that lists several models (config/models.py); not a section.
+MODELS_KEY = "models"
 #: The literal that sets an optional (``X | None``) key to None from ``--set`` or the environment.
 NONE_LITERAL = "none"
 
 
 #: Section name -> section class, in file order.
-SECTIONS: dict[str, type] = {f.name: f.type for f in attrs.fields(EngineConfig)}
+SECTIONS: dict[str, type] = {f.name: f.type for f in attrs.fields(EngineConfig) if f.name != MODELS_KEY}
 _SECTION_OF: dict[type, str] = {cls: name for name, cls in SECTIONS.items()}
 _ALL_KEYS = [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in attrs.fields(cls)]
 _MODE = attrs.fields(EngineSection).mode
@@ -226,20 +229,37 @@ def _translate(exc: Exception, sources: Mapping[tuple[str, str], str | None]) ->
     return ConfigError(f"invalid configuration: {leaf}")
 
 
-def _build(entries: Iterator[_Entry], engine_modes: Collection[str]) -> EngineConfig:
+def _build(
+    entries: Iterator[_Entry], engine_modes: Collection[str], models: Any = None, origin: str | None = None
+) -> EngineConfig:
     """Merge entries (later wins) and structure them into an EngineConfig whose ``engine.mode``
-    is one of ``engine_modes``."""
+    is one of ``engine_modes``; ``models``: a ``[[models]]`` array over those values."""
     data: dict[str, dict[str, Any]] = {}
     sources: dict[tuple[str, str], str | None] = {}
     for section, key, value, source in entries:
         data.setdefault(section, {})[key] = value
         sources[(section, key)] = source
-    try:
-        cfg = _CONVERTER.structure(data, EngineConfig)
-        _one_of(tuple(engine_modes))(cfg.engine, _MODE, cfg.engine.mode)
-    except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
-        raise _translate(exc, sources) from None
-    return cfg
+
+    def structure(data: dict[str, dict[str, Any]], sources: dict[tuple[str, str], str | None]) -> EngineConfig:
+        try:
+            cfg = _CONVERTER.structure(data, EngineConfig)
+            _one_of(tuple(engine_modes))(cfg.engine, _MODE, cfg.engine.mode)
+        except (cattrs.BaseValidationError, ValueError, TypeError) as exc:
+            raise _translate(exc, sources) from None
+        return cfg
+
+    cfg = structure(data, sources)
+    if models is None:
+        return cfg
+    return attrs.evolve(cfg, models=model_entries(models, data, sources, structure, origin))
+
+
+def _split_models(data: Any) -> tuple[Any, Any]:
+    """A parsed file without its ``models`` array, and the array (None when absent)."""
+    if not isinstance(data, Mapping) or MODELS_KEY not in data:
+        return data, None
+    rest = {key: value for key, value in data.items() if key != MODELS_KEY}
+    return rest, data[MODELS_KEY]
 
 
 # --- public API -----------------------------------------------------------------------------
@@ -263,25 +283,39 @@ def load_config(
     if isinstance(overrides, str):
         raise TypeError("overrides must be a sequence of 'SECTION.KEY=VALUE' strings, not a str")
     file_layer: Iterator[_Entry] = iter(())
+    models, origin = None, None
     if path is not None:
-        file_layer = _table_entries(_read_file(path), f"config file {os.fspath(path)}")
+        origin = f"config file {os.fspath(path)}"
+        data, models = _split_models(_read_file(path))
+        file_layer = _table_entries(data, origin)
     env = os.environ if environ is None else environ
-    return _build(itertools.chain(file_layer, _env_entries(env), _override_entries(overrides)), engine_modes)
+    layers = itertools.chain(file_layer, _env_entries(env), _override_entries(overrides))
+    return _build(layers, engine_modes, models, origin)
 
 
 def config_from_dict(data: Mapping[str, Any], *, engine_modes: Collection[str] = ENGINE_MODES) -> EngineConfig:
     """Build a configuration from ``{section: {key: value}}`` with the same checks as a file."""
-    return _build(_table_entries(data, None), engine_modes)
+    data, models = _split_models(data)
+    return _build(_table_entries(data, None), engine_modes, models)
 
 
 def config_to_dict(cfg: EngineConfig) -> dict[str, dict[str, Any]]:
-    """``{section: {key: value}}`` for every option, None values included."""
-    return _CONVERTER.unstructure(cfg)
+    """``{section: {key: value}}`` for every option, None values included; with
+    ``[[models]]``, ``models`` holds the entries' tables as written."""
+    data = _CONVERTER.unstructure(cfg)
+    del data[MODELS_KEY]
+    if cfg.models:
+        data[MODELS_KEY] = [dict(entry.table) for entry in cfg.models]
+    return data
 
 
 def config_to_toml(cfg: EngineConfig) -> str:
     """The configuration as TOML text; None values are omitted (TOML has no null)."""
-    data = {
-        section: {k: v for k, v in table.items() if v is not None} for section, table in config_to_dict(cfg).items()
+    data: dict[str, Any] = {
+        section: {k: v for k, v in table.items() if v is not None}
+        for section, table in config_to_dict(cfg).items()
+        if section != MODELS_KEY
     }
+    if cfg.models:
+        data[MODELS_KEY] = [dict(entry.table) for entry in cfg.models]
     return tomli_w.dumps(data, multiline_strings=True)

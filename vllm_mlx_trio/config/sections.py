@@ -37,6 +37,8 @@ GGUF_DTYPES = ("auto", "native", "float32", "float16", "bfloat16")
 #: ``[model] pooling``: an embedding model's (worker/embed/pooling.py says what "auto" picks).
 POOLINGS = ("auto", "last", "mean", "cls")
 LOG_FORMATS = ("text", "json")
+#: ``[server] model_steps``: how the threads of several loaded models share the machine.
+MODEL_STEPS = ("concurrent", "exclusive")
 UNKNOWN_FIELDS = ("reject", "ignore")
 DISTRIBUTED_BACKENDS = ("any", "ring", "jaccl", "mpi")
 #: limits.tool_result_media: a tool turn's media the model cannot take becomes a text, or a 400.
@@ -103,6 +105,15 @@ class ServerConfig:
     #: Answer a request whatever its ``model`` names (echoing that name), for clients that send
     #: their own fixed names (Claude Code's main and small models); /v1/models still lists ours.
     accept_any_model_name: bool = _option(False)
+    #: With ``[[models]]``: MiB the loaded models may hold together (weights plus their KV:
+    #: the running sequences' budget and the prefix cache's); None means model_memory_percent.
+    model_memory_mb: int | None = _option(None, _in_range(1))
+    #: With ``[[models]]``: share of the memory available at start the loaded models may hold,
+    #: when model_memory_mb is not set.
+    model_memory_percent: float = _option(0.80, _in_range(0.01, 1.0), converter=_to_float)
+    #: With ``[[models]]``: "concurrent" (each loaded model's thread steps whenever it has
+    #: work) or "exclusive" (one model's step at a time, process-wide).
+    model_steps: str = _option("concurrent", _one_of(MODEL_STEPS))
 
 
 def _to_adapter_pairs(value):
@@ -296,6 +307,12 @@ class CacheConfig:
     #: blocks inside a prompt's prefill, so a prompt sharing only a prefix (a system prompt, a
     #: different question) reuses it up to the last snapshot (>= 0; 0: only whole prompts).
     state_snapshot_blocks: int = _option(8, _in_range(0))
+    #: Batched mode: running rows whose prompts start with the same cached blocks hold that
+    #: prefix's KV once (cascade attention), not a copy each; false: every row holds its own.
+    share_prefix_in_batch: bool = _option(True)
+    #: Fewest cached tokens a row must share with the batch's prefix to hold them once (>= 1);
+    #: a shorter shared prefix saves little and its split attention costs more than it saves.
+    share_prefix_min_tokens: int = _option(256, _in_range(1))
 
 
 @attrs.frozen(kw_only=True)
@@ -513,6 +530,10 @@ class EngineConfig:
     speculative: SpeculativeConfig = _option(
         attrs.Factory(SpeculativeConfig), _speculation_fits_mode, _adapters_fit_engine
     )
+    #: ``[[models]]``: the models served side by side, loaded on demand (config/models.py
+    #: builds them); empty: the one model of ``[model]``. Not a section: each entry is a
+    #: whole configuration of its own.
+    models: "tuple[ModelEntry, ...]" = attrs.field(default=(), kw_only=True)
 
     @property
     def model_name(self) -> str:
@@ -528,3 +549,18 @@ class EngineConfig:
     def served_names(self) -> tuple[str, ...]:
         """Every name the model is served under: :attr:`model_name`, then ``model.aliases``."""
         return tuple(dict.fromkeys((self.model_name, *self.model.aliases)))
+
+
+@attrs.frozen(kw_only=True)
+class ModelEntry:
+    """One ``[[models]]`` entry: a model served beside others, with its whole configuration
+    (the top-level sections, then the entry's own keys)."""
+
+    #: The name requests send in ``model`` (its ``config.served_names`` add the aliases).
+    name: str
+    #: Kept loaded: loaded at start and never unloaded to make room.
+    pinned: bool = False
+    #: The model's configuration: ``server.served_model_name`` is :attr:`name`.
+    config: EngineConfig
+    #: The entry's table as written (``config show`` prints it back).
+    table: dict = attrs.field(eq=False, repr=False, factory=dict)

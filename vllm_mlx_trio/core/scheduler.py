@@ -10,6 +10,8 @@ from collections.abc import Iterator
 
 from .plan import BlockId, BlockStore, NewSequence, RequestId, StepPlan, StepResult
 from .request import Request, RequestStatus
+from .shared_prefix import SharedPrefixCount
+from .shared_prefix import kv_tokens as shared_kv_tokens
 
 #: Room to grow, in tokens per row, a batch must have left before a new sequence joins it,
 #: so a sequence that has just been prefilled is not preempted a few steps later.
@@ -24,7 +26,9 @@ class Scheduler:
     ``finished_ids`` so the executor drops them before it computes anything else.
 
     With ``kv_budget_tokens`` the running set's KV must fit the budget. The batch's KV is a
-    rectangle (mlx-lm pads every row to the longest), so it costs rows x longest row. A
+    rectangle (mlx-lm pads every row to the longest), so it costs rows x longest row (with
+    ``shared_prefix``, rows sharing a cached prefix in the batch: that prefix once plus rows x
+    longest suffix, core/shared_prefix.py). A
     waiting request joins only if the batch with it still has ``ADMIT_HEADROOM_TOKENS`` per
     row to grow; when growth leaves less than ``lookahead_tokens`` per row, the newest
     running request is preempted: it goes back to the head of the queue and is later
@@ -52,6 +56,7 @@ class Scheduler:
         max_num_batched_tokens: int | None = None,
         prefill_chunk_tokens: int | None = None,
         prefill_chunk_decoding_tokens: int | None = None,
+        shared_prefix: SharedPrefixCount | None = None,
     ):
         assert max_running >= 1
         self.max_running = max_running
@@ -65,6 +70,8 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.prefill_chunk_decoding_tokens = prefill_chunk_decoding_tokens
+        #: Rows sharing a cached prefix hold it once (the batched runner's shared prefix), else None.
+        self.shared_prefix = shared_prefix
         #: Started requests with no token yet: the prompt tokens each has to prefill.
         self._prefilling: dict[RequestId, int] = {}
         self.waiting: collections.deque[Request] = collections.deque()
@@ -150,11 +157,11 @@ class Scheduler:
         lower = [r for r in self.running.values() if r.params.priority > priority]
         if not lower:
             return None
-        kept = [r.num_tokens for r in self.running.values() if r.params.priority <= priority]
+        kept = [r for r in self.running.values() if r.params.priority <= priority]
         if len(kept) >= self.max_running:
             return None
         if kept and self.kv_budget_tokens is not None:
-            if self._kv_need([*kept, head.num_tokens], ADMIT_HEADROOM_TOKENS) > self.kv_budget_tokens:
+            if self._kv_need(kept, ADMIT_HEADROOM_TOKENS, waiting=head) > self.kv_budget_tokens:
                 return None
         return max(reversed(lower), key=lambda r: r.params.priority)
 
@@ -190,26 +197,39 @@ class Scheduler:
 
     @property
     def kv_tokens_held(self) -> int:
-        """KV token slots the running batch holds now (rows x longest row)."""
-        return self._kv_need([r.num_tokens for r in self.running.values()], 0)
+        """KV token slots the running batch holds now (rows x longest row; with a shared prefix, that prefix
+        once plus rows x longest suffix)."""
+        return self._kv_need(list(self.running.values()), 0)
 
-    def _kv_need(self, lengths: list[int], headroom: int) -> int:
-        """KV tokens a batch of rows this long takes once each has grown by ``headroom``."""
-        return len(lengths) * (max(lengths) + headroom) if lengths else 0
+    @property
+    def kv_tokens_unshared(self) -> int:
+        """KV token slots the running batch would hold with a prefix copy per row (rows x longest row)."""
+        lengths = [r.num_tokens for r in self.running.values()]
+        return len(lengths) * max(lengths) if lengths else 0
+
+    def _kv_need(self, rows: list[Request], headroom: int, *, waiting: Request | None = None) -> int:
+        """KV tokens a batch of these rows (and ``waiting``) takes once each has grown by ``headroom``."""
+        lengths = [r.num_tokens for r in rows]
+        if self.shared_prefix is None:
+            lengths += [waiting.num_tokens] if waiting is not None else []
+            return len(lengths) * (max(lengths) + headroom) if lengths else 0
+        shared = [self.shared_prefix.shared(r.request_id) for r in rows]
+        if waiting is not None:
+            lengths.append(waiting.num_tokens)
+            shared.append(self.shared_prefix.estimate(waiting.all_token_ids))
+        return shared_kv_tokens(lengths, shared, headroom)
 
     def _fits(self, request: Request, headroom: int) -> bool:
         if self.kv_budget_tokens is None:
             return True
-        lengths = [r.num_tokens for r in self.running.values()] + [request.num_tokens]
-        return self._kv_need(lengths, headroom) <= self.kv_budget_tokens
+        return self._kv_need(list(self.running.values()), headroom, waiting=request) <= self.kv_budget_tokens
 
     def fits_ahead(self, tokens: int) -> bool:
         """Whether the running batch stays in the KV budget if it grows ``tokens`` per row
         beyond ``lookahead_tokens`` (plans outstanding beyond those the lookahead counts)."""
         if self.kv_budget_tokens is None or tokens <= 0:
             return True
-        lengths = [r.num_tokens for r in self.running.values()]
-        return self._kv_need(lengths, self.lookahead_tokens + tokens) <= self.kv_budget_tokens
+        return self._kv_need(list(self.running.values()), self.lookahead_tokens + tokens) <= self.kv_budget_tokens
 
     def preempt_for_growth(self) -> list[Request]:
         """Preempt running requests until the next steps fit the KV budget: the lowest
@@ -217,8 +237,7 @@ class Scheduler:
         preempted: list[Request] = []
         budget = self.kv_budget_tokens
         while budget is not None and len(self.running) > 1:
-            lengths = [r.num_tokens for r in self.running.values()]
-            if self._kv_need(lengths, self.lookahead_tokens) <= budget:
+            if self._kv_need(list(self.running.values()), self.lookahead_tokens) <= budget:
                 break
             victim = max(reversed(self.running.values()), key=lambda r: r.params.priority)
             preempted.append(self._preempt(victim))
@@ -257,6 +276,8 @@ class Scheduler:
             )
         )
         self.running[request.request_id] = request
+        if self.shared_prefix is not None:
+            self.shared_prefix.start(request.request_id, request.all_token_ids, num_cached_tokens)
         self._prefilling[request.request_id] = request.num_tokens - num_cached_tokens
 
     def _streaming_before(self, request: Request) -> tuple[RequestId, ...]:
@@ -273,6 +294,8 @@ class Scheduler:
         request = self.running.pop(request_id, None)
         self._prefilling.pop(request_id, None)
         if request is not None:
+            if self.shared_prefix is not None:
+                self.shared_prefix.leave(request_id, list(self.running), lambda rid: self.running[rid].all_token_ids)
             self._to_drop.append(request_id)
             self._to_release.append(request_id)
             self._starting = [s for s in self._starting if s.request_id != request_id]

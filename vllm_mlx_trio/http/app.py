@@ -61,13 +61,13 @@ def create_app(
     register_ops_routes(app, engine, throughput or ThroughputMeter.for_engine(engine))
     app.asgi_app = close_streams_at_end(close_after_last_body(app.asgi_app))  # type: ignore[method-assign]
 
-    _register_request_ids_and_access(app, cfg, api_keys)
+    register_request_ids_and_access(app, cfg, api_keys)
     _register_health(app, engine)
-    _register_error_handlers(app)
+    register_error_handlers(app)
     return app
 
 
-def _register_request_ids_and_access(app: QuartTrio, cfg: EngineConfig, api_keys: ApiKeys) -> None:
+def register_request_ids_and_access(app: QuartTrio, cfg: EngineConfig, api_keys: ApiKeys) -> None:
     """Every request gets an id (echoed on every response); CORS preflights are answered, then keys checked."""
 
     @app.before_request
@@ -98,7 +98,7 @@ def _register_health(app: QuartTrio, engine: Engine) -> None:
         return {"status": "ok"}
 
 
-def _register_error_handlers(app: QuartTrio) -> None:
+def register_error_handlers(app: QuartTrio) -> None:
     """Every error in the OpenAI shape: ours by their status, HTTP ones by name, anything else a 500."""
 
     @app.errorhandler(VllmMlxTrioError)

@@ -10,6 +10,7 @@ from ..errors import (
     ExecutorCrashedError,
     InvalidRequestError,
     ModelNotFoundError,
+    ModelUnavailableError,
     QueueFullError,
     RequestProcessingError,
     VllmMlxTrioError,
@@ -53,6 +54,8 @@ def describe(exc: VllmMlxTrioError) -> tuple[int, dict, dict[str, str]]:
         case EngineClosedError() | EngineLoadingError():
             headers = {"Retry-After": str(RETRY_AFTER_S)}
             return 503, error_body(str(exc), type="service_unavailable", code="engine_unavailable"), headers
+        case ModelUnavailableError():
+            return 503, error_body(str(exc), type="service_unavailable", param="model", code="model_unavailable"), {}
         case RequestProcessingError():
             return 500, error_body(str(exc), type="server_error", code="request_failed"), {}
         case ExecutorCrashedError():

@@ -124,11 +124,25 @@ def status_body(engine: Engine, throughput: ThroughputMeter) -> dict:
             "budget_tokens": scheduler.kv_budget_tokens,
             "held_tokens": scheduler.kv_tokens_held,
             "bytes_per_token": engine.model_info.kv_bytes_per_token,
+            **_shared_kv_json(scheduler, engine.model_info),
             "preemptions": scheduler.num_preemptions,
         },
         "cache": cache_stats_body(stats.cache, block_size=cfg.cache.block_size),
         "requests": [_request_json(request, now) for request in scheduler.requests],
         "speculative": _speculative_json(cfg.speculative.method, engine.metrics.spec_decode),
+    }
+
+
+def _shared_kv_json(scheduler, model_info) -> dict:
+    """The running KV in bytes with rows sharing a cached prefix once, what that saves against a copy per row, and
+    whether the model's rows share one (or why not)."""
+    per_token = model_info.kv_bytes_per_token
+    held, unshared = scheduler.kv_tokens_held, max(scheduler.kv_tokens_unshared, scheduler.kv_tokens_held)
+    return {
+        "held_bytes": held * per_token,
+        "unshared_bytes": unshared * per_token,
+        "shared_bytes_saved": (unshared - held) * per_token,
+        "shared_prefix_in_batch": model_info.shared_prefix_in_batch or "off (this runner keeps a copy per row)",
     }
 
 

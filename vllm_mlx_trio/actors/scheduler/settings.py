@@ -5,6 +5,7 @@ from __future__ import annotations
 import attrs
 
 from ...core.scheduler import Scheduler
+from ...core.shared_prefix import SharedPrefixCount
 
 
 def max_outstanding(plans_in_flight: int, max_running: int) -> int:
@@ -36,6 +37,9 @@ class SchedulerSettings:
     max_num_batched_tokens: int | None = None
     prefill_chunk_tokens: int | None = None
     prefill_chunk_decoding_tokens: int | None = None
+    #: Running rows that share a cached prefix hold it once (the runner said so): its block size and the
+    #: fewest tokens a row shares (cache.block_size, cache.share_prefix_min_tokens); None: no sharing.
+    shared_prefix: tuple[int, int] | None = None
 
     @property
     def max_outstanding(self) -> int:
@@ -51,4 +55,5 @@ class SchedulerSettings:
             max_num_batched_tokens=self.max_num_batched_tokens,
             prefill_chunk_tokens=self.prefill_chunk_tokens,
             prefill_chunk_decoding_tokens=self.prefill_chunk_decoding_tokens,
+            shared_prefix=None if self.shared_prefix is None else SharedPrefixCount(*self.shared_prefix),
         )

@@ -33,8 +33,11 @@ class SchedulerStatistics:
     mlx_cache_bytes: int = 0
     #: Requests sent back to the queue to stay within the KV budget, since the start.
     num_preemptions: int = 0
-    #: KV token slots the running batch holds (rows x longest row), and the budget for them.
+    #: KV token slots the running batch holds (rows x longest row; a prefix rows share counted once), and the
+    #: budget for them.
     kv_tokens_held: int = 0
+    #: What the running batch would hold with a copy of the shared prefix in every row.
+    kv_tokens_unshared: int = 0
     kv_budget_tokens: int | None = None
 
 
@@ -94,5 +97,6 @@ def scheduler_statistics(
         mlx_cache_bytes=cache,
         num_preemptions=s.num_preemptions,
         kv_tokens_held=s.kv_tokens_held,
+        kv_tokens_unshared=s.kv_tokens_unshared,
         kv_budget_tokens=s.kv_budget_tokens,
     )

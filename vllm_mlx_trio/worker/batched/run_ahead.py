@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ...core.shared_prefix import kv_tokens
 from ..runner_base import Advance, Emission, LiveSequence
 
 
@@ -39,10 +40,13 @@ def joined(first: Advance, then: Advance) -> Advance:
     return Advance([*emissions, *later.values()], [*first.prompts_done, *then.prompts_done])
 
 
-def kv_fits(live: Sequence[LiveSequence], steps: int, budget: int | None, headroom: int) -> bool:
+def kv_fits(
+    live: Sequence[LiveSequence], steps: int, budget: int | None, headroom: int, shared: Sequence[int] | None = None
+) -> bool:
     """``live`` grown by ``steps`` tokens each, plus ``headroom`` tokens each (the scheduler's: a
-    token for each plan in flight and the next), fits the KV ``budget`` (rows x longest row)."""
+    token for each plan in flight and the next), fits the KV ``budget`` (rows x longest row; with
+    ``shared``, each row's tokens of a prefix held once, that prefix once plus rows x longest suffix)."""
     if budget is None or not live:
         return True
-    longest = max(len(s.seq.prompt_token_ids) + len(s.emitted) for s in live)
-    return len(live) * (longest + steps + headroom) <= budget
+    lengths = [len(s.seq.prompt_token_ids) + len(s.emitted) for s in live]
+    return kv_tokens(lengths, shared or [0] * len(lengths), steps + headroom) <= budget

@@ -33,6 +33,7 @@ from mlx_lm.generate import BatchGenerator, StopSequences
 
 from ...messages import KVReady, ModelInfo, RequestId, TokenLogprob
 from ...runner_kinds import BATCHED
+from ..cascade.sharing import InBatchSharing
 from ..loading import load_for_serving, mlx_memory, sharding
 from ..lora.served import ServedAdapters
 from ..prefix.kv_store import PrefixBlocks
@@ -90,6 +91,8 @@ class BatchRunner(RunnerBase):
         #: Caches of prompts whose prefill ended this step (all but the last token), by
         #: request: what :meth:`_prompt_ready` copies once they are in the generator.
         self._prompt_caches: dict[RequestId, list] = {}
+        #: Rows sharing a cached prefix hold it once (worker/cascade/); set with the model.
+        self._sharing: InBatchSharing | None = None
         self._last_plan: PlanTiming | None = None
         #: Whether this plan carries a timed chunk (its decode steps then run ahead too, for
         #: engine.chunk_run_ahead_ms), and the seconds it took.
@@ -116,12 +119,17 @@ class BatchRunner(RunnerBase):
         enter_mlx_thread()
         model, info = load_for_serving(self._cfg.model, self._cfg.engine)
         self._start(model)
-        return info
+        assert self._sharing is not None
+        return attrs.evolve(info, shared_prefix_in_batch=self._sharing.status)
 
     def _start(self, model) -> None:
         """The prefix store's side, the generator and the runner's own prefill, for ``model``
         (mlx-lm's, or a runner's adapter that looks like one)."""
         self._prefix = PrefixBlocks.from_config(model, self._cfg.cache)
+        requested = self._cfg.cache.share_prefix_in_batch and self._shares_prefix_in_batch()
+        self._sharing = InBatchSharing(
+            model, self._prefix, requested=requested, min_tokens=self._cfg.cache.share_prefix_min_tokens
+        )
         engine = self._cfg.engine
         self._generator = BatchGenerator(
             model,
@@ -143,6 +151,11 @@ class BatchRunner(RunnerBase):
             self._prefill = PromptPrefill(model, self._generator.stream, on_boundary=self._prefix.at_boundary)
             chunk = min(engine.prefill_step_size, engine.prefill_step_size_decoding or engine.prefill_step_size)
             self._sizer = ChunkSizer(ratio=engine.prefill_time_ratio, max_tokens=chunk, timed=not sharding())
+
+    def _shares_prefix_in_batch(self) -> bool:
+        """Whether rows may hold a shared prefix once (worker/cascade/): a subclass whose rows enter the generator
+        by another path (media rows, shards, speculation's rollbacks) keeps a copy per row unless it says so."""
+        return type(self) is BatchRunner
 
     def _adapter_of_uid(self, uid: int) -> str | None:
         return self._live[self._request_ids[uid]].seq.params.adapter
@@ -193,6 +206,7 @@ class BatchRunner(RunnerBase):
             len(seq.prompt_token_ids) - n == 1 and cache is not None
             for seq, n, cache in zip(seqs, in_cache, caches, strict=True)
         ]
+        caches = self._batch_caches(seqs, caches)
         uids: dict[int, int] = {}
         for join in (True, False):
             picked = [i for i, j in enumerate(joining) if j == join]
@@ -205,6 +219,10 @@ class BatchRunner(RunnerBase):
         for i, sequence in enumerate(live):
             sequence.handle = uids[i]
             self._request_ids[uids[i]] = sequence.request_id
+
+    def _batch_caches(self, seqs: list, caches: list) -> list:
+        """The caches rows enter the generator with: past the prefix they share with the batch, when sharing."""
+        return self._sharing.rows(seqs, caches) if self._sharing is not None and self._sharing.active else caches
 
     def _generator_insert(self, seqs: list, caches: list, rows: list[tuple], in_cache: list[int]) -> list[int]:
         """mlx-lm's own insert: the rest of each prompt is processed as prompt segments."""
@@ -291,13 +309,17 @@ class BatchRunner(RunnerBase):
 
     def _kv_fits(self, live: list[LiveSequence], steps: int) -> bool:
         assert self._info is not None
-        return kv_fits(live, steps, self._info.kv_budget_tokens, self._kv_headroom)
+        sharing = self._sharing
+        shared = sharing.shared_tokens([s.request_id for s in live]) if sharing and sharing.active else None
+        return kv_fits(live, steps, self._info.kv_budget_tokens, self._kv_headroom, shared)
 
     def _generator_step(self, prompts_done: list[RequestId]) -> Advance:
         """One ``BatchGenerator.next()``: its tokens, the first token of each row whose prompt it
         ended (worker/batched/generator_join.py), and the prompts it finished."""
         assert self._generator is not None
         prompt_progress, generated = self._generator.next()
+        if self._sharing is not None:
+            self._sharing.observe(self._generator._generation_batch.prompt_cache)
         self._sampled()
         first = [r.uid for r in prompt_progress if r.end_of_prompt]
         # All but the last prompt token are in the cache (mlx-lm makes that token its own
@@ -399,7 +421,8 @@ class BatchRunner(RunnerBase):
         assert self._generator is not None
         with mx.stream(self._generator.stream):
             token, logprobs = sample_first(done, row[0])
-        uid = self._direct.join_sampled(self._generator, done.live.seq, done.cache, row, token, logprobs)
+        (cache,) = self._batch_caches([done.live.seq], [done.cache])
+        uid = self._direct.join_sampled(self._generator, done.live.seq, cache, row, token, logprobs)
         done.live.handle = uid
         self._request_ids[uid] = done.live.request_id
         self._sampled_first.append(Emission(done.live.request_id, (int(token.item()),), (logprobs,)))

@@ -1,0 +1,1 @@
+"""``vllm-mlx-trio bench shared-prefix``."""

@@ -1,0 +1,1 @@
+"""A shared prefix stored once inside the running batch (cascade attention)."""
