@@ -13,6 +13,7 @@ from mlx_lm.sample_utils import make_sampler
 
 from vllm_mlx_trio import SamplingParams, open_engine
 from vllm_mlx_trio.config import load_config
+from vllm_mlx_trio.errors import InvalidRequestError
 from vllm_mlx_trio.worker.demo import resolve_demo_model
 from vllm_mlx_trio.worker.demo.adapter import resolve_demo_adapter
 
@@ -94,3 +95,13 @@ async def test_the_prefix_cache_keeps_an_adapters_kv_apart_from_the_bases(demo_c
     assert base == want[None][long_prompt]
     assert (adapted, cached) == (want["a"][long_prompt], 0)  # the base's blocks are not the adapter's
     assert again == want["a"][long_prompt] and cached_again > 0  # its own blocks are
+
+
+async def test_an_adapter_that_is_not_served_is_refused_at_admission(demo_cache_dir):
+    params = SamplingParams(max_tokens=2, temperature=0.0, adapter="c")
+    with trio.fail_after(TIMEOUT_S):
+        async with open_engine(adapters_cfg(demo_cache_dir)) as engine:
+            with pytest.raises(InvalidRequestError, match="adapter 'c' is not served"):
+                await engine.submit(PROMPTS[0], params)
+            ((tokens, _),) = await run_all(engine, [("a", 0)])  # the engine serves on
+    assert len(tokens) == MAX_TOKENS
