@@ -452,6 +452,7 @@ def test_round_trip_with_every_option_set():
             "trust_remote_code": True,
             "max_model_len": 8192,
             "adapter_path": "/srv/adapters/a",
+            "adapters": {},  # named adapters refuse speculation and adapter_path: their own test
             "pooling": "mean",
             "chat_template": template,
             "demo_cache_dir": "/tmp/demo",
@@ -598,3 +599,32 @@ def test_every_option_is_in_prod_toml():
             present.add((section, kv.group(1)))
     missing = [f"{s}.{k}" for s, k in all_options() if (s, k) not in present]
     assert not missing, f"options missing from config/prod.toml: {missing}"
+
+
+def test_named_adapters_are_a_table_that_round_trips():
+    data = {"model": {"adapters": {"support": "/srv/adapters/support", "legal-v2": "demo:tiny-lora"}}}
+    cfg = config_from_dict(data)
+    assert cfg.model.adapters == (("support", "/srv/adapters/support"), ("legal-v2", "demo:tiny-lora"))
+    assert cfg.adapter_names == {"demo:tiny:support": "support", "demo:tiny:legal-v2": "legal-v2"}
+    assert config_to_dict(cfg)["model"]["adapters"] == data["model"]["adapters"]
+    assert load_config(None, overrides=['model.adapters={ a = "/x" }'], environ={}).model.adapters == (("a", "/x"),)
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        ({"speculative": {"method": "draft", "draft_model": "demo:tiny"}}, "speculation"),
+        ({"engine": {"mode": "simple"}}, 'engine.mode = "auto" or "batched"'),
+        ({"engine": {"prefill_time_ratio": None}}, "prefill_time_ratio"),
+        ({"model": {"adapter_path": "demo:tiny-lora"}}, "unadapted base"),
+        ({"model": {"adapters": {"a b": "/x"}}}, "adapter names take"),
+        ({"model": {"adapters": {"a": ""}}}, "needs a folder"),
+        ({"model": {"adapters": ["/x"]}}, "table"),
+    ],
+)
+def test_named_adapters_refuse_what_cannot_serve_them(extra, words):
+    data = {"model": {"adapters": {"a": "/x"}}}
+    for section, table in extra.items():
+        data[section] = {**data.get(section, {}), **table}
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        config_from_dict(data)

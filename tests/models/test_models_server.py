@@ -262,3 +262,20 @@ async def test_the_routers_own_errors_carry_cors_headers_and_bound_the_body():
     assert unknown.headers["vary"] == "Origin" and unknown.headers["x-request-id"]
     assert large.status_code == 413 and large.json()["error"]["type"] == "request_too_large"
     assert fakes.opened == []
+
+
+async def test_a_models_named_adapters_are_listed_and_routed_to_it():
+    fakes = FakeModels()
+    with_adapter = {**A, "adapters": {"x": "/srv/adapters/x"}}
+    with trio.fail_after(20):
+        async with models_server(models_cfg([with_adapter, B]), fakes) as url:
+            async with httpx.AsyncClient() as client:
+                cards = {card["id"]: card for card in (await client.get(f"{url}/v1/models")).json()["data"]}
+            answer = await chat(url, "a:x")
+            async with openai_client(url) as client:
+                with pytest.raises(openai.NotFoundError) as unknown:
+                    await client.chat.completions.create(model="a:y", messages=CHAT, max_tokens=3)
+    assert list(cards) == ["a", "a:x", "b", "bee"]
+    assert cards["a:x"]["parent"] == "a" and cards["a:x"]["root"] == "/srv/adapters/x"
+    assert answer == "I am a." and fakes.opened == ["a"]
+    assert unknown.value.body["code"] == "model_not_found"

@@ -270,6 +270,7 @@ def _admission(
             tool_media_placeholders=cfg.limits.tool_result_media == "placeholder",
             generates=model_info.embedding is None,
             clamp_max_tokens=cfg.limits.clamp_max_tokens,
+            adapters=frozenset(name for name, _ in cfg.model.adapters),
         ),
         preprocess_threads=cfg.limits.preprocess_threads,
         output_format=output_format,

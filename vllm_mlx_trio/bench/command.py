@@ -180,6 +180,18 @@ def _beside_load_args(sub, config_args: ConfigArgs) -> None:
     structured.add_argument("--rows", type=_positive, default=4, help="rows in the batch (default 4)")
     structured.add_argument("--max-tokens", type=_positive, default=64, help="tokens per row (default 64)")
 
+    adapters = _add(
+        sub,
+        config_args,
+        "adapters",
+        handlers.adapters,
+        "aggregate tok/s of a batch mixing LoRA adapters and base rows, against the base alone",
+    )
+    adapters.add_argument("--model", default=None, help="model path (default: the config's)")
+    adapters.add_argument("--runs", type=_positive, default=3, help="runs per setting, alternating (default 3)")
+    adapters.add_argument("--rows", type=_positive, default=6, help="rows in the batch (default 6)")
+    adapters.add_argument("--max-tokens", type=_positive, default=64, help="tokens per row (default 64)")
+
 
 def _cache_and_speculative_args(sub, config_args: ConfigArgs) -> None:
     spec = _add(

@@ -277,3 +277,24 @@ def structured(cfg, args: argparse.Namespace) -> int:
     lines = ["== structured output in a shared batch", format_machine(machine_info()), table]
     print("\n".join(lines + [f"note: {n}" for n in notes]), flush=True)
     return 0
+
+
+def adapters(cfg, args: argparse.Namespace) -> int:
+    import trio
+
+    from .adapters import measure_adapters, with_adapters
+    from .machine import format_machine, machine_info
+    from .report import format_table
+
+    rows = trio.run(lambda: measure_adapters(cfg, args.runs, rows=args.rows, max_tokens=args.max_tokens))
+    names = ", ".join(f"{name} = {path}" for name, path in with_adapters(cfg).model.adapters)
+    notes = [
+        f"model {cfg.model.path}, batched, adapters {names}; {args.rows} greedy rows of {args.max_tokens} tokens",
+        "mixed: rows cycle over the base and every adapter, in one batch; agg_tok_s: the batch's tokens over its "
+        "wall time, median (min-max) of the runs; ratio: to the base's median; paired: each run against the base "
+        "run just before it",
+    ]
+    table = format_table(rows, list(rows[0]))
+    lines = ["== LoRA adapters in a shared batch", format_machine(machine_info()), table]
+    print("\n".join(lines + [f"note: {n}" for n in notes]), flush=True)
+    return 0

@@ -88,7 +88,10 @@ def _typed(inst: Any, attribute: attrs.Attribute, value: Any) -> None:
     kind, optional = _kind(attribute.type)
     if value is None and optional:
         return
-    if typing.get_origin(kind) is tuple:  # tuple[str, ...]: a TOML array of strings
+    if kind == tuple[tuple[str, str], ...]:  # a TOML table of strings, as (key, value) pairs
+        ok = isinstance(value, tuple) and all(isinstance(k, str) and isinstance(v, str) for k, v in value)
+        expected = "table of strings"
+    elif typing.get_origin(kind) is tuple:  # tuple[str, ...]: a TOML array of strings
         ok = isinstance(value, tuple) and all(isinstance(v, str) for v in value)
         expected = "array of strings"
     else:

@@ -54,7 +54,10 @@ def _make_converter() -> cattrs.Converter:
         converter.register_structure_hook(tp, lambda value, _tp: value)
     # Arrays pass through too, so a string is never split into characters; the validators check.
     converter.register_structure_hook_func(lambda tp: tp == tuple[str, ...], lambda value, _tp: value)
+    converter.register_structure_hook_func(lambda tp: tp == tuple[tuple[str, str], ...], lambda value, _tp: value)
     converter.register_unstructure_hook(tuple, list)  # TOML's arrays, as a parsed file has them
+    # (key, value) pairs are a TOML table in the file (``[model] adapters``)
+    converter.register_unstructure_hook_func(lambda tp: tp == tuple[tuple[str, str], ...], dict)
     return converter
 
 

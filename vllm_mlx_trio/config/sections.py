@@ -116,6 +116,30 @@ class ServerConfig:
     model_steps: str = _option("concurrent", _one_of(MODEL_STEPS))
 
 
+def _to_adapter_pairs(value):
+    """``[model] adapters``: a TOML table ``{ name = "folder" }`` (or its dumped pairs) as
+    ((name, folder), ...) in the table's order."""
+    if isinstance(value, dict):
+        return tuple((str(k), v) for k, v in value.items())
+    if isinstance(value, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
+        return tuple((str(k), v) for k, v in value)
+    return value
+
+
+def _adapter_table(inst, attribute, value) -> None:
+    """Validator: each adapter name is plain (letters, digits, ``-_.``), its folder a non-empty string."""
+    if not isinstance(value, tuple):
+        raise _FieldError(type(inst), attribute.name, 'must be a table like { name = "folder" }')
+    for name, path in value:
+        if not name or not all(c.isalnum() or c in "-_." for c in name):
+            raise _FieldError(
+                type(inst), attribute.name, f"adapter names take letters, digits, '-', '_', '.': {name!r}"
+            )
+        if not isinstance(path, str) or not path:
+            reason = f"adapter {name!r} needs a folder (a non-empty string)"
+            raise _FieldError(type(inst), attribute.name, reason)
+
+
 @attrs.frozen(kw_only=True)
 class ModelConfig:
     """``[model]``: what to load."""
@@ -143,6 +167,11 @@ class ModelConfig:
     #: mlx_lm.lora writes it), applied at load as mlx_lm.load(path, adapter_path=...) applies
     #: it; "demo:tiny-lora" is a built-in random one for demo:tiny. None: the base model.
     adapter_path: str | None = _option(None, _non_empty)
+    #: Named LoRA adapters over the one loaded base, a table ``{ name = "folder" }`` (mlx-lm's
+    #: adapter format; "demo:tiny-lora" and "demo:tiny-lora-b" are built-in ones for demo:tiny):
+    #: each is served as ``<served model name>:<name>`` and listed in /v1/models; requests for
+    #: different adapters and for the base share one batch, each row with its own adapter.
+    adapters: tuple[tuple[str, str], ...] = _option((), _adapter_table, converter=_to_adapter_pairs)
     #: An embedding model's pooling (engine.mode = "embed"): "last" (the last token's hidden
     #: state, Qwen3-Embedding's), "mean" (over the input's tokens), "cls" (the first token's);
     #: "auto" reads the model's sentence-transformers pooling config, else "last".
@@ -456,6 +485,25 @@ class MllmSection:
     max_decoded_pixels: int = _option(64 * 1024 * 1024, _in_range(1))
 
 
+def _adapters_fit_engine(inst, attribute, value: SpeculativeConfig) -> None:
+    """Validator: named adapters are applied per row by the batched runner with its own prefill,
+    without speculation, over a base that is not itself adapted (model.adapter_path)."""
+    model, engine = inst.model, inst.engine
+    if not model.adapters:
+        return
+    adapters = (ModelConfig, "adapters")
+    if value.method != SPECULATION_OFF:
+        raise _ConflictError((adapters, (SpeculativeConfig, "method")), "named adapters cannot run with speculation")
+    if engine.mode not in ("auto", "batched"):
+        problem = f'named adapters need engine.mode = "auto" or "batched" (it is "{engine.mode}")'
+        raise _ConflictError((adapters, (EngineSection, "mode")), problem)
+    if engine.prefill_time_ratio is None:
+        problem = "named adapters need the runner's own prefill (engine.prefill_time_ratio set)"
+        raise _ConflictError((adapters, (EngineSection, "prefill_time_ratio")), problem)
+    if model.adapter_path is not None:
+        raise _ConflictError((adapters, (ModelConfig, "adapter_path")), "named adapters need an unadapted base")
+
+
 @attrs.frozen(kw_only=True)
 class EngineConfig:
     """The whole configuration: one attribute per TOML section."""
@@ -479,7 +527,9 @@ class EngineConfig:
     #: ``[mllm]``: image and video input: sources, size limits, video sampling.
     mllm: MllmSection = _option(attrs.Factory(MllmSection))
     #: ``[speculative]``: speculative decoding (draft model or MTP).
-    speculative: SpeculativeConfig = _option(attrs.Factory(SpeculativeConfig), _speculation_fits_mode)
+    speculative: SpeculativeConfig = _option(
+        attrs.Factory(SpeculativeConfig), _speculation_fits_mode, _adapters_fit_engine
+    )
     #: ``[[models]]``: the models served side by side, loaded on demand (config/models.py
     #: builds them); empty: the one model of ``[model]``. Not a section: each entry is a
     #: whole configuration of its own.
@@ -489,6 +539,11 @@ class EngineConfig:
     def model_name(self) -> str:
         """The name the server answers to: server.served_model_name, else model.path."""
         return self.server.served_model_name or self.model.path
+
+    @property
+    def adapter_names(self) -> dict[str, str]:
+        """Each named adapter's served name (``<model_name>:<adapter>``) -> the adapter."""
+        return {f"{self.model_name}:{name}": name for name, _ in self.model.adapters}
 
     @property
     def served_names(self) -> tuple[str, ...]:

@@ -51,6 +51,9 @@ class SamplingParams:
     stream_interval: int | None = None
     #: Prefix-cache isolation: only requests with the same salt share cached blocks.
     cache_salt: str | None = None
+    #: The named LoRA adapter the request runs with (``[model] adapters``; the request's model
+    #: was ``<served name>:<adapter>``); None: the base. A cache key: its KV is the adapter's.
+    adapter: str | None = None
     #: What the output must match (JSON schema, regex, forced tool calls...); not a cache key:
     #: a constraint changes which tokens are sampled, never the KV of a prefix.
     constraint: ConstraintSpec | None = None
@@ -74,8 +77,9 @@ class SamplingParams:
 
     @property
     def cache_keys(self) -> tuple:
-        """Extra keys of this request's prefix-cache blocks (its salt, when it has one)."""
-        return () if self.cache_salt is None else (("cache_salt", self.cache_salt),)
+        """Extra keys of this request's prefix-cache blocks (its salt and its adapter, when it has them)."""
+        salt = () if self.cache_salt is None else (("cache_salt", self.cache_salt),)
+        return salt if self.adapter is None else (*salt, ("adapter", self.adapter))
 
     @property
     def is_greedy(self) -> bool:

@@ -66,7 +66,8 @@ def create_models_app(registry: ModelRegistry, cfg: EngineConfig, api_keys: ApiK
 
 
 def model_cards(slot: ModelSlot) -> list[dict]:
-    """``/v1/models``' cards of one model: one per served name, each with the model's state."""
+    """``/v1/models``' cards of one model: one per served name, then one per named adapter (its
+    ``parent`` the model), each with the model's state."""
     engine = slot.engine
     cfg = slot.entry.config
     if engine is not None:
@@ -86,7 +87,12 @@ def model_cards(slot: ModelSlot) -> list[dict]:
     }
     if slot.error is not None and slot.state is ModelState.FAILED:
         card["error"] = str(slot.error)
-    return [{"id": name, **card} for name in cfg.served_names]
+    paths = dict(cfg.model.adapters)
+    adapters = [
+        {"id": served, **card, "root": paths[adapter], "parent": cfg.model_name}
+        for served, adapter in cfg.adapter_names.items()
+    ]
+    return [{"id": name, **card} for name in cfg.served_names] + adapters
 
 
 def _slot_status(slot: ModelSlot) -> dict:

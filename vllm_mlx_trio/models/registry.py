@@ -120,7 +120,12 @@ class ModelRegistry:
         self.cfg = cfg
         self.budget = budget
         self.slots = tuple(ModelSlot(entry) for entry in cfg.models)
-        self._by_name = {name: slot for slot in self.slots for name in slot.entry.config.served_names}
+        # a model's named adapters (``<name>:<adapter>``) are answered by that model's engine
+        self._by_name = {
+            name: slot
+            for slot in self.slots
+            for name in (*slot.entry.config.served_names, *slot.entry.config.adapter_names)
+        }
         self._opener, self._serving, self._measure, self._estimate = opener, serving, measure, estimate
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None

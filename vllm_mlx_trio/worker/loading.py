@@ -152,6 +152,8 @@ def refuse_adapter(model_cfg: ModelConfig, what: str) -> None:
     """``model.adapter_path`` cannot be applied to ``what``: a load error, never ignored."""
     if model_cfg.adapter_path is not None:
         raise ModelLoadError(f"model.adapter_path is not supported for {what} (model {model_cfg.path!r})")
+    if model_cfg.adapters:
+        raise ModelLoadError(f"model.adapters is not supported for {what} (model {model_cfg.path!r})")
 
 
 def _gguf_cache_dir(model_cfg: ModelConfig) -> pathlib.Path | None:

@@ -68,6 +68,9 @@ class AdmissionLimits:
     generates: bool = True
     #: A max_tokens past the room left is lowered to it (limits.clamp_max_tokens), not a 400.
     clamp_max_tokens: bool = False
+    #: The named adapters a request may run with (model.adapters); another is a 400 (HTTP routes
+    #: answer an unknown adapter name with a 404 before admission).
+    adapters: frozenset[str] = frozenset()
 
 
 class AdmissionActor:
@@ -288,6 +291,11 @@ class AdmissionActor:
         """Check the prompt fits and settle ``max_tokens`` (default: the room left)."""
         params.check(max_stop_sequences=self._limits.max_stop_sequences)
         params.check_token_ids(self._limits.vocab_size)
+        if params.adapter is not None and params.adapter not in self._limits.adapters:
+            served = ", ".join(sorted(self._limits.adapters)) or "none"
+            raise InvalidRequestError(
+                f"adapter {params.adapter!r} is not served (model.adapters: {served}).", param="model"
+            )
         resolved = self._resolve_max_tokens(params, num_prompt_tokens)
         if resolved.min_tokens > resolved.max_tokens:
             raise InvalidRequestError(

@@ -55,6 +55,7 @@ def parse_messages(
         stop=tuple(decoded.stop_sequences or ()),
         constraint=plan.constraint,
         thinking_budget=plan.thinking_budget,
+        adapter=model_names.adapter(decoded.model),
         **_sampling_fields(decoded),
         **prefill_options(decoded),
     )

@@ -135,7 +135,9 @@ def _parse(
         decoded = msgspec.convert(body, schema)
     except (msgspec.ValidationError, UnicodeEncodeError):  # the latter: a lone surrogate in a name
         raise _first_error(body, schema, build) from None
-    return attrs.evolve(build(decoded, body), model=served_as)
+    parsed = build(decoded, body)
+    params = attrs.evolve(parsed.params, adapter=model_names.adapter(served_as))
+    return attrs.evolve(parsed, model=served_as, params=params)
 
 
 def _first_error(body: dict, schema: type, build: Callable) -> InvalidRequestError:

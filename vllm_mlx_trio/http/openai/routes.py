@@ -75,6 +75,12 @@ def register_routes(app: quart.Quart, engine: Engine) -> None:
             }
             for name in model_names.names
         ]
+        # each named adapter, its base as ``parent`` (vLLM's LoRA cards)
+        paths = dict(engine.cfg.model.adapters)
+        cards += [
+            {**cards[0], "id": served, "root": paths[adapter], "parent": engine.cfg.model_name}
+            for served, adapter in model_names.adapters.items()
+        ]
         return {"object": "list", "data": cards}
 
     async def handle(*, chat: bool):

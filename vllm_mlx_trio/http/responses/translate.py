@@ -65,6 +65,7 @@ def parse_responses(body: Any, *, model_names: ServedNames, output: OutputFormat
     params = SamplingParams(
         max_tokens=decoded.max_output_tokens,
         constraint=plan.constraint,
+        adapter=model_names.adapter(decoded.model),
         **{name: value for name, value in fields.items() if value is not None},
     )
     return ResponsesRequest(body=decoded, turns=turns, params=params, plan=plan)

@@ -35,6 +35,7 @@ from ...messages import KVReady, ModelInfo, RequestId, TokenLogprob
 from ...runner_kinds import BATCHED
 from ..cascade.sharing import InBatchSharing
 from ..loading import load_for_serving, mlx_memory, sharding
+from ..lora.served import ServedAdapters
 from ..prefix.kv_store import PrefixBlocks
 from ..runner_base import Advance, Emission, LiveSequence, RunnerBase
 from ..sampling import greedy, guard_processors, make_request_processors, make_request_sampler, token_logprobs
@@ -84,6 +85,8 @@ class BatchRunner(RunnerBase):
         self._direct = JoinedRows()
         #: Prompts the runner prefills itself (engine.prefill_time_ratio set), else None.
         self._prefill: PromptPrefill | None = None
+        #: The named adapters served over the base (model.adapters), else None.
+        self._adapters: ServedAdapters | None = None
         self._sizer: ChunkSizer | None = None
         #: Caches of prompts whose prefill ended this step (all but the last token), by
         #: request: what :meth:`_prompt_ready` copies once they are in the generator.
@@ -136,6 +139,12 @@ class BatchRunner(RunnerBase):
             prefill_step_size=engine.prefill_step_size,
             stream=mx.new_stream(mx.default_device()),
         )
+        self._adapters = ServedAdapters(model, self._cfg.model) if self._cfg.model.adapters else None
+        if self._adapters is not None:  # each forward's rows apply their own adapter (worker/lora/)
+            rows_model = self._adapters.for_generator(model, self._generator, self._adapter_of_uid)
+            generator = self._generator
+            generator.model = generator._generation_batch.model = generator._prompt_batch.model = rows_model
+            model = self._adapters.for_prefill(model, self._adapter_of_prefill_head)
         if not sharding() and engine.run_ahead_steps > 1:  # 1: run-ahead off, for a lone row too
             self._run_ahead_steps, self._solo_steps = engine.run_ahead_steps, engine.solo_run_ahead_steps
         if engine.prefill_time_ratio is not None:
@@ -148,10 +157,27 @@ class BatchRunner(RunnerBase):
         by another path (media rows, shards, speculation's rollbacks) keeps a copy per row unless it says so."""
         return type(self) is BatchRunner
 
+    def _adapter_of_uid(self, uid: int) -> str | None:
+        return self._live[self._request_ids[uid]].seq.params.adapter
+
+    def _adapter_of_prefill_head(self) -> str | None:
+        assert self._prefill is not None and self._prefill.head is not None
+        return self._prefill.head.live.seq.params.adapter
+
+    def _cache_for(self, sequence: LiveSequence) -> list | None:
+        """The prefix store's cache for the sequence's hit (None: none). With named adapters, a
+        hit recomputed from token ids runs the sequence's adapter, and a row without a hit gets an
+        empty cache (mlx-lm's own prompt path, whose forwards are not the generation batch's,
+        never runs)."""
+        if self._adapters is None:
+            return self._prefix.cache_for(sequence.seq)
+        with self._adapters.applied(sequence.seq.params.adapter):
+            return self._adapters.cache_or_new(self._prefix.cache_for(sequence.seq))
+
     def _insert(self, live: list[LiveSequence]) -> None:
         """New prompts wait for the runner's prefill when it has one and they have more than
         their last token to compute; the rest go to the generator at once."""
-        caches = [self._prefix.cache_for(sequence.seq) for sequence in live]
+        caches = [self._cache_for(sequence) for sequence in live]
         if self._prefill is None:
             self._to_generator(live, caches, [sequence.seq.num_cached_tokens for sequence in live])
             return

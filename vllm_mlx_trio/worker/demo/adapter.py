@@ -5,7 +5,9 @@ An adapter folder holds ``adapter_config.json`` (``fine_tune_type``, ``num_layer
 layer's ``lora_a`` and ``lora_b``), what ``mlx_lm.lora`` training writes and
 ``mlx_lm.load(path, adapter_path=...)`` reads. ``tiny-lora`` adapts every linear layer of
 ``demo:tiny`` with random low-rank weights, drawn from ``numpy.random.default_rng(seed)``, large
-enough to change its greedy output. Built once into the demo cache, like the models.
+enough to change its greedy output; ``tiny-lora-b`` is another (seed 1), to serve beside it;
+``small-lora`` and ``small-lora-b`` are the same for ``demo:small``. Built once into the demo cache,
+like the models.
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ from .table import resolve_demo_model
 #: Bumped when an adapter's files change: a new version is a new build.
 ADAPTER_FORMAT_VERSION = 1
 #: Each demo adapter by name: the demo model it adapts.
-DEMO_ADAPTERS: Mapping[str, str] = MappingProxyType({"tiny-lora": "demo:tiny"})
+DEMO_ADAPTERS: Mapping[str, str] = MappingProxyType(
+    {"tiny-lora": "demo:tiny", "tiny-lora-b": "demo:tiny", "small-lora": "demo:small", "small-lora-b": "demo:small"}
+)
+#: Each demo adapter's seed: different adapters of one model have different weights.
+ADAPTER_SEEDS: Mapping[str, int] = MappingProxyType(
+    {"tiny-lora": 0, "tiny-lora-b": 1, "small-lora": 0, "small-lora-b": 1}
+)
 LORA_PARAMETERS = {"rank": 4, "scale": 2.0, "dropout": 0.0}
 #: The standard deviation of ``lora_b`` (training starts it at zero; random here, so the
 #: adapter visibly changes the model).
@@ -33,14 +41,15 @@ LORA_B_STD = 0.05
 
 
 def resolve_demo_adapter(path: str, cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
-    """The folder of the demo adapter ``path`` ("demo:<name>"), built (seed 0) on first use into
-    ``<cache_dir>/adapters/<name>-seed0-v<version>``; ``ValueError`` for an unknown name."""
+    """The folder of the demo adapter ``path`` ("demo:<name>"), built (its seed, :data:`ADAPTER_SEEDS`) on first
+    use into ``<cache_dir>/adapters/<name>-seed<seed>-v<version>``; ``ValueError`` for an unknown name."""
     name = path[len(DEMO_PREFIX) :]
     if not path.startswith(DEMO_PREFIX) or name not in DEMO_ADAPTERS:
         valid = ", ".join(f"{DEMO_PREFIX}{n}" for n in DEMO_ADAPTERS)
         raise ValueError(f"unknown demo adapter {path!r}; valid: {valid}")
     root = pathlib.Path(cache_dir) if cache_dir is not None else default_demo_cache_dir()
-    target = root / "adapters" / f"{name}-seed0-v{ADAPTER_FORMAT_VERSION}"
+    seed = ADAPTER_SEEDS[name]
+    target = root / "adapters" / f"{name}-seed{seed}-v{ADAPTER_FORMAT_VERSION}"
     if (target / DEMO_MARKER).is_file():
         return target
     base = resolve_demo_model(DEMO_ADAPTERS[name], cache_dir)
@@ -49,7 +58,7 @@ def resolve_demo_adapter(path: str, cache_dir: str | os.PathLike | None = None) 
         write_lora_adapter(directory, base, seed=seed)
         write_json(directory / DEMO_MARKER, {"adapter": name, "base": DEMO_ADAPTERS[name], "seed": seed})
 
-    return build_into(target, write, seed=0, dtype="float32", replace=False)
+    return build_into(target, write, seed=seed, dtype="float32", replace=False)
 
 
 def write_lora_adapter(directory: pathlib.Path, base: pathlib.Path, *, seed: int) -> None:
