@@ -228,6 +228,17 @@ CHAT_TEMPLATE = recipe.CHAT_TEMPLATE.replace(
 )
 
 
+def image_chat_template(image_text: str) -> str:
+    """The text demo's ChatML template with an image part rendered as ``image_text`` (a
+    model's own placeholder, which its processor expands)."""
+    return recipe.CHAT_TEMPLATE.replace(
+        "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}",
+        "{%- if part['type'] == 'text' %}{{- part['text'] }}"
+        f"{{%- elif part['type'] == 'image' %}}{{{{- '{image_text}' }}}}"
+        "{%- endif %}",
+    )
+
+
 def template_hash(chat_template: str = CHAT_TEMPLATE) -> str:
     """What a build records so that a build with another template or format is rebuilt."""
     return hashlib.sha256(f"{VLM_FORMAT_VERSION}:{chat_template}".encode()).hexdigest()

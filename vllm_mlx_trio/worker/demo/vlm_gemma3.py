@@ -23,6 +23,7 @@ from .vlm import (
     IMAGE_STD,
     TEXT_SHAPE,
     draw_weights,
+    image_chat_template,
     mlx_vlm_shapes,
     write_chat_files,
     write_demo_tokenizer,
@@ -56,12 +57,7 @@ TEXT_EXTRA = {
 }
 
 #: The text demo's ChatML template, an image part rendered as Gemma 3's ``<start_of_image>``.
-CHAT_TEMPLATE = recipe.CHAT_TEMPLATE.replace(
-    "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}",
-    "{%- if part['type'] == 'text' %}{{- part['text'] }}"
-    "{%- elif part['type'] == 'image' %}{{- '<start_of_image>' }}"
-    "{%- endif %}",
-)
+CHAT_TEMPLATE = image_chat_template("<start_of_image>")
 
 
 def template_hash() -> str:

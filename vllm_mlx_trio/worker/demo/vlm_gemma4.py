@@ -21,6 +21,7 @@ from .vlm import (
     IMAGE_STD,
     TEXT_SHAPE,
     draw_weights,
+    image_chat_template,
     mlx_vlm_shapes,
     write_chat_files,
     write_demo_tokenizer,
@@ -63,12 +64,7 @@ TEXT_EXTRA = {
 }
 
 #: The text demo's ChatML template, an image part rendered as Gemma 4's ``<|image|>``.
-CHAT_TEMPLATE = recipe.CHAT_TEMPLATE.replace(
-    "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}",
-    "{%- if part['type'] == 'text' %}{{- part['text'] }}"
-    "{%- elif part['type'] == 'image' %}{{- '<|image|>' }}"
-    "{%- endif %}",
-)
+CHAT_TEMPLATE = image_chat_template("<|image|>")
 
 
 def template_hash() -> str:

@@ -25,6 +25,7 @@ from .vlm import (
     IMAGE_STD,
     TEXT_SHAPE,
     draw_weights,
+    image_chat_template,
     mlx_vlm_shapes,
     write_chat_files,
     write_demo_tokenizer,
@@ -49,12 +50,7 @@ IMAGE_SIZE = VISION_SHAPE["image_size"]
 IMAGE_TOKENS = (IMAGE_SIZE // VISION_SHAPE["patch_size"]) ** 2
 
 #: The text demo's ChatML template, an image part rendered as LLaVA's ``<image>``.
-CHAT_TEMPLATE = recipe.CHAT_TEMPLATE.replace(
-    "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}",
-    "{%- if part['type'] == 'text' %}{{- part['text'] }}"
-    "{%- elif part['type'] == 'image' %}{{- '<image>' }}"
-    "{%- endif %}",
-)
+CHAT_TEMPLATE = image_chat_template("<image>")
 
 
 def template_hash() -> str:

@@ -22,6 +22,7 @@ from .vlm import (
     IMAGE_STD,
     TEXT_SHAPE,
     draw_weights,
+    image_chat_template,
     mlx_vlm_shapes,
     write_chat_files,
     write_demo_tokenizer,
@@ -49,10 +50,7 @@ VISION_SHAPE = {
 }
 
 #: The text demo's ChatML template, an image part rendered as Mistral's ``[IMG]``.
-CHAT_TEMPLATE = recipe.CHAT_TEMPLATE.replace(
-    "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}",
-    "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- elif part['type'] == 'image' %}{{- '[IMG]' }}{%- endif %}",
-)
+CHAT_TEMPLATE = image_chat_template("[IMG]")
 
 
 def template_hash() -> str:

@@ -24,6 +24,7 @@ from .vlm import (
     IMAGE_STD,
     TEXT_SHAPE,
     draw_weights,
+    image_chat_template,
     mlx_vlm_shapes,
     write_chat_files,
     write_demo_tokenizer,
@@ -54,12 +55,7 @@ VISION_SHAPE = {
 }
 
 #: The text demo's ChatML template, an image part rendered as SmolVLM's ``<image>``.
-CHAT_TEMPLATE = recipe.CHAT_TEMPLATE.replace(
-    "{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}",
-    "{%- if part['type'] == 'text' %}{{- part['text'] }}"
-    "{%- elif part['type'] == 'image' %}{{- '<image>' }}"
-    "{%- endif %}",
-)
+CHAT_TEMPLATE = image_chat_template("<image>")
 
 
 def template_hash() -> str:
