@@ -1,11 +1,11 @@
-"""``bench mllm``'s phase table on the demo VLM (one run per size)."""
+"""``bench mllm``'s tables on the demo VLM (one run each)."""
 
 from __future__ import annotations
 
 import pytest
 import trio
 
-from vllm_mlx_trio.bench.mllm.run import IMAGE_SIDES, measure_phases
+from vllm_mlx_trio.bench.mllm.run import IMAGE_SIDES, measure_chunking, measure_phases
 from vllm_mlx_trio.bench.mllm.video import measure_video
 from vllm_mlx_trio.config import load_config
 
@@ -38,3 +38,19 @@ def test_the_video_table_has_a_window_without_media_and_one_while_a_video_arrive
     assert quiet["window"].startswith("no media") and video["window"].startswith("2 s 30 fps")
     for row in (quiet, video):
         assert row["runs"] == 1 and float(row["max_gap_ms"].split()[0]) > 0 and float(row["window_s"].split()[0]) > 0
+
+
+def test_the_chunking_table_has_the_streams_gaps_and_the_image_ttft_for_each_prefill(demo_cache_dir):
+    cfg = load_config(
+        None, overrides=["model.path=demo:vlm-tiny", f"model.demo_cache_dir={demo_cache_dir}"], environ={}
+    )
+
+    async def measure():
+        with trio.fail_after(300):
+            return await measure_chunking(cfg, 32, runs=1)
+
+    rows = trio.run(measure)
+    assert [row["media prefill"].split(",")[0] for row in rows] == ["chunk 32", "chunk 32", "none (prefill_step_size)"]
+    for row in rows:
+        assert row["runs"] == 1 and float(row["image_ttft_s"].split()[0]) > 0
+        assert float(row["max_gap_ms"].split()[0]) > 0, row

@@ -157,29 +157,40 @@ async def _stream(engine: Any, index: int, arrivals: list[float], started: trio.
             started.set()
 
 
+async def start_text_streams(nursery: trio.Nursery, engine: Any) -> list[list[float]]:
+    """:data:`NUM_STREAMS` greedy text streams in ``nursery``, once each has a few tokens: each
+    one's token arrival times, growing while they run."""
+    arrivals: list[list[float]] = [[] for _ in range(NUM_STREAMS)]
+    started = [trio.Event() for _ in range(NUM_STREAMS)]
+    for i in range(NUM_STREAMS):
+        nursery.start_soon(_stream, engine, i, arrivals[i], started[i])
+    for event in started:
+        await event.wait()
+    return arrivals
+
+
+def gap_stats(arrivals: list[list[float]], begin: float, end: float) -> dict:
+    """The streams' gaps between tokens that overlap ``begin``..``end``: p50, p95 and the longest, in ms."""
+    gaps = [b - a for times in arrivals for a, b in zip(times, times[1:], strict=False) if b > begin and a < end]
+    return {
+        "itl_p50_ms": percentile(gaps, 50) * 1000 if gaps else None,
+        "itl_p95_ms": percentile(gaps, 95) * 1000 if gaps else None,
+        "max_gap_ms": max(gaps) * 1000 if gaps else None,
+    }
+
+
 async def measure_once(engine: Any, seed: int) -> dict:
     """One run: the streams' gaps from the large image's submit to its first token."""
-    arrivals: list[list[float]] = [[] for _ in range(NUM_STREAMS)]
     large = image_prompt(LARGE_SIDE, 100 + seed, LARGE_TEXT_WORDS)
     async with trio.open_nursery() as nursery:
-        started = [trio.Event() for _ in range(NUM_STREAMS)]
-        for i in range(NUM_STREAMS):
-            nursery.start_soon(_stream, engine, i, arrivals[i], started[i])
-        for event in started:
-            await event.wait()
+        arrivals = await start_text_streams(nursery, engine)
         await trio.sleep(SETTLE_S)
         begin = trio.current_time()
         async for _delta in engine.generate(large, SamplingParams(temperature=0.0, max_tokens=1)):
             break
         end = trio.current_time()
         nursery.cancel_scope.cancel()
-    gaps = [b - a for times in arrivals for a, b in zip(times, times[1:], strict=False) if b > begin and a < end]
-    return {
-        "ttft_s": end - begin,
-        "itl_p50_ms": percentile(gaps, 50) * 1000 if gaps else None,
-        "itl_p95_ms": percentile(gaps, 95) * 1000 if gaps else None,
-        "max_gap_ms": max(gaps) * 1000 if gaps else None,
-    }
+    return {"ttft_s": end - begin, **gap_stats(arrivals, begin, end)}
 
 
 async def measure_chunking(cfg: EngineConfig, chunk: int, runs: int = 3) -> list[dict]:

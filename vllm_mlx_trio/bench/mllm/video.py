@@ -23,8 +23,8 @@ from ...config import EngineConfig
 from ...core.params import SamplingParams
 from ...engine import open_engine
 from ...messages import ChatMessage, ChatPrompt, TextPart, VideoPart
-from ..stats import percentile, runs_spread
-from .run import NUM_STREAMS, SETTLE_S, vlm_config
+from ..stats import runs_spread
+from .run import SETTLE_S, gap_stats, start_text_streams, vlm_config
 
 #: The long video: seconds, frames per second, and frame side in pixels.
 VIDEO_SECONDS = 60
@@ -54,24 +54,11 @@ def video_prompt(url: str, seed: int) -> ChatPrompt:
     return ChatPrompt(messages=(ChatMessage(role="user", content=(video, text)),))
 
 
-async def _stream(engine: Any, index: int, arrivals: list[float], started: trio.Event) -> None:
-    prompt = [{"role": "user", "content": f"Tell me story number {index} about the sea."}]
-    async for _delta in engine.generate(prompt, SamplingParams(temperature=0.0, ignore_eos=True)):
-        arrivals.append(trio.current_time())
-        if len(arrivals) == 4:
-            started.set()
-
-
 async def measure_windows(engine: Any, url: str, seed: int) -> tuple[dict, dict]:
     """One run: the streams' gaps over a window without media, then from the video's submit to
     its first token."""
-    arrivals: list[list[float]] = [[] for _ in range(NUM_STREAMS)]
     async with trio.open_nursery() as nursery:
-        started = [trio.Event() for _ in range(NUM_STREAMS)]
-        for i in range(NUM_STREAMS):
-            nursery.start_soon(_stream, engine, i, arrivals[i], started[i])
-        for event in started:
-            await event.wait()
+        arrivals = await start_text_streams(nursery, engine)
         await trio.sleep(SETTLE_S)
         quiet_begin = trio.current_time()
         await trio.sleep(SETTLE_S * 2)
@@ -84,13 +71,7 @@ async def measure_windows(engine: Any, url: str, seed: int) -> tuple[dict, dict]
 
 
 def _window(arrivals: list[list[float]], begin: float, end: float) -> dict:
-    gaps = [b - a for times in arrivals for a, b in zip(times, times[1:], strict=False) if b > begin and a < end]
-    return {
-        "window_s": end - begin,
-        "itl_p50_ms": percentile(gaps, 50) * 1000 if gaps else None,
-        "itl_p95_ms": percentile(gaps, 95) * 1000 if gaps else None,
-        "max_gap_ms": max(gaps) * 1000 if gaps else None,
-    }
+    return {"window_s": end - begin, **gap_stats(arrivals, begin, end)}
 
 
 async def measure_video(cfg: EngineConfig, chunk: int, runs: int = 3, *, seconds: float = VIDEO_SECONDS) -> list[dict]:
