@@ -11,8 +11,8 @@ import trio
 from prefix_zoo import ARCHITECTURES
 
 from vllm_mlx_trio import SamplingParams, open_engine
-from vllm_mlx_trio.actors.executor import ExecutorActor
 from vllm_mlx_trio.config import load_config
+from vllm_mlx_trio.testing.runners import keeping_runners
 from vllm_mlx_trio.worker.batched.runner import BatchRunner
 
 pytestmark = pytest.mark.mlx
@@ -43,15 +43,7 @@ def config(model_dir: str, share: bool, *overrides: str):
 
 
 def capture(cfg, runners: list):
-    def make(request_waiting):
-        runner = BatchRunner(cfg, request_waiting=request_waiting)
-        runners.append(runner)
-        return runner
-
-    def build(plan_recv, result_send):
-        return ExecutorActor(plan_recv=plan_recv, result_send=result_send, runner_factory=make)
-
-    return build
+    return keeping_runners(lambda request_waiting: BatchRunner(cfg, request_waiting=request_waiting), runners)
 
 
 def jobs() -> list[tuple[str, SamplingParams]]:

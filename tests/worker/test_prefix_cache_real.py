@@ -13,9 +13,9 @@ import pytest
 import trio
 
 from vllm_mlx_trio import SamplingParams, open_engine
-from vllm_mlx_trio.actors.executor import ExecutorActor
 from vllm_mlx_trio.config import load_config
 from vllm_mlx_trio.testing.polling import wait_until
+from vllm_mlx_trio.testing.runners import keeping_runners
 
 pytestmark = pytest.mark.mlx
 
@@ -44,15 +44,7 @@ def capture_runner(cfg, runners: list):
     else:
         from vllm_mlx_trio.worker.simple_runner import SimpleRunner as Runner
 
-    def make(request_waiting):
-        runner = Runner(cfg, request_waiting=request_waiting)
-        runners.append(runner)
-        return runner
-
-    def build(plan_recv, result_send):
-        return ExecutorActor(plan_recv=plan_recv, result_send=result_send, runner_factory=make)
-
-    return build
+    return keeping_runners(lambda request_waiting: Runner(cfg, request_waiting=request_waiting), runners)
 
 
 # -- prompts -----------------------------------------------------------------------------

@@ -18,10 +18,10 @@ import time
 import attrs
 import trio
 
-from ...actors.executor import ExecutorActor
 from ...config import EngineConfig
 from ...core.params import SamplingParams
 from ...engine import Engine, open_engine
+from ...testing.runners import keeping_runners
 from ..workload import corpus_text
 
 DEFAULT_MODEL = "demo:small"
@@ -98,15 +98,7 @@ def _config(cfg: EngineConfig, share: bool) -> EngineConfig:
 def _capturing(cfg: EngineConfig, runners: list):
     from ...worker.batched.runner import BatchRunner  # imports mlx
 
-    def make(request_waiting):
-        runner = BatchRunner(cfg, request_waiting=request_waiting)
-        runners.append(runner)
-        return runner
-
-    def build(plan_recv, result_send):
-        return ExecutorActor(plan_recv=plan_recv, result_send=result_send, runner_factory=make)
-
-    return build
+    return keeping_runners(lambda request_waiting: BatchRunner(cfg, request_waiting=request_waiting), runners)
 
 
 async def measure_shared_prefix(
