@@ -21,7 +21,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, BatchKVCache, KVCache, make_prompt_cache
 
-from .cache_txn import ROLLBACK_TOLERANCE, _install_taps
+from .cache_txn import ROLLBACK_TOLERANCE, _install_taps, remove_taps
 from .ragged import keep_rows
 
 #: The per-layer cache types a batched rollback covers (one-row form; batched they are BatchKVCache / ArraysCache).
@@ -43,12 +43,7 @@ class BatchTransaction:
 
     def keep(self, keep: Sequence[int]) -> None:
         """Leave row ``i`` holding what it held before plus the first ``keep[i]`` inputs."""
-        recorded = {}
-        for index, (layer, tap) in self._taps.items():
-            layer.linear_attn = tap.mixer
-            if tap.recorded is not None:
-                recorded[index] = (tap.mixer, tap.recorded)
-        self._taps = {}
+        recorded, self._taps = remove_taps(self._taps), {}
         keep_rows([layer for layer in self._cache if isinstance(layer, BatchKVCache)], self._written, keep)
         if not self._saved or all(n == self._written for n in keep):
             return

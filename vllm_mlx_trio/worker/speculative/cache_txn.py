@@ -140,12 +140,7 @@ class CacheTransaction:
     def _remove_taps(self) -> dict[int, tuple[nn.Module, tuple[mx.array, mx.array | None]]] | None:
         """Put the mixers back; their recorded inputs by layer index, or None when replay cannot cover every
         non-trimmable layer (then the whole model re-forwards)."""
-        recorded = {}
-        for index, (layer, tap) in self._taps.items():
-            layer.linear_attn = tap.mixer
-            if tap.recorded is not None:
-                recorded[index] = (tap.mixer, tap.recorded)
-        self._taps = {}
+        recorded, self._taps = remove_taps(self._taps), {}
         untapped = [i for i, c in enumerate(self._cache) if not c.is_trimmable() and i not in recorded]
         return None if untapped else recorded
 
@@ -164,6 +159,17 @@ def _install_taps(model: Any, cache: list[Any]) -> dict[int, tuple[nn.Module, _M
             layer.linear_attn = tap = _MixerTap(mixer)
             taps[index] = (layer, tap)
     return taps
+
+
+def remove_taps(taps: dict[int, tuple[nn.Module, _MixerTap]]) -> dict[int, tuple[nn.Module, Any]]:
+    """Put the tapped layers' mixers back; what each recorded, by layer index (layers that
+    recorded nothing left out)."""
+    recorded = {}
+    for index, (layer, tap) in taps.items():
+        layer.linear_attn = tap.mixer
+        if tap.recorded is not None:
+            recorded[index] = (tap.mixer, tap.recorded)
+    return recorded
 
 
 def _is_state_arrays(layer_cache: Any) -> bool:
