@@ -81,7 +81,9 @@ async def test_the_chunk_is_small_while_a_stream_decodes_and_the_output_is_the_s
     window = arrivals[arrivals.index("L-submitted") : arrivals.index("L")]
     if decoding_chunk != "none":  # ~600 prompt tokens, at most 16 or 32 per step: each step decodes the stream
         assert window.count("s") >= 600 // int(decoding_chunk) - 2
-    else:  # 512-token chunks: the prompt takes two steps, after the stream's plan in flight (<= 16 steps)
+    else:  # 512-token chunks: the prompt takes two steps; the window also holds the steps the stream
+        # decodes while admission renders and tokenizes the prompt (a few, more on a loaded machine),
+        # still well under the chunked cases' >= 35
         assert window.count("s") < 20
     assert beside == alone and len(alone) == GREEDY.max_tokens
 
