@@ -11,8 +11,8 @@ import trio
 from prefix_zoo import ARCHITECTURES
 
 from vllm_mlx_trio import SamplingParams, open_engine
+from vllm_mlx_trio.actors.executor import keeping_runners
 from vllm_mlx_trio.config import load_config
-from vllm_mlx_trio.testing.runners import keeping_runners
 from vllm_mlx_trio.worker.batched.runner import BatchRunner
 
 pytestmark = pytest.mark.mlx

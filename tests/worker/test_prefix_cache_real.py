@@ -13,9 +13,9 @@ import pytest
 import trio
 
 from vllm_mlx_trio import SamplingParams, open_engine
+from vllm_mlx_trio.actors.executor import keeping_runners
 from vllm_mlx_trio.config import load_config
 from vllm_mlx_trio.testing.polling import wait_until
-from vllm_mlx_trio.testing.runners import keeping_runners
 
 pytestmark = pytest.mark.mlx
 

@@ -24,6 +24,7 @@ import contextlib
 import queue
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import trio
 
@@ -282,3 +283,19 @@ def _execute(runner: Runner, plan: StepPlan) -> StepResult:
         raise
     except Exception as exc:  # boundary: an MLX failure kills the engine, with a clear cause
         raise ExecutorCrashedError(f"step {plan.step_id} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def keeping_runners(make_runner: Callable[[Any], Any], runners: list) -> Callable[[Any, Any], ExecutorActor]:
+    """An ``executor_factory`` for ``open_engine`` whose runners stay reachable (tests and benches
+    look at the MLX-side state through them): the real executor, each runner it builds by
+    ``make_runner(request_waiting)`` appended to ``runners``."""
+
+    def make(request_waiting):
+        runner = make_runner(request_waiting)
+        runners.append(runner)
+        return runner
+
+    def build(plan_recv, result_send):
+        return ExecutorActor(plan_recv=plan_recv, result_send=result_send, runner_factory=make)
+
+    return build

@@ -18,10 +18,10 @@ import time
 import attrs
 import trio
 
+from ...actors.executor import keeping_runners
 from ...config import EngineConfig
 from ...core.params import SamplingParams
 from ...engine import Engine, open_engine
-from ...testing.runners import keeping_runners
 from ..workload import corpus_text
 
 DEFAULT_MODEL = "demo:small"
