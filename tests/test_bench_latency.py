@@ -184,6 +184,21 @@ def test_the_ceiling_row_gives_every_row_its_ratio_and_is_no_peer():
     assert table[path_name(1)]["ttft_vs_best_peer"] is None
 
 
+def test_each_level_is_divided_by_the_raw_loop_at_its_own_level():
+    """Level 16's rows go over mlx-lm's BatchGenerator at 16, never over generate_step at 1."""
+    rows = [
+        {**_row("ours", level, r, 20.0), "agg_tok_s": tok}
+        for r in range(3)
+        for level, tok in ((1, 450.0), (16, 2700.0))
+    ]
+    rows += [{**_row(path_name(1), 1, r, 5.0), "agg_tok_s": 600.0} for r in range(3)]
+    rows += [{**_row(path_name(16), 16, r, 40.0), "agg_tok_s": 3000.0} for r in range(3)]
+    table = {(r["path"], r["conc"]): r for r in median_rows(rows)}
+    assert table[("ours", 16)]["vs_ceiling"] == 0.9 and table[("ours", 16)]["paired_vs_ceiling"] == 0.9
+    assert table[("ours", 1)]["vs_ceiling"] == 0.75
+    assert table[(path_name(16), 16)]["ttft_vs_best_peer"] is None  # the raw loop is no peer
+
+
 def test_the_paired_ratio_is_taken_within_each_repetition():
     """The machine slows between repetitions: the ratio of medians says 0.3 (180 / 600), each repetition 0.9."""
     ceiling = [(0, 1000.0), (2, 200.0)]

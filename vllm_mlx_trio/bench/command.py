@@ -326,7 +326,10 @@ def _latency_args(sub, config_args: ConfigArgs) -> None:
     )
     lat.add_argument("--model-dir", default="demo:tiny", help="model directory (or demo:<size>; default demo:tiny)")
     lat.add_argument(
-        "--peers", default="ours,mlx-lm,vllm-mlx", help="servers (default all three); ceiling: mlx-lm generate_step"
+        "--peers",
+        default="ours,mlx-lm,vllm-mlx",
+        help="servers (default all three); ceiling: mlx-lm's own loops (generate_step at 1 stream, "
+        "BatchGenerator above)",
     )
     lat.add_argument(
         "--variant",

@@ -205,18 +205,18 @@ class EngineSection:
     #: Batched mode: the prefill chunk while other rows decode (>= 1; none: prefill_step_size).
     #: Smaller keeps the running streams' inter-token latency while a long prompt arrives, at
     #: the cost of its time to first token; a prompt prefilled alone takes full chunks.
-    prefill_step_size_decoding: int | None = _option(32, _in_range(1))
+    prefill_step_size_decoding: int | None = _option(160, _in_range(1))
     #: Batched mode: the runner prefills prompts itself, one at a time, and sizes the chunk
     #: beside streams that were running before the prompt came by measured time: a step with
     #: a chunk costs about (1 + this) decode steps, chunks of 4 to prefill_step_size_decoding
     #: tokens (>= 0.01; none: mlx-lm's BatchGenerator prefills, prefill_batch_size prompts
     #: together, in fixed chunks).
-    prefill_time_ratio: float | None = _option(1.0, _in_range(0.01), converter=_to_float)
+    prefill_time_ratio: float | None = _option(0.6, _in_range(0.01), converter=_to_float)
     #: Batched mode: most decode steps one plan runs back to back while every row decodes and
     #: nothing waits (run-ahead; each plan also stays under run_ahead_ms): the MLX thread goes
     #: on without waiting for the event loop, and each step's tokens still leave as the step
     #: ends (>= 1; 1: off).
-    run_ahead_steps: int = _option(8, _in_range(1))
+    run_ahead_steps: int = _option(24, _in_range(1))
     #: Batched mode: hold a run-ahead plan's tokens until the plan ends, so one streamed chunk
     #: carries up to run_ahead_steps tokens (solo_run_ahead_steps for a lone stream) and the
     #: event loop handles them together: less CPU per token on a machine with few cores, for
@@ -225,7 +225,7 @@ class EngineSection:
     hold_run_ahead_tokens: bool = _option(False)
     #: Batched mode: another run-ahead step joins a plan only while the plan stays under this many
     #: milliseconds (>= 0): a longer step never runs ahead. A plan beside a timed prompt chunk
-    #: keeps its own 32 ms.
+    #: keeps its own chunk_run_ahead_ms.
     run_ahead_ms: float = _option(16.0, _in_range(0), converter=_to_float)
     #: Batched mode: run_ahead_steps and run_ahead_ms for a plan whose batch holds one sequence
     #: (a lone stream delays no other; an arriving request still ends the plan at the next step).
@@ -236,7 +236,7 @@ class EngineSection:
     #: prompt prefilled beside streams that were running before it came) runs after its chunk
     #: (>= 0; 0: one step a chunk). Longer: fewer chunks, each a longer gap in the streams; 0:
     #: a small chunk at every step, the streams' gaps even but every one longer.
-    chunk_run_ahead_ms: float = _option(32.0, _in_range(0), converter=_to_float)
+    chunk_run_ahead_ms: float = _option(64.0, _in_range(0), converter=_to_float)
     #: VLM mode (engine.mode = "vlm"): prompt tokens per step of a media prompt's language prefill (>= 1; none:
     #: prefill_step_size). Its vision encoding is one step, then a chunk per step, so running
     #: text streams keep getting tokens while a large image or video prefills.

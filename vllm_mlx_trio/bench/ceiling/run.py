@@ -57,14 +57,14 @@ def run_ceiling_bench(cfg: EngineConfig, workload: Workload) -> CeilingResult:
             if concurrency == 1:
                 runs = model.single(prompts, num_tokens=workload.max_tokens)
             else:
-                runs = _batched(model, prompts, concurrency, workload.max_tokens)
+                runs = batched_waves(model, prompts, concurrency, workload.max_tokens)
             row = summarize(path_name(concurrency), concurrency, traces_from_runs(runs))
             rows.append(add_ratio(row, row["agg_tok_s"]))
             agg[concurrency] = row["agg_tok_s"]
     return CeilingResult(rows=rows, agg_tok_s=agg, machine=model.machine)
 
 
-def _batched(model: CeilingProcess, prompts: list[list[dict]], concurrency: int, max_tokens: int):
+def batched_waves(model: CeilingProcess, prompts: list[list[dict]], concurrency: int, max_tokens: int):
     """Waves of ``concurrency`` prompts, each wave one BatchGenerator run."""
     runs = []
     for i in range(0, len(prompts), concurrency):

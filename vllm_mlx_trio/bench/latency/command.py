@@ -11,7 +11,8 @@ from ..peers import PeerServer, peer_server, vllm_mlx_executable
 from .arrival import ArrivalWorkload
 from .run import QUICK, LatencyWorkload, missing_executable, ours_variant, run_latency
 
-#: In ``--peers``: mlx-lm's ``generate_step`` loop in a child process, at level 1 (not a server).
+#: In ``--peers``: mlx-lm's own loops in a child process at every level (not a server):
+#: ``generate_step`` at level 1, ``BatchGenerator`` above it.
 CEILING = "ceiling"
 
 COLUMNS = (

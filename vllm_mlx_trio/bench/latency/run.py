@@ -8,10 +8,13 @@ shared): ``level`` clients, each sending its next streamed chat when the last on
 ``max(level, len(lengths))`` fresh prompts cycling through the lengths. A table gives, per
 server and level, the median over the repetitions of each figure with its spread (min-max).
 
-With a ceiling (mlx-lm's ``generate_step`` in a child process, ``--peers ...,ceiling``) each
-repetition of level 1 also runs the same kind of prompts through it, and every level-1 row gets
-``vs_ceiling``: its ``agg_tok_s`` over the ceiling's (medians), and ``paired_vs_ceiling``: the
-median over the repetitions of that ratio within each (the ceiling runs right after the servers).
+With a ceiling (mlx-lm's own loops in a child process, ``--peers ...,ceiling``) each repetition
+of each level also runs the same kind of prompts through it: ``generate_step`` one request at a
+time at level 1, one ``BatchGenerator`` per wave of ``level`` prompts above it. Every row gets
+``vs_ceiling``: its ``agg_tok_s`` over the ceiling's at its level (medians), and
+``paired_vs_ceiling``: the median over the repetitions of that ratio within each (the ceiling
+runs right after the servers). The client is this process, never the server's: a server's ratio
+holds the whole cost of serving its tokens over HTTP, the raw loop's none.
 
 With stream intervals (``--intervals 1,4``) each of our servers (ours and its variants) gives one
 row per interval, ``NAME-siN``: its requests carry ``stream_interval: N``. Every server row also
@@ -43,7 +46,7 @@ import httpx
 import trio
 
 from ..ceiling.process import CeilingProcess
-from ..ceiling.run import path_name, traces_from_runs
+from ..ceiling.run import batched_waves, path_name, traces_from_runs
 from ..http import HttpTarget, closed_loop, prepare
 from ..peers import PeerServer, peak_rss_mib, peer_server, port_free, stop, wait_ready
 from ..proc_cpu import cpu_times, ms_per_token
@@ -223,12 +226,17 @@ async def measure_long_arrival(servers: Sequence[Running], work: ArrivalWorkload
         return await measure_arrival(list(targets.items()), http, work, maker)
 
 
-async def _ceiling_row(ceiling: CeilingProcess, prompts: list[str], max_tokens: int) -> dict:
-    """One repetition of level 1 through mlx-lm's ``generate_step`` (no EOS stop)."""
+async def _ceiling_row(ceiling: CeilingProcess, prompts: list[str], level: int, max_tokens: int) -> dict:
+    """One repetition of ``level`` through mlx-lm's own loop (no EOS stop): ``generate_step`` at
+    level 1, else ``BatchGenerator`` waves of ``level`` prompts."""
+    chats = [chat(p) for p in prompts]
     before = cpu_times(ceiling.pid)
-    runs = await trio.to_thread.run_sync(lambda: ceiling.single([chat(p) for p in prompts], num_tokens=max_tokens))
+    if level == 1:
+        runs = await trio.to_thread.run_sync(lambda: ceiling.single(chats, num_tokens=max_tokens))
+    else:
+        runs = await trio.to_thread.run_sync(lambda: batched_waves(ceiling, chats, level, max_tokens))
     traces = traces_from_runs(runs)
-    row = summarize(path_name(1), 1, traces)
+    row = summarize(path_name(level), level, traces)
     add_cpu_figures(row, before, cpu_times(ceiling.pid), traces, event_loop=False)
     return row
 
@@ -259,9 +267,9 @@ async def measure(
                         f"itl p50 {row['itl_p50_ms']} ms, {row['agg_tok_s']} tok/s, "
                         f"{row['chunks_per_token']} chunks/token"
                     )
-                if ceiling is not None and level == 1:
-                    prompts = maker.batch(f"r{rep}-ceiling", workload.lengths, workload.num_requests(1))
-                    rows.append({**await _ceiling_row(ceiling, prompts, workload.max_tokens), "rep": rep})
+                if ceiling is not None:
+                    prompts = maker.batch(f"r{rep}-c{level}-ceiling", workload.lengths, workload.num_requests(level))
+                    rows.append({**await _ceiling_row(ceiling, prompts, level, workload.max_tokens), "rep": rep})
     return rows
 
 
@@ -303,14 +311,15 @@ def median_rows(rows: Sequence[dict]) -> list[dict]:
             and r["path"] != row["path"]
             and r["_ttft_p50_ms"]
             and not r["path"].startswith("ours")
-            and r["path"] != path_name(1)
+            and r["path"] != path_name(r["conc"])
         ]
         mine = row["_ttft_p50_ms"]
-        ours = row["path"] != path_name(1)  # the ceiling is no server
+        raw_loop = path_name(row["conc"])
+        ours = row["path"] != raw_loop  # the ceiling is no server
         row["ttft_vs_best_peer"] = round(mine / min(others), 2) if others and mine and ours else None
-        ceiling = [r["_agg_tok_s"] for r in table if r["conc"] == row["conc"] and r["path"] == path_name(1)]
+        ceiling = [r["_agg_tok_s"] for r in table if r["conc"] == row["conc"] and r["path"] == raw_loop]
         row["vs_ceiling"] = round(row["_agg_tok_s"] / ceiling[0], 2) if ceiling and row["_agg_tok_s"] else None
-        row["paired_vs_ceiling"] = paired_ratio(rows, row["path"], path_name(1), row["conc"])
+        row["paired_vs_ceiling"] = paired_ratio(rows, row["path"], raw_loop, row["conc"])
     return table
 
 
@@ -352,7 +361,7 @@ def run_latency(
     ceiling_cfg=None,
 ) -> dict:
     """Start the servers, measure ``workload`` (levels, or the long-arrival scenario), stop them.
-    ``ceiling_cfg`` (an EngineConfig): also mlx-lm's ``generate_step`` at level 1."""
+    ``ceiling_cfg`` (an EngineConfig): also mlx-lm's own loops at every level."""
     arrival = isinstance(workload, ArrivalWorkload)
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-latency-"))

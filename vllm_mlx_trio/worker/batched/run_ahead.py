@@ -2,7 +2,7 @@
 
 While every row decodes (no prompt in the generator or the runner's prefill but one taking timed
 chunks), a plan runs more decode steps back to back ("run-ahead"), up to ``engine.run_ahead_steps``
-and while the plan has taken less than ``engine.run_ahead_ms`` (16 ms; with one row in the batch
+(24) and while the plan has taken less than ``engine.run_ahead_ms`` (16 ms; with one row in the batch
 ``engine.solo_run_ahead_steps`` and ``_ms``, 16 and 32 ms: a lone stream delays no other, and an
 arrival still ends the plan; beside a timed prompt chunk ``engine.chunk_run_ahead_ms``), and within
 the KV budget with the scheduler's headroom for one token a
