@@ -115,7 +115,12 @@ async def test_the_runner_prefills_the_prompt_itself_unless_the_time_ratio_is_no
 
     monkeypatch.setattr(PromptProcessingBatch, "prompt", spy_generator)
     monkeypatch.setattr(PromptPrefill, "step", spy_runner)
-    cfg = config(float32_dir, f"engine.prefill_time_ratio={time_ratio}", "cache.enabled=false")
+    cfg = config(
+        float32_dir,
+        f"engine.prefill_time_ratio={time_ratio}",
+        "engine.prefill_step_size_decoding=32",
+        "cache.enabled=false",
+    )
     with trio.fail_after(TIMEOUT_S):
         async with open_engine(cfg) as engine:
             arrivals, _ = await _arrival(engine)
@@ -171,7 +176,8 @@ async def test_beside_a_stream_a_plan_runs_ahead_after_its_chunk(float32_dir, mo
     monkeypatch.setattr(batch_runner.BatchRunner, "_generator_step", spy_generator)
     # 60000: no time limit, the steps limit; 0: one decode step per chunk
     window = f"engine.chunk_run_ahead_ms={chunk_window_ms}"
-    cfg = config(float32_dir, "engine.run_ahead_steps=4", window, "cache.enabled=false")
+    chunk = "engine.prefill_step_size_decoding=32"  # ~600 prompt tokens: about 19 chunks
+    cfg = config(float32_dir, "engine.run_ahead_steps=4", window, chunk, "cache.enabled=false")
     with trio.fail_after(TIMEOUT_S):
         async with open_engine(cfg) as engine:
             alone = await _tokens(engine, LONG_PROMPT, GREEDY)
