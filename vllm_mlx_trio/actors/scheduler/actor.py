@@ -196,7 +196,7 @@ class SchedulerActor:
             if self._in_flight:  # it can start at the next plan boundary: end the run-ahead
                 with contextlib.suppress(trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError):
                     self._plan_send.send_nowait(RequestWaiting())
-            if self._result_wait is not None:
+            if self._result_wait is not None and self._room_to_join():
                 self._result_wait.cancel()  # it may start now, in a join plan
         self._admissions_open = False
         self._wake_loop()
@@ -303,13 +303,12 @@ class SchedulerActor:
         and not yet sent, and those admitted while none is computing its prompt, are sent in
         join plans while there is room for one."""
         while True:
-            room = self._room_to_join()
-            if room and self._scheduler.has_starting:
+            if self._scheduler.has_starting and self._room_to_join():
                 await self._send_plan(join_previous=True)
-                room = self._room_to_join()
             scope = trio.CancelScope()
-            # Else an admission waits for the result.
-            self._result_wait = scope if room and not self._scheduler.computing_prompt else None
+            # Else an admission waits for the result. Whether a join plan has room is asked when one
+            # comes (nothing it depends on changes while this task waits), not at every result.
+            self._result_wait = None if self._scheduler.computing_prompt else scope
             try:
                 with scope:
                     return await self._result_recv.receive()
