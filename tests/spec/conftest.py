@@ -32,6 +32,24 @@ def spec_config(model: str, draft: str | None, *overrides: str, method: str = "d
     return load_config(None, overrides=[f"model.path={model}", *spec, *steps, *overrides], environ={})
 
 
+def build(cfg, **kwargs):
+    """The runner ``cfg`` asks for, loaded; the caller closes it."""
+    from vllm_mlx_trio.worker.registry import runner_for
+
+    runner = runner_for(cfg)(cfg, **kwargs)
+    runner.load()
+    return runner
+
+
+@pytest.fixture
+def runners(float32_dir):
+    """(plain batched runner, speculative runner drafting with the target itself); closed after the test."""
+    made = [build(spec_config(float32_dir, None)), build(spec_config(float32_dir, float32_dir))]
+    yield made
+    for runner in made:
+        runner.close()
+
+
 class RandomDrafter:
     """A drafter that disagrees: uniformly random drafts (seeded), no state."""
 

@@ -21,22 +21,6 @@ def new(rid: str, prompt, params=GREEDY) -> NewSequence:
     return NewSequence(request_id=RequestId(rid), prompt_token_ids=tuple(prompt), params=params)
 
 
-def build(cfg, **kwargs):
-    from vllm_mlx_trio.worker.registry import runner_for
-
-    runner = runner_for(cfg)(cfg, **kwargs)
-    runner.load()
-    return runner
-
-
-@pytest.fixture
-def runners(float32_dir):
-    made = [build(spec_config(float32_dir, None)), build(spec_config(float32_dir, float32_dir))]
-    yield made
-    for runner in made:
-        runner.close()
-
-
 def together(runner, sequences, *, stagger: int = 0) -> PlanDriver:
     """All ``sequences`` run to the end; with ``stagger``, each joins that many steps after the one before."""
     driver = PlanDriver(runner)

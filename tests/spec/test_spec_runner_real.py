@@ -13,7 +13,7 @@ import pytest
 from vllm_mlx_trio.core.params import SamplingParams
 from vllm_mlx_trio.messages import NewSequence, RequestId
 
-from .conftest import OneRowDrafter, PlanDriver, RandomDrafter, spec_config
+from .conftest import OneRowDrafter, PlanDriver, RandomDrafter, build, spec_config
 
 pytestmark = pytest.mark.mlx
 
@@ -26,23 +26,6 @@ def new(rid: str, prompt=PROMPT_A, params=GREEDY, *, output: tuple[int, ...] = (
     return NewSequence(
         request_id=RequestId(rid), prompt_token_ids=(*prompt, *output), params=params, num_output_tokens=len(output)
     )
-
-
-def build(cfg, **kwargs):
-    from vllm_mlx_trio.worker.registry import runner_for
-
-    runner = runner_for(cfg)(cfg, **kwargs)
-    runner.load()
-    return runner
-
-
-@pytest.fixture
-def runners(float32_dir):
-    """(plain batched runner, speculative runner drafting with the target itself); closed after the test."""
-    made = [build(spec_config(float32_dir, None)), build(spec_config(float32_dir, float32_dir))]
-    yield made
-    for runner in made:
-        runner.close()
 
 
 @pytest.fixture
