@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..plan import BlockId
-from .child_index import common_length, root_key
+from .child_index import root_key
 from .media_keys import MediaKeys, first_difference, media_between
 from .pool_entries import EntryTable
 from .pool_types import ExtraKeys, Tokens
@@ -26,22 +26,33 @@ def best_end(
     """
     token_ids, extra_keys, media = prompt
     best: tuple[int, BlockId | None, int] = (0, None, 0)
-    for depth in range(len(chain) + 1):
+    for depth in range(_first_depth_that_counts(table, chain), len(chain) + 1):
         base = depth * block_size
         if depth and table[chain[depth - 1][1]].endable:
             best = (depth, None, base)
         parent = chain[depth - 1][0] if depth else root_key(extra_keys)
         rest = tuple(token_ids[base : base + block_size])
-        for tokens, child_id in table.children.candidates(parent, rest):
+        for shared, tokens, child_id in table.children.closest(parent, rest):
+            if base + shared <= best[2]:
+                break  # none after it shares more
             child = table[child_id]
             differ = first_difference(child.media, media_between(media, base, base + len(tokens)))
             media_ok = len(tokens) if differ is None else differ - base
             if child.endable:
-                n = min(common_length(tokens, rest), limit - base, media_ok)
-            elif child.is_tail and rest[: len(tokens)] == tokens and media_ok == len(tokens) <= limit - base:
+                n = min(shared, limit - base, media_ok)
+            elif child.is_tail and shared == len(tokens) and media_ok == len(tokens) <= limit - base:
                 n = len(tokens)
             else:
                 continue
             if base + n > best[2]:
                 best = (depth, child_id, base + n)
     return best
+
+
+def _first_depth_that_counts(table: EntryTable, chain: list[tuple[bytes, BlockId]]) -> int:
+    """The deepest depth whose chain block may end a hit: a hit ending at any shallower depth
+    covers no more than that block's end, where the hit ends anyway; 0 when there is none."""
+    for depth in range(len(chain), 0, -1):
+        if table[chain[depth - 1][1]].endable:
+            return depth
+    return 0
