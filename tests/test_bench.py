@@ -8,13 +8,12 @@ import os
 import subprocess
 import sys
 
-import httpx
 import pytest
 import trio
 
 from vllm_mlx_trio.bench import peers
 from vllm_mlx_trio.bench.engine import run_engine_bench
-from vllm_mlx_trio.bench.http import BenchError, HttpTarget, bench_own_server, traced_request
+from vllm_mlx_trio.bench.http import BenchError, bench_own_server
 from vllm_mlx_trio.bench.machine import describe_blas, machine_info, mapped_libraries
 from vllm_mlx_trio.bench.report import format_seeds, format_table
 from vllm_mlx_trio.bench.stats import RequestTrace, percentile, summarize
@@ -112,27 +111,6 @@ async def test_http_bench_on_our_server_with_the_fake_executor(fake_cfg):
     assert result["ignore_eos_sent"] is True
     seeds = result["seeds"]
     assert seeds["sequential"]["reqs"] == seeds["concurrent"]["reqs"] == 5 and seeds["speedup"]
-
-
-def _sse(*events: dict) -> bytes:
-    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
-
-
-async def test_http_counts_chunks_without_usage_and_reports_refusals():
-    def handler(request: httpx.Request) -> httpx.Response:
-        if json.loads(request.content)["max_tokens"] == 99:
-            return httpx.Response(400, json={"error": {"message": "no"}})
-        chunk = {"choices": [{"delta": {"content": "x"}}]}
-        role = {"choices": [{"delta": {"role": "assistant"}}]}
-        return httpx.Response(200, content=_sse(role, chunk, chunk))
-
-    target = HttpTarget(base_url="http://peer", model="m")
-    with trio.fail_after(10):
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
-            trace = await traced_request(http, target, "hi", 8)
-            with pytest.raises(BenchError, match="400"):
-                await traced_request(http, target, "hi", 99)
-    assert trace.completion_tokens == 2 and target.count_sources == {"chunks"}
 
 
 def test_peer_command_lines_and_process_helpers(tmp_path):

@@ -11,15 +11,18 @@ whether the server accepts it, and it is sent only if it does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from urllib.parse import urlsplit
 
 import attrs
 import httpx
 import trio
 
 from ..errors import VllmMlxTrioError
+from .sse_client import SseConnections, StreamProtocolError
 from .stats import RequestTrace, summarize
 from .workload import SEED_MAX_TOKENS, SEED_PROMPTS, WARMUP_TOKENS, PromptBlocks, Workload, chat
 
@@ -68,28 +71,79 @@ def _content(chunk: dict) -> bool:
     return bool(delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"))
 
 
-async def _stream(http: httpx.AsyncClient, url: str, body: dict) -> tuple[float, list[float], dict | None, float]:
+@attrs.define
+class BenchClient:
+    """The benches' HTTP client: httpx for plain calls (``plain``), and for the streamed
+    requests they time, the lean client of :mod:`.sse_client` (a pool per server): on a machine
+    with few cores what the client spends per token is taken from the server it measures."""
+
+    plain: httpx.AsyncClient
+    read_timeout_s: float = 600.0
+    max_streams: int = 64
+    _pools: dict[str, SseConnections] = attrs.Factory(dict)
+
+    def pool(self, base_url: str) -> SseConnections:
+        if base_url not in self._pools:
+            self._pools[base_url] = SseConnections(
+                base_url, read_timeout_s=self.read_timeout_s, max_streams=self.max_streams
+            )
+        return self._pools[base_url]
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+
+
+@contextlib.asynccontextmanager
+async def open_bench_client(*, timeout_s: float, max_connections: int) -> AsyncIterator[BenchClient]:
+    limits = httpx.Limits(max_connections=max_connections)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as http:
+        client = BenchClient(http, read_timeout_s=timeout_s, max_streams=max_connections)
+        try:
+            yield client
+        finally:
+            client.close()
+
+
+async def stream_chunks(client: BenchClient, target: HttpTarget, body: dict, on_chunk: Callable[[dict], None]) -> None:
+    """POST a streamed chat to ``target`` and hand each parsed ``data:`` chunk to ``on_chunk``
+    as it arrives, on the worker thread that reads the stream (to reach Trio from there, use
+    ``trio.from_thread``); a refusal or an error chunk raises :class:`BenchError`."""
+    url = target.chat_url
+
+    def on_line(line: bytes) -> None:
+        if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+            return
+        chunk = json.loads(line[5:])
+        if "error" in chunk:
+            raise BenchError(f"{url} failed mid-stream: {chunk['error']}")
+        on_chunk(chunk)
+
+    try:
+        status, text = await client.pool(target.base_url).post(urlsplit(url).path, body, on_line)
+    except (StreamProtocolError, OSError) as exc:
+        raise BenchError(f"{url}: {exc}") from exc
+    if status != 200:
+        raise BenchError(f"{url} answered {status}: {text.decode(errors='replace')[:300]}")
+
+
+async def _stream(client: BenchClient, target: HttpTarget, body: dict) -> tuple[float, list[float], dict | None, float]:
     """POST a streaming request: (start, content chunk times, usage or None, end)."""
     start, times, usage = time.perf_counter(), [], None
-    async with http.stream("POST", url, json=body) as resp:
-        if resp.status_code != 200:
-            text = (await resp.aread()).decode(errors="replace")[:300]
-            raise BenchError(f"{url} answered {resp.status_code}: {text}")
-        async for line in resp.aiter_lines():
-            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            if "error" in chunk:
-                raise BenchError(f"{url} failed mid-stream: {chunk['error']}")
-            if _content(chunk):
-                times.append(time.perf_counter())
-            if chunk.get("usage"):
-                usage = chunk["usage"]
+
+    def on_chunk(chunk: dict) -> None:
+        nonlocal usage
+        if _content(chunk):
+            times.append(time.perf_counter())
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+
+    await stream_chunks(client, target, body, on_chunk)
     return start, times, usage, time.perf_counter()
 
 
-async def traced_request(http: httpx.AsyncClient, target: HttpTarget, prompt: str, max_tokens: int) -> RequestTrace:
-    start, times, usage, end = await _stream(http, target.chat_url, target.body(prompt, max_tokens))
+async def traced_request(http: BenchClient, target: HttpTarget, prompt: str, max_tokens: int) -> RequestTrace:
+    start, times, usage, end = await _stream(http, target, target.body(prompt, max_tokens))
     if usage and usage.get("completion_tokens") is not None:
         target.count_sources.add("usage")
         completion, prompt_tokens = int(usage["completion_tokens"]), usage.get("prompt_tokens")
@@ -107,7 +161,7 @@ async def traced_request(http: httpx.AsyncClient, target: HttpTarget, prompt: st
 
 
 async def closed_loop(
-    http: httpx.AsyncClient, target: HttpTarget, prompts: Sequence[str], concurrency: int, max_tokens: int
+    http: BenchClient, target: HttpTarget, prompts: Sequence[str], concurrency: int, max_tokens: int
 ) -> list[RequestTrace]:
     """``concurrency`` clients share the prompts; each sends one request at a time."""
     traces: list[RequestTrace] = []
@@ -123,16 +177,16 @@ async def closed_loop(
     return traces
 
 
-async def prepare(http: httpx.AsyncClient, target: HttpTarget) -> None:
+async def prepare(http: BenchClient, target: HttpTarget) -> None:
     """Name the model (the server's first, if not given) and settle ``ignore_eos``."""
     if target.model is None:
-        resp = await http.get(f"{target.base_url.rstrip('/')}/v1/models")
+        resp = await http.plain.get(f"{target.base_url.rstrip('/')}/v1/models")
         resp.raise_for_status()
         target.model = resp.json()["data"][0]["id"]
     target.send_ignore_eos = target.ignore_eos == "on"
     if target.ignore_eos == "auto":
         probe = target.body(SEED_PROMPTS[0], WARMUP_TOKENS, ignore_eos=True)
-        async with http.stream("POST", target.chat_url, json=probe) as resp:
+        async with http.plain.stream("POST", target.chat_url, json=probe) as resp:
             await resp.aread()
             target.send_ignore_eos = resp.status_code == 200
 
@@ -141,7 +195,7 @@ def _count_from(target: HttpTarget) -> str:
     return "+".join(sorted(target.count_sources)) or "-"
 
 
-async def run_levels(http: httpx.AsyncClient, target: HttpTarget, workload: Workload, label: str) -> list[dict]:
+async def run_levels(http: BenchClient, target: HttpTarget, workload: Workload, label: str) -> list[dict]:
     """Every concurrency level of the workload, each after a warm-up of short requests."""
     blocks, warmups = PromptBlocks(), PromptBlocks(WARMUP_FIRST_PROMPT)
     rows = []
@@ -156,7 +210,7 @@ async def run_levels(http: httpx.AsyncClient, target: HttpTarget, workload: Work
     return rows
 
 
-async def run_seeds(http: httpx.AsyncClient, target: HttpTarget, label: str, max_tokens: int = SEED_MAX_TOKENS) -> dict:
+async def run_seeds(http: BenchClient, target: HttpTarget, label: str, max_tokens: int = SEED_MAX_TOKENS) -> dict:
     """vllm-mlx's five prompts: one at a time, then all at once; the speedup of the second."""
     await closed_loop(http, target, SEED_PROMPTS, len(SEED_PROMPTS), WARMUP_TOKENS)
     result: dict = {"prompts": list(SEED_PROMPTS), "max_tokens": max_tokens}
@@ -180,8 +234,7 @@ async def bench_url(
 ) -> dict:
     """Run the levels and the seeds workload against ``base_url``; rows, seeds and settings."""
     target = HttpTarget(base_url=base_url, model=model, ignore_eos=ignore_eos)
-    limits = httpx.Limits(max_connections=max(workload.concurrency) + 8)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as http:
+    async with open_bench_client(timeout_s=600.0, max_connections=max(workload.concurrency) + 8) as http:
         await prepare(http, target)
         rows = await run_levels(http, target, workload, label)
         seeds_result = await run_seeds(http, target, label) if seeds else None

@@ -18,16 +18,14 @@ a reader saw nothing new.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
 
 import attrs
-import httpx
 import trio
 
-from ..http import BenchError, HttpTarget, _content
+from ..http import BenchClient, HttpTarget, _content, stream_chunks
 from ..stats import percentile
 from .prompts import PromptMaker
 
@@ -77,7 +75,7 @@ def pieces_of(times: Sequence[float], counts: Sequence[int | None], completion_t
 
 
 async def timed_stream(
-    http: httpx.AsyncClient,
+    http: BenchClient,
     target: HttpTarget,
     prompt: str,
     max_tokens: int,
@@ -86,18 +84,16 @@ async def timed_stream(
     """Send one streamed chat: (send time, each content chunk's arrival time and tokens)."""
     start, times, counts, usage = time.perf_counter(), [], [], None
     body = {**target.body(prompt, max_tokens), "logprobs": True}
-    async with http.stream("POST", target.chat_url, json=body) as resp:
-        if resp.status_code != 200:
-            raise BenchError(f"{target.chat_url} answered {resp.status_code}")
-        async for line in resp.aiter_lines():
-            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-                continue
-            chunk = json.loads(line[5:])
-            if _content(chunk):
-                times.append(time.perf_counter())
-                counts.append(_piece_tokens(chunk))
-                on_piece(len(times))
-            usage = chunk.get("usage") or usage
+
+    def on_chunk(chunk: dict) -> None:
+        nonlocal usage
+        if _content(chunk):
+            times.append(time.perf_counter())
+            counts.append(_piece_tokens(chunk))
+            on_piece(len(times))
+        usage = chunk.get("usage") or usage
+
+    await stream_chunks(http, target, body, on_chunk)
     return start, pieces_of(times, counts, (usage or {}).get("completion_tokens"))
 
 
@@ -117,16 +113,16 @@ def _itl(gap_list: Sequence[Gap], q: float) -> float | None:
 
 
 async def one_round(
-    http: httpx.AsyncClient, target: HttpTarget, maker: PromptMaker, tag: str, work: ArrivalWorkload, *, arrival: bool
+    http: BenchClient, target: HttpTarget, maker: PromptMaker, tag: str, work: ArrivalWorkload, *, arrival: bool
 ) -> dict:
     """The streams' gaps (and the long prompt's timing when ``arrival``)."""
     settled = trio.Semaphore(0)
     streams: list[list[Piece]] = []
     long_timing: list[tuple[float, list[Piece]]] = []
 
-    def on_piece(n: int) -> None:
+    def on_piece(n: int) -> None:  # on the stream's reading thread
         if n == work.settle:
-            settled.release()
+            trio.from_thread.run_sync(settled.release)
 
     async def stream(prompt: str) -> None:
         _start, times = await timed_stream(http, target, prompt, work.stream_max_tokens, on_piece)
@@ -221,7 +217,7 @@ def median_arrival_rows(rows: Sequence[dict]) -> list[dict]:
 
 async def measure_arrival(
     targets: Sequence[tuple[str, HttpTarget]],
-    http: httpx.AsyncClient,
+    http: BenchClient,
     work: ArrivalWorkload,
     maker: PromptMaker,
     progress=print,

@@ -42,12 +42,11 @@ import time
 from collections.abc import Iterator, Sequence
 
 import attrs
-import httpx
 import trio
 
 from ..ceiling.process import CeilingProcess
 from ..ceiling.run import batched_waves, path_name, traces_from_runs
-from ..http import HttpTarget, closed_loop, prepare
+from ..http import BenchClient, HttpTarget, closed_loop, open_bench_client, prepare
 from ..peers import PeerServer, peak_rss_mib, peer_server, port_free, stop, wait_ready
 from ..proc_cpu import cpu_times, ms_per_token
 from ..stats import RequestTrace, summarize
@@ -181,7 +180,7 @@ def chunks_per_token(traces: Sequence[RequestTrace]) -> float | None:
     return round(sum(len(t.arrivals) for t in traces) / tokens, 3) if tokens else None
 
 
-async def _one_level(lane: Lane, prompts: list[str], level: int, max_tokens: int, http: httpx.AsyncClient) -> dict:
+async def _one_level(lane: Lane, prompts: list[str], level: int, max_tokens: int, http: BenchClient) -> dict:
     lane.target.count_sources.clear()
     start, cpu_before = time.perf_counter(), cpu_times(lane.pid)
     traces = await closed_loop(http, lane.target, prompts, level, max_tokens)
@@ -206,7 +205,7 @@ def _rotated(items: Sequence, by: int) -> list:
 
 
 async def _warm_targets(
-    http: httpx.AsyncClient, servers: Sequence[Running], lengths: Sequence[int], maker: PromptMaker
+    http: BenchClient, servers: Sequence[Running], lengths: Sequence[int], maker: PromptMaker
 ) -> dict[str, HttpTarget]:
     targets = {}
     for server in servers:
@@ -220,8 +219,7 @@ async def _warm_targets(
 
 async def measure_long_arrival(servers: Sequence[Running], work: ArrivalWorkload, maker: PromptMaker) -> list[dict]:
     """The long-arrival scenario's rows (see bench/latency/arrival.py)."""
-    limits = httpx.Limits(max_connections=work.streams + 8)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits) as http:
+    async with open_bench_client(timeout_s=900.0, max_connections=work.streams + 8) as http:
         targets = await _warm_targets(http, servers, (work.stream_prompt_tokens, work.long_tokens), maker)
         return await measure_arrival(list(targets.items()), http, work, maker)
 
@@ -249,8 +247,7 @@ async def measure(
     ceiling: CeilingProcess | None = None,
 ) -> list[dict]:
     """Every (repetition, level, server) row, servers alternating (the ceiling after them)."""
-    limits = httpx.Limits(max_connections=max(workload.levels) + 8)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits) as http:
+    async with open_bench_client(timeout_s=900.0, max_connections=max(workload.levels) + 8) as http:
         targets = await _warm_targets(http, servers, workload.lengths, maker)
         every = lanes(targets, workload.intervals, {s.peer.name: s.proc.pid for s in servers})
         rows = []
