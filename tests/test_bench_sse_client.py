@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from vllm_mlx_trio.bench.http import BenchError, HttpTarget, open_bench_client, traced_request
+from vllm_mlx_trio.bench.latency.run import Lane, _one_level
 from vllm_mlx_trio.bench.sse_client import ChunkedDecoder, SseConnections, StreamProtocolError, parse_head
 
 CONTENT = {"choices": [{"delta": {"content": "x"}}]}
@@ -170,3 +171,15 @@ def test_heads_and_addresses_that_are_not_http_are_refused():
         parse_head(b"SSH-2.0-OpenSSH\r\n")
     with pytest.raises(StreamProtocolError, match="not an http"):
         SseConnections("ftp://host/")
+
+
+async def test_a_latency_row_counts_what_the_client_spent_per_token():
+    server = RawServer(lambda body: FRAMINGS["chunked"](sse(CONTENT, CONTENT, USAGE)))
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            lane = Lane(label="peer", target=HttpTarget(base_url=await server.start(nursery), model="m"))
+            async with open_bench_client(timeout_s=10, max_connections=4) as client:
+                row = await _one_level(lane, ["a", "b", "c"], 2, 8, client)
+            nursery.cancel_scope.cancel()
+    assert row["reqs"] == 3 and row["chunks_per_token"] == 1.0
+    assert row["client_cpu_ms_per_token"] > 0 and row["cpu_ms_per_token"] is None  # no server pid to read

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vllm_mlx_trio.bench.prefix_lookup import SYSTEM_TOKENS, TURN_HEADER
+from vllm_mlx_trio.cli import main
 from vllm_mlx_trio.core.prefix import child_index
 from vllm_mlx_trio.core.prefix.child_index import ChildIndex, common_length
 
@@ -55,3 +59,13 @@ def test_the_closest_child_is_found_without_reading_every_child(monkeypatch):
     shared, tokens, block_id = next(index.closest(PARENT, (7, 7, 123, 45, 9, 9)))
     assert (shared, tokens, block_id) == (4, (7, 7, 123, 45, 5), 12_345)
     assert len(calls) <= 4
+
+
+def test_the_prefix_lookup_bench_reports_the_shared_prompt_hit_at_each_fill(tmp_path, capsys):
+    out = tmp_path / "lookup.json"
+    assert main(["bench", "prefix-lookup", "--conversations", "3,30", "--lookups", "4", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["conversations"] for r in rows] == [3, 30]
+    # the system prompt's two blocks, then the turn header every cached conversation shares
+    assert all(r["cached_tokens"] == SYSTEM_TOKENS + len(TURN_HEADER) and r["lookup_ms"] > 0 for r in rows)
+    assert "prefix-cache lookup on the event loop" in capsys.readouterr().out

@@ -256,6 +256,18 @@ def _cache_cost_args(sub, config_args: ConfigArgs) -> None:
     disk.add_argument("--dir", default=None, help="where the tier writes (default: the temporary directory)")
     disk.add_argument("--json", dest="json_path", default=None, help="also write the runs here")
 
+    lookup = _add(
+        sub, config_args, "prefix-lookup", handlers.prefix_lookup, "ms of a prefix-cache lookup by conversations cached"
+    )
+    lookup.add_argument(
+        "--conversations",
+        type=_levels,
+        default=(100, 1000, 10000),
+        help="conversations cached, one row each (default 100,1000,10000)",
+    )
+    lookup.add_argument("--lookups", type=_positive, default=200, help="lookups timed a row (default 200)")
+    lookup.add_argument("--json", dest="json_path", default=None, help="also write the rows here")
+
     snaps = _add(
         sub, config_args, "state-snapshots", handlers.state_snapshots, "TTFT and bytes per cache.state_snapshot_blocks"
     )

@@ -81,6 +81,12 @@ def disk_tier(cfg, args: argparse.Namespace) -> int:
     return run_disk_tier_command(cfg, args)
 
 
+def prefix_lookup(cfg, args: argparse.Namespace) -> int:
+    from .prefix_lookup import run_prefix_lookup_command
+
+    return run_prefix_lookup_command(cfg, args)
+
+
 def state_snapshots(cfg, args: argparse.Namespace) -> int:
     from .state_snapshots import run_state_snapshots_command
 

@@ -29,6 +29,7 @@ COLUMNS = (
     "chunks_per_token",
     "cpu_ms_per_token",
     "loop_cpu_ms_per_token",
+    "client_cpu_ms_per_token",
     "agg_tok_s",
     "ttft_vs_best_peer",
     "vs_ceiling",
@@ -96,6 +97,7 @@ def interval_notes(workload: LatencyWorkload, step: dict | None) -> list[str]:
         "none when the server sends no usage); ITL divides each gap by the mean tokens per chunk, 1 / it",
         "cpu_ms_per_token: the process's CPU (all threads, /proc) over its completion tokens, the raw loop's too "
         "(its short warm-up request included); loop_cpu_ms_per_token: our server's main thread, the event loop; "
+        "client_cpu_ms_per_token: this process, the client reading the streams (it shares the machine's cores); "
         "CPU time drifts far less with the machine's load than tok/s",
     ]
     if workload.intervals:

@@ -23,10 +23,12 @@ about 1/N: chunks of N), and the ceiling's per-step time (``step_ms``: its ITL p
 is what the ITL figures are read against.
 
 Every row also gets ``cpu_ms_per_token``: the CPU its process used during the row (all threads,
-read from ``/proc``) over its completion tokens, the ceiling's too; and our servers' rows
-``loop_cpu_ms_per_token``: their main thread's, the event loop. CPU time moves far less with the
-machine's load than tokens per second, and on a machine with few cores what a server spends per
-token beside the model comes out of the model's share.
+read from ``/proc``) over its completion tokens, the ceiling's too; our servers' rows
+``loop_cpu_ms_per_token``: their main thread's, the event loop; and every server's row
+``client_cpu_ms_per_token``: this process's (``getrusage``), the client reading the streams
+(bench/sse_client.py). CPU time moves far less with the machine's load than tokens per second,
+and on a machine with few cores what a server (or the client) spends per token beside the model
+comes out of the model's share.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import contextlib
 import functools
 import os
 import pathlib
+import resource
 import statistics
 import subprocess
 import tempfile
@@ -57,7 +60,7 @@ from .prompts import PromptMaker
 #: The figures a level reports, each as median (min-max) over the repetitions.
 FIGURES = ("ttft_p50_ms", "ttft_p95_ms", "itl_p50_ms", "itl_p95_ms", "agg_tok_s")
 #: Figures that are ratios near 1 or below, shown with two decimals.
-FINE_FIGURES = ("chunks_per_token", "cpu_ms_per_token", "loop_cpu_ms_per_token")
+FINE_FIGURES = ("chunks_per_token", "cpu_ms_per_token", "loop_cpu_ms_per_token", "client_cpu_ms_per_token")
 WARMUP_MAX_TOKENS = 4
 
 
@@ -182,13 +185,21 @@ def chunks_per_token(traces: Sequence[RequestTrace]) -> float | None:
 
 async def _one_level(lane: Lane, prompts: list[str], level: int, max_tokens: int, http: BenchClient) -> dict:
     lane.target.count_sources.clear()
-    start, cpu_before = time.perf_counter(), cpu_times(lane.pid)
+    start, cpu_before, client_before = time.perf_counter(), cpu_times(lane.pid), _own_cpu_s()
     traces = await closed_loop(http, lane.target, prompts, level, max_tokens)
     row = summarize(lane.label, level, traces, wall_s=time.perf_counter() - start)
     # a server with no usage chunk has its tokens counted as its chunks: the ratio would say nothing
     row["chunks_per_token"] = chunks_per_token(traces) if lane.target.count_sources == {"usage"} else None
     add_cpu_figures(row, cpu_before, cpu_times(lane.pid), traces, event_loop=is_ours(lane.label))
+    tokens = sum(t.completion_tokens for t in traces)
+    row["client_cpu_ms_per_token"] = round((_own_cpu_s() - client_before) * 1000 / tokens, 3) if tokens else None
     return row
+
+
+def _own_cpu_s() -> float:
+    """Seconds of CPU this process (every thread) has used, to the microsecond."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def add_cpu_figures(row: dict, before, after, traces: Sequence[RequestTrace], *, event_loop: bool) -> None:
