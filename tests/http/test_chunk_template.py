@@ -31,3 +31,18 @@ def test_template_chunks_are_the_encoded_chunks(chat, model):
             assert got == _encoded(builder, index, text)
             assert json.loads(got[len("data: ") :])["choices"][0]["index"] == index
     assert set(builder._templates) == {0, 1}  # the template path was taken, once per choice
+
+
+@pytest.mark.parametrize("model", ["demo:tiny", 'odd "model" \ue000text\ue000 name'])
+def test_a_parsed_content_delta_comes_from_the_template_and_others_are_encoded_whole(model):
+    """The parsed chat stream (a tool or reasoning parser on) sends its content deltas through the
+    template too; a reasoning or tool-call delta, or one with the finish, is encoded whole."""
+    builder = ResponseBuilder(chat=True, model=model)
+    for text in TEXTS:
+        assert builder.delta_chunk(1, {"content": text}) == _encoded(builder, 1, text)
+    assert set(builder._templates) == {1}
+    reasoning = builder.delta_chunk(0, {"reasoning_content": "hm"})
+    assert json.loads(reasoning[len("data: ") :])["choices"][0]["delta"] == {"reasoning_content": "hm"}
+    last = json.loads(builder.delta_chunk(0, {"content": "x"}, "stop")[len("data: ") :])["choices"][0]
+    assert last["delta"] == {"content": "x"} and last["finish_reason"] == "stop"
+    assert set(builder._templates) == {1}

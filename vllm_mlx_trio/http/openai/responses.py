@@ -139,7 +139,10 @@ class ResponseBuilder:
         logprobs: tuple[TokenLogprob, ...] = (),
     ) -> str:
         """A chat chunk of choice ``index`` carrying a parsed delta (reasoning, content or
-        tool-call pieces: ``agent_output``), with its tokens' logprobs if asked."""
+        tool-call pieces: ``agent_output``), with its tokens' logprobs if asked. A delta of
+        content alone, the common one, comes from the choice's template (:meth:`_text_chunk`)."""
+        if finish_reason is None and self._formatter is None and len(delta) == 1 and delta.get("content"):
+            return self._text_chunk(index, delta["content"])
         logprobs_json = self._logprobs(index, logprobs) if logprobs else None
         choice = {"index": index, "delta": delta, "logprobs": logprobs_json, "finish_reason": finish_reason}
         return sse(self._envelope("chat.completion.chunk", [choice]))
