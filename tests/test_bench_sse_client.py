@@ -3,15 +3,17 @@ refusals, and connections kept (or found closed) between requests."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+from collections.abc import AsyncIterator
 
 import pytest
 import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from vllm_mlx_trio.bench.http import BenchError, HttpTarget, open_bench_client, traced_request
+from vllm_mlx_trio.bench.http import BenchClient, BenchError, HttpTarget, open_bench_client, traced_request
 from vllm_mlx_trio.bench.latency.run import Lane, _one_level
 from vllm_mlx_trio.bench.sse_client import ChunkedDecoder, SseConnections, StreamProtocolError, parse_head
 
@@ -69,6 +71,18 @@ class RawServer:
         return f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
 
 
+@contextlib.asynccontextmanager
+async def serving(*servers: RawServer, timeout_s: float = 10) -> AsyncIterator[tuple[list[HttpTarget], BenchClient]]:
+    """The servers listening, a target for each, and the benches' client; all closed after."""
+    async with trio.open_nursery() as nursery:
+        try:
+            targets = [HttpTarget(base_url=await server.start(nursery), model="m") for server in servers]
+            async with open_bench_client(timeout_s=timeout_s, max_connections=4) as client:
+                yield targets, client
+        finally:
+            nursery.cancel_scope.cancel()
+
+
 def split(data: bytes, at: int) -> list[bytes]:
     return [data[i : i + at] for i in range(0, len(data), at)]
 
@@ -89,11 +103,8 @@ FRAMINGS = {
 async def test_each_framing_gives_every_chunk_and_keeps_the_connection(framing):
     server = RawServer(lambda body: FRAMINGS[framing](sse(CONTENT, CONTENT, USAGE)))
     with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            target = HttpTarget(base_url=await server.start(nursery), model="m")
-            async with open_bench_client(timeout_s=10, max_connections=4) as client:
-                traces = [await traced_request(client, target, "hi", 8) for _ in range(3)]
-            nursery.cancel_scope.cancel()
+        async with serving(server) as ([target], client):
+            traces = [await traced_request(client, target, "hi", 8) for _ in range(3)]
     assert [t.completion_tokens for t in traces] == [2, 2, 2] and [len(t.arrivals) for t in traces] == [2, 2, 2]
     assert target.count_sources == {"usage"} and server.connections == 1
 
@@ -107,11 +118,8 @@ async def test_a_body_ended_by_the_close_and_a_connection_closed_while_kept():
         close_after=1,
     )
     with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            targets = [HttpTarget(base_url=await s.start(nursery), model="m") for s in (close_delimited, closes_kept)]
-            async with open_bench_client(timeout_s=10, max_connections=4) as client:
-                traces = [await traced_request(client, t, "hi", 8) for t in targets for _ in range(2)]
-            nursery.cancel_scope.cancel()
+        async with serving(close_delimited, closes_kept) as (targets, client):
+            traces = [await traced_request(client, t, "hi", 8) for t in targets for _ in range(2)]
     assert [t.completion_tokens for t in traces] == [1, 1, 1, 1]
     assert [t.count_sources for t in targets] == [{"chunks"}, {"chunks"}]  # no usage chunk: tokens are chunks
     assert close_delimited.connections == closes_kept.connections == 2
@@ -128,27 +136,21 @@ async def test_refusals_and_error_chunks_and_broken_bodies_raise_bench_errors():
 
     server = RawServer(respond)
     with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            target = HttpTarget(base_url=await server.start(nursery), model="m")
-            async with open_bench_client(timeout_s=10, max_connections=4) as client:
-                with pytest.raises(BenchError, match="answered 400: .*too long"):
-                    await traced_request(client, target, "hi", 1)
-                with pytest.raises(BenchError, match="failed mid-stream.*boom"):
-                    await traced_request(client, target, "hi", 2)
-                with pytest.raises(BenchError, match="bad chunk size"):
-                    await traced_request(client, target, "hi", 3)
-            nursery.cancel_scope.cancel()
+        async with serving(server) as ([target], client):
+            with pytest.raises(BenchError, match="answered 400: .*too long"):
+                await traced_request(client, target, "hi", 1)
+            with pytest.raises(BenchError, match="failed mid-stream.*boom"):
+                await traced_request(client, target, "hi", 2)
+            with pytest.raises(BenchError, match="bad chunk size"):
+                await traced_request(client, target, "hi", 3)
 
 
 async def test_a_silent_server_times_out_instead_of_hanging():
     server = RawServer(lambda body: [b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n"])
     with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            target = HttpTarget(base_url=await server.start(nursery), model="m")
-            async with open_bench_client(timeout_s=0.2, max_connections=4) as client:
-                with pytest.raises(BenchError, match="sent nothing for 0.2 s"):
-                    await traced_request(client, target, "hi", 8)
-            nursery.cancel_scope.cancel()
+        async with serving(server, timeout_s=0.2) as ([target], client):
+            with pytest.raises(BenchError, match="sent nothing for 0.2 s"):
+                await traced_request(client, target, "hi", 8)
 
 
 @given(
@@ -176,10 +178,7 @@ def test_heads_and_addresses_that_are_not_http_are_refused():
 async def test_a_latency_row_counts_what_the_client_spent_per_token():
     server = RawServer(lambda body: FRAMINGS["chunked"](sse(CONTENT, CONTENT, USAGE)))
     with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            lane = Lane(label="peer", target=HttpTarget(base_url=await server.start(nursery), model="m"))
-            async with open_bench_client(timeout_s=10, max_connections=4) as client:
-                row = await _one_level(lane, ["a", "b", "c"], 2, 8, client)
-            nursery.cancel_scope.cancel()
+        async with serving(server) as ([target], client):
+            row = await _one_level(Lane(label="peer", target=target), ["a", "b", "c"], 2, 8, client)
     assert row["reqs"] == 3 and row["chunks_per_token"] == 1.0
     assert row["client_cpu_ms_per_token"] > 0 and row["cpu_ms_per_token"] is None  # no server pid to read
