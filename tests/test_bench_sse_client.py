@@ -169,6 +169,8 @@ def test_chunked_decoding_does_not_depend_on_how_the_bytes_arrive(payload, chunk
 def test_heads_and_addresses_that_are_not_http_are_refused():
     head = parse_head(b"HTTP/1.1 200 OK\r\nConnection: Close\r\nX-A: b: c")
     assert head.status == 200 and head.headers["x-a"] == "b: c" and not head.keep_alive
+    assert parse_head(b"HTTP/1.1 200 OK").keep_alive and not parse_head(b"HTTP/1.0 200 OK").keep_alive
+    assert parse_head(b"HTTP/1.0 200 OK\r\nConnection: keep-alive").keep_alive
     with pytest.raises(StreamProtocolError, match="status line"):
         parse_head(b"SSH-2.0-OpenSSH\r\n")
     with pytest.raises(StreamProtocolError, match="not an http"):
