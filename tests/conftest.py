@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 import sys
@@ -26,6 +27,18 @@ def pytest_unconfigure(config):
         from vllm_mlx_trio.worker.thread_streams import release_main_thread_streams
 
         release_main_thread_streams()
+
+
+@pytest.fixture(autouse=True)
+def root_logger_as_it_was():
+    """A test that runs ``serve`` in-process configures the root logger with a handler on that
+    test's captured stderr, closed once the test ends: later tests' log lines would each fail to
+    write and print the failure with its whole call stack. The root logger is put back."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 @pytest.fixture(autouse=True)

@@ -8,13 +8,14 @@ file descriptors, live per-request objects, MLX active memory after the probe), 
 from __future__ import annotations
 
 import collections
+import sys
 
 import attrs
 import pytest
 import trio
 
 from vllm_mlx_trio.bench.soak.mix import MIX, malformed_cases, plan_requests
-from vllm_mlx_trio.bench.soak.probe import Snapshot
+from vllm_mlx_trio.bench.soak.probe import Snapshot, live_objects
 from vllm_mlx_trio.bench.soak.run import SoakOptions, SoakResult, Tally, outcome_rows, run_soak
 from vllm_mlx_trio.cli import main
 
@@ -130,3 +131,21 @@ async def test_a_short_soak_on_demo_tiny_leaves_nothing_behind(demo_cfg):
     assert all(after.objects[name] <= before.objects[name] for name in before.objects)
     assert after.mlx_active_bytes > 0 and before.mlx_active_bytes > 0
     assert attrs.asdict(result.options)["requests"] == 60
+
+
+def test_a_retained_exception_counts_and_a_stack_walk_does_not():
+    """A kept exception keeps its traceback: counted. Walking the running stack (as ``logging``
+    does to find its caller) makes frame objects that live as long as their calls: not counted."""
+    before = live_objects()["traceback"]
+    kept = []
+    try:
+        raise ValueError("kept")
+    except ValueError as exc:
+        kept.append(exc)
+    assert live_objects()["traceback"] == before + 1
+    kept.clear()
+    frames, frame = [], sys._getframe()
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    assert live_objects()["traceback"] == before and len(frames) > 3

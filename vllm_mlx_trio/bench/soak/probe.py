@@ -44,8 +44,11 @@ WATCHED_TYPES: dict[str, type] = {
     "trio.MemoryReceiveChannel": trio.MemoryReceiveChannel,
     "trio Task": trio.lowlevel.Task,
     "httpx.Response": httpx.Response,
-    #: A frame outlives its call only inside a kept traceback (a retained exception).
-    "frame": types.FrameType,
+    #: A retained exception keeps its traceback, and the traceback the frames of its call. Frames
+    #: themselves are not counted: a running coroutine's frame object appears whenever something
+    #: walks the stack (``logging`` finding its caller does) and lives as long as the coroutine,
+    #: so a long-lived task's first log line would read as a leak.
+    "traceback": types.TracebackType,
 }
 
 
