@@ -160,6 +160,18 @@ def test_bench_ceiling_on_demo_tiny(tmp_path, capsys, demo_cache_dir):
     assert [r["tok_per_req"] for r in rows] == ["4", "4"]
 
 
+@pytest.mark.mlx
+def test_bench_single_on_demo_tiny_times_all_three_paths(tmp_path, demo_cache_dir):
+    """The ceiling, the engine and the HTTP stream (read by the lean client) each give every token."""
+    out = tmp_path / "single.json"
+    argv = ["bench", "single", "--set", f"model.demo_cache_dir={demo_cache_dir}", "--model", "demo:tiny"]
+    assert main([*argv, "--max-tokens", "4", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["path"].split(" (")[0] for r in rows] == ["mlx-lm generate_step", "engine in-process", "HTTP stream"]
+    assert [r["completion_tokens"] for r in rows] == [20, 20, 20]
+    assert all(r["ttft_p50_ms"] > 0 and r["decode_tok_s"] > 0 for r in rows)
+
+
 def test_ttft_rows_report_medians_and_distance_to_the_ceiling():
     from vllm_mlx_trio.bench.ttft import ttft_rows
 

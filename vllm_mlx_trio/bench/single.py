@@ -8,12 +8,10 @@ the last column is the ratio of decode speed to the ceiling's.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 
 import attrs
-import httpx
 import trio
 
 from ..config import EngineConfig
@@ -21,6 +19,7 @@ from ..core.params import SamplingParams
 from ..engine import open_engine
 from ..local_server import open_local_server
 from .ceiling.process import CeilingProcess
+from .http import BenchClient, HttpTarget, open_bench_client, stream_chunks
 from .report import format_table as _format_table
 from .workload import SEED_PROMPTS
 
@@ -65,7 +64,8 @@ async def _engine_timings(cfg: EngineConfig, max_tokens: int) -> list[Timing]:
 async def _http_timings(cfg: EngineConfig, max_tokens: int) -> list[Timing]:
     cfg = attrs.evolve(cfg, server=attrs.evolve(cfg.server, port=0, drain_timeout_s=1.0))
     timings = []
-    async with open_local_server(cfg) as srv, httpx.AsyncClient(timeout=600) as http:
+    async with open_local_server(cfg) as srv, open_bench_client(timeout_s=600.0, max_connections=2) as client:
+        target = HttpTarget(base_url=srv.url, model=cfg.model_name)
         for prompt in (PROMPTS[0], *PROMPTS):
             body = {
                 "model": cfg.model_name,
@@ -75,21 +75,22 @@ async def _http_timings(cfg: EngineConfig, max_tokens: int) -> list[Timing]:
                 "stream": True,
                 "stream_options": {"include_usage": True},
             }
-            timings.append(await _http_one(http, f"{srv.url}/v1/chat/completions", body))
+            timings.append(await _http_one(client, target, body))
     return timings[1:]
 
 
-async def _http_one(http: httpx.AsyncClient, url: str, body: dict) -> Timing:
+async def _http_one(client: BenchClient, target: HttpTarget, body: dict) -> Timing:
+    """One streamed request, read by the benches' lean client (its chunks on a worker thread)."""
     start, ttft, usage = time.perf_counter(), 0.0, 0
-    async with http.stream("POST", url, json=body) as resp:
-        async for line in resp.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]["completion_tokens"]
-            elif ttft == 0.0 and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
-                ttft = time.perf_counter() - start
+
+    def on_chunk(chunk: dict) -> None:
+        nonlocal ttft, usage
+        if chunk.get("usage"):
+            usage = chunk["usage"]["completion_tokens"]
+        elif ttft == 0.0 and chunk["choices"] and chunk["choices"][0]["delta"].get("content"):
+            ttft = time.perf_counter() - start
+
+    await stream_chunks(client, target, body, on_chunk)
     return Timing(num_tokens=usage, ttft_s=ttft, total_s=time.perf_counter() - start)
 
 
