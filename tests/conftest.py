@@ -14,9 +14,10 @@ from vllm_mlx_trio.config import API_KEYS_ENV, load_config
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
 #: MKL under MLX (cpu_blas.py) picks its matrix kernels by shape, so a row's float32 product can
-#: differ in the last bits with the number of rows; the tests compare logprobs bit for bit across
-#: batch shapes, so they run MKL in its strict reproducible mode (read at its first call: no MLX
-#: has run yet). docs/getting-started.md gives its cost.
+#: differ in the last bits with the number of rows. Its strict reproducible mode (read at its
+#: first call: no MLX has run yet) keeps rows independent of the batch on an Intel CPU, not on an
+#: AMD EPYC, so tests that compare logprobs across batch shapes allow for the last bits
+#: (vllm_mlx_trio.testing.logprobs). docs/getting-started.md gives the mode's cost.
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
 
 
