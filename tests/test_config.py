@@ -443,6 +443,7 @@ def test_round_trip_with_every_option_set():
             "model_memory_mb": 512,
             "model_memory_percent": 0.5,
             "model_steps": "exclusive",
+            "direct_socket_writes": False,
         },
         "model": {
             "path": "demo:small",

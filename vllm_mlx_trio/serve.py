@@ -16,6 +16,7 @@ from .errors import EngineClosedError
 from .http.app import create_app
 from .http.auth import ApiKeys, load_api_keys
 from .http.cors import CorsPolicy
+from .http.direct_send import use_direct_send
 from .http.loading_app import create_loading_app
 from .http.ops_routes import ThroughputMeter
 from .logs import configure_logging, logfmt_value
@@ -33,6 +34,9 @@ DRAIN_ERROR_MARGIN_S = 1.0
 
 
 def hypercorn_config(cfg: EngineConfig) -> hypercorn.Config:
+    """Hypercorn's settings for ``cfg``; also picks the class of Hypercorn's connections
+    (``server.direct_socket_writes``), which Hypercorn reads from its own module."""
+    use_direct_send(cfg.server.direct_socket_writes)
     hc = hypercorn.Config()
     hc.bind = [f"{cfg.server.host}:{cfg.server.port}"]
     hc.backlog = cfg.server.backlog  # a burst of clients waits in the queue instead of being reset

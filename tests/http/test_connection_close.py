@@ -5,32 +5,12 @@ http/close_connection.py: without it Hypercorn's close is cancelled under Quart-
 from __future__ import annotations
 
 import json
-import urllib.parse
 
 import attrs
 import trio
 
+from vllm_mlx_trio.testing.clients import exchange, post
 from vllm_mlx_trio.testing.harness import fake_executor_factory, open_server
-
-
-async def exchange(url: str, request: bytes) -> bytes:
-    """Send ``request`` and read until the server closes the connection."""
-    parts = urllib.parse.urlsplit(url)
-    stream = await trio.open_tcp_stream(parts.hostname, parts.port)
-    received = b""
-    async with stream:
-        await stream.send_all(request)
-        while chunk := await stream.receive_some(65536):
-            received += chunk
-    return received
-
-
-def post(path: str, body: bytes) -> bytes:
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    )
-    return head.encode() + body
 
 
 async def test_the_server_closes_after_a_plain_answer_and_a_stream(fake_cfg):

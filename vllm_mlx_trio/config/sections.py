@@ -114,6 +114,10 @@ class ServerConfig:
     #: With ``[[models]]``: "concurrent" (each loaded model's thread steps whenever it has
     #: work) or "exclusive" (one model's step at a time, process-wide).
     model_steps: str = _option("concurrent", _one_of(MODEL_STEPS))
+    #: Write a response's bytes straight to the socket when nobody else is writing to it,
+    #: instead of through two passes of Trio's loop (http/direct_send.py); false keeps
+    #: Hypercorn's own writes. Process-wide: the last server started decides.
+    direct_socket_writes: bool = _option(True)
 
 
 def _to_adapter_pairs(value):
