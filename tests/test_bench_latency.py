@@ -28,6 +28,7 @@ from vllm_mlx_trio.bench.latency.command import (
 from vllm_mlx_trio.bench.latency.prompts import PromptMaker
 from vllm_mlx_trio.bench.latency.run import (
     QUICK,
+    STREAMED_CEILING,
     IntervalTarget,
     LatencyWorkload,
     chunks_per_token,
@@ -182,6 +183,17 @@ def test_the_ceiling_row_gives_every_row_its_ratio_and_is_no_peer():
     assert table["ours"]["paired_vs_ceiling"] == 0.75 and table[path_name(1)]["paired_vs_ceiling"] == 1.0
     assert table["ours"]["ttft_vs_best_peer"] == 2.0  # against mlx-lm, not the ceiling
     assert table[path_name(1)]["ttft_vs_best_peer"] is None
+
+
+def test_the_streamed_ceiling_is_divided_by_the_raw_loop_and_is_no_peer():
+    rows = [{**_row("ours", 1, r, 20.0), "agg_tok_s": 450.0} for r in range(3)]
+    rows += [{**_row(STREAMED_CEILING, 1, r, 5.0), "agg_tok_s": 540.0} for r in range(3)]
+    rows += [{**_row(path_name(1), 1, r, 5.0), "agg_tok_s": 600.0} for r in range(3)]
+    table = {r["path"]: r for r in median_rows(rows)}
+    assert table[STREAMED_CEILING]["paired_vs_ceiling"] == 0.9
+    assert table["ours"]["ttft_vs_best_peer"] is None  # no server but ours: the loops are no peers
+    servers, _notes = servers_from_args(_args(peers="ours,ceiling-sse"), "/m")
+    assert [s.name for s in servers] == ["ours"]
 
 
 def test_each_level_is_divided_by_the_raw_loop_at_its_own_level():

@@ -3,7 +3,9 @@
 Two loops on the same chat prompts: one stream at a time through ``generate_step``, and
 several streams at once through mlx-lm's ``BatchGenerator`` (continuous batching). Both are
 greedy and never stop at EOS (``generate_step`` does not check it; the ``BatchGenerator`` is
-built without stop tokens), so every request yields exactly ``num_tokens`` tokens.
+built without stop tokens), so every request yields exactly ``num_tokens`` tokens. The first
+loop can also write each token as its own SSE chunk to a socket (``single_streamed``): the
+least any server that sends every token on its own adds to the loop.
 
 They run in a process of their own, ``python -m vllm_mlx_trio.worker.ceiling``, on its main
 thread: the benchmark (``bench/ceiling/process.py``) sends one JSON command per line on its
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -60,6 +63,28 @@ class CeilingModel:
         for token, _logprobs in self._generate(prompt_ids, num_tokens):
             times.append(time.perf_counter())
             token_ids.append(int(token))
+        return _run(token_ids, len(prompt_ids), start, times)
+
+    def single_streamed(self, prompts: list[list[dict]], *, num_tokens: int, port: int) -> list[dict]:
+        """As :meth:`single`, each token also written, detokenized, as an OpenAI chat chunk in
+        its own SSE event to a new TCP connection to ``port`` on this machine per prompt, on this
+        thread between the loop's steps; a token's time is taken once it is written."""
+        self._single_one(self.encode(prompts[0]), WARMUP_TOKENS)
+        return [self._streamed_one(self.encode(p), num_tokens, port) for p in prompts]
+
+    def _streamed_one(self, prompt_ids: list[int], num_tokens: int, port: int) -> dict:
+        detokenizer = self.tokenizer.detokenizer
+        detokenizer.reset()
+        start = time.perf_counter()
+        token_ids, times = [], []
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for token, _logprobs in self._generate(prompt_ids, num_tokens):
+                detokenizer.add_token(int(token))
+                sock.sendall(sse_chunk(detokenizer.last_segment))
+                times.append(time.perf_counter())
+                token_ids.append(int(token))
+            sock.sendall(b"data: [DONE]\n\n")
         return _run(token_ids, len(prompt_ids), start, times)
 
     def first_token_seconds(self, prompt_ids: list[int]) -> float:
@@ -119,6 +144,18 @@ def _drain(gen: BatchGenerator, uids: list[int]) -> tuple[dict, dict]:
     return tokens, times
 
 
+def sse_chunk(text: str) -> bytes:
+    """A chat completion chunk carrying ``text`` as an SSE event, as a server streams it."""
+    chunk = {
+        "id": "chatcmpl-ceiling",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "ceiling",
+        "choices": [{"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}],
+    }
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
 def _run(token_ids: list[int], num_prompt_tokens: int, start: float, times: list[float]) -> dict:
     end = times[-1] if times else time.perf_counter()
     return {
@@ -143,6 +180,7 @@ def _commands(model: CeilingModel) -> dict[str, Callable[..., Any]]:
     return {
         "encode": model.encode,
         "single": model.single,
+        "single_streamed": model.single_streamed,
         "batch": model.batch,
         "first_token_seconds": model.first_token_seconds,
     }

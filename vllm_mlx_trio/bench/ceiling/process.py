@@ -20,6 +20,7 @@ from ...config import EngineConfig, config_to_dict
 from ..http import BenchError
 from ..machine import machine_info
 from ..peers import OUR_PYTHON
+from .sse_sink import SseSink
 
 #: Seconds the child gets to exit once its stdin is closed, before it is killed.
 EXIT_TIMEOUT_S = 30.0
@@ -75,6 +76,16 @@ class CeilingProcess:
     def single(self, prompts: list[list[dict]], *, num_tokens: int) -> list[CeilingRun]:
         """One request at a time with ``generate_step``, after one short warm-up request."""
         return [CeilingRun.from_reply(r) for r in self._call("single", prompts=prompts, num_tokens=num_tokens)]
+
+    def single_streamed(self, prompts: list[list[dict]], *, num_tokens: int) -> list[CeilingRun]:
+        """As :meth:`single`, every token also sent as its own SSE event to a reader in this
+        process (:class:`SseSink`), which parses each event as a streaming client does."""
+        with SseSink(len(prompts)) as sink:
+            replies = self._call("single_streamed", prompts=prompts, num_tokens=num_tokens, port=sink.port)
+        runs = [CeilingRun.from_reply(r) for r in replies]
+        if sink.error is not None or sink.events != [len(run.token_ids) for run in runs]:
+            raise BenchError(f"the streamed ceiling's reader got {sink.events} events ({sink.error or 'no error'})")
+        return runs
 
     def batch(self, prompts: list[list[dict]], *, num_tokens: int, warmup: bool = True) -> list[CeilingRun]:
         """All prompts inserted at once into one ``BatchGenerator``, after a short warm-up batch."""

@@ -14,6 +14,10 @@ from .run import QUICK, LatencyWorkload, missing_executable, ours_variant, run_l
 #: In ``--peers``: mlx-lm's own loops in a child process at every level (not a server):
 #: ``generate_step`` at level 1, ``BatchGenerator`` above it.
 CEILING = "ceiling"
+#: In ``--peers``: the ceiling, and at level 1 also its loop writing every token as its own SSE
+#: event to a socket read by this process (``mlx-lm generate_step + SSE``): the least any server
+#: that sends every token on its own adds to the loop.
+CEILING_SSE = "ceiling-sse"
 
 COLUMNS = (
     "path",
@@ -136,7 +140,7 @@ def parse_checkout_variant(text: str) -> tuple[str, str | None, list[str]]:
 
 def servers_from_args(args: argparse.Namespace, model_dir: str) -> tuple[list[PeerServer], list[str]]:
     """The servers to start (ports assigned in order) and the notes on those left out."""
-    names = [p.strip() for p in args.peers.split(",") if p.strip() and p.strip() != CEILING]
+    names = [p.strip() for p in args.peers.split(",") if p.strip() and p.strip() not in (CEILING, CEILING_SSE)]
     servers, notes = [], []
     vllm_mlx = vllm_mlx_executable(args.vllm_mlx)
     for name in names:
@@ -179,10 +183,17 @@ def run_latency_command(cfg, args: argparse.Namespace) -> int:
     servers, notes = servers_from_args(args, model_dir)
     servers = [_with_port(s, args.port + i) for i, s in enumerate(servers)]
     maker = PromptMaker(chat_token_counter(model_dir))
-    with_ceiling = CEILING in (p.strip() for p in args.peers.split(","))
+    peers = {p.strip() for p in args.peers.split(",")}
+    with_ceiling = bool(peers & {CEILING, CEILING_SSE})
     ceiling_cfg = attrs.evolve(cfg, model=attrs.evolve(cfg.model, path=model_dir)) if with_ceiling else None
     result = run_latency(
-        servers, workload, maker, first_port=args.port, startup_timeout_s=args.startup_timeout, ceiling_cfg=ceiling_cfg
+        servers,
+        workload,
+        maker,
+        first_port=args.port,
+        startup_timeout_s=args.startup_timeout,
+        ceiling_cfg=ceiling_cfg,
+        ceiling_streamed=CEILING_SSE in peers,
     )
     notes += (
         _arrival_notes(workload)

@@ -14,7 +14,9 @@ time at level 1, one ``BatchGenerator`` per wave of ``level`` prompts above it. 
 ``vs_ceiling``: its ``agg_tok_s`` over the ceiling's at its level (medians), and
 ``paired_vs_ceiling``: the median over the repetitions of that ratio within each (the ceiling
 runs right after the servers). The client is this process, never the server's: a server's ratio
-holds the whole cost of serving its tokens over HTTP, the raw loop's none.
+holds the whole cost of serving its tokens over HTTP, the raw loop's none. With ``ceiling-sse``
+level 1 also gets ``mlx-lm generate_step + SSE``: the same loop writing each token as its own
+SSE event to a socket this process reads, the least a server that sends every token alone adds.
 
 With stream intervals (``--intervals 1,4``) each of our servers (ours and its variants) gives one
 row per interval, ``NAME-siN``: its requests carry ``stream_interval: N``. Every server row also
@@ -211,6 +213,8 @@ def add_cpu_figures(row: dict, before, after, traces: Sequence[RequestTrace], *,
 
 
 def _rotated(items: Sequence, by: int) -> list:
+    if not items:  # only mlx-lm's loops, no server
+        return []
     by %= len(items)
     return [*items[by:], *items[:by]]
 
@@ -235,17 +239,26 @@ async def measure_long_arrival(servers: Sequence[Running], work: ArrivalWorkload
         return await measure_arrival(list(targets.items()), http, work, maker)
 
 
-async def _ceiling_row(ceiling: CeilingProcess, prompts: list[str], level: int, max_tokens: int) -> dict:
+#: The streamed ceiling's row: ``generate_step`` writing every token as its own SSE event.
+STREAMED_CEILING = "mlx-lm generate_step + SSE"
+
+
+async def _ceiling_row(
+    ceiling: CeilingProcess, prompts: list[str], level: int, max_tokens: int, *, streamed: bool = False
+) -> dict:
     """One repetition of ``level`` through mlx-lm's own loop (no EOS stop): ``generate_step`` at
-    level 1, else ``BatchGenerator`` waves of ``level`` prompts."""
+    level 1 (``streamed``: each token also sent as an SSE event), else ``BatchGenerator`` waves
+    of ``level`` prompts."""
     chats = [chat(p) for p in prompts]
     before = cpu_times(ceiling.pid)
-    if level == 1:
+    if streamed:
+        runs = await trio.to_thread.run_sync(lambda: ceiling.single_streamed(chats, num_tokens=max_tokens))
+    elif level == 1:
         runs = await trio.to_thread.run_sync(lambda: ceiling.single(chats, num_tokens=max_tokens))
     else:
         runs = await trio.to_thread.run_sync(lambda: batched_waves(ceiling, chats, level, max_tokens))
     traces = traces_from_runs(runs)
-    row = summarize(path_name(level), level, traces)
+    row = summarize(STREAMED_CEILING if streamed else path_name(level), level, traces)
     add_cpu_figures(row, before, cpu_times(ceiling.pid), traces, event_loop=False)
     return row
 
@@ -256,8 +269,10 @@ async def measure(
     maker: PromptMaker,
     progress=print,
     ceiling: CeilingProcess | None = None,
+    ceiling_streamed: bool = False,
 ) -> list[dict]:
-    """Every (repetition, level, server) row, servers alternating (the ceiling after them)."""
+    """Every (repetition, level, server) row, servers alternating (the ceiling after them, and
+    with ``ceiling_streamed`` its streamed loop after it at level 1)."""
     async with open_bench_client(timeout_s=900.0, max_connections=max(workload.levels) + 8) as http:
         targets = await _warm_targets(http, servers, workload.lengths, maker)
         every = lanes(targets, workload.intervals, {s.peer.name: s.proc.pid for s in servers})
@@ -278,6 +293,10 @@ async def measure(
                 if ceiling is not None:
                     prompts = maker.batch(f"r{rep}-c{level}-ceiling", workload.lengths, workload.num_requests(level))
                     rows.append({**await _ceiling_row(ceiling, prompts, level, workload.max_tokens), "rep": rep})
+                if ceiling is not None and ceiling_streamed and level == 1:
+                    prompts = maker.batch(f"r{rep}-c1-ceiling-sse", workload.lengths, workload.num_requests(level))
+                    row = await _ceiling_row(ceiling, prompts, level, workload.max_tokens, streamed=True)
+                    rows.append({**row, "rep": rep})
     return rows
 
 
@@ -319,7 +338,7 @@ def median_rows(rows: Sequence[dict]) -> list[dict]:
             and r["path"] != row["path"]
             and r["_ttft_p50_ms"]
             and not r["path"].startswith("ours")
-            and r["path"] != path_name(r["conc"])
+            and r["path"] not in (path_name(r["conc"]), STREAMED_CEILING)
         ]
         mine = row["_ttft_p50_ms"]
         raw_loop = path_name(row["conc"])
@@ -367,9 +386,11 @@ def run_latency(
     first_port: int,
     startup_timeout_s: float,
     ceiling_cfg=None,
+    ceiling_streamed: bool = False,
 ) -> dict:
     """Start the servers, measure ``workload`` (levels, or the long-arrival scenario), stop them.
-    ``ceiling_cfg`` (an EngineConfig): also mlx-lm's own loops at every level."""
+    ``ceiling_cfg`` (an EngineConfig): also mlx-lm's own loops at every level (``ceiling_streamed``:
+    and the streamed loop at level 1)."""
     arrival = isinstance(workload, ArrivalWorkload)
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-latency-"))
@@ -378,7 +399,8 @@ def run_latency(
             if arrival:
                 rows = trio.run(measure_long_arrival, servers, workload, maker)
             else:
-                rows = trio.run(functools.partial(measure, ceiling=ceiling), servers, workload, maker)
+                measure_all = functools.partial(measure, ceiling=ceiling, ceiling_streamed=ceiling_streamed)
+                rows = trio.run(measure_all, servers, workload, maker)
             rss = {s.peer.name: peak_rss_mib(s.proc.pid) for s in servers}
     table = median_arrival_rows(rows) if arrival else median_rows(rows)
     result = {"rows": rows, "table": table, "peak_rss_mib": rss, "argv": {p.name: list(p.argv) for p in peers}}
