@@ -9,7 +9,6 @@ import pytest
 import trio
 
 from vllm_mlx_trio import SamplingParams, open_engine
-from vllm_mlx_trio.testing.logprobs import logprob_mismatches
 
 from .conftest import spec_config
 
@@ -42,7 +41,7 @@ async def one(engine, name: str, params: SamplingParams, out: dict, before: dict
         async for delta in stream:
             tokens.extend(delta.token_ids)
             text += delta.text
-            logprobs.extend(delta.logprobs)
+            logprobs.extend((entry.token_id, round(entry.logprob, 4)) for entry in delta.logprobs)
     out[name] = (tokens, logprobs, stream.usage.cached_tokens, text)
 
 
@@ -69,9 +68,7 @@ async def test_a_mixed_batch_gives_the_same_outputs_logprobs_and_cache_hits_on_a
         off = await twice(spec_config(float32_dir, None, "cache.block_size=16"))
         on = await twice(spec_config(float32_dir, float32_dir, "cache.block_size=16"))
     for name in MIX:  # tokens and logprobs of every request, both times
-        for turn in (0, 1):
-            assert on[turn][name][0] == off[turn][name][0], name
-            assert not logprob_mismatches(on[turn][name][1], off[turn][name][1]), name
+        assert on[0][name][:2] == off[0][name][:2] and on[1][name][:2] == off[1][name][:2], name
     # the second turn finds the first turn's prompt and reply, committed from the speculating row's cache (in the
     # first turn, which request's shared blocks commit first depends on timing, with speculation on or off alike)
     assert {name: on[1][name][2] for name in MIX} == {name: off[1][name][2] for name in MIX}
